@@ -1,0 +1,164 @@
+"""summary.json: figures derived from a run's traces, beside the formulas' predictions.
+
+Per rank (all times are totals over the run's optimizer steps):
+- `step_time_s`: median `ProfilerStep#` span.
+- `compute_s`: time covered by forward / backward / recompute / optimizer spans.
+- `comm_s`: time covered by communication in flight (blocking collectives, and async ones from launch
+  to completion); `overlap_s`: the part of it hidden under compute; `exposed_comm_s` the rest.
+- `idle_s`: step time covered by neither (waiting on peers, Python overhead).
+- `peak_bytes` / `predicted_bytes`: per memory category, the highest counter value and the formula.
+- `comm_bytes`: bytes by op and group (S as nccl-tests counts it), in total and per step.
+
+No torch here: it runs in the rank that writes the summary, in the launcher after a failure, and in
+any notebook.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from workbench import formulas
+from workbench.config import ModelConfig
+from workbench.trace.recorder import LANES
+
+COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def intersection_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    xs, ys = _merge(xs), _merge(ys)
+    i = j = 0
+    total = 0.0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float, float]]:
+    """(args, start_us, end_us) of every communication operation, counted once each: blocking
+    collectives and p2p from their span, async ones from their begin/end pair."""
+    out = []
+    opened: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        ph = e.get("ph")
+        if ph == "X" and e.get("tid") == LANES["comm"] and not e.get("args", {}).get("async"):
+            out.append((e["args"], e["ts"], e["ts"] + e["dur"]))
+        elif ph == "b":
+            opened[(e["name"], str(e["id2"]))] = e
+        elif ph == "e":
+            b = opened.pop((e["name"], str(e["id2"])), None)
+            if b is not None:
+                out.append((b["args"], b["ts"], e["ts"]))
+    return out
+
+
+def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    events = trace["traceEvents"]
+    info = trace["workbench"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = [e for e in spans if e["cat"] == "step"]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in spans
+               if e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"]]
+    comms = comm_intervals(events)
+    comm_iv = [(a, b) for _, a, b in comms]
+    step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in steps]
+    total = sum(b - a for a, b in step_iv)
+    compute_us, comm_us = union_length(compute), union_length(comm_iv)
+    overlap_us = intersection_length(compute, comm_iv)
+    busy_us = compute_us + comm_us - overlap_us
+
+    comm_bytes: dict[str, dict[str, int]] = {}
+    for args, _, _ in comms:
+        by_group = comm_bytes.setdefault(args["op"], {})
+        by_group[args["group"]] = by_group.get(args["group"], 0) + int(args.get("bytes", 0))
+    n_steps = max(len(steps), 1)
+
+    peaks: dict[str, int] = {}
+    peak_total = 0
+    for e in events:
+        if e.get("ph") == "C" and e["name"] == "memory":
+            for k, v in e["args"].items():
+                peaks[k] = max(peaks.get(k, 0), int(v))
+            peak_total = max(peak_total, int(sum(e["args"].values())))
+    allocator: dict[str, int] = {}
+    for e in events:
+        if e.get("ph") == "C" and e["name"] == "allocator":
+            for k, v in e["args"].items():
+                allocator[k] = max(allocator.get(k, 0), int(v))
+
+    out = {
+        "rank": trace["distributedInfo"]["rank"],
+        "dp": info["dp"], "tp": info["tp"], "pp": info["pp"],
+        "steps": len(steps),
+        "step_time_s": statistics.median(e["dur"] for e in steps) / 1e6 if steps else None,
+        "total_step_s": total / 1e6,
+        "compute_s": compute_us / 1e6,
+        "comm_s": comm_us / 1e6,
+        "overlap_s": overlap_us / 1e6,
+        "exposed_comm_s": (comm_us - overlap_us) / 1e6,
+        "idle_s": max(total - busy_us, 0.0) / 1e6,
+        "peak_bytes": peaks,
+        "peak_total_bytes": peak_total,
+        "predicted_bytes": predicted_bytes(config),
+        "comm_bytes": comm_bytes,
+        "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
+        "grad_sync_bytes_per_step": sum(
+            int(a.get("bytes", 0)) for a, _, _ in comms
+            if str(a.get("label", "")).startswith(("bucket", "param"))) / n_steps,
+    }
+    if allocator:
+        out["allocator_peak_bytes"] = allocator
+    return out
+
+
+def predicted_bytes(config: dict[str, Any]) -> dict[str, float]:
+    """The formulas' memory per rank for this run, by category."""
+    model = ModelConfig(**{k: config["model"][k] for k in
+                           ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
+    precision = config.get("precision", "fp32")
+    states = formulas.model_state_bytes(config["params"], config["dp"], config.get("zero", 0), precision)
+    micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
+    width = 4 if precision == "fp32" else 2
+    return {**states, "activation": formulas.activation_bytes(model, micro, width)}
+
+
+def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:
+    ranks = [rank_summary(t, config) for t in sorted(traces, key=lambda t: t["distributedInfo"]["rank"])]
+    step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
+    params = config["params"]
+    dp = config["dp"]
+    return {
+        "run": traces[0]["workbench"]["run"] if traces else None,
+        "status": status,
+        "world_size": config["world_size"],
+        "ranks_reporting": [r["rank"] for r in ranks],
+        "step_time_s": max(step_times) if step_times else None,
+        "predicted_grad_sync_bytes_per_step": 4 * params if dp > 1 else 0,
+        "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(params, dp, config.get("zero", 0)),
+        "ranks": ranks,
+    }

@@ -1,0 +1,232 @@
+"""The traced communication layer: every collective and point-to-point operation goes through here.
+
+Each operation is recorded on the `comm` lane with the keys of docs/run-format.md: `op`, `group`,
+`group_ranks`, `seq` (a per-group counter that is the same on every member, so one collective can be
+joined across ranks), `bytes`, `dtype`, `peer` for point-to-point, and `algbw_GBps` / `busbw_GBps`
+as nccl-tests defines them (algbw = S / t; busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for
+all-gather and reduce-scatter, 1 for broadcast and send/recv).
+
+An asynchronous operation is recorded twice: its launch (a short span on `comm` plus an async
+begin/end pair from launch to completion, the completion time taken from the backend's future where
+it has one) and, separately, the time the caller spent blocked in `wait()` (a span on the `wait` lane).
+
+A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
+the group and the sequence number, so a stuck job ends with a message that says where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.trace.recorder import TraceRecorder, flow_id
+
+if TYPE_CHECKING:
+    from workbench.engine.memory import MemoryTracker
+    from workbench.grid import ProcessGroups
+
+
+class CommError(RuntimeError):
+    """A communication operation failed or timed out; the message says which rank and operation."""
+
+
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+}
+
+
+def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for `nbytes` moved by `op` over `n` ranks in `seconds`."""
+    if seconds <= 0 or n < 1:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * BUS_FACTOR[op](n)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Handle:
+    """An operation in flight. `wait()` blocks, records the blocked time, and closes the async span."""
+
+    def __init__(self, comm: Communicator, work: Any, name: str, cat: str, args: dict[str, Any],
+                 launch_us: float, n: int) -> None:
+        self.comm, self.work, self.name, self.cat, self.args = comm, work, name, cat, args
+        self.launch_us, self.n = launch_us, n
+        self.completed_us: float | None = None
+        self._waited = False
+        rec = comm.recorder
+        try:  # collectives on gloo and NCCL expose a future: take the true completion time from it
+            work.get_future().then(lambda _f: self._mark_done(rec.now_us()))
+        except (RuntimeError, AttributeError):
+            pass  # point-to-point work has no future on gloo: completion is known at wait()
+
+    def _mark_done(self, ts: float) -> None:
+        if self.completed_us is None:
+            self.completed_us = ts
+
+    def wait(self) -> None:
+        if self._waited:
+            return
+        rec = self.comm.recorder
+        with rec.span(f"wait {self.name}", "wait", "wait", op=self.args["op"], group=self.args["group"],
+                      seq=self.args.get("seq")):
+            try:
+                self.work.wait()
+            except Exception as e:  # noqa: BLE001 - re-raised with where it happened
+                raise self.comm.error(self.args, e) from e
+            if self.args["op"] == "recv":  # the flow from the matching send ends inside this wait
+                rec.flow("f", self.args["flow"], "wait", rec.now_us(), "p2p")
+        self._waited = True
+        self._mark_done(rec.now_us())
+        end = self.completed_us if self.completed_us is not None else rec.now_us()
+        algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], (end - self.launch_us) / 1e6, self.n)
+        self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4),
+                         in_flight_us=round(end - self.launch_us, 3))
+        rec.async_span(self.name, self.cat, "comm", self.launch_us, end, self.args, rec.new_async_id())
+
+
+class Communicator:
+    """Traced collectives over the process groups of one rank.
+
+    `step` is set by the training loop so that every record (and every flow id) carries it.
+    """
+
+    def __init__(self, groups: ProcessGroups, recorder: TraceRecorder,
+                 memory: MemoryTracker | None = None) -> None:
+        self.groups = groups
+        self.recorder = recorder
+        self.memory = memory
+        self.rank = groups.rank
+        self.step = 0
+        self._seq: dict[str, int] = defaultdict(int)
+        self._p2p_seq: dict[tuple[str, int, int], int] = defaultdict(int)
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def size(self, group: str) -> int:
+        return self.groups.size(group)
+
+    def _args(self, op: str, group: str, tensor: torch.Tensor, total_bytes: int, **extra: Any) -> dict[str, Any]:
+        self._seq[group] += 1
+        return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": self._seq[group],
+                "step": self.step, "bytes": total_bytes, "dtype": str(tensor.dtype).replace("torch.", ""), **extra}
+
+    def error(self, args: dict[str, Any], e: BaseException) -> CommError:
+        where = f"{args['op']} on group {args['group']} {args['group_ranks']}"
+        if "seq" in args:
+            where += f" (seq {args['seq']}, step {args['step']}, {args['bytes']} bytes)"
+        if "peer" in args:
+            where += f" with peer rank {args['peer']}"
+        return CommError(f"rank {self.rank}: {where} failed: {type(e).__name__}: {e}")
+
+    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, label: str | None = None) -> Handle | None:
+        cat = "p2p" if args["op"] in ("send", "recv") else "collective"
+        name = args["op"] if label is None else f"{args['op']} {label}"
+        if label is not None:
+            args["label"] = label
+        rec = self.recorder
+        if async_op:
+            launch = rec.now_us()
+            with rec.span(f"launch {name}", cat, "comm", **{**args, "async": True}):
+                if args["op"] == "send":  # the flow to the matching receive starts inside the launch
+                    rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
+                try:
+                    work = fn(True)
+                except Exception as e:  # noqa: BLE001
+                    raise self.error(args, e) from e
+            return Handle(self, work, name, cat, args, launch, n)
+        start = rec.now_us()
+        try:
+            fn(False)
+        except Exception as e:  # noqa: BLE001
+            raise self.error(args, e) from e
+        dur = rec.now_us() - start
+        algbw, busbw = bandwidth(args["op"], args["bytes"], dur / 1e6, n)
+        args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
+        rec.complete(name, cat, "comm", start, dur, args)
+        return None
+
+    # ---- collectives -------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, group: str = "dp", async_op: bool = False,
+                   label: str | None = None, algorithm: str = "backend") -> Handle | None:
+        """Sum `tensor` in place over `group`. algorithm='ring' runs our send/recv ring instead."""
+        n = self.size(group)
+        if algorithm == "ring":
+            from workbench.comm.ring_allreduce import ring_all_reduce
+
+            ring_all_reduce(self, tensor, group, label=label)
+            return None
+        args = self._args("all_reduce", group, tensor, nbytes(tensor), algorithm="backend")
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.all_reduce(tensor, group=pg, async_op=a), async_op, n, label)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
+                       async_op: bool = False, label: str | None = None) -> Handle | None:
+        """Sum `input` (n equal shards) over `group`; this rank keeps its shard in `output`."""
+        n = self.size(group)
+        args = self._args("reduce_scatter", group, input, nbytes(input))
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.reduce_scatter_tensor(output, input, group=pg, async_op=a),
+                         async_op, n, label)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
+                   async_op: bool = False, label: str | None = None) -> Handle | None:
+        """Concatenate every rank's `input` (equal sizes) into the flat `output` on every rank."""
+        n = self.size(group)
+        args = self._args("all_gather", group, output, nbytes(output))
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.all_gather_into_tensor(output, input, group=pg, async_op=a),
+                         async_op, n, label)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,
+                  label: str | None = None) -> Handle | None:
+        """Copy `tensor` from global rank `src` to every member of `group`."""
+        n = self.size(group)
+        args = self._args("broadcast", group, tensor, nbytes(tensor), peer=src)
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a), async_op, n, label)
+
+    def barrier(self, group: str = "world") -> None:
+        pg = self.groups.groups[group]
+        args = {"op": "barrier", "group": group, "group_ranks": self.groups.ranks[group], "step": self.step}
+        try:
+            dist.barrier(group=pg)
+        except Exception as e:  # noqa: BLE001
+            raise self.error(args, e) from e
+
+    # ---- point to point ----------------------------------------------------------------------
+    def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str) -> dict[str, Any]:
+        src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
+        self._p2p_seq[(group, src, dst)] += 1
+        seq = self._p2p_seq[(group, src, dst)]
+        return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": seq,
+                "step": self.step, "peer": peer, "bytes": nbytes(tensor),
+                "dtype": str(tensor.dtype).replace("torch.", ""),
+                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst)}
+
+    def send(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> None:
+        self.isend(tensor, dst, group, label).wait()
+
+    def recv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> None:
+        self.irecv(tensor, src, group, label).wait()
+
+    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> Handle:
+        """Send to global rank `dst`; the flow to the matching receive starts at the launch."""
+        args = self._p2p_args("send", tensor, dst, group)
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.isend(tensor, dst, group=pg), True, 2, label)
+
+    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> Handle:
+        """Receive from global rank `src`; the flow ends when the receive is waited for."""
+        args = self._p2p_args("recv", tensor, src, group)
+        pg = self.groups.groups[group]
+        return self._run(args, lambda a: dist.irecv(tensor, src, group=pg), True, 2, label)

@@ -1,0 +1,232 @@
+"""The run configuration: one typed, validated object that every process and every reader shares.
+
+A `RunConfig` is built in the launcher (Python, Jupyter or CLI), validated there *before any process
+starts*, written to the run directory as JSON, and read back by every rank. It holds every grid
+dimension the project has — including the ones whose engines have not landed yet, which `validate()`
+rejects by name so that a user learns what is missing instead of getting a silent single-process run.
+
+This module imports no torch: the launcher, the CLI and the notebooks validate without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the bad value and what would be valid."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head)."""
+
+    vocab_size: int = 64
+    seq_len: int = 16
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    mlp_ratio: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def param_count(self) -> int:
+        """Ψ: parameters of the unsharded model (checked against the built model in the tests)."""
+        h, v, s, f = self.hidden, self.vocab_size, self.seq_len, self.mlp_ratio * self.hidden
+        per_layer = (
+            2 * h  # ln_1 weight and bias
+            + h * 3 * h + 3 * h  # qkv projection
+            + h * h + h  # attention output projection
+            + 2 * h  # ln_2
+            + h * f + f  # mlp up
+            + f * h + h  # mlp down
+        )
+        return v * h + s * h + self.layers * per_layer + 2 * h + h * v + v
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{name}={value!r}: must be a positive integer")
+        if self.hidden % self.heads:
+            divisors = [a for a in range(1, self.hidden + 1) if self.hidden % a == 0]
+            raise ConfigError(
+                f"model.heads={self.heads} does not divide model.hidden={self.hidden}; "
+                f"valid head counts: {divisors}"
+            )
+
+
+#: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
+#: million parameters (benchmarks); anything else is given as a ModelConfig or dict.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
+    "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
+}
+
+#: Features that the config can already describe but whose engines are not built yet. Each entry
+#: is removed when its strategy lands; `validate()` names the missing feature.
+NOT_BUILT_YET = {
+    "tp": "tensor parallelism (tp > 1)",
+    "pp": "pipeline parallelism (pp > 1)",
+    "zero": "ZeRO (zero > 0)",
+    "precision": "mixed precision (precision other than fp32)",
+    "recompute": "activation recomputation",
+    "sequence_parallel": "sequence parallelism",
+    "microbatches": "microbatching / gradient accumulation (microbatches > 1)",
+    "virtual_stages": "interleaved pipeline stages (virtual_stages > 1)",
+}
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PRECISIONS = ("fp32", "bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+BACKENDS = ("auto", "gloo", "nccl")
+ALLREDUCE = ("backend", "ring")
+DP_IMPLS = ("bucketed", "naive")
+FAULTS = ("raise", "hang")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one launch needs. The world size is dp × tp × pp.
+
+    Grid axes follow Megatron-LM's order: tp is the fastest-varying axis of the global rank, then dp,
+    then pp (see `workbench.grid`).
+    """
+
+    model: str | ModelConfig = "tiny"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    virtual_stages: int = 1
+    precision: str = "fp32"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    global_batch: int = 16
+    steps: int = 20
+    seed: int = 0
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    backend: str = "auto"
+    allreduce: str = "backend"
+    dp_impl: str = "bucketed"
+    bucket_mb: float = 25.0
+    trace: bool = True
+    timeout_s: float = 120.0
+    name: str | None = None
+    #: Fault injection for tests and teaching: a rank that raises, or hangs, at a step.
+    fault: str | None = None
+    fault_rank: int = 0
+    fault_step: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---- derived -----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def model_config(self) -> ModelConfig:
+        if isinstance(self.model, ModelConfig):
+            return self.model
+        if isinstance(self.model, dict):
+            return ModelConfig(**self.model)
+        if self.model not in PRESETS:
+            raise ConfigError(f"model={self.model!r}: unknown preset; valid presets: {sorted(PRESETS)}")
+        return PRESETS[self.model]
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.dp
+
+    # ---- validation --------------------------------------------------------------------------
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first bad value and what would be valid; return self."""
+        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("recompute", self.recompute, RECOMPUTE)
+        _choice("backend", self.backend, BACKENDS)
+        _choice("allreduce", self.allreduce, ALLREDUCE)
+        _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"zero={self.zero!r}: valid stages are 0, 1, 2, 3")
+        if self.fault is not None:
+            _choice("fault", self.fault, FAULTS)
+            if not 0 <= self.fault_rank < self.world_size:
+                raise ConfigError(f"fault_rank={self.fault_rank}: valid ranks are 0..{self.world_size - 1}")
+        self.model_config.validate()
+        if self.global_batch % self.dp:
+            valid = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
+            raise ConfigError(
+                f"global_batch={self.global_batch} is not divisible by dp={self.dp}: each data-parallel "
+                f"rank needs an equal share. Valid dp for this batch: {valid}; or choose a global batch "
+                f"that is a multiple of {self.dp}"
+            )
+        if self.bucket_mb <= 0:
+            raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
+        if self.allreduce == "ring" and self.dp_impl == "naive":
+            raise ConfigError("allreduce='ring' runs on gradient buckets: use dp_impl='bucketed'")
+        self._reject_not_built()
+        return self
+
+    def _reject_not_built(self) -> None:
+        unbuilt = {
+            "tp": self.tp > 1,
+            "pp": self.pp > 1,
+            "zero": self.zero > 0,
+            "precision": self.precision != "fp32",
+            "recompute": self.recompute != "none",
+            "sequence_parallel": self.sequence_parallel,
+            "microbatches": self.microbatches > 1,
+            "virtual_stages": self.virtual_stages > 1,
+        }
+        for key, asked in unbuilt.items():
+            if asked and key in NOT_BUILT_YET:
+                raise ConfigError(
+                    f"{key}={getattr(self, key)!r} asks for {NOT_BUILT_YET[key]}, which is not built yet "
+                    f"in this version of workbench; built today: data parallel (dp), fp32"
+                )
+
+    # ---- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["model"] = self.model if isinstance(self.model, str) else dataclasses.asdict(self.model_config)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {sorted(known)}")
+        d = dict(d)
+        if isinstance(d.get("model"), dict):
+            d["model"] = ModelConfig(**d["model"])
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name}={value!r}: valid values are {list(valid)}")

@@ -1,0 +1,194 @@
+"""The training loop that runs on every rank: config → rank grid → model → gradient sync → steps.
+
+One optimizer step:
+
+    ProfilerStep#k ─ forward (activations counted) ─ backward (DP buckets launch their all-reduces
+                     as gradients become ready) ─ finish gradient sync (wait) ─ clip ─ AdamW
+                     ─ loss of the global batch (an all-reduce of one number over dp)
+
+Memory counters are taken after forward, after backward and after the optimizer step. Rank 0 appends
+one line per step to metrics.jsonl; every rank writes its trace at the end (and on failure, by the
+worker's handlers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.comm.traced import Communicator
+from workbench.config import RunConfig
+from workbench.engine.data import global_batch, shard_rows
+from workbench.engine.memory import MemoryTracker
+from workbench.engine.model import GPT
+from workbench.grid import ProcessGroups, RankGrid
+from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+from workbench.trace.recorder import TraceRecorder
+
+
+@dataclass
+class RankContext:
+    """What one rank needs, built once and passed explicitly."""
+
+    config: RunConfig
+    run_dir: str
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    grid: RankGrid
+    groups: ProcessGroups
+    recorder: TraceRecorder
+    memory: MemoryTracker
+    comm: Communicator
+    hosts: list[str]
+
+
+def resolve_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def setup(config: RunConfig, run_dir: str) -> RankContext:
+    """Join the process group (with the config's timeout), build the grid, agree on the clock."""
+    backend = resolve_backend(config.backend)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size != config.world_size:
+        raise RuntimeError(
+            f"torchrun started {world_size} processes but dp×tp×pp = {config.dp}×{config.tp}×{config.pp} "
+            f"= {config.world_size}: launch with --nproc-per-node × --nnodes = {config.world_size}"
+        )
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s),
+                            device_id=device if backend == "nccl" else None)
+    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
+    groups = ProcessGroups.create(grid, rank, config.timeout_s)
+    name = config.name or os.path.basename(os.path.abspath(run_dir))
+    recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
+    memory = MemoryTracker(recorder, device)
+    comm = Communicator(groups, recorder, memory)
+    # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
+    comm.barrier()
+    recorder.set_epoch()
+    walls: list[Any] = [None] * world_size
+    dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
+    recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
+    return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
+                       hosts=[w[1] for w in walls])
+
+
+def write_resolved_config(ctx: RankContext, params: int) -> None:
+    cfg = ctx.config
+    resolved = {
+        **cfg.to_dict(),
+        "model": {"preset": cfg.model if isinstance(cfg.model, str) else None,
+                  **cfg.model_config.__dict__},
+        "params": params,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "local_batch": cfg.local_batch,
+        "torch_version": torch.__version__,
+        "hosts": ctx.hosts,
+        "grid": {r: ctx.grid.coords(r) for r in range(ctx.world_size)},
+    }
+    _write_json(os.path.join(ctx.run_dir, "config.json"), resolved)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    if cfg.fault is None or rank != cfg.fault_rank or step != cfg.fault_step:
+        return
+    if cfg.fault == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    time.sleep(10 * cfg.timeout_s)  # "hang": the other ranks must time out, not wait forever
+
+
+def train(ctx: RankContext) -> dict[str, Any]:
+    """Run the configured steps; return rank-local results (step times, final loss)."""
+    cfg, rec, memory, comm = ctx.config, ctx.recorder, ctx.memory, ctx.comm
+    mcfg = cfg.model_config
+    torch.manual_seed(cfg.seed)
+    model = GPT(mcfg, seed=cfg.seed).to(ctx.device)
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    if ctx.rank == 0:
+        write_resolved_config(ctx, n_params)
+    if cfg.dp_impl == "naive":
+        sync: Any = NaiveDataParallel(model, comm)
+    else:
+        sync = BucketedDataParallel(model, comm, cfg.bucket_mb, cfg.allreduce)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    memory.register_model(model)
+    memory.count_model_states(params, optimizer, sync.grad_tensors())
+    memory.snapshot()
+
+    dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
+    metrics_path = os.path.join(ctx.run_dir, "metrics.jsonl")
+    step_times: list[float] = []
+    loss_value = float("nan")
+    for step in range(cfg.steps):
+        comm.step = step
+        t0 = time.perf_counter()
+        with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
+            inject_fault(cfg, ctx.rank, step)
+            x, y = global_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size)
+            x, y = shard_rows(x, dp_index, dp_size).to(ctx.device), shard_rows(y, dp_index, dp_size).to(ctx.device)
+            with rec.span("forward", "forward", "compute", step=step, microbatch=0):
+                with memory.count_saved_activations():
+                    loss = model(x, y)
+            memory.snapshot()
+            with rec.span("backward", "backward", "compute", step=step, microbatch=0):
+                loss.backward()
+            memory.set("activation", 0)
+            memory.count_model_states(params, optimizer, sync.grad_tensors())
+            memory.snapshot()
+            with rec.span("gradient sync", "wait", "wait", step=step):
+                sync.finish()
+            with rec.span("optimizer", "optimizer", "compute", step=step):
+                grad_norm = _clip(params, cfg.grad_clip)
+                optimizer.step()
+                sync.zero_grad()
+            memory.count_model_states(params, optimizer, sync.grad_tensors())
+            memory.snapshot()
+            loss_sum = loss.detach().reshape(1).clone()
+            comm.all_reduce(loss_sum, "dp", label="loss")
+            loss_value = loss_sum.item() / dp_size
+        dt = time.perf_counter() - t0
+        step_times.append(dt)
+        rec.flush()
+        if ctx.rank == 0:
+            tokens = cfg.global_batch * mcfg.seq_len
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps({"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"],
+                                    "grad_norm": grad_norm, "step_time_s": dt, "tokens": tokens,
+                                    "tokens_per_s": tokens / dt}) + "\n")
+    return {"step_time_s": statistics.median(step_times) if step_times else None, "loss": loss_value,
+            "memory_peaks": memory.peaks(), "params": n_params}
+
+
+def _clip(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))

@@ -1,0 +1,98 @@
+"""The per-rank entry point that torchrun starts: `python -m workbench.engine.worker --run-dir DIR`.
+
+It reads DIR/request.json (the validated RunConfig), trains, and leaves the run directory of
+docs/run-format.md. Failure handling, so that nothing is lost and nothing hangs:
+
+- every rank streams its trace to `trace_rank{r}.partial.jsonl` after each step, so even a rank that
+  is SIGKILLed leaves its events (the launcher turns the sidecar into `trace_rank{r}.json`);
+- a rank that raises writes `error_rank{r}.json` (its traceback, the time) and its trace, then exits
+  non-zero; torchrun then stops the other ranks (SIGTERM, which we turn into an exception so they too
+  write what they have);
+- every process group has the config's timeout, so a stuck peer ends in a `CommError` naming the
+  operation instead of a silent wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.analysis.summary import build_summary
+from workbench.config import RunConfig
+from workbench.engine.train import RankContext, setup, train
+from workbench.trace.merge import merge_traces
+
+
+class Terminated(Exception):
+    """torchrun (or the user) asked this rank to stop."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated(f"received signal {signum} (torchrun stops the surviving ranks after a failure)")
+
+
+def finish(ctx: RankContext) -> None:
+    """Write this rank's trace; rank 0 gathers every rank's trace (they may live on other hosts),
+    writes the ones it lacks, the merged trace.json and summary.json."""
+    path = os.path.join(ctx.run_dir, f"trace_rank{ctx.rank}.json")
+    ctx.recorder.write(path)
+    trace = ctx.recorder.to_dict()
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(trace, gathered, dst=0)
+    if ctx.rank == 0:
+        assert gathered is not None
+        for r, t in enumerate(gathered):
+            other = os.path.join(ctx.run_dir, f"trace_rank{r}.json")
+            if not os.path.exists(other):
+                with open(other, "w") as f:
+                    json.dump(t, f)
+        with open(os.path.join(ctx.run_dir, "trace.json"), "w") as f:
+            json.dump(merge_traces(gathered), f)
+        with open(os.path.join(ctx.run_dir, "config.json")) as f:
+            config = json.load(f)
+        with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
+            json.dump(build_summary(config, gathered), f, indent=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    rank = int(os.environ.get("RANK", 0))
+    ctx: RankContext | None = None
+    try:
+        with open(os.path.join(args.run_dir, "request.json")) as f:
+            config = RunConfig.from_dict(json.load(f)).validate()
+        ctx = setup(config, args.run_dir)
+        ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
+        train(ctx)
+        finish(ctx)
+        ctx.comm.barrier()  # a barrier before destroy avoids rare gloo aborts at exit
+        dist.destroy_process_group()
+        return 0
+    except BaseException as e:
+        err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
+               "traceback": traceback.format_exc(),
+               "coords": ctx.grid.coords(rank) if ctx is not None else None,
+               "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError"}
+        with open(os.path.join(args.run_dir, f"error_rank{rank}.json"), "w") as f:
+            json.dump(err, f, indent=2)
+        if ctx is not None:
+            ctx.recorder.write(os.path.join(args.run_dir, f"trace_rank{rank}.json"))
+        print(f"[workbench] rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The analytic predictions the workbench puts beside every measurement (../shared/formulas.md).
+
+Plain arithmetic, no torch: the notebooks, the summary writer and the estimator all call these.
+Symbols: Ψ parameters, N data-parallel degree, p stages, m microbatches, v chunks per rank,
+s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from workbench.config import ModelConfig
+
+# Bytes per parameter for each model-state category, (parameter, gradient, optimizer_state).
+# fp32 Adam: 4 + 4 + 8 (m and v). Mixed precision (ZeRO paper): 2 + 2 + 12 (fp32 master, m, v).
+STATE_BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+
+
+def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, float]:
+    """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020).
+
+    Stage 0 keeps everything on every rank (16Ψ); stage 1 divides the optimizer states by N, stage 2
+    the gradients too, stage 3 the parameters too (16Ψ/N). The same accounting holds for fp32 with the
+    split 4 + 4 + 8.
+    """
+    p_b, g_b, o_b = STATE_BYTES[precision]
+    n = dp
+    return {
+        "parameter": params * p_b / (n if zero >= 3 else 1),
+        "gradient": params * g_b / (n if zero >= 2 else 1),
+        "optimizer_state": params * o_b / (n if zero >= 1 else 1),
+    }
+
+
+def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4) -> int:
+    """Bytes one transformer block of *our* GPT saves for backward (counted from its code, the way
+    Korthikanti et al. 2022 count Megatron's 34·sbh + 5·as²b for 16-bit activations with dropout):
+
+        ln_1 input, ln_1 output, qkv output (q, k, v share it), attention output before the
+        projection, the residual after attention, ln_2 input's output, fc output, GELU output
+                                                                 → 1+1+3+1+1+1+4+4 = 16·sbh values
+        softmax probabilities                                    →        a·s²·b values
+        layer-norm mean and 1/σ (two per layer norm)             →          4·sb  values
+
+    `mlp_ratio` other than 4 changes the 4 + 4 of the MLP to 2·ratio.
+    """
+    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
+    sbh_values = 8 + 2 * cfg.mlp_ratio
+    return bytes_per_value * (sbh_values * s * b * h + a * s * s * b + 4 * s * b)
+
+
+def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4) -> int:
+    """All bytes saved for backward by one forward of a micro-batch: the L blocks plus the ends
+    (token ids for the embedding, ln_f, the head's input, log-softmax output, targets)."""
+    s, b, h, v = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size
+    ends = (
+        bytes_per_value * (2 * s * b * h + 2 * s * b)  # ln_f input, its output (head input), mean, 1/σ
+        + bytes_per_value * s * b * v  # log-softmax output (the cross-entropy's saved tensor)
+        + 8 * s * b * 2 + 8 * s  # token ids, targets, positions (int64)
+        + 4  # the cross-entropy's total weight (a scalar)
+    )
+    return cfg.layers * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value) + ends
+
+
+def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:
+    """Megatron's 16-bit figure for comparison: s·b·h·(10 + 24/t + 5·a·s/(h·t))."""
+    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
+    return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Idle share of a pipeline step with equal stage times: (p−1)/(v·m + p−1); v=1 is GPipe/1F1B."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def ring_bytes_sent(nbytes: float, n: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of `nbytes`: 2(n−1)·S/n."""
+    return 2 * (n - 1) * nbytes / n if n > 1 else 0.0
+
+
+def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4) -> float:
+    """Gradient-synchronisation bytes each rank sends per step (ring algorithm): 2Ψ·(n−1)/n values
+    for plain DP and ZeRO-1/2, 3Ψ·(n−1)/n for ZeRO-3 (parameters gathered twice)."""
+    factor = 3 if zero >= 3 else 2
+    return factor * (dp - 1) / dp * params * grad_bytes if dp > 1 else 0.0
+
+
+def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
+    """≈ 6Ψ + 12·L·h·s (Chowdhery et al. 2022, appendix B)."""
+    return 6 * params + 12 * cfg.layers * cfg.hidden * cfg.seq_len

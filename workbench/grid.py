@@ -1,0 +1,99 @@
+"""The rank grid: global rank ↔ (pp, dp, tp) coordinates, and one process group per axis.
+
+Layout (Megatron-LM's order, the brief's 3D picture): tensor parallel is the fastest-varying axis, so
+the t ranks of a tensor-parallel group are neighbours (on one host they share the fastest links); data
+parallel next; pipeline parallel slowest::
+
+    rank = pp_index · (dp · tp) + dp_index · tp + tp_index
+
+With dp=2, tp=2, pp=2 (8 ranks)::
+
+    pp stage 0:  dp 0 → ranks [0, 1]   dp 1 → ranks [2, 3]      (each bracket is one tp group)
+    pp stage 1:  dp 0 → ranks [4, 5]   dp 1 → ranks [6, 7]
+    dp groups: [0, 2] [1, 3] [4, 6] [5, 7];  pp groups: [0, 4] [1, 5] [2, 6] [3, 7]
+
+`RankGrid` is plain arithmetic (no torch), so tests, the planner and the notebooks can build as many
+as they like. `ProcessGroups` holds the torch.distributed groups of one rank; it is created once and
+passed explicitly to everything that communicates — there is no module-level global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+AXES = ("pp", "dp", "tp")  # slowest to fastest
+
+
+@dataclass(frozen=True)
+class RankGrid:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """{'pp': k, 'dp': i, 'tp': j} of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a grid of {self.world_size} ranks")
+        return {"pp": rank // (self.dp * self.tp), "dp": (rank // self.tp) % self.dp, "tp": rank % self.tp}
+
+    def rank(self, pp: int = 0, dp: int = 0, tp: int = 0) -> int:
+        return pp * self.dp * self.tp + dp * self.tp + tp
+
+    def group_ranks(self, axis: str, rank: int) -> list[int]:
+        """The global ranks that share `rank`'s group along `axis` (all other coordinates fixed)."""
+        c = self.coords(rank)
+        size = getattr(self, axis)
+        return [self.rank(**{**c, axis: i}) for i in range(size)]
+
+    def all_groups(self, axis: str) -> list[list[int]]:
+        """Every group along `axis`, in a deterministic order (every rank must create them alike)."""
+        seen: list[list[int]] = []
+        for r in range(self.world_size):
+            g = self.group_ranks(axis, r)
+            if g not in seen:
+                seen.append(g)
+        return seen
+
+    def describe(self, rank: int) -> str:
+        c = self.coords(rank)
+        return f"rank {rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']})"
+
+
+@dataclass
+class ProcessGroups:
+    """The process groups one rank belongs to, one per axis plus the world."""
+
+    grid: RankGrid
+    rank: int
+    groups: dict[str, Any]  # axis -> torch ProcessGroup (or None for the world group)
+    ranks: dict[str, list[int]]  # axis -> global ranks in this rank's group
+
+    @classmethod
+    def create(cls, grid: RankGrid, rank: int, timeout_s: float) -> ProcessGroups:
+        """Create every axis group (collectively: all ranks call this in the same order)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        groups: dict[str, Any] = {"world": dist.group.WORLD}
+        ranks: dict[str, list[int]] = {"world": list(range(grid.world_size))}
+        for axis in AXES:
+            for members in grid.all_groups(axis):
+                # new_group is collective over the whole world, even for ranks outside `members`.
+                pg = dist.new_group(members, timeout=timeout)
+                if rank in members:
+                    groups[axis], ranks[axis] = pg, members
+        return cls(grid=grid, rank=rank, groups=groups, ranks=ranks)
+
+    def size(self, axis: str) -> int:
+        return len(self.ranks[axis])
+
+    def index(self, axis: str) -> int:
+        """This rank's position within its group along `axis`."""
+        return self.ranks[axis].index(self.rank)

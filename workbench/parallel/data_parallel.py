@@ -1,0 +1,149 @@
+"""Data parallelism: every rank holds the whole model, takes 1/N of the global batch, and the
+gradients are averaged over the N ranks before each optimizer step (Li et al. 2020, "PyTorch
+Distributed: Experiences on Accelerating Data Parallel Training", the design of torch DDP).
+
+Sharded: the batch (rows), nothing of the model. Collective: one all-reduce (sum) of the gradients
+over the `dp` group in backward; nothing in forward. Each rank divides by N before the sum, so the
+result is the gradient of the mean loss over the global batch — the single-process gradient.
+
+Two implementations:
+
+- `NaiveDataParallel` (for teaching): after backward, one blocking all-reduce per parameter. Simple,
+  but every small tensor pays the full latency and nothing overlaps backward.
+- `BucketedDataParallel` (the real one): gradients live in flat buckets of about `bucket_mb`
+  megabytes (each parameter's `.grad` is a view into its bucket, so there is no copy). Buckets are
+  filled in reverse layer order — the order backward produces gradients — and the moment a bucket's
+  last gradient is accumulated its all-reduce is launched asynchronously, so communication overlaps
+  the rest of backward. `finish()` waits for every bucket before the optimizer step. With
+  algorithm='ring' each bucket runs our send/recv ring instead (blocking: a teaching path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workbench.comm.traced import Communicator, Handle
+
+
+class NaiveDataParallel:
+    def __init__(self, model: nn.Module, comm: Communicator) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.comm = comm
+        self.n = comm.size("dp")
+
+    def finish(self) -> None:
+        """One all-reduce per parameter, after the whole backward."""
+        for i, p in enumerate(self.params):
+            p.grad.div_(self.n)
+            if self.n > 1:
+                self.comm.all_reduce(p.grad, "dp", label=f"param {i}")
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def grad_tensors(self) -> list[torch.Tensor | None]:
+        return [p.grad for p in self.params]
+
+
+@dataclass
+class Bucket:
+    """A flat gradient buffer shared by consecutive parameters (in backward order)."""
+
+    index: int
+    buffer: torch.Tensor
+    params: list[nn.Parameter]
+    ready: int = 0
+    handle: Handle | None = None
+    launched: bool = False
+    names: list[str] = field(default_factory=list)
+
+
+def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[list[int]]:
+    """Indices of the tensors (given in backward order) for each bucket: a bucket closes once it
+    holds at least `bucket_mb` MB (a tensor larger than that gets a bucket of its own)."""
+    cap = bucket_mb * 1024 * 1024
+    plan: list[list[int]] = [[]]
+    filled = 0
+    for i, n in enumerate(sizes):
+        if plan[-1] and filled + n * element_size > cap:
+            plan.append([])
+            filled = 0
+        plan[-1].append(i)
+        filled += n * element_size
+    return plan
+
+
+class BucketedDataParallel:
+    def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
+                 algorithm: str = "backend") -> None:
+        self.comm = comm
+        self.n = comm.size("dp")
+        self.algorithm = algorithm
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        named.reverse()  # backward produces the last layers' gradients first
+        plan = plan_buckets([p.numel() for _, p in named], named[0][1].element_size(), bucket_mb)
+        self.buckets: list[Bucket] = []
+        self._bucket_of: dict[nn.Parameter, Bucket] = {}
+        for b, idxs in enumerate(plan):
+            members = [named[i] for i in idxs]
+            total = sum(p.numel() for _, p in members)
+            buffer = torch.zeros(total, dtype=members[0][1].dtype, device=members[0][1].device)
+            bucket = Bucket(b, buffer, [p for _, p in members], names=[n for n, _ in members])
+            offset = 0
+            for _, p in members:
+                p.grad = buffer[offset:offset + p.numel()].view_as(p)  # gradient as a bucket view
+                offset += p.numel()
+                self._bucket_of[p] = bucket
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+            self.buckets.append(bucket)
+        self._next_launch = 0
+
+    def _on_grad_ready(self, p: nn.Parameter) -> None:
+        bucket = self._bucket_of[p]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            # Launch in bucket order, so every rank issues the same collectives in the same order.
+            while self._next_launch < len(self.buckets):
+                nxt = self.buckets[self._next_launch]
+                if nxt.ready < len(nxt.params):
+                    break
+                self._launch(nxt)
+                self._next_launch += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        bucket.launched = True
+        bucket.buffer.div_(self.n)
+        if self.n == 1:
+            return
+        label = f"bucket {bucket.index}"
+        if self.algorithm == "ring":
+            self.comm.all_reduce(bucket.buffer, "dp", label=label, algorithm="ring")
+        else:
+            bucket.handle = self.comm.all_reduce(bucket.buffer, "dp", async_op=True, label=label)
+
+    def finish(self) -> None:
+        """Wait for every bucket's all-reduce; call after backward, before the optimizer step."""
+        for bucket in self.buckets:
+            if not bucket.launched:
+                missing = [n for n, p in zip(bucket.names, bucket.params, strict=True) if p.grad is None]
+                raise RuntimeError(
+                    f"bucket {bucket.index} never became ready ({bucket.ready}/{len(bucket.params)} gradients); "
+                    f"parameters without gradient this step: {missing or 'unknown'}"
+                )
+            if bucket.handle is not None:
+                bucket.handle.wait()
+                bucket.handle = None
+        for bucket in self.buckets:
+            bucket.ready, bucket.launched = 0, False
+        self._next_launch = 0
+
+    def zero_grad(self) -> None:
+        for bucket in self.buckets:
+            bucket.buffer.zero_()
+
+    def grad_tensors(self) -> list[torch.Tensor]:
+        return [b.buffer for b in self.buckets]

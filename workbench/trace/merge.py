@@ -1,0 +1,74 @@
+"""Merge the per-rank traces of a run into one file for Perfetto (`pid` = rank keeps them apart).
+
+No torch: the launcher also calls this after a failed run, on whatever traces the ranks left.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from typing import Any
+
+from workbench.trace.recorder import SCHEMA_VERSION, recover_partial
+
+
+def rank_trace_paths(run_dir: str) -> dict[int, str]:
+    """rank -> trace_rank{r}.json in `run_dir`."""
+    out = {}
+    for path in glob.glob(os.path.join(run_dir, "trace_rank*.json")):
+        m = re.fullmatch(r"trace_rank(\d+)\.json", os.path.basename(path))
+        if m:
+            out[int(m.group(1))] = path
+    return dict(sorted(out.items()))
+
+
+def recover_partials(run_dir: str) -> list[int]:
+    """Turn every rank's crash sidecar that has no final trace into trace_rank{r}.json; return ranks."""
+    recovered = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.partial.jsonl"))):
+        rank = int(re.search(r"trace_rank(\d+)\.partial", path).group(1))
+        final = os.path.join(run_dir, f"trace_rank{rank}.json")
+        if not os.path.exists(final):
+            try:
+                trace = recover_partial(path)
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+            with open(final, "w") as f:
+                json.dump(trace, f)
+            recovered.append(rank)
+        os.remove(path)
+    return recovered
+
+
+def merge_traces(traces: list[dict[str, Any]]) -> dict[str, Any]:
+    traces = sorted(traces, key=lambda t: t["distributedInfo"]["rank"])
+    first = traces[0]
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "distributedInfo": {"backend": first["distributedInfo"]["backend"], "rank": 0,
+                            "world_size": first["distributedInfo"]["world_size"]},
+        "displayTimeUnit": "ms",
+        "workbench": {"run": first["workbench"]["run"], "merged": True,
+                      "ranks": [t["workbench"] for t in traces]},
+        "traceEvents": [e for t in traces for e in t["traceEvents"]],
+    }
+
+
+def load_traces(run_dir: str) -> list[dict[str, Any]]:
+    traces = []
+    for path in rank_trace_paths(run_dir).values():
+        with open(path) as f:
+            traces.append(json.load(f))
+    return traces
+
+
+def write_merged(run_dir: str) -> str | None:
+    traces = load_traces(run_dir)
+    if not traces:
+        return None
+    path = os.path.join(run_dir, "trace.json")
+    with open(path, "w") as f:
+        json.dump(merge_traces(traces), f)
+    return path

@@ -1,0 +1,192 @@
+"""Per-rank timeline recorder that writes Chrome Trace Event JSON (opens in Perfetto).
+
+Every rank owns one `TraceRecorder`. Times are microseconds from an epoch that all ranks agree on at
+start-up: right after a barrier each rank takes its own monotonic clock as zero (`set_epoch`), so the
+barrier exit is t = 0 everywhere; the wall-clock difference to rank 0 at that moment is recorded as
+`clock_offset_us`. The file layout is the contract in docs/run-format.md.
+
+Lanes (`tid`) are fixed: spans on one lane nest because they come from nested `with span(...)`
+blocks in one thread; work that overlaps on a lane (gradient buckets in flight) is written as async
+`b`/`e` events instead, which Perfetto draws as separate tracks.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+#: lane name -> tid, in display order
+LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4}
+
+CATEGORIES = (
+    "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
+    "ring_step", "wait", "schedule", "checkpoint",
+)
+
+
+def flow_id(*parts: object) -> int:
+    """A flow id derived from the parts (step, group, seq, source, destination ...), equal on both
+    ranks of a transfer and unique across the merged file; below 2**53 so JavaScript keeps it exact."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 11
+
+
+class TraceRecorder:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        backend: str,
+        coords: dict[str, int],
+        run_name: str,
+        enabled: bool = True,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.coords = coords
+        self.run_name = run_name
+        self.enabled = enabled
+        self.events: list[dict[str, Any]] = []
+        self._anchor_ns = time.perf_counter_ns()
+        self.clock_offset_us = 0.0
+        self._async_ids = 0
+        self._lock = threading.Lock()
+        self._partial_path: str | None = None
+        self._flushed = 0
+
+    # ---- clock -------------------------------------------------------------------------------
+    def set_epoch(self, clock_offset_us: float = 0.0) -> None:
+        """Call right after a barrier on every rank: now becomes t = 0."""
+        self._anchor_ns = time.perf_counter_ns()
+        self.clock_offset_us = clock_offset_us
+
+    def now_us(self) -> float:
+        return (time.perf_counter_ns() - self._anchor_ns) / 1000.0
+
+    # ---- events ------------------------------------------------------------------------------
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.enabled:
+            event["pid"] = self.rank
+            self.events.append(event)  # list.append is atomic: callbacks from comm threads are safe
+
+    @contextmanager
+    def span(self, name: str, cat: str, lane: str = "compute", **args: Any) -> Iterator[dict[str, Any]]:
+        """A complete ("X") event around the block. The yielded dict is the span's args: the block
+        may add to it (bytes measured inside, for instance)."""
+        start = self.now_us()
+        try:
+            yield args
+        finally:
+            self.complete(name, cat, lane, start, self.now_us() - start, args)
+
+    def complete(self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+        self._emit({"ph": "X", "name": name, "cat": cat, "ts": round(ts, 3), "dur": round(max(dur, 0.0), 3),
+                    "tid": LANES[lane], "args": args})
+
+    def new_async_id(self) -> int:
+        with self._lock:
+            self._async_ids += 1
+            return self._async_ids
+
+    def async_span(self, name: str, cat: str, lane: str, ts: float, end: float, args: dict[str, Any],
+                   local_id: int) -> None:
+        """An async begin/end pair (work in flight that may overlap other work on the lane)."""
+        base = {"name": name, "cat": cat, "tid": LANES[lane], "id2": {"local": f"{self.rank}:{local_id}"}}
+        self._emit({**base, "ph": "b", "ts": round(ts, 3), "args": args})
+        self._emit({**base, "ph": "e", "ts": round(max(end, ts), 3)})
+
+    def flow(self, phase: str, fid: int, lane: str, ts: float, cat: str) -> None:
+        """phase 's' inside the sending span, 'f' inside the receiving span (bound to its end)."""
+        event = {"ph": phase, "id": fid, "name": cat, "cat": cat, "tid": LANES[lane], "ts": round(ts, 3)}
+        if phase == "f":
+            event["bp"] = "e"
+        self._emit(event)
+
+    def counter(self, name: str, values: dict[str, float], ts: float | None = None) -> None:
+        self._emit({"ph": "C", "name": name, "ts": round(self.now_us() if ts is None else ts, 3),
+                    "tid": 0, "args": dict(values)})
+
+    # ---- output ------------------------------------------------------------------------------
+    def metadata_events(self) -> list[dict[str, Any]]:
+        c = self.coords
+        meta = [
+            {"ph": "M", "name": "process_name", "pid": self.rank, "tid": 0,
+             "args": {"name": f"rank {self.rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']})"}},
+            {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0,
+             "args": {"sort_index": self.rank}},
+        ]
+        for lane, tid in LANES.items():
+            meta.append({"ph": "M", "name": "thread_name", "pid": self.rank, "tid": tid, "args": {"name": lane}})
+            meta.append({"ph": "M", "name": "thread_sort_index", "pid": self.rank, "tid": tid,
+                         "args": {"sort_index": tid}})
+        return meta
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schemaVersion": SCHEMA_VERSION,
+            "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size},
+            "displayTimeUnit": "ms",
+            "workbench": {"run": self.run_name, "rank": self.rank, **self.coords,
+                          "clock_offset_us": self.clock_offset_us},
+            "traceEvents": self.metadata_events() + list(self.events),
+        }
+
+    # ---- crash safety: an append-only sidecar that survives SIGKILL --------------------------
+    def open_partial(self, path: str) -> None:
+        """Start `path` (JSON lines): a header, then `flush()` appends the events recorded since."""
+        self._partial_path, self._flushed = path, 0
+        header = {k: v for k, v in self.to_dict().items() if k != "traceEvents"}
+        with open(path, "w") as f:
+            f.write(json.dumps(header) + "\n")
+
+    def flush(self) -> None:
+        if self._partial_path is None or not self.enabled:
+            return
+        end = len(self.events)
+        with open(self._partial_path, "a") as f:
+            for e in self.events[self._flushed:end]:
+                f.write(json.dumps(e) + "\n")
+        self._flushed = end
+
+    def write(self, path: str) -> None:
+        """Write atomically (a reader never sees half a file, even if the rank is killed mid-write)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f)
+        os.replace(tmp, path)
+        if self._partial_path is not None and os.path.exists(self._partial_path):
+            os.remove(self._partial_path)
+            self._partial_path = None
+
+
+def recover_partial(path: str) -> dict[str, Any]:
+    """Rebuild a trace from a rank's sidecar (for ranks that were killed before writing their trace).
+    Async and counter events written so far are kept; a span still open when the rank died is lost."""
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    header = json.loads(lines[0])
+    events = []
+    for line in lines[1:]:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # the rank died mid-line
+            break
+    info, coords = header["distributedInfo"], header["workbench"]
+    rec = TraceRecorder(info["rank"], info["world_size"], info["backend"],
+                        {k: coords[k] for k in ("dp", "tp", "pp")}, coords["run"])
+    rec.clock_offset_us = coords.get("clock_offset_us", 0.0)
+    rec.events = events
+    out = rec.to_dict()
+    out["workbench"]["recovered"] = True
+    return out
