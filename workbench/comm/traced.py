@@ -121,12 +121,17 @@ class Communicator:
                 "step": self.step, "bytes": total_bytes, "dtype": str(tensor.dtype).replace("torch.", ""), **extra}
 
     def error(self, args: dict[str, Any], e: BaseException) -> CommError:
-        where = f"{args['op']} on group {args['group']} {args['group_ranks']}"
+        op = f"{args['op']} {args['label']}" if args.get("label") else args["op"]
+        where = f"{op} on group {args['group']} {args['group_ranks']}"
         if "seq" in args:
             where += f" (seq {args['seq']}, step {args['step']}, {args['bytes']} bytes)"
         if "peer" in args:
             where += f" with peer rank {args['peer']}"
-        return CommError(f"rank {self.rank}: {where} failed: {type(e).__name__}: {e}")
+        hint = ""
+        if "timed out" in str(e).lower():
+            hint = (" — a peer did not reach this operation within the process-group timeout "
+                    "(RunConfig.timeout_s): it is stuck or slower than the timeout allows")
+        return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
 
     def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, label: str | None = None) -> Handle | None:
         cat = "p2p" if args["op"] in ("send", "recv") else "collective"

@@ -1,0 +1,31 @@
+# The two commands a fresh machine needs: `make demo` and `make test` (both set up .venv first).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_ARGS ?= --dp 2 --steps 60 --global-batch 16 --bucket-mb 0.03
+
+.PHONY: setup demo test lint notebook benchmark clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh $(VENV)
+	touch $@
+
+demo: setup
+	$(PY) -m workbench.cli run $(DEMO_ARGS) --name demo --out traces/demo
+	$(PY) -m workbench.cli validate traces/demo
+
+test: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --nbmake notebooks
+
+lint: setup
+	$(PY) -m ruff check workbench tests benchmarks
+
+notebook: setup
+	$(VENV)/bin/jupyter lab notebooks
+
+benchmark: setup
+	$(PY) benchmarks/dp_vs_ddp.py
+
+clean:
+	rm -rf $(VENV) traces/* .pytest_cache

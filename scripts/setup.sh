@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create the virtual environment with everything workbench needs (used by `make setup`).
+#
+# torch: a machine that already has torch keeps it (the venv sees the system's packages); otherwise
+# a machine with an NVIDIA GPU gets PyPI's default (CUDA) build, and any other machine gets the CPU
+# build of torch 2.13.0 — never a multi-GB CUDA build on a machine without a GPU.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PYTHON" -c "import torch" 2>/dev/null; then
+    echo "[setup] torch $("$PYTHON" -c 'import torch; print(torch.__version__)') found: the venv will use it"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+PIP=("$VENV/bin/python" -m pip install --quiet)
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "[setup] NVIDIA GPU found and no torch: installing PyPI's torch (CUDA build)"
+    "${PIP[@]}" torch
+  else
+    echo "[setup] no GPU and no torch: installing torch==2.13.0 (CPU build)"
+    # A local CPU wheel (pip's find-links) first; else PyTorch's CPU index.
+    "${PIP[@]}" "torch==2.13.0+cpu" 2>/dev/null \
+      || "${PIP[@]}" "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+"${PIP[@]}" -e ".[dev]"
+"$VENV/bin/python" -m ipykernel install --user --name workbench --display-name "Python (workbench)" >/dev/null 2>&1 || true
+"$VENV/bin/python" -c "import torch, workbench; print(f'[setup] ready: torch {torch.__version__}, workbench {workbench.__version__}, CUDA available: {torch.cuda.is_available()}')"

@@ -1,0 +1,140 @@
+"""The `workbench` command.
+
+    workbench run --dp 2 --steps 20 --model tiny --global-batch 16 --seed 0 --out traces/dp2
+    workbench run --dp 2 --allreduce ring --bucket-mb 0.05 --out traces/ring
+    workbench run --dp 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500   # on each machine
+    workbench validate traces/dp2        # check the traces against docs/run-format.md
+    workbench show traces/dp2            # the summary: step time, overlap, memory measured vs predicted
+
+A bad configuration is reported (exit code 2) before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from workbench.config import ALLREDUCE, BACKENDS, DP_IMPLS, PRECISIONS, RECOMPUTE, SCHEDULES, ConfigError, RunConfig
+
+
+def _model(value: str) -> str | dict:
+    if value.startswith("{"):
+        return json.loads(value)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description="Run and profile distributed training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="launch a training run with torchrun")
+    d = RunConfig()
+    run.add_argument("--model", type=_model, default=d.model,
+                     help="preset (tiny, small) or JSON dims, e.g. '{\"hidden\": 64, \"layers\": 4}'")
+    for axis in ("dp", "tp", "pp"):
+        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis))
+    run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3))
+    run.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
+    run.add_argument("--microbatches", type=int, default=d.microbatches)
+    run.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
+    run.add_argument("--precision", default=d.precision, choices=PRECISIONS)
+    run.add_argument("--recompute", default=d.recompute, choices=RECOMPUTE)
+    run.add_argument("--sequence-parallel", action="store_true")
+    run.add_argument("--global-batch", type=int, default=d.global_batch)
+    run.add_argument("--steps", type=int, default=d.steps)
+    run.add_argument("--seed", type=int, default=d.seed)
+    run.add_argument("--lr", type=float, default=d.lr)
+    run.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
+    run.add_argument("--backend", default=d.backend, choices=BACKENDS,
+                     help="auto: nccl where CUDA is present, else gloo")
+    run.add_argument("--allreduce", default=d.allreduce, choices=ALLREDUCE)
+    run.add_argument("--dp-impl", default=d.dp_impl, choices=DP_IMPLS)
+    run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
+    run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
+    run.add_argument("--no-trace", action="store_true")
+    run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
+    run.add_argument("--name", default=None)
+    run.add_argument("--nnodes", type=int, default=1)
+    run.add_argument("--node-rank", type=int, default=0)
+    run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the first machine")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    for name, text in (("validate", "check a run's traces against the run format"),
+                       ("show", "print a run's summary")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run_dir")
+    return parser
+
+
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
+        microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
+        recompute=a.recompute, sequence_parallel=a.sequence_parallel, global_batch=a.global_batch,
+        steps=a.steps, seed=a.seed, lr=a.lr, grad_clip=a.grad_clip or None, backend=a.backend,
+        allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
+        timeout_s=a.timeout, name=a.name,
+    )
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from workbench.launcher import Nodes, RunFailed, launch
+
+    try:
+        config = config_from_args(a).validate()
+    except ConfigError as e:
+        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    print("configuration:", json.dumps(config.to_dict()), flush=True)
+    nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
+    try:
+        run = launch(config, a.out, progress=not a.quiet, nodes=nodes)
+    except ConfigError as e:
+        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print(f"workbench: run failed: {e}", file=sys.stderr)
+        return 1
+    print_summary(run.path)
+    return 0
+
+
+def print_summary(run_dir: str) -> None:
+    from workbench.run import load
+
+    run = load(run_dir)
+    m = run.metrics
+    if len(m):
+        print(f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
+              f"median step {m.step_time_s.median() * 1e3:.1f} ms")
+    for r in run.summary.get("ranks", []):
+        pk, pr = r["peak_bytes"], r["predicted_bytes"]
+        mem = ", ".join(f"{k} {pk.get(k, 0) / 1e6:.3f}/{pr[k] / 1e6:.3f} MB" for k in pr)
+        print(f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
+              f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}")
+    print(f"\nresults in {run_dir}/ : metrics.jsonl, summary.json, trace_rank*.json, trace.json")
+    print("open trace.json at https://ui.perfetto.dev (Open trace file), or in Jupyter:")
+    print(f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.command == "run":
+        return cmd_run(a)
+    if a.command == "validate":
+        from workbench.trace.validate import validate_run
+
+        errors = validate_run(a.run_dir)
+        for e in errors:
+            print(e)
+        print(f"{a.run_dir}: {'valid' if not errors else f'{len(errors)} problem(s)'}")
+        return 1 if errors else 0
+    if a.command == "show":
+        print_summary(a.run_dir)
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
