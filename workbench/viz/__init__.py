@@ -1,1 +1,9 @@
-"""viz"""
+"""Charts of run directories (plotly). Reads Runs and DataFrames only: never imports torch."""
+
+from workbench.viz.loss import compare_losses, loss_curves
+from workbench.viz.memory import memory_breakdown, memory_over_time
+from workbench.viz.ring import ring_all_reduces, ring_steps
+from workbench.viz.timeline import overlap_table, timeline
+
+__all__ = ["compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
+           "ring_all_reduces", "ring_steps", "timeline"]

@@ -1,0 +1,80 @@
+"""Per-rank timeline: a Gantt chart with one row per (rank, lane), read from a Run's events.
+
+Rows, top to bottom for each rank: `compute` (forward, backward, optimizer), `comm` (blocking
+collectives and launches), `comm in flight` (asynchronous collectives from launch to completion —
+the bars that overlap backward when bucketing works), `wait` (time blocked on a handle), `ring`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.run import Run
+
+COLORS = {
+    "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "optimizer": "#54A24B",
+    "collective": "#E45756", "p2p": "#9D755D", "wait": "#BAB0AC", "ring_step": "#72B7B2",
+    "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD",
+}
+LANE_ORDER = ["compute", "comm", "comm in flight", "wait", "schedule", "ring"]
+
+
+def _rows(events: pd.DataFrame) -> pd.DataFrame:
+    ev = events.copy()
+    ev["row_lane"] = ev.lane.where(ev.kind != "async", "comm in flight")
+    ev = ev[~((ev.cat == "step") & (ev.lane == "compute"))]  # the step span encloses everything
+    ev["row"] = "rank " + ev["rank"].astype(str) + " · " + ev.row_lane
+    return ev
+
+
+def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None = None,
+             title: str | None = None) -> go.Figure:
+    """Gantt of the given steps (default: the last two) on the given ranks (default: all)."""
+    ev = run.events
+    if ev.empty:
+        return go.Figure(layout={"title": "no events recorded"})
+    all_steps = sorted(int(s) for s in ev.step.dropna().unique())
+    steps = steps if steps is not None else all_steps[-2:]
+    ev = ev[ev.step.isin(steps)]
+    if ranks is not None:
+        ev = ev[ev["rank"].isin(ranks)]
+    ev = _rows(ev)
+    t0 = ev.start_us.min()
+    order = [f"rank {r} · {lane}" for r in sorted(ev["rank"].unique()) for lane in LANE_ORDER
+             if f"rank {r} · {lane}" in set(ev.row)]
+    fig = go.Figure()
+    for cat, group in ev.groupby("cat", sort=False):
+        fig.add_trace(go.Bar(
+            y=group.row, x=group.dur_us / 1e3, base=(group.start_us - t0) / 1e3, orientation="h",
+            name=cat, marker_color=COLORS.get(cat, "#888"), marker_line_width=0.5, marker_line_color="white",
+            customdata=_hover(group), hovertemplate="%{customdata}<extra></extra>",
+        ))
+    fig.update_layout(
+        barmode="overlay", title=title or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, "
+                                          f"steps {steps}",
+        xaxis_title="time (ms)", height=max(300, 28 * len(order) + 120),
+        yaxis={"categoryorder": "array", "categoryarray": list(reversed(order))},
+        legend={"orientation": "h", "y": -0.2}, margin={"l": 150},
+    )
+    return fig
+
+
+def _hover(group: pd.DataFrame) -> list[str]:
+    out = []
+    for _, e in group.iterrows():
+        parts = [f"<b>{e['name']}</b>", f"{e.dur_us / 1e3:.3f} ms from {e.start_us / 1e3:.3f} ms"]
+        for key in ("step", "microbatch", "op", "group", "seq", "bytes", "peer", "phase", "busbw_GBps"):
+            value: Any = e.get(key)
+            if value is not None and not (isinstance(value, float) and pd.isna(value)):
+                parts.append(f"{key}: {value}")
+        out.append("<br>".join(parts))
+    return out
+
+
+def overlap_table(run: Run) -> pd.DataFrame:
+    """Per rank: compute, communication, the part of it hidden under compute, and idle time (s)."""
+    cols = ["rank", "step_time_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_s"]
+    return pd.DataFrame([{k: r[k] for k in cols} for r in run.summary.get("ranks", [])], columns=cols)
