@@ -1,3 +1,6 @@
+"""Regenerates notebooks/01_data_parallel.ipynb (outputs stripped). Edit here, then run it."""
+import os
+
 import nbformat as nbf
 nb = nbf.v4.new_notebook()
 md = lambda s: nbf.v4.new_markdown_cell(s.strip())
@@ -155,4 +158,4 @@ sorted(os.listdir(dp2.path))
 """),
 ]
 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, "/work/main/notebooks/01_data_parallel.ipynb")
+nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "01_data_parallel.ipynb"))

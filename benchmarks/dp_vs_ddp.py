@@ -1,0 +1,156 @@
+"""Our bucketed data parallelism against torch DDP, in one invocation, runs interleaved.
+
+    python benchmarks/dp_vs_ddp.py                 # 2 ranks, `small` model, 4 MB buckets
+    python benchmarks/dp_vs_ddp.py --ranks 4 --bucket-mb 25 --rounds 30
+
+Prints, on rank 0:
+1. median step time (forward + backward + gradient sync + AdamW) of ours and of DDP on the same
+   model, batch and bucket size, alternating step by step so that both see the same machine noise,
+   and the ratio ours / DDP;
+2. the cost of tracing: ours with the recorder on against off (ratio);
+3. bus bandwidth of our send/recv ring against the backend's all-reduce at several sizes.
+
+Run it directly: it starts itself under torchrun (free port, one thread per rank). Ratios are what
+count on a shared machine; absolute times are printed for context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def launch(args: argparse.Namespace) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
+           os.path.abspath(__file__)]
+    return subprocess.call(cmd, env=env)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workbench.comm.traced import Communicator
+    from workbench.config import PRESETS
+    from workbench.engine.data import global_batch, shard_rows
+    from workbench.engine.model import GPT
+    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.parallel.data_parallel import BucketedDataParallel
+    from workbench.trace.recorder import TraceRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    grid = RankGrid(dp=world)
+    groups = ProcessGroups.create(grid, rank, 120)
+    cfg = PRESETS[args.model]
+
+    def make(trace: bool):
+        model = GPT(cfg, seed=0)
+        rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=trace)
+        comm = Communicator(groups, rec)
+        sync = BucketedDataParallel(model, comm, args.bucket_mb)
+        return model, sync, torch.optim.AdamW(model.parameters(), lr=1e-4), rec
+
+    ours, ours_sync, ours_opt, _ = make(trace=True)
+    quiet, quiet_sync, quiet_opt, _ = make(trace=False)
+    ddp_model = GPT(cfg, seed=0)
+    ddp = DDP(ddp_model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
+    ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+
+    x, y = global_batch(0, 0, args.global_batch, cfg.seq_len, cfg.vocab_size)
+    x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)
+
+    def step_ours(model, sync, opt):
+        loss = model(x, y)
+        loss.backward()
+        sync.finish()
+        opt.step()
+        sync.zero_grad()
+
+    def step_ddp():
+        loss = ddp(x, y)
+        loss.backward()
+        ddp_opt.step()
+        ddp_opt.zero_grad(set_to_none=False)
+
+    candidates = {"ours": lambda: step_ours(ours, ours_sync, ours_opt), "ddp": step_ddp,
+                  "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt)}
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for i in range(args.rounds + args.warmup):
+        order = list(candidates) if i % 2 == 0 else list(reversed(candidates))
+        for name in order:
+            dist.barrier()
+            t = time.perf_counter()
+            candidates[name]()
+            dt = time.perf_counter() - t
+            if i >= args.warmup:
+                times[name].append(dt)
+    # the slowest rank sets the step time
+    med = {}
+    for name, ts in times.items():
+        m = torch.tensor([statistics.median(ts)])
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        med[name] = m.item()
+
+    # ring vs backend all-reduce bandwidth
+    rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=False)
+    comm = Communicator(groups, rec)
+    bw_rows = []
+    for numel in (2**10, 2**14, 2**18, 2**21):
+        buf = torch.randn(numel)
+        row = {}
+        for algo in ("backend", "ring"):
+            ts = []
+            for _ in range(args.bw_repeats):
+                dist.barrier()
+                t = time.perf_counter()
+                comm.all_reduce(buf, "dp", algorithm=algo)
+                ts.append(time.perf_counter() - t)
+            t_med = torch.tensor([statistics.median(ts)])
+            dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
+            row[algo] = numel * 4 / t_med.item() / 1e9 * 2 * (world - 1) / world
+        bw_rows.append((numel * 4, row))
+
+    if rank == 0:
+        n_params = sum(p.numel() for p in ours.parameters())
+        print(f"\nworkbench DP vs torch DDP — model {args.model} ({n_params / 1e6:.2f} M params), {world} ranks, "
+              f"global batch {args.global_batch}, buckets {args.bucket_mb} MB, {args.rounds} rounds interleaved "
+              f"(torch {torch.__version__}, gloo)")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DDP {med['ddp'] * 1e3:8.2f} ms   "
+              f"ratio ours/DDP = {med['ours'] / med['ddp']:.3f}")
+        print(f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms   "
+              f"overhead ratio on/off = {med['ours'] / med['ours_untraced']:.3f}")
+        print("  all-reduce bus bandwidth (GB/s, median):")
+        print(f"  {'bytes':>10} {'backend':>10} {'ring (ours)':>12} {'ring/backend':>13}")
+        for nbytes, row in bw_rows:
+            print(f"  {nbytes:>10} {row['backend']:>10.3f} {row['ring']:>12.3f} {row['ring'] / row['backend']:>13.3f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="small")
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--bucket-mb", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bw-repeats", type=int, default=10)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
+    else:
+        sys.exit(launch(parse(sys.argv[1:])))
