@@ -4,9 +4,11 @@
 # torch: a machine that already has torch keeps it (the venv sees the system's packages); otherwise
 # a machine with an NVIDIA GPU gets PyPI's default (CUDA) build, and any other machine gets the CPU
 # build of torch 2.13.0 — never a multi-GB CUDA build on a machine without a GPU.
+# WORKBENCH_TORCH=cuda forces the CUDA build where no GPU is visible yet (a Docker build for GPUs).
 set -euo pipefail
 VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3}
+WANT=${WORKBENCH_TORCH:-auto}
 
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PYTHON" -c "import torch" 2>/dev/null; then
@@ -19,7 +21,7 @@ fi
 PIP=("$VENV/bin/python" -m pip install --quiet)
 
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$WANT" = cuda ] || { [ "$WANT" = auto ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
     echo "[setup] NVIDIA GPU found and no torch: installing PyPI's torch (CUDA build)"
     "${PIP[@]}" torch
   else
