@@ -16,10 +16,11 @@ demo: setup
 	$(PY) -m workbench.cli validate traces/demo
 
 test: setup
+	$(PY) -m ruff check workbench tests benchmarks scripts
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --nbmake notebooks
 
 lint: setup
-	$(PY) -m ruff check workbench tests benchmarks
+	$(PY) -m ruff check workbench tests benchmarks scripts
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks

@@ -2,9 +2,18 @@
 import os
 
 import nbformat as nbf
+
 nb = nbf.v4.new_notebook()
-md = lambda s: nbf.v4.new_markdown_cell(s.strip())
-code = lambda s: nbf.v4.new_code_cell(s.strip())
+
+
+def md(text):
+    return nbf.v4.new_markdown_cell(text.strip())
+
+
+def code(text):
+    return nbf.v4.new_code_cell(text.strip())
+
+
 nb.cells = [
 md("""
 # 1 · Data parallelism, for real

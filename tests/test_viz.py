@@ -38,7 +38,7 @@ def test_ring_replay_ends_with_every_chunk_complete_on_every_rank(launched):
 
 def test_loading_and_charting_does_not_import_torch_distributed(launched):
     run = launched(dp=2, bucket_mb=0.01)
-    code = ("import sys, workbench as wb; from workbench import viz; r = wb.load(%r); "
+    code = (f"import sys, workbench as wb; from workbench import viz; r = wb.load({run.path!r}); "
             "viz.timeline(r); viz.memory_breakdown(r); r.metrics; r.summary; "
-            "assert 'torch.distributed' not in sys.modules and 'torch' not in sys.modules" % run.path)
+            "assert 'torch.distributed' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,8 @@ from workbench.run import Run
 def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
     """Left: loss per step of each run. Right (with a baseline): |loss − baseline loss| per step."""
     cols = 2 if baseline else 1
-    fig = make_subplots(rows=1, cols=cols, subplot_titles=["loss"] + (["|loss − " + baseline + "|"] if baseline else []))
+    titles = ["loss"] + ([f"|loss − {baseline}|"] if baseline else [])
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
     base = runs[baseline].metrics.set_index("step").loss if baseline else None
     for name, run in runs.items():
         m = run.metrics
