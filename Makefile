@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs: `make demo` and `make test` (both set up .venv first).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEMO_ARGS ?= --dp 2 --steps 60 --global-batch 16 --bucket-mb 0.03
+DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 
 .PHONY: setup demo test lint notebook benchmark clean
 

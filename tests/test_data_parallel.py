@@ -61,3 +61,17 @@ def test_buckets_follow_backward_order_and_size():
     assert plan_buckets([10, 10, 10], 4, 80 / 2**20) == [[0, 1], [2]]
     assert plan_buckets([100, 1], 4, 1 / 2**20) == [[0], [1]]  # a big tensor gets its own bucket
     assert RunConfig(bucket_mb=0.5).bucket_mb == 0.5
+
+
+def test_the_cli_runs_match_too(tmp_path):
+    """`workbench run --dp 2 --allreduce ring` against `workbench run --dp 1`, through the command line."""
+    import subprocess
+    import sys
+
+    import workbench as wb
+
+    common = ["--steps", "4", "--model", "tiny", "--global-batch", "16", "--seed", "0", "--quiet", "--timeout", "30"]
+    for name, extra in (("one", ["--dp", "1"]), ("ring", ["--dp", "2", "--allreduce", "ring", "--bucket-mb", "0.05"])):
+        subprocess.run([sys.executable, "-m", "workbench.cli", "run", *extra, *common, "--out", str(tmp_path / name)],
+                       check=True, capture_output=True)
+    assert_same_training(wb.load(str(tmp_path / "ring")), wb.load(str(tmp_path / "one")))

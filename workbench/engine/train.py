@@ -157,9 +157,11 @@ def train(ctx: RankContext) -> dict[str, Any]:
             with rec.span("forward", "forward", "compute", step=step, microbatch=0):
                 with memory.count_saved_activations():
                     loss = model(x, y)
+                sync_compute(ctx.device)
             memory.snapshot()
             with rec.span("backward", "backward", "compute", step=step, microbatch=0):
                 loss.backward()
+                sync_compute(ctx.device)
             memory.set("activation", 0)
             memory.count_model_states(params, optimizer, sync.grad_tensors())
             memory.snapshot()
@@ -169,6 +171,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
                 grad_norm = _clip(params, cfg.grad_clip)
                 optimizer.step()
                 sync.zero_grad()
+                sync_compute(ctx.device)
             memory.count_model_states(params, optimizer, sync.grad_tensors())
             memory.snapshot()
             loss_sum = loss.detach().reshape(1).clone()
@@ -185,6 +188,13 @@ def train(ctx: RankContext) -> dict[str, Any]:
                                     "tokens_per_s": tokens / dt}) + "\n")
     return {"step_time_s": statistics.median(step_times) if step_times else None, "loss": loss_value,
             "memory_peaks": memory.peaks(), "params": n_params}
+
+
+def sync_compute(device: torch.device) -> None:
+    """On a GPU, wait for the compute stream only, so that a span covers the kernels it launched but
+    not the communication streams (whose overlap the trace is there to show). Nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _clip(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
