@@ -23,9 +23,9 @@ def test_heads_not_dividing_hidden():
 
 
 @pytest.mark.parametrize("change, feature", [
-    ({"tp": 2}, "tensor parallelism"), ({"pp": 2}, "pipeline parallelism"), ({"zero": 1}, "ZeRO"),
+    ({"pp": 2}, "pipeline parallelism"), ({"zero": 1}, "ZeRO"),
     ({"precision": "bf16"}, "mixed precision"), ({"recompute": "full"}, "recomputation"),
-    ({"sequence_parallel": True}, "sequence parallelism"),
+
 ])
 def test_dimensions_not_built_yet_are_named(change, feature):
     with pytest.raises(ConfigError, match=feature):

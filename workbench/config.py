@@ -71,12 +71,10 @@ PRESETS: dict[str, ModelConfig] = {
 #: Features that the config can already describe but whose engines are not built yet. Each entry
 #: is removed when its strategy lands; `validate()` names the missing feature.
 NOT_BUILT_YET = {
-    "tp": "tensor parallelism (tp > 1)",
     "pp": "pipeline parallelism (pp > 1)",
     "zero": "ZeRO (zero > 0)",
     "precision": "mixed precision (precision other than fp32)",
     "recompute": "activation recomputation",
-    "sequence_parallel": "sequence parallelism",
     "microbatches": "microbatching / gradient accumulation (microbatches > 1)",
     "virtual_stages": "interleaved pipeline stages (virtual_stages > 1)",
 }
@@ -174,6 +172,7 @@ class RunConfig:
                 f"rank needs an equal share. Valid dp for this batch: {valid}; or choose a global batch "
                 f"that is a multiple of {self.dp}"
             )
+        self._validate_tensor_parallel()
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -184,6 +183,22 @@ class RunConfig:
             raise ConfigError("allreduce='ring' runs on gradient buckets: use dp_impl='bucketed'")
         self._reject_not_built()
         return self
+
+    def _validate_tensor_parallel(self) -> None:
+        m, t = self.model_config, self.tp
+        if self.sequence_parallel and t == 1:
+            raise ConfigError("sequence_parallel=True needs tp > 1: it splits the sequence over the tensor-parallel ranks")
+        if t == 1:
+            return
+        for what, value in (("heads", m.heads), ("hidden", m.hidden), ("vocab_size", m.vocab_size)):
+            if value % t:
+                valid = [d for d in range(1, value + 1) if value % d == 0]
+                raise ConfigError(f"tp={t} does not divide model.{what}={value}: each tensor-parallel rank needs "
+                                  f"an equal share. Valid tp for this model's {what}: {valid}")
+        if self.sequence_parallel and m.seq_len % t:
+            valid = [d for d in range(1, m.seq_len + 1) if m.seq_len % d == 0]
+            raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
+                              f"valid tp: {valid}")
 
     def _reject_not_built(self) -> None:
         unbuilt = {
@@ -200,7 +215,8 @@ class RunConfig:
             if asked and key in NOT_BUILT_YET:
                 raise ConfigError(
                     f"{key}={getattr(self, key)!r} asks for {NOT_BUILT_YET[key]}, which is not built yet "
-                    f"in this version of workbench; built today: data parallel (dp), fp32"
+                    f"in this version of workbench; built today: data parallel (dp) × tensor parallel (tp, "
+                    f"with sequence parallelism), fp32"
                 )
 
     # ---- serialisation -----------------------------------------------------------------------

@@ -30,34 +30,57 @@ def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str 
     }
 
 
-def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4) -> int:
-    """Bytes one transformer block of *our* GPT saves for backward (counted from its code, the way
-    Korthikanti et al. 2022 count Megatron's 34·sbh + 5·as²b for 16-bit activations with dropout):
+def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """Bytes one transformer block of *our* GPT saves for backward, counted from its code the way
+    Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
 
-        ln_1 input, ln_1 output, qkv output (q, k, v share it), attention output before the
-        projection, the residual after attention, ln_2 input's output, fc output, GELU output
-                                                                 → 1+1+3+1+1+1+4+4 = 16·sbh values
-        softmax probabilities                                    →        a·s²·b values
-        layer-norm mean and 1/σ (two per layer norm)             →          4·sb  values
+        replicated across tp ranks   ln_1 input, ln_1 output, the residual after attention,
+                                     ln_2 output                                  → 4·sbh values
+        split by tp                  qkv output (q, k, v share it), attention output before the
+                                     projection, fc output, GELU output          → (4 + 2r)·sbh/t
+                                     softmax probabilities                        →   a·s²·b/t
+        layer-norm mean and 1/σ      two per layer norm                           →   4·sb values
 
-    `mlp_ratio` other than 4 changes the 4 + 4 of the MLP to 2·ratio.
+    (r = mlp_ratio, 4: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and
+    the layer-norm statistics t ways too, so everything is divided by t.
     """
-    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
-    sbh_values = 8 + 2 * cfg.mlp_ratio
-    return bytes_per_value * (sbh_values * s * b * h + a * s * s * b + 4 * s * b)
+    s, b, h, a, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, cfg.mlp_ratio, tp
+    replicated, stats = 4 * s * b * h, 4 * s * b
+    if sequence_parallel:
+        replicated, stats = replicated / t, stats / t
+    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t + stats)
 
 
-def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4) -> int:
-    """All bytes saved for backward by one forward of a micro-batch: the L blocks plus the ends
-    (token ids for the embedding, ln_f, the head's input, log-softmax output, targets)."""
-    s, b, h, v = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size
-    ends = (
-        bytes_per_value * (2 * s * b * h + 2 * s * b)  # ln_f input, its output (head input), mean, 1/σ
-        + bytes_per_value * s * b * v  # log-softmax output (the cross-entropy's saved tensor)
-        + 8 * s * b * 2 + 8 * s  # token ids, targets, positions (int64)
-        + 4  # the cross-entropy's total weight (a scalar)
-    )
-    return cfg.layers * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value) + ends
+def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                     sequence_parallel: bool = False) -> float:
+    """All bytes saved for backward by one forward of a micro-batch on one rank: the L blocks plus
+    the ends — token ids for the embedding, the final layer norm's input and output, the loss's
+    saved tensors (log-softmax output, or under tensor parallelism the vocabulary slice of the
+    softmax, targets and masks)."""
+    s, b, h, v, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp
+    w = bytes_per_value
+    if t == 1:
+        ends = (w * (2 * s * b * h + 2 * s * b)  # ln_f input, its output (the head's input), mean, 1/σ
+                + w * s * b * v  # log-softmax output
+                + 8 * s * b * 2 + 8 * s  # token ids, targets, positions (int64)
+                + 4)  # the cross-entropy's total weight (a scalar)
+    else:
+        split = t if sequence_parallel else 1
+        ends = (w * (2 * s * b * h + 2 * s * b) / split  # ln_f input, output, statistics
+                + w * s * b * v / t  # this rank's vocabulary slice of the softmax
+                + 8 * s * b * 2 + 8 * s / split  # local token ids, local targets, positions (int64)
+                + 2 * s * b)  # two boolean masks: tokens outside this rank's vocabulary slice
+    return cfg.layers * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel) + ends
+
+
+def params_per_rank(cfg: ModelConfig, tp: int = 1) -> int:
+    """Parameters one tensor-parallel rank holds: the split ones divided by t, plus the replicated
+    ones whole (position embeddings, layer norms, row-parallel biases)."""
+    h, v, s, r, t = cfg.hidden, cfg.vocab_size, cfg.seq_len, cfg.mlp_ratio, tp
+    split = v * h + cfg.layers * (3 * h * h + 3 * h + h * h + r * h * h + r * h + r * h * h) + h * v + v
+    replicated = s * h + cfg.layers * (4 * h + 2 * h) + 2 * h
+    return split // t + replicated
 
 
 def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:

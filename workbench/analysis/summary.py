@@ -141,10 +141,12 @@ def predicted_bytes(config: dict[str, Any]) -> dict[str, float]:
     model = ModelConfig(**{k: config["model"][k] for k in
                            ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
     precision = config.get("precision", "fp32")
-    states = formulas.model_state_bytes(config["params"], config["dp"], config.get("zero", 0), precision)
+    tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
+    params = formulas.params_per_rank(model, tp)
+    states = formulas.model_state_bytes(params, config["dp"], config.get("zero", 0), precision)
     micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
     width = 4 if precision == "fp32" else 2
-    return {**states, "activation": formulas.activation_bytes(model, micro, width)}
+    return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp)}
 
 
 def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:
@@ -152,13 +154,14 @@ def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: 
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
     params = config["params"]
     dp = config["dp"]
+    params_local = config.get("params_per_rank", params)
     return {
         "run": traces[0]["workbench"]["run"] if traces else None,
         "status": status,
         "world_size": config["world_size"],
         "ranks_reporting": [r["rank"] for r in ranks],
         "step_time_s": max(step_times) if step_times else None,
-        "predicted_grad_sync_bytes_per_step": 4 * params if dp > 1 else 0,
-        "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(params, dp, config.get("zero", 0)),
+        "predicted_grad_sync_bytes_per_step": 4 * params_local if dp > 1 else 0,
+        "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(params_local, dp, config.get("zero", 0)),
         "ranks": ranks,
     }

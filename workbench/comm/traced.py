@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from workbench.grid import ProcessGroups
 
 
+# torch 2.13 renamed the tensor forms of all-gather and reduce-scatter; older releases have the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class CommError(RuntimeError):
     """A communication operation failed or timed out; the message says which rank and operation."""
 
@@ -162,35 +167,42 @@ class Communicator:
 
     # ---- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, group: str = "dp", async_op: bool = False,
-                   label: str | None = None, algorithm: str = "backend") -> Handle | None:
-        """Sum `tensor` in place over `group`. algorithm='ring' runs our send/recv ring instead."""
+                   label: str | None = None, algorithm: str = "backend", reduce_op: str = "sum",
+                   meta: dict[str, Any] | None = None) -> Handle | None:
+        """Reduce `tensor` in place over `group` (sum, or max). algorithm='ring' runs our send/recv ring.
+        `meta` adds keys to the record (layer, direction ...)."""
         n = self.size(group)
         if algorithm == "ring":
             from workbench.comm.ring_allreduce import ring_all_reduce
 
             ring_all_reduce(self, tensor, group, label=label)
             return None
-        args = self._args("all_reduce", group, tensor, nbytes(tensor), algorithm="backend")
+        args = self._args("all_reduce", group, tensor, nbytes(tensor), algorithm="backend", **(meta or {}))
+        if reduce_op != "sum":
+            args["reduce_op"] = reduce_op
+        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[reduce_op]
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.all_reduce(tensor, group=pg, async_op=a), async_op, n, label)
+        return self._run(args, lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a), async_op, n, label)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                       async_op: bool = False, label: str | None = None) -> Handle | None:
-        """Sum `input` (n equal shards) over `group`; this rank keeps its shard in `output`."""
+                       async_op: bool = False, label: str | None = None,
+                       meta: dict[str, Any] | None = None) -> Handle | None:
+        """Sum `input` (n equal shards, concatenated on dim 0) over `group`; this rank keeps its shard."""
         n = self.size(group)
-        args = self._args("reduce_scatter", group, input, nbytes(input))
+        args = self._args("reduce_scatter", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.reduce_scatter_tensor(output, input, group=pg, async_op=a),
-                         async_op, n, label)
+        out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
+        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n, label)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                   async_op: bool = False, label: str | None = None) -> Handle | None:
-        """Concatenate every rank's `input` (equal sizes) into the flat `output` on every rank."""
+                   async_op: bool = False, label: str | None = None,
+                   meta: dict[str, Any] | None = None) -> Handle | None:
+        """Concatenate every rank's `input` (equal sizes) on dim 0 into `output` on every rank."""
         n = self.size(group)
-        args = self._args("all_gather", group, output, nbytes(output))
+        args = self._args("all_gather", group, output, nbytes(output), **(meta or {}))
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.all_gather_into_tensor(output, input, group=pg, async_op=a),
-                         async_op, n, label)
+        out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
+        return self._run(args, lambda a: _all_gather(out, inp, group=pg, async_op=a), async_op, n, label)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,
                   label: str | None = None) -> Handle | None:

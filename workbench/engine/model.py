@@ -7,9 +7,14 @@ activations it saves are the ones the Korthikanti et al. formula counts. There i
 strategy must be bit-for-bit comparable) and the head is not tied to the embedding (tying would
 couple the first and last pipeline stages).
 
-Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`), so a
-tensor-parallel shard or a pipeline stage can build exactly the slice of the full weight it owns, and
-every strategy starts from the same model.
+With a `TPContext` the same classes build Megatron's tensor-parallel layers instead of dense ones
+(workbench/parallel/tensor_parallel.py): qkv and fc column-parallel, the projections row-parallel,
+the embedding and the head split by vocabulary, the loss vocabulary-parallel. With sequence
+parallelism the residual stream between blocks is (b, s/t, h) on each rank.
+
+Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`): a shard is
+cut from its parameter's full initial value, one parameter at a time, so every strategy starts from
+the same model.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+from workbench.parallel.tp_communications import TPContext
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -36,19 +48,36 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 0.02
 
 
+def _column(i: int, o: int, tp: TPContext | None, layer: str, groups: int = 1) -> nn.Module:
+    return nn.Linear(i, o) if tp is None else ColumnParallelLinear(i, o, tp, layer, groups)
+
+
+def _row(i: int, o: int, tp: TPContext | None, layer: str) -> nn.Module:
+    return nn.Linear(i, o) if tp is None else RowParallelLinear(i, o, tp, layer)
+
+
+def _layer_norm(h: int, tp: TPContext | None) -> nn.LayerNorm:
+    ln = nn.LayerNorm(h)
+    if tp is not None and tp.sequence_parallel:  # applied to a slice of the sequence: partial gradients
+        ln.weight.sequence_parallel_partial = ln.bias.sequence_parallel_partial = True
+    return ln
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
         super().__init__()
-        self.heads, self.head_dim = cfg.heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.head_dim = cfg.head_dim
+        self.qkv = _column(cfg.hidden, 3 * cfg.hidden, tp, f"{layer}.attn.qkv", groups=3)
+        self.proj = _row(cfg.hidden, cfg.hidden, tp, f"{layer}.attn.proj")
         mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("mask", mask, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).split(h, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        qkv = self.qkv(x)  # (b, s, 3·h/t): this rank's heads (with sequence parallelism, the whole sequence)
+        b, s, three_h = qkv.shape
+        h = three_h // 3
+        heads = h // self.head_dim
+        q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in qkv.split(h, dim=-1))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         probs = scores.masked_fill(self.mask[:s, :s], float("-inf")).softmax(dim=-1)
         y = (probs @ v).transpose(1, 2).reshape(b, s, h)
@@ -56,22 +85,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
         super().__init__()
-        self.fc = nn.Linear(cfg.hidden, cfg.mlp_ratio * cfg.hidden)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.hidden, cfg.hidden)
+        self.fc = _column(cfg.hidden, cfg.mlp_ratio * cfg.hidden, tp, f"{layer}.mlp.fc")
+        self.proj = _row(cfg.mlp_ratio * cfg.hidden, cfg.hidden, tp, f"{layer}.mlp.proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.hidden)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg)
+        self.ln_1 = _layer_norm(cfg.hidden, tp)
+        self.attn = CausalSelfAttention(cfg, tp, layer)
+        self.ln_2 = _layer_norm(cfg.hidden, tp)
+        self.mlp = MLP(cfg, tp, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -79,29 +108,45 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, seed: int = 0, tp: TPContext | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.cfg, self.tp = cfg, tp
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden) if tp is None else \
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, tp, "wte")
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.hidden)
-        self.head = nn.Linear(cfg.hidden, cfg.vocab_size)
+        if tp is not None and tp.sequence_parallel:
+            self.wpe.weight.sequence_parallel_partial = True
+        self.blocks = nn.ModuleList(Block(cfg, tp, f"blocks.{i}") for i in range(cfg.layers))
+        self.ln_f = _layer_norm(cfg.hidden, tp)
+        self.head = _column(cfg.hidden, cfg.vocab_size, tp, "head")
         self.reset_parameters(seed)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        for name, p in self.named_parameters():
-            p.copy_(init_tensor(name, tuple(p.shape), seed))
+        """Each parameter from its full initial value, sharded by its module when tensor-parallel."""
+        for module_name, module in self.named_modules():
+            for leaf, p in module.named_parameters(recurse=False):
+                name = f"{module_name}.{leaf}" if module_name else leaf
+                shapes = getattr(module, "full_shapes", {leaf: tuple(p.shape)})
+                full = init_tensor(name, shapes[leaf], seed)
+                p.copy_(module.shard_param(leaf, full) if hasattr(module, "shard_param") else full)
+                del full  # one full parameter at a time
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (b, s, V), or the mean cross-entropy over every token when `targets` is given."""
+        """Logits (b, s, V) — split by vocabulary under tensor parallelism — or the mean cross-entropy
+        over every token when `targets` is given."""
         b, s = idx.shape
-        pos = torch.arange(s, device=idx.device)
+        if self.tp is not None and self.tp.sequence_parallel:  # this rank's slice of the positions
+            s_local = s // self.tp.size
+            pos = torch.arange(self.tp.rank * s_local, (self.tp.rank + 1) * s_local, device=idx.device)
+        else:
+            pos = torch.arange(s, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
+        if self.tp is not None:
+            return vocab_parallel_cross_entropy(logits, targets, self.tp)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

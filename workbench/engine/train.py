@@ -32,6 +32,9 @@ from workbench.engine.memory import MemoryTracker
 from workbench.engine.model import GPT
 from workbench.grid import ProcessGroups, RankGrid
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+from workbench.parallel.tensor_parallel import TensorParallelGrads
+from workbench.parallel.tensor_parallel import grad_norm as tp_grad_norm
+from workbench.parallel.tp_communications import TPContext
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -91,13 +94,14 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
                        hosts=[w[1] for w in walls])
 
 
-def write_resolved_config(ctx: RankContext, params: int) -> None:
+def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -> None:
     cfg = ctx.config
     resolved = {
         **cfg.to_dict(),
         "model": {"preset": cfg.model if isinstance(cfg.model, str) else None,
                   **cfg.model_config.__dict__},
         "params": params,
+        "params_per_rank": params_per_rank,
         "world_size": ctx.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
@@ -129,11 +133,16 @@ def train(ctx: RankContext) -> dict[str, Any]:
     cfg, rec, memory, comm = ctx.config, ctx.recorder, ctx.memory, ctx.comm
     mcfg = cfg.model_config
     torch.manual_seed(cfg.seed)
-    model = GPT(mcfg, seed=cfg.seed).to(ctx.device)
+    tp = None
+    if cfg.tp > 1:
+        tp = TPContext(comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel)
+    with torch.device(ctx.device):  # parameters are created on the device, one full tensor at a time
+        model = GPT(mcfg, seed=cfg.seed, tp=tp)
     params = list(model.parameters())
-    n_params = sum(p.numel() for p in params)
+    n_params = mcfg.param_count()
     if ctx.rank == 0:
-        write_resolved_config(ctx, n_params)
+        write_resolved_config(ctx, n_params, sum(p.numel() for p in params))
+    tp_grads = TensorParallelGrads(model, tp) if tp is not None else None
     if cfg.dp_impl == "naive":
         sync: Any = NaiveDataParallel(model, comm)
     else:
@@ -167,8 +176,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
             memory.snapshot()
             with rec.span("gradient sync", "wait", "wait", step=step):
                 sync.finish()
+                if tp_grads is not None:
+                    tp_grads.finish()
             with rec.span("optimizer", "optimizer", "compute", step=step):
-                grad_norm = _clip(params, cfg.grad_clip)
+                grad_norm = clip_grad_norm(params, cfg.grad_clip, tp)
                 optimizer.step()
                 sync.zero_grad()
                 sync_compute(ctx.device)
@@ -197,8 +208,13 @@ def sync_compute(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def _clip(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
-    if max_norm is None:
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None, tp: TPContext | None) -> float:
+    """The norm of the whole model's gradient (shards summed over tp) and, with max_norm, the same
+    scaling as torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6), at most 1)."""
+    total = tp_grad_norm(params, tp)
+    if max_norm is not None:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return float(total)

@@ -1,0 +1,211 @@
+"""Megatron-style tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053) with sequence
+parallelism (Korthikanti et al. 2022, arXiv 2205.05198). t = tensor-parallel degree, j = tp rank.
+
+ColumnParallelLinear — Y = X·Aᵀ with A (out × in) split by output rows, A = [A_1; …; A_t]:
+
+        X ──f──▶ X·A_jᵀ = Y_j          rank j holds A_j (out/t × in) and b_j; Y stays split on its last dim
+        f: identity forward, all-reduce of dL/dX backward
+        with sequence parallelism, f becomes an all-gather of X along the sequence (forward) and a
+        reduce-scatter of dL/dX (backward); only X's slice is saved, X is gathered again in backward.
+
+RowParallelLinear — Y = X·Aᵀ with A split by input columns, X arriving split on its last dim:
+
+        X_j ──▶ X_j·A_jᵀ (partial) ──g──▶ Y + b      rank j holds A_j (out × in/t); b is replicated
+        g: all-reduce forward, identity backward; with sequence parallelism a reduce-scatter along the
+        sequence forward and an all-gather backward.
+
+Attention: the qkv projection is column-parallel by heads (rank j owns heads j·a/t … (j+1)·a/t − 1 of
+q, k and v), the output projection row-parallel. MLP: fc column-parallel, proj row-parallel. So one
+block costs two all-reduces in forward and two in backward (or, with sequence parallelism, two
+all-gathers and two reduce-scatters each way — the same bytes, and the layer norms' activations are
+split t ways).
+
+VocabParallelEmbedding splits the embedding by vocabulary rows; each rank looks up the tokens it owns
+(zeros elsewhere) and the partial embeddings are summed (g, or reduce-scatter with sequence
+parallelism). `vocab_parallel_cross_entropy` takes logits split by vocabulary and never gathers them:
+three all-reduces of one number per token (max, sum of exponentials, the target's logit).
+
+Every shard is cut from the full deterministic initial value of its parameter (`shard_param`), one
+parameter at a time, so tp=1 and tp=t start from the same model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.parallel.tp_communications import (
+    TPContext,
+    all_reduce_tp,
+    copy_to_tp,
+    gather_seq,
+    reduce_from_tp,
+    reduce_scatter_seq,
+    reduce_scatter_to_seq,
+)
+
+
+def _split_rows(full: torch.Tensor, tp: TPContext, groups: int = 1) -> torch.Tensor:
+    """Rank j's share of dim 0, taken from each of `groups` equal blocks (q, k, v for groups=3)."""
+    blocks = full.reshape(groups, full.size(0) // groups, *full.shape[1:])
+    per = blocks.size(1) // tp.size
+    return blocks[:, tp.rank * per:(tp.rank + 1) * per].reshape(-1, *full.shape[1:]).clone()
+
+
+class _ColumnParallelSP(torch.autograd.Function):
+    """All-gather the sequence, then X·Wᵀ + b; saves only the local slice of X (sequence parallelism)."""
+
+    @staticmethod
+    def forward(ctx, x_local, weight, bias, tp, layer):  # noqa: ANN001
+        ctx.tp, ctx.layer = tp, layer
+        ctx.save_for_backward(x_local, weight)
+        return F.linear(gather_seq(x_local, tp, layer, "forward"), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        x_local, weight = ctx.saved_tensors
+        x = gather_seq(x_local, ctx.tp, ctx.layer, "backward")  # gathered again instead of kept
+        grad_x = grad @ weight
+        grad_w = grad.reshape(-1, grad.size(-1)).t() @ x.reshape(-1, x.size(-1))
+        grad_b = grad.reshape(-1, grad.size(-1)).sum(0)
+        return reduce_scatter_seq(grad_x, ctx.tp, ctx.layer, "backward"), grad_w, grad_b, None, None
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str, groups: int = 1) -> None:
+        super().__init__()
+        self.tp, self.layer, self.groups = tp, layer, groups
+        self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
+        self.weight = nn.Parameter(torch.empty(out_features // tp.size, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features // tp.size))
+        self.weight.tp_sharded = self.bias.tp_sharded = True
+
+    def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        return _split_rows(full, self.tp, self.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.sequence_parallel:
+            return _ColumnParallelSP.apply(x, self.weight, self.bias, self.tp, self.layer)
+        return F.linear(copy_to_tp(x, self.tp, self.layer), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str) -> None:
+        super().__init__()
+        self.tp, self.layer = tp, layer
+        self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
+        self.weight.tp_sharded = True
+        self.bias = nn.Parameter(torch.empty(out_features))  # replicated, added after the reduction
+        # With sequence parallelism each rank adds the bias to its own slice of the sequence: its
+        # gradient is partial and must be summed over tp (see TensorParallelGrads).
+        self.bias.sequence_parallel_partial = tp.sequence_parallel
+
+    def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        if leaf == "bias":
+            return full.clone()
+        per = full.size(1) // self.tp.size
+        return full[:, self.tp.rank * per:(self.tp.rank + 1) * per].clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = F.linear(x, self.weight)
+        if self.tp.sequence_parallel:
+            return reduce_scatter_to_seq(partial, self.tp, self.layer) + self.bias
+        return reduce_from_tp(partial, self.tp, self.layer) + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden: int, tp: TPContext, layer: str) -> None:
+        super().__init__()
+        self.tp, self.layer = tp, layer
+        self.full_shapes = {"weight": (vocab_size, hidden)}
+        self.per = vocab_size // tp.size
+        self.start = tp.rank * self.per
+        self.weight = nn.Parameter(torch.empty(self.per, hidden))
+        self.weight.tp_sharded = True
+
+    def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        return _split_rows(full, self.tp)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        outside = (idx < self.start) | (idx >= self.start + self.per)
+        local = (idx - self.start).masked_fill(outside, 0)
+        partial = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.tp.sequence_parallel:
+            return reduce_scatter_to_seq(partial, self.tp, self.layer)
+        return reduce_from_tp(partial, self.tp, self.layer)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, tp, vocab_start):  # noqa: ANN001
+        n, v_local = logits.shape
+        layer = "loss"
+        m = logits.max(dim=-1).values
+        tp.comm.all_reduce(m, "tp", label="loss max forward", reduce_op="max",
+                           meta={"layer": layer, "direction": "forward"})
+        shifted = logits - m.unsqueeze(-1)
+        exp = shifted.exp()
+        sum_exp = all_reduce_tp(exp.sum(dim=-1), tp, layer, "forward")
+        local_t = targets - vocab_start
+        inside = (local_t >= 0) & (local_t < v_local)
+        local_t = local_t.masked_fill(~inside, 0)
+        target_logit = shifted.gather(1, local_t.unsqueeze(1)).squeeze(1).masked_fill(~inside, 0.0)
+        target_logit = all_reduce_tp(target_logit, tp, layer, "forward")
+        loss = (sum_exp.log() - target_logit).mean()
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_t, inside)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        softmax, local_t, inside = ctx.saved_tensors
+        g = softmax.clone()
+        rows = torch.arange(g.size(0), device=g.device)
+        g[rows, local_t] -= inside.to(g.dtype)
+        return g * (grad / g.size(0)), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext) -> torch.Tensor:
+    """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks;
+    equal to F.cross_entropy on the full logits."""
+    v_local = logits.size(-1)
+    return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local)
+
+
+class TensorParallelGrads:
+    """After backward: sum over tp the gradients that are partial on each tp rank — with sequence
+    parallelism, those of parameters applied to a slice of the sequence (layer norms, position
+    embeddings, row-parallel biases). Without sequence parallelism nothing is partial."""
+
+    def __init__(self, model: nn.Module, tp: TPContext) -> None:
+        self.tp = tp
+        self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel_partial", False)]
+
+    def finish(self) -> None:
+        if not self.params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self.tp.comm.all_reduce(flat, "tp", label="sequence-parallel grads",
+                                meta={"layer": "layer norms, positions, row biases", "direction": "backward"})
+        offset = 0
+        for p in self.params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def is_replicated(p: nn.Parameter) -> bool:
+    """True for parameters every tp rank holds whole (layer norms, positions, row biases)."""
+    return not getattr(p, "tp_sharded", False)
+
+
+def grad_norm(params: list[nn.Parameter], tp: TPContext | None) -> torch.Tensor:
+    """‖g‖ of the whole (unsharded) model: shards' squares summed over tp, replicated ones counted once."""
+    sharded = [p.grad for p in params if p.grad is not None and not is_replicated(p)]
+    replicated = [p.grad for p in params if p.grad is not None and is_replicated(p)]
+    sq = sum((g.float().pow(2).sum() for g in sharded), torch.zeros((), device=params[0].device))
+    if tp is not None and tp.size > 1:
+        sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
+    sq = sq + sum((g.float().pow(2).sum() for g in replicated), torch.zeros((), device=params[0].device))
+    return sq.sqrt()
