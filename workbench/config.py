@@ -187,7 +187,8 @@ class RunConfig:
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp
         if self.sequence_parallel and t == 1:
-            raise ConfigError("sequence_parallel=True needs tp > 1: it splits the sequence over the tensor-parallel ranks")
+            raise ConfigError("sequence_parallel=True needs tp > 1: it splits the sequence over the "
+                              "tensor-parallel ranks")
         if t == 1:
             return
         for what, value in (("heads", m.heads), ("hidden", m.hidden), ("vocab_size", m.vocab_size)):
