@@ -84,3 +84,19 @@ def test_sequence_parallel_needs_tp():
         RunConfig(sequence_parallel=True).validate()
     with pytest.raises(ConfigError, match="seq_len"):
         RunConfig(model=ModelConfig(seq_len=10), tp=4, sequence_parallel=True).validate()
+
+
+def test_communication_per_step_matches_the_formula(launched):
+    for config in ({"tp": 2}, {"tp": 4, "sequence_parallel": True}, {"dp": 2, "tp": 2, "bucket_mb": 0.01}):
+        for r in launched(**config).summary["ranks"]:
+            assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], config
+
+
+def test_shards_chart_uses_the_recorded_shapes(launched):
+    from workbench import viz
+
+    run = launched(tp=2)
+    table = viz.shard_table(run)
+    qkv = table[(table.parameter == "blocks.0.attn.qkv.weight")]
+    assert set(qkv["shape"]) == {(48, 32)}  # 3·h/t rows of the (3h × h) matrix
+    assert len(viz.tp_shards(run).layout.shapes) > 0

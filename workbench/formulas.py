@@ -109,3 +109,26 @@ def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4
 def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
     """≈ 6Ψ + 12·L·h·s (Chowdhery et al. 2022, appendix B)."""
     return 6 * params + 12 * cfg.layers * cfg.hidden * cfg.seq_len
+
+
+def tp_comm_bytes_per_step(cfg: ModelConfig, batch: int, tp: int, sequence_parallel: bool = False,
+                           bytes_per_value: int = 4) -> dict[str, float]:
+    """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
+    training step on one rank, by operation — from the operators our layers use:
+
+    without sequence parallelism, each block: g after attn.proj and mlp.proj (forward), f before
+    qkv and fc (backward) — 4 all-reduces of b·s·h; plus the embedding's g and the head's f;
+    with sequence parallelism the all-reduces become all-gathers and reduce-scatters of the same
+    b·s·h buffers (and the column layers gather their input again in backward instead of keeping it).
+    The loss adds three all-reduces of one value per token; the gradient norm one scalar.
+    """
+    if tp == 1:
+        return {}
+    s, b, h, L, w = cfg.seq_len, batch, cfg.hidden, cfg.layers, bytes_per_value
+    full = b * s * h * w
+    loss = 3 * b * s * 4 + 4
+    if not sequence_parallel:
+        return {"all_reduce": (4 * L + 2) * full + loss}
+    partial_params = L * 6 * h + 2 * h + s * h  # layer norms, row-parallel biases, ln_f, positions
+    return {"all_gather": (6 * L + 3) * full, "reduce_scatter": (4 * L + 2) * full,
+            "all_reduce": loss + partial_params * 4}

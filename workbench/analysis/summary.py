@@ -125,6 +125,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "peak_bytes": peaks,
         "peak_total_bytes": peak_total,
         "predicted_bytes": predicted_bytes(config),
+        "predicted_comm_bytes_per_step": predicted_comm_bytes(config),
         "comm_bytes": comm_bytes,
         "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
         "grad_sync_bytes_per_step": sum(
@@ -138,8 +139,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
 
 def predicted_bytes(config: dict[str, Any]) -> dict[str, float]:
     """The formulas' memory per rank for this run, by category."""
-    model = ModelConfig(**{k: config["model"][k] for k in
-                           ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
+    model = _model(config)
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = formulas.params_per_rank(model, tp)
@@ -147,6 +147,24 @@ def predicted_bytes(config: dict[str, Any]) -> dict[str, float]:
     micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
     width = 4 if precision == "fp32" else 2
     return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp)}
+
+
+def predicted_comm_bytes(config: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Bytes per step by op and group: gradient all-reduce over dp (4 bytes per local parameter when
+    dp > 1) and the loss's one value, plus the tensor-parallel collectives of the layers."""
+    model = _model(config)
+    dp, tp = config["dp"], config.get("tp", 1)
+    local = config.get("params_per_rank", config["params"])
+    out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + (4 * local if dp > 1 else 0)}}
+    micro = config["global_batch"] // dp
+    for op, nbytes in formulas.tp_comm_bytes_per_step(model, micro, tp, config.get("sequence_parallel", False)).items():
+        out.setdefault(op, {})["tp"] = nbytes
+    return out
+
+
+def _model(config: dict[str, Any]) -> ModelConfig:
+    return ModelConfig(**{k: config["model"][k] for k in
+                          ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
 
 
 def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:

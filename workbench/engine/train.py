@@ -140,6 +140,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
         model = GPT(mcfg, seed=cfg.seed, tp=tp)
     params = list(model.parameters())
     n_params = mcfg.param_count()
+    rec.info["param_shapes"] = {name: list(p.shape) for name, p in model.named_parameters()}
     if ctx.rank == 0:
         write_resolved_config(ctx, n_params, sum(p.numel() for p in params))
     tp_grads = TensorParallelGrads(model, tp) if tp is not None else None

@@ -62,6 +62,7 @@ class TraceRecorder:
         self.clock_offset_us = 0.0
         self._async_ids = 0
         self._lock = threading.Lock()
+        self.info: dict[str, Any] = {}  # extra facts for the `workbench` block (parameter shapes ...)
         self._partial_path: str | None = None
         self._flushed = 0
 
@@ -138,7 +139,7 @@ class TraceRecorder:
             "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size},
             "displayTimeUnit": "ms",
             "workbench": {"run": self.run_name, "rank": self.rank, **self.coords,
-                          "clock_offset_us": self.clock_offset_us},
+                          "clock_offset_us": self.clock_offset_us, **self.info},
             "traceEvents": self.metadata_events() + list(self.events),
         }
 

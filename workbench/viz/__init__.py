@@ -3,7 +3,8 @@
 from workbench.viz.loss import compare_losses, loss_curves
 from workbench.viz.memory import memory_breakdown, memory_over_time
 from workbench.viz.ring import ring_all_reduces, ring_steps
+from workbench.viz.tensor_parallel import shard_table, tp_shards
 from workbench.viz.timeline import overlap_table, timeline
 
 __all__ = ["compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
-           "ring_all_reduces", "ring_steps", "timeline"]
+           "ring_all_reduces", "ring_steps", "shard_table", "timeline", "tp_shards"]

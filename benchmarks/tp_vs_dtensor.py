@@ -1,0 +1,123 @@
+"""Our tensor parallelism against PyTorch's DTensor tensor parallelism, in one invocation, interleaved.
+
+    python benchmarks/tp_vs_dtensor.py                      # 2 ranks, `small` model
+    python benchmarks/tp_vs_dtensor.py --ranks 4 --rounds 30
+
+The same GPT, the same batch, the same t. PyTorch's side is `parallelize_module` with
+ColwiseParallel on qkv and fc, RowwiseParallel on the projections, RowwiseParallel on the embedding
+and ColwiseParallel (logits gathered) on the head — torchtitan's plan without loss_parallel. Ours is
+workbench's Megatron-style layers with the vocabulary-parallel loss. Each round runs one training step
+(forward, backward, AdamW) of each, alternating the order; rank 0 prints the medians and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def launch(args: argparse.Namespace) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
+           os.path.abspath(__file__)]
+    return subprocess.call(cmd, env=env)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from workbench.comm.traced import Communicator
+    from workbench.config import PRESETS
+    from workbench.engine.data import global_batch
+    from workbench.engine.model import GPT
+    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.parallel.tensor_parallel import TensorParallelGrads
+    from workbench.parallel.tp_communications import TPContext
+    from workbench.trace.recorder import TraceRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = PRESETS[args.model]
+    x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
+
+    grid = RankGrid(tp=world)
+    groups = ProcessGroups.create(grid, rank, 120)
+    comm = Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace))
+    tp = TPContext(comm, rank, world, sequence_parallel=False)
+    ours = GPT(cfg, seed=0, tp=tp)
+    ours_grads = TensorParallelGrads(ours, tp)
+    ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
+
+    mesh = init_device_mesh("cpu", (world,))
+    ref = GPT(cfg, seed=0)
+    plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
+            "head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(cfg.layers):
+        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
+                     f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()})
+    parallelize_module(ref, mesh, plan)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-4, foreach=False)
+
+    def step_ours():
+        loss = ours(x, y)
+        loss.backward()
+        ours_grads.finish()
+        ours_opt.step()
+        ours_opt.zero_grad()
+
+    def step_ref():
+        loss = ref(x, y)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+
+    candidates = {"ours": step_ours, "dtensor": step_ref}
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for i in range(args.rounds + args.warmup):
+        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
+            dist.barrier()
+            t = time.perf_counter()
+            candidates[name]()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t)
+    med = {}
+    for name, ts in times.items():
+        m = torch.tensor([statistics.median(ts)])
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        med[name] = m.item()
+    if rank == 0:
+        print(f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, {args.rounds} rounds "
+              f"interleaved, tracing {'on' if args.trace else 'off'} (torch {torch.__version__}, gloo)")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms   "
+              f"ratio ours/DTensor = {med['ours'] / med['dtensor']:.3f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="small")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
+    else:
+        sys.exit(launch(parse(sys.argv[1:])))

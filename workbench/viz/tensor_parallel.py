@@ -1,0 +1,83 @@
+"""Tensor-parallel shards drawn from the shapes the ranks really held.
+
+Each panel is one weight matrix of block 0 (plus the embedding and the head) in its full (out × in)
+shape; each tp rank's part is a coloured rectangle labelled with the local shape that rank recorded.
+Column-parallel layers are cut across their output rows (qkv in three stripes: q, k and v, each
+split by heads), row-parallel layers across their input columns, the embedding and the head by
+vocabulary.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.run import Run
+
+RANK_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D"]
+
+PANELS = [  # (parameter, title, kind)
+    ("wte.weight", "embedding (vocab-parallel)", "rows"),
+    ("blocks.0.attn.qkv.weight", "attn.qkv (column: q|k|v by heads)", "qkv"),
+    ("blocks.0.attn.proj.weight", "attn.proj (row)", "cols"),
+    ("blocks.0.mlp.fc.weight", "mlp.fc (column)", "rows"),
+    ("blocks.0.mlp.proj.weight", "mlp.proj (row)", "cols"),
+    ("head.weight", "head (column, vocab)", "rows"),
+]
+
+
+def shard_table(run: Run) -> pd.DataFrame:
+    """One row per (rank, parameter): the local shape each rank recorded."""
+    rows = []
+    for t in run.traces:
+        info = t["workbench"]
+        for name, shape in info.get("param_shapes", {}).items():
+            rows.append({"rank": info["rank"], "tp": info["tp"], "parameter": name, "shape": tuple(shape),
+                         "numel": int(pd.Series(shape).prod()) if shape else 1})
+    return pd.DataFrame(rows)
+
+
+def tp_shards(run: Run) -> go.Figure:
+    table = shard_table(run)
+    tp_size = int(run.config.get("tp", 1))
+    m = run.config["model"]
+    h, v, r = m["hidden"], m["vocab_size"], m["mlp_ratio"]
+    full = {"wte.weight": (v, h), "blocks.0.attn.qkv.weight": (3 * h, h), "blocks.0.attn.proj.weight": (h, h),
+            "blocks.0.mlp.fc.weight": (r * h, h), "blocks.0.mlp.proj.weight": (h, r * h), "head.weight": (v, h)}
+    # one rank per tp index (dp replicas hold the same shards)
+    reps = table[table["rank"].isin(table.groupby("tp")["rank"].min())]
+    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.04)
+    for col, (name, _, kind) in enumerate(PANELS, start=1):
+        out_f, in_f = full[name]
+        for _, row in reps[reps.parameter == name].iterrows():
+            j = int(row.tp)
+            color = RANK_COLORS[j % len(RANK_COLORS)]
+            for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f):
+                fig.add_shape(type="rect", x0=x0, x1=x1, y0=y0, y1=y1, fillcolor=color, opacity=0.75,
+                              line={"color": "white", "width": 1}, row=1, col=col)
+            label = f"tp {j}<br>{row['shape'][0]}×{row['shape'][1]}"
+            x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f)[0]
+            # qkv stripes are too thin to write in: its labels show on hover only
+            fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers" if kind == "qkv" else "text",
+                                     text=[label], marker={"size": 1, "color": color}, showlegend=False,
+                                     hovertemplate=f"{name}: {label}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(range=[0, in_f], title_text=f"in {in_f}", showgrid=False, row=1, col=col)
+        fig.update_yaxes(range=[out_f, 0], title_text=f"out {out_f}" if col == 1 else None, showgrid=False,
+                         row=1, col=col)
+    fig.update_layout(title=f"weight shards on tp={tp_size} ranks (block 0, embedding, head), from the recorded "
+                            f"shapes", height=420)
+    return fig
+
+
+def _regions(kind: str, j: int, t: int, out_f: int, in_f: int) -> list[tuple[float, float, float, float]]:
+    """(x0, x1, y0, y1) rectangles that tp rank j owns in an (out × in) matrix."""
+    if kind == "cols":
+        per = in_f / t
+        return [(j * per, (j + 1) * per, 0, out_f)]
+    if kind == "qkv":
+        block = out_f / 3
+        per = block / t
+        return [(0, in_f, g * block + j * per, g * block + (j + 1) * per) for g in range(3)]
+    per = out_f / t
+    return [(0, in_f, j * per, (j + 1) * per)]
