@@ -98,7 +98,8 @@ def worker(args: argparse.Namespace) -> None:
         med[name] = m.item()
     if rank == 0:
         print(f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, "
-              f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} (torch {torch.__version__}, gloo)")
+              f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} "
+              f"(torch {torch.__version__}, gloo)")
         print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms   "
               f"ratio ours/DTensor = {med['ours'] / med['dtensor']:.3f}")
     dist.barrier()
