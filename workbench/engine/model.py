@@ -108,17 +108,26 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, seed: int = 0, tp: TPContext | None = None) -> None:
+    """The whole model, or — with `layers`, `first` and `last` — one pipeline stage of it: the first
+    stage owns the embeddings, the last the final layer norm, the head and the loss. Parameter names
+    are the whole model's ("blocks.5.mlp.fc.weight") on every stage, so initialisation by name gives
+    each stage exactly its slice of the single-process model."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, tp: TPContext | None = None,
+                 layers: range | None = None, first: bool = True, last: bool = True) -> None:
         super().__init__()
-        self.cfg, self.tp = cfg, tp
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden) if tp is None else \
-            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, tp, "wte")
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        if tp is not None and tp.sequence_parallel:
-            self.wpe.weight.sequence_parallel_partial = True
-        self.blocks = nn.ModuleList(Block(cfg, tp, f"blocks.{i}") for i in range(cfg.layers))
-        self.ln_f = _layer_norm(cfg.hidden, tp)
-        self.head = _column(cfg.hidden, cfg.vocab_size, tp, "head")
+        self.cfg, self.tp, self.first, self.last = cfg, tp, first, last
+        layers = range(cfg.layers) if layers is None else layers
+        if first:
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden) if tp is None else \
+                VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, tp, "wte")
+            self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+            if tp is not None and tp.sequence_parallel:
+                self.wpe.weight.sequence_parallel_partial = True
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, f"blocks.{i}") for i in layers})
+        if last:
+            self.ln_f = _layer_norm(cfg.hidden, tp)
+            self.head = _column(cfg.hidden, cfg.vocab_size, tp, "head")
         self.reset_parameters(seed)
 
     @torch.no_grad()
@@ -132,18 +141,26 @@ class GPT(nn.Module):
                 p.copy_(module.shard_param(leaf, full) if hasattr(module, "shard_param") else full)
                 del full  # one full parameter at a time
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (b, s, V) — split by vocabulary under tensor parallelism — or the mean cross-entropy
-        over every token when `targets` is given."""
-        b, s = idx.shape
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        s = idx.size(1)
         if self.tp is not None and self.tp.sequence_parallel:  # this rank's slice of the positions
             s_local = s // self.tp.size
             pos = torch.arange(self.tp.rank * s_local, (self.tp.rank + 1) * s_local, device=idx.device)
         else:
             pos = torch.arange(s, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
+        return self.wte(idx) + self.wpe(pos)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """First stage: x is token ids (b, s); later stages: the hidden states (b, s, h) — (b, s/t, h)
+        with sequence parallelism. Last stage: logits (split by vocabulary under tensor
+        parallelism), or the mean cross-entropy over every token when `targets` is given. Other
+        stages return their hidden states."""
+        if self.first:
+            x = self.embed(x)
+        for block in self.blocks.values():
             x = block(x)
+        if not self.last:
+            return x
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
