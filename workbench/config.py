@@ -71,12 +71,9 @@ PRESETS: dict[str, ModelConfig] = {
 #: Features that the config can already describe but whose engines are not built yet. Each entry
 #: is removed when its strategy lands; `validate()` names the missing feature.
 NOT_BUILT_YET = {
-    "pp": "pipeline parallelism (pp > 1)",
     "zero": "ZeRO (zero > 0)",
     "precision": "mixed precision (precision other than fp32)",
     "recompute": "activation recomputation",
-    "microbatches": "microbatching / gradient accumulation (microbatches > 1)",
-    "virtual_stages": "interleaved pipeline stages (virtual_stages > 1)",
 }
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -173,6 +170,7 @@ class RunConfig:
                 f"that is a multiple of {self.dp}"
             )
         self._validate_tensor_parallel()
+        self._validate_pipeline()
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -201,23 +199,39 @@ class RunConfig:
             raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
                               f"valid tp: {valid}")
 
+    def _validate_pipeline(self) -> None:
+        m, p, v, mb = self.model_config, self.pp, self.virtual_stages, self.microbatches
+        if self.schedule == "interleaved" and p > 1 and v == 1:
+            raise ConfigError("schedule='interleaved' needs virtual_stages > 1 (with one chunk per rank it is 1f1b)")
+        if v > 1 and self.schedule != "interleaved":
+            raise ConfigError(f"virtual_stages={v} needs schedule='interleaved'; gpipe and 1f1b run one stage per rank")
+        if v > 1 and p == 1:
+            raise ConfigError(f"virtual_stages={v} needs pp > 1")
+        stages = p * v
+        if m.layers % stages:
+            valid = [d for d in range(1, m.layers + 1) if m.layers % d == 0]
+            raise ConfigError(f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
+                              f"stages; the stage count must divide the layers: valid {valid}")
+        if self.local_batch % mb:
+            valid = [d for d in range(1, self.local_batch + 1) if self.local_batch % d == 0]
+            raise ConfigError(f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
+                              f"{self.local_batch}; valid microbatches: {valid}")
+        if self.schedule == "interleaved" and p > 1 and mb % p:
+            raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
+                              f"microbatches={mb} must be a multiple of pp={p}")
+
     def _reject_not_built(self) -> None:
         unbuilt = {
-            "tp": self.tp > 1,
-            "pp": self.pp > 1,
             "zero": self.zero > 0,
             "precision": self.precision != "fp32",
             "recompute": self.recompute != "none",
-            "sequence_parallel": self.sequence_parallel,
-            "microbatches": self.microbatches > 1,
-            "virtual_stages": self.virtual_stages > 1,
         }
         for key, asked in unbuilt.items():
             if asked and key in NOT_BUILT_YET:
                 raise ConfigError(
                     f"{key}={getattr(self, key)!r} asks for {NOT_BUILT_YET[key]}, which is not built yet "
-                    f"in this version of workbench; built today: data parallel (dp) × tensor parallel (tp, "
-                    f"with sequence parallelism), fp32"
+                    f"in this version of workbench; built today: data (dp), tensor (tp, with sequence "
+                    f"parallelism) and pipeline (pp) parallelism, fp32"
                 )
 
     # ---- serialisation -----------------------------------------------------------------------

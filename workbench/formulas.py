@@ -52,35 +52,63 @@ def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_val
     return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t + stats)
 
 
+def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """What the first stage saves besides its blocks: token ids (int64) for the embedding lookup,
+    positions, and under tensor parallelism the mask of tokens outside this rank's vocabulary slice."""
+    s, b = cfg.seq_len, micro_batch
+    if tp == 1:
+        return 8 * s * b + 8 * s
+    return 8 * s * b + s * b + 8 * s / (tp if sequence_parallel else 1)
+
+
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                          sequence_parallel: bool = False) -> float:
+    """What the last stage saves besides its blocks: the final layer norm's input, output (the head's
+    input) and statistics, and the loss's saved tensors — the log-softmax output, targets and the
+    total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
+    targets and their mask."""
+    s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
+    if t == 1:
+        return w * (2 * s * b * h + 2 * s * b) + w * s * b * v + 8 * s * b + 4
+    split = t if sequence_parallel else 1
+    return w * (2 * s * b * h + 2 * s * b) / split + w * s * b * v / t + 8 * s * b + s * b
+
+
+def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
+                           tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
+    out = cfg.layers // stages * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    if stage == 0:
+        out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
+    if stage == stages - 1:
+        out += head_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    return out
+
+
 def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
                      sequence_parallel: bool = False) -> float:
-    """All bytes saved for backward by one forward of a micro-batch on one rank: the L blocks plus
-    the ends — token ids for the embedding, the final layer norm's input and output, the loss's
-    saved tensors (log-softmax output, or under tensor parallelism the vocabulary slice of the
-    softmax, targets and masks)."""
-    s, b, h, v, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp
-    w = bytes_per_value
-    if t == 1:
-        ends = (w * (2 * s * b * h + 2 * s * b)  # ln_f input, its output (the head's input), mean, 1/σ
-                + w * s * b * v  # log-softmax output
-                + 8 * s * b * 2 + 8 * s  # token ids, targets, positions (int64)
-                + 4)  # the cross-entropy's total weight (a scalar)
-    else:
-        split = t if sequence_parallel else 1
-        ends = (w * (2 * s * b * h + 2 * s * b) / split  # ln_f input, output, statistics
-                + w * s * b * v / t  # this rank's vocabulary slice of the softmax
-                + 8 * s * b * 2 + 8 * s / split  # local token ids, local targets, positions (int64)
-                + 2 * s * b)  # two boolean masks: tokens outside this rank's vocabulary slice
-    return cfg.layers * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel) + ends
+    """All bytes saved for backward by one forward of a micro-batch through the whole model on one rank."""
+    return stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel)
 
 
-def params_per_rank(cfg: ModelConfig, tp: int = 1) -> int:
-    """Parameters one tensor-parallel rank holds: the split ones divided by t, plus the replicated
-    ones whole (position embeddings, layer norms, row-parallel biases)."""
+def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1) -> int:
+    """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t,
+    the replicated ones (position embeddings, layer norms, row-parallel biases) whole."""
     h, v, s, r, t = cfg.hidden, cfg.vocab_size, cfg.seq_len, cfg.mlp_ratio, tp
-    split = v * h + cfg.layers * (3 * h * h + 3 * h + h * h + r * h * h + r * h + r * h * h) + h * v + v
-    replicated = s * h + cfg.layers * (4 * h + 2 * h) + 2 * h
-    return split // t + replicated
+    per_layer = (3 * h * h + 3 * h + h * h + r * h * h + r * h + r * h * h) // t + 4 * h + 2 * h
+    out = cfg.layers // stages * per_layer
+    if stage == 0:
+        out += v * h // t + s * h
+    if stage == stages - 1:
+        out += 2 * h + (h * v + v) // t
+    return out
+
+
+def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0) -> int:
+    """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, …) share under tensor parallelism."""
+    stages = pp * virtual_stages
+    return sum(stage_params(cfg, k, stages, tp) for k in range(pp_rank, stages, pp))
 
 
 def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:
@@ -111,24 +139,29 @@ def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
     return 6 * params + 12 * cfg.layers * cfg.hidden * cfg.seq_len
 
 
-def tp_comm_bytes_per_step(cfg: ModelConfig, batch: int, tp: int, sequence_parallel: bool = False,
+def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
+                           microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
                            bytes_per_value: int = 4) -> dict[str, float]:
     """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
-    training step on one rank, by operation — from the operators our layers use:
+    training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
+    head and loss if `last` — from the operators our layers use:
 
-    without sequence parallelism, each block: g after attn.proj and mlp.proj (forward), f before
-    qkv and fc (backward) — 4 all-reduces of b·s·h; plus the embedding's g and the head's f;
-    with sequence parallelism the all-reduces become all-gathers and reduce-scatters of the same
-    b·s·h buffers (and the column layers gather their input again in backward instead of keeping it).
-    The loss adds three all-reduces of one value per token; the gradient norm one scalar.
+    without sequence parallelism, each block: g after attn.proj and mlp.proj (forward), f before qkv
+    and fc (backward) — 4 all-reduces of b·s·h; the embedding's g and the head's f one more each.
+    With sequence parallelism they become reduce-scatters and all-gathers of the same b·s·h buffers,
+    and each column layer gathers its input again in backward instead of keeping it (+1 all-gather);
+    the gradients left partial (layer norms, positions, row biases) are all-reduced once per step.
+    The loss adds three all-reduces of one value per token; the gradient norm one scalar per step.
     """
     if tp == 1:
         return {}
-    s, b, h, L, w = cfg.seq_len, batch, cfg.hidden, cfg.layers, bytes_per_value
+    s, b, h, w, m = cfg.seq_len, micro_batch, cfg.hidden, bytes_per_value, microbatches
+    L = cfg.layers if layers is None else layers
     full = b * s * h * w
-    loss = 3 * b * s * 4 + 4
+    loss = 3 * b * s * 4 if last else 0
     if not sequence_parallel:
-        return {"all_reduce": (4 * L + 2) * full + loss}
-    partial_params = L * 6 * h + 2 * h + s * h  # layer norms, row-parallel biases, ln_f, positions
-    return {"all_gather": (6 * L + 3) * full, "reduce_scatter": (4 * L + 2) * full,
-            "all_reduce": loss + partial_params * 4}
+        return {"all_reduce": m * ((4 * L + first + last) * full + loss) + 4}
+    partial = L * 6 * h + (s * h if first else 0) + (2 * h if last else 0)
+    return {"all_gather": m * (6 * L + first + 2 * last) * full,
+            "reduce_scatter": m * (4 * L + first + last) * full,
+            "all_reduce": m * loss + 4 * partial + 4}

@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench import formulas
 from workbench.config import ModelConfig
+from workbench.pipeline.schedule import Schedule, build_schedule, simulate
 from workbench.trace.recorder import LANES
 
 COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
@@ -124,8 +125,8 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "idle_s": max(total - busy_us, 0.0) / 1e6,
         "peak_bytes": peaks,
         "peak_total_bytes": peak_total,
-        "predicted_bytes": predicted_bytes(config),
-        "predicted_comm_bytes_per_step": predicted_comm_bytes(config),
+        "predicted_bytes": predicted_bytes(config, info["pp"]),
+        "predicted_comm_bytes_per_step": predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
         "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
         "grad_sync_bytes_per_step": sum(
@@ -137,28 +138,91 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def predicted_bytes(config: dict[str, Any]) -> dict[str, float]:
+def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
     """The formulas' memory per rank for this run, by category."""
     model = _model(config)
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
-    params = formulas.params_per_rank(model, tp)
+    params = formulas.params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
     states = formulas.model_state_bytes(params, config["dp"], config.get("zero", 0), precision)
-    micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
+    m = config.get("microbatches", 1)
+    micro = config["global_batch"] // config["dp"] // m
     width = 4 if precision == "fp32" else 2
-    return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp)}
+    if config.get("pp", 1) == 1 and m == 1:
+        return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp)}
+    # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
+    # releasing them at its backward; the peak is what the schedule makes the rank hold at once
+    sched = _schedule(config)
+    stage_bytes = {k: formulas.stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp)
+                   for k in range(sched.stages)}
+    live = peak = 0.0
+    for a in sched.actions[pp_rank]:
+        if a.kind in ("F", "B"):
+            live += stage_bytes[a.stage] if a.kind == "F" else -stage_bytes[a.stage]
+            peak = max(peak, live)
+    return {**states, "activation": peak}
 
 
-def predicted_comm_bytes(config: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Bytes per step by op and group: gradient all-reduce over dp (4 bytes per local parameter when
-    dp > 1) and the loss's one value, plus the tensor-parallel collectives of the layers."""
+def _schedule(config: dict[str, Any]) -> Schedule:
+    pp = config.get("pp", 1)
+    return build_schedule(config.get("schedule", "1f1b") if pp > 1 else "1f1b", pp, config.get("microbatches", 1),
+                          config.get("virtual_stages", 1))
+
+
+def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pipeline bubble: measured (per step, 1 − a rank's forward+backward time / the span from the
+    first to the last compute action on any rank, averaged over ranks; the median over steps after the
+    first), the formula (p − 1)/(v·m + p − 1), and the simulated schedule with the measured mean
+    forward and backward times."""
+    per_step: dict[int, dict[int, list[tuple[float, float]]]] = {}
+    f_times, b_times = [], []
+    for t in traces:
+        rank = t["distributedInfo"]["rank"]
+        for e in t["traceEvents"]:
+            if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("tid") == LANES["compute"]:
+                step = e["args"].get("step", 0)
+                per_step.setdefault(step, {}).setdefault(rank, []).append((e["ts"], e["ts"] + e["dur"]))
+                (f_times if e["cat"] == "forward" else b_times).append(e["dur"])
+    fractions = []
+    for step, ranks in sorted(per_step.items()):
+        if step == 0 and len(per_step) > 1:
+            continue  # the first step pays one-off costs (allocations, connections)
+        start = min(a for iv in ranks.values() for a, _ in iv)
+        end = max(b for iv in ranks.values() for _, b in iv)
+        fractions.append(statistics.mean(1 - sum(b - a for a, b in iv) / (end - start) for iv in ranks.values()))
+    sched = _schedule(config)
+    simulated = None
+    if f_times and b_times:
+        simulated = simulate(sched, statistics.mean(f_times) * sched.v, statistics.mean(b_times) * sched.v)
+    return {"measured": statistics.median(fractions) if fractions else None,
+            "measured_per_step": fractions,
+            "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
+            "simulated_with_measured_costs": simulated.bubble_fraction() if simulated else None}
+
+
+def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
+    """Bytes per step by op and group: the gradient all-reduce over dp (4 bytes per local parameter when
+    dp > 1) and the loss's one value; the tensor-parallel collectives of the layers; and for pipelines
+    the activations and gradients sent between stages (one b·s·h buffer per microbatch and boundary),
+    the loss brought to every stage and the gradient norm's share."""
     model = _model(config)
-    dp, tp = config["dp"], config.get("tp", 1)
-    local = config.get("params_per_rank", config["params"])
+    dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
+    v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
+    local = formulas.params_per_rank(model, tp, pp, v, pp_rank)
     out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + (4 * local if dp > 1 else 0)}}
-    micro = config["global_batch"] // dp
-    for op, nbytes in formulas.tp_comm_bytes_per_step(model, micro, tp, config.get("sequence_parallel", False)).items():
+    micro = config["global_batch"] // dp // m
+    stages = pp * v
+    mine = list(range(pp_rank, stages, pp))
+    layers = model.layers // stages * len(mine)
+    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine)
+    for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
+    if pp > 1:
+        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * 4
+        transfers = sum((k < stages - 1) + (k > 0) for k in mine) * m * buffer  # each way, per step
+        out["send"] = {"pp": transfers}
+        out["recv"] = {"pp": transfers}
+        out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
     return out
 
 
@@ -173,7 +237,7 @@ def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: 
     params = config["params"]
     dp = config["dp"]
     params_local = config.get("params_per_rank", params)
-    return {
+    out = {
         "run": traces[0]["workbench"]["run"] if traces else None,
         "status": status,
         "world_size": config["world_size"],
@@ -183,3 +247,6 @@ def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: 
         "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(params_local, dp, config.get("zero", 0)),
         "ranks": ranks,
     }
+    if config.get("pp", 1) > 1:
+        out["bubble_fraction"] = bubble(config, traces)
+    return out

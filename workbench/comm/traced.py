@@ -114,7 +114,7 @@ class Communicator:
         self.rank = groups.rank
         self.step = 0
         self._seq: dict[str, int] = defaultdict(int)
-        self._p2p_seq: dict[tuple[str, int, int], int] = defaultdict(int)
+        self._p2p_seq: dict[tuple[str, int, int, int], int] = defaultdict(int)
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def size(self, group: str) -> int:
@@ -221,14 +221,15 @@ class Communicator:
             raise self.error(args, e) from e
 
     # ---- point to point ----------------------------------------------------------------------
-    def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str) -> dict[str, Any]:
+    def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str, tag: int = 0) -> dict[str, Any]:
         src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
-        self._p2p_seq[(group, src, dst)] += 1
-        seq = self._p2p_seq[(group, src, dst)]
+        self._p2p_seq[(group, src, dst, tag)] += 1
+        seq = self._p2p_seq[(group, src, dst, tag)]
         return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": seq,
                 "step": self.step, "peer": peer, "bytes": nbytes(tensor),
                 "dtype": str(tensor.dtype).replace("torch.", ""),
-                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst)}
+                "tag": tag,
+                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), tag, seq, src, dst)}
 
     def send(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> None:
         self.isend(tensor, dst, group, label).wait()
@@ -236,14 +237,17 @@ class Communicator:
     def recv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> None:
         self.irecv(tensor, src, group, label).wait()
 
-    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> Handle:
-        """Send to global rank `dst`; the flow to the matching receive starts at the launch."""
-        args = self._p2p_args("send", tensor, dst, group)
+    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None,
+              tag: int = 0) -> Handle:
+        """Send to global rank `dst`; the flow to the matching receive starts at the launch. Transfers
+        between the same two ranks are matched in order within each `tag`."""
+        args = self._p2p_args("send", tensor, dst, group, tag)
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.isend(tensor, dst, group=pg), True, 2, label)
+        return self._run(args, lambda a: dist.isend(tensor, dst, group=pg, tag=tag), True, 2, label)
 
-    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> Handle:
+    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None,
+              tag: int = 0) -> Handle:
         """Receive from global rank `src`; the flow ends when the receive is waited for."""
-        args = self._p2p_args("recv", tensor, src, group)
+        args = self._p2p_args("recv", tensor, src, group, tag)
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.irecv(tensor, src, group=pg), True, 2, label)
+        return self._run(args, lambda a: dist.irecv(tensor, src, group=pg, tag=tag), True, 2, label)

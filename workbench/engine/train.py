@@ -28,6 +28,7 @@ import torch.distributed as dist
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
 from workbench.engine.data import global_batch, shard_rows
+from workbench.engine.device import sync_compute
 from workbench.engine.memory import MemoryTracker
 from workbench.engine.model import GPT
 from workbench.grid import ProcessGroups, RankGrid
@@ -35,6 +36,9 @@ from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataPara
 from workbench.parallel.tensor_parallel import TensorParallelGrads
 from workbench.parallel.tensor_parallel import grad_norm as tp_grad_norm
 from workbench.parallel.tp_communications import TPContext
+from workbench.pipeline.executor import PipelineExecutor
+from workbench.pipeline.schedule import build_schedule
+from workbench.pipeline.stages import build_stages
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -136,18 +140,33 @@ def train(ctx: RankContext) -> dict[str, Any]:
     tp = None
     if cfg.tp > 1:
         tp = TPContext(comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel)
-    with torch.device(ctx.device):  # parameters are created on the device, one full tensor at a time
-        model = GPT(mcfg, seed=cfg.seed, tp=tp)
+    executor = None
+    pipelined = cfg.pp > 1 or cfg.microbatches > 1  # pipeline stages (or gradient accumulation, pp = 1)
+    if pipelined:
+        schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
+                                  cfg.virtual_stages)
+        chunks = build_stages(mcfg, schedule, ctx.groups.index("pp"), cfg.seed, tp, ctx.device)
+        model: torch.nn.Module = torch.nn.ModuleDict({str(k): c for k, c in chunks.items()})
+    else:
+        with torch.device(ctx.device):  # parameters are created on the device, one full tensor at a time
+            model = GPT(mcfg, seed=cfg.seed, tp=tp)
     params = list(model.parameters())
     n_params = mcfg.param_count()
-    rec.info["param_shapes"] = {name: list(p.shape) for name, p in model.named_parameters()}
+    rec.info["param_shapes"] = {_full_name(name): list(p.shape) for name, p in model.named_parameters()}
     if ctx.rank == 0:
         write_resolved_config(ctx, n_params, sum(p.numel() for p in params))
+        if pipelined:
+            _write_json(os.path.join(ctx.run_dir, "schedule.json"), schedule.to_dict())
     tp_grads = TensorParallelGrads(model, tp) if tp is not None else None
     if cfg.dp_impl == "naive":
         sync: Any = NaiveDataParallel(model, comm)
     else:
         sync = BucketedDataParallel(model, comm, cfg.bucket_mb, cfg.allreduce)
+    if pipelined:
+        micro = cfg.local_batch // cfg.microbatches
+        seq = mcfg.seq_len // (cfg.tp if cfg.sequence_parallel else 1)
+        executor = PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, comm, memory,
+                                    (micro, seq, mcfg.hidden), ctx.device, sync)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     memory.register_model(model)
     memory.count_model_states(params, optimizer, sync.grad_tensors())
@@ -164,14 +183,17 @@ def train(ctx: RankContext) -> dict[str, Any]:
             inject_fault(cfg, ctx.rank, step)
             x, y = global_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size)
             x, y = shard_rows(x, dp_index, dp_size).to(ctx.device), shard_rows(y, dp_index, dp_size).to(ctx.device)
-            with rec.span("forward", "forward", "compute", step=step, microbatch=0):
-                with memory.count_saved_activations():
-                    loss = model(x, y)
-                sync_compute(ctx.device)
-            memory.snapshot()
-            with rec.span("backward", "backward", "compute", step=step, microbatch=0):
-                loss.backward()
-                sync_compute(ctx.device)
+            if executor is not None:
+                loss = executor.run(list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), step)
+            else:
+                with rec.span("forward", "forward", "compute", step=step, microbatch=0):
+                    with memory.count_saved_activations():
+                        loss = model(x, y)
+                    sync_compute(ctx.device)
+                memory.snapshot()
+                with rec.span("backward", "backward", "compute", step=step, microbatch=0):
+                    loss.backward()
+                    sync_compute(ctx.device)
             memory.set("activation", 0)
             memory.count_model_states(params, optimizer, sync.grad_tensors())
             memory.snapshot()
@@ -180,13 +202,15 @@ def train(ctx: RankContext) -> dict[str, Any]:
                 if tp_grads is not None:
                     tp_grads.finish()
             with rec.span("optimizer", "optimizer", "compute", step=step):
-                grad_norm = clip_grad_norm(params, cfg.grad_clip, tp)
+                grad_norm = clip_grad_norm(params, cfg.grad_clip, tp, comm if cfg.pp > 1 else None)
                 optimizer.step()
                 sync.zero_grad()
                 sync_compute(ctx.device)
             memory.count_model_states(params, optimizer, sync.grad_tensors())
             memory.snapshot()
             loss_sum = loss.detach().reshape(1).clone()
+            if cfg.pp > 1:  # the loss lives on the last stage: bring it to every stage
+                comm.all_reduce(loss_sum, "pp", label="loss")
             comm.all_reduce(loss_sum, "dp", label="loss")
             loss_value = loss_sum.item() / dp_size
         dt = time.perf_counter() - t0
@@ -202,20 +226,22 @@ def train(ctx: RankContext) -> dict[str, Any]:
             "memory_peaks": memory.peaks(), "params": n_params}
 
 
-def sync_compute(device: torch.device) -> None:
-    """On a GPU, wait for the compute stream only, so that a span covers the kernels it launched but
-    not the communication streams (whose overlap the trace is there to show). Nothing on a CPU."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None, tp: TPContext | None) -> float:
-    """The norm of the whole model's gradient (shards summed over tp) and, with max_norm, the same
-    scaling as torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6), at most 1)."""
-    total = tp_grad_norm(params, tp)
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None, tp: TPContext | None,
+                   pp_comm: Communicator | None = None) -> float:
+    """The norm of the whole model's gradient (shards summed over tp, stages over pp) and, with
+    max_norm, the same scaling as torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6),
+    at most 1)."""
+    total = tp_grad_norm(params, tp, pp_comm)
     if max_norm is not None:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
     return float(total)
+
+
+def _full_name(name: str) -> str:
+    """A pipeline chunk's parameter name without its ModuleDict key ("3.blocks.5.ln_1.weight" →
+    "blocks.5.ln_1.weight"): the whole model's name."""
+    head, _, rest = name.partition(".")
+    return rest if head.isdigit() and rest else name

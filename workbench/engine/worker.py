@@ -95,4 +95,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every file is written and closed by now. Leaving through os._exit skips the C++ static
+    # destructors of the communication backend's threads, which on rare exits abort the process
+    # ("terminate called without an active exception") after a successful run.
+    os._exit(code)

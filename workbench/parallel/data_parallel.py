@@ -33,6 +33,7 @@ class NaiveDataParallel:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.comm = comm
         self.n = comm.size("dp")
+        self.enabled = True  # unused: the naive version always syncs once, after every backward
 
     def finish(self) -> None:
         """One all-reduce per parameter, after the whole backward."""
@@ -101,8 +102,12 @@ class BucketedDataParallel:
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
             self.buckets.append(bucket)
         self._next_launch = 0
+        #: False during the backwards of all but the last microbatch (gradient accumulation, pipelines)
+        self.enabled = True
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
+        if not self.enabled:  # an earlier microbatch's backward: keep accumulating, do not sync yet
+            return
         bucket = self._bucket_of[p]
         bucket.ready += 1
         if bucket.ready == len(bucket.params):

@@ -31,6 +31,8 @@ parameter at a time, so tp=1 and tp=t start from the same model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -200,12 +202,18 @@ def is_replicated(p: nn.Parameter) -> bool:
     return not getattr(p, "tp_sharded", False)
 
 
-def grad_norm(params: list[nn.Parameter], tp: TPContext | None) -> torch.Tensor:
-    """‖g‖ of the whole (unsharded) model: shards' squares summed over tp, replicated ones counted once."""
+def grad_norm(params: list[nn.Parameter], tp: TPContext | None, pp_comm: Any = None) -> torch.Tensor:
+    """‖g‖ of the whole (unsharded) model: shards' squares summed over tp, replicated ones counted once,
+    and — when the model is cut into pipeline stages — every stage's share summed over pp."""
+    zero = torch.zeros((), device=params[0].device)
     sharded = [p.grad for p in params if p.grad is not None and not is_replicated(p)]
     replicated = [p.grad for p in params if p.grad is not None and is_replicated(p)]
-    sq = sum((g.float().pow(2).sum() for g in sharded), torch.zeros((), device=params[0].device))
+    sq = sum((g.float().pow(2).sum() for g in sharded), zero)
     if tp is not None and tp.size > 1:
         sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
-    sq = sq + sum((g.float().pow(2).sum() for g in replicated), torch.zeros((), device=params[0].device))
+    sq = sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    if pp_comm is not None:
+        sq = sq.reshape(1).clone()
+        pp_comm.all_reduce(sq, "pp", label="grad norm", meta={"layer": "grad norm", "direction": "optimizer"})
+        sq = sq[0]
     return sq.sqrt()
