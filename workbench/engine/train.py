@@ -184,7 +184,9 @@ def train(ctx: RankContext) -> dict[str, Any]:
             x, y = global_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size)
             x, y = shard_rows(x, dp_index, dp_size).to(ctx.device), shard_rows(y, dp_index, dp_size).to(ctx.device)
             if executor is not None:
-                loss = executor.run(list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), step)
+                # each microbatch a tensor of its own, so a forward keeps only its own ids alive
+                xs, ys = ([t.clone() for t in z.chunk(cfg.microbatches)] for z in (x, y))
+                loss = executor.run(xs, ys, step)
             else:
                 with rec.span("forward", "forward", "compute", step=step, microbatch=0):
                     with memory.count_saved_activations():
