@@ -2,9 +2,11 @@
 
 from workbench.viz.loss import compare_losses, loss_curves
 from workbench.viz.memory import memory_breakdown, memory_over_time
+from workbench.viz.pipeline import bubble_vs_m, planned, planned_vs_measured
 from workbench.viz.ring import ring_all_reduces, ring_steps
 from workbench.viz.tensor_parallel import shard_table, tp_shards
 from workbench.viz.timeline import overlap_table, timeline
 
-__all__ = ["compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
+__all__ = ["bubble_vs_m", "compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
+           "planned", "planned_vs_measured",
            "ring_all_reduces", "ring_steps", "shard_table", "timeline", "tp_shards"]

@@ -1,0 +1,155 @@
+"""Our 1F1B against torch.distributed.pipelining's Schedule1F1B, same stages and microbatches,
+interleaved in one invocation.
+
+    python benchmarks/pp_vs_torch_pipelining.py                    # 2 stages, `small`, m = 4
+    python benchmarks/pp_vs_torch_pipelining.py --ranks 4 --microbatches 8
+    python benchmarks/pp_vs_torch_pipelining.py --bubble           # also: measured bubble vs formula, m ∈ {2, 4, 8}
+
+Both sides use the same GPT stages (workbench.pipeline.stages), the same batch cut into the same
+microbatches, and AdamW; each round runs one training step of each, alternating the order. Rank 0
+prints the median step times and the ratio ours / torch. With --bubble it then launches our 1F1B
+runs for m ∈ {2, 4, 8} and prints the measured bubble beside (p − 1)/(m + p − 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def launch(args: argparse.Namespace) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
+           os.path.abspath(__file__)]
+    rc = subprocess.call(cmd, env=env)
+    if rc == 0 and args.bubble:
+        bubble_table(args)
+    return rc
+
+
+def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
+    import tempfile
+
+    import workbench as wb
+
+    print(f"\nmeasured bubble of our 1F1B, p={args.ranks}, model {args.model}, global batch {args.batch} "
+          f"(tolerance: measured − formula in [−0.02, {tolerance}], see the note below)")
+    print(f"  {'m':>3} {'measured':>9} {'formula':>8} {'difference':>11}  within")
+    with tempfile.TemporaryDirectory() as d:
+        for m in (2, 4, 8):
+            run = wb.launch(wb.RunConfig(model=args.model, pp=args.ranks, microbatches=m, global_batch=args.batch,
+                                         steps=6), out=os.path.join(d, f"m{m}"), progress=False)
+            b = run.summary["bubble_fraction"]
+            diff = b["measured"] - b["predicted"]
+            print(f"  {m:>3} {b['measured']:>9.3f} {b['predicted']:>8.3f} {diff:>+11.3f}  {-0.02 <= diff <= tolerance}")
+    print("  The formula assumes equal stage times and free communication; on CPU each microbatch boundary\n"
+          "  adds a gloo send/receive (~1 ms) to the critical path, so the excess grows with m.")
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from workbench.comm.traced import Communicator
+    from workbench.config import PRESETS
+    from workbench.engine.data import global_batch
+    from workbench.engine.memory import MemoryTracker
+    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.pipeline.executor import PipelineExecutor
+    from workbench.pipeline.schedule import build_schedule
+    from workbench.pipeline.stages import build_stages
+    from workbench.trace.recorder import TraceRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = PRESETS[args.model]
+    m = args.microbatches
+    x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
+    xs, ys = [t.clone() for t in x.chunk(m)], [t.clone() for t in y.chunk(m)]
+    device = torch.device("cpu")
+
+    grid = RankGrid(pp=world)
+    groups = ProcessGroups.create(grid, rank, 120)
+    rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace)
+    comm = Communicator(groups, rec)
+    schedule = build_schedule("1f1b", world, m)
+    ours_chunks = build_stages(cfg, schedule, rank, 0, None, device)
+    executor = PipelineExecutor(schedule, rank, ours_chunks, comm, MemoryTracker(rec, device),
+                                (args.batch // m, cfg.seq_len, cfg.hidden), device)
+    ours_params = [p for c in ours_chunks.values() for p in c.parameters()]
+    ours_opt = torch.optim.AdamW(ours_params, lr=1e-4, foreach=False)
+
+    ref_module = build_stages(cfg, schedule, rank, 0, None, device)[rank]
+    ref_stage = PipelineStage(ref_module, rank, world, device)
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    ref_schedule = Schedule1F1B(ref_stage, m, loss_fn=loss_fn)
+    ref_opt = torch.optim.AdamW(ref_module.parameters(), lr=1e-4, foreach=False)
+
+    def step_ours() -> None:
+        executor.run(xs, ys, 0)
+        ours_opt.step()
+        ours_opt.zero_grad()
+
+    def step_ref() -> None:
+        if rank == 0:
+            ref_schedule.step(x)
+        elif rank == world - 1:
+            ref_schedule.step(target=y, losses=[])
+        else:
+            ref_schedule.step()
+        ref_opt.step()
+        ref_opt.zero_grad()
+
+    candidates = {"ours": step_ours, "torch": step_ref}
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for i in range(args.rounds + args.warmup):
+        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
+            dist.barrier()
+            t = time.perf_counter()
+            candidates[name]()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t)
+    med = {}
+    for name, ts in times.items():
+        t_med = torch.tensor([statistics.median(ts)])
+        dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
+        med[name] = t_med.item()
+    if rank == 0:
+        print(f"\nworkbench 1F1B vs torch.distributed.pipelining Schedule1F1B — model {args.model}, p={world}, "
+              f"m={m}, batch {args.batch}, {args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms   "
+              f"ratio ours/torch = {med['ours'] / med['torch']:.3f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="small")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--bubble", action="store_true")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
+    else:
+        sys.exit(launch(parse(sys.argv[1:])))
