@@ -42,3 +42,16 @@ def test_loading_and_charting_does_not_import_torch_distributed(launched):
             "viz.timeline(r); viz.memory_breakdown(r); r.metrics; r.summary; "
             "assert 'torch.distributed' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pipeline_charts(launched):
+    from workbench.config import ModelConfig
+    from workbench.viz.pipeline import bubble_explorer
+
+    run = launched(model=ModelConfig(layers=4), pp=2, schedule="1f1b", microbatches=4)
+    fig = viz.planned_vs_measured(run)
+    labels = {t.text for t in fig.data if t.text}
+    assert {"0F0", "1B3"} <= labels
+    assert "bubble" in viz.planned("interleaved", 4, 8, 2).layout.title.text
+    assert len(viz.bubble_vs_m([run]).data) == 2
+    assert bubble_explorer() is not None
