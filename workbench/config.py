@@ -71,7 +71,7 @@ PRESETS: dict[str, ModelConfig] = {
 #: Features that the config can already describe but whose engines are not built yet. Each entry
 #: is removed when its strategy lands; `validate()` names the missing feature.
 NOT_BUILT_YET = {
-    "zero": "ZeRO (zero > 0)",
+    "zero": "ZeRO stage 3",
     "precision": "mixed precision (precision other than fp32)",
     "recompute": "activation recomputation",
 }
@@ -171,6 +171,7 @@ class RunConfig:
             )
         self._validate_tensor_parallel()
         self._validate_pipeline()
+        self._validate_zero()
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -220,9 +221,22 @@ class RunConfig:
             raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
                               f"microbatches={mb} must be a multiple of pp={p}")
 
+    def _validate_zero(self) -> None:
+        if self.zero == 0:
+            return
+        if self.tp > 1:
+            raise ConfigError(f"zero={self.zero} with tp={self.tp} is not supported yet: ZeRO partitions over the "
+                              f"data-parallel ranks of a model without tensor parallelism (use tp=1)")
+        if self.zero >= 2 and self.pp > 1:
+            raise ConfigError(f"zero={self.zero} with pp={self.pp} is not supported (gradients would be partitioned "
+                              f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
+        if self.zero and self.dp_impl == "naive" or self.zero and self.allreduce == "ring":
+            raise ConfigError("ZeRO brings its own reduce-scatter and all-gather: use dp_impl='bucketed' and "
+                              "allreduce='backend'")
+
     def _reject_not_built(self) -> None:
         unbuilt = {
-            "zero": self.zero > 0,
+            "zero": self.zero == 3,
             "precision": self.precision != "fp32",
             "recompute": self.recompute != "none",
         }

@@ -36,6 +36,7 @@ from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataPara
 from workbench.parallel.tensor_parallel import TensorParallelGrads
 from workbench.parallel.tensor_parallel import grad_norm as tp_grad_norm
 from workbench.parallel.tp_communications import TPContext
+from workbench.parallel.zero import ZeroDataParallel
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.schedule import build_schedule
 from workbench.pipeline.stages import build_stages
@@ -158,8 +159,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
         if pipelined:
             _write_json(os.path.join(ctx.run_dir, "schedule.json"), schedule.to_dict())
     tp_grads = TensorParallelGrads(model, tp) if tp is not None else None
-    if cfg.dp_impl == "naive":
-        sync: Any = NaiveDataParallel(model, comm)
+    if cfg.zero in (1, 2):
+        sync: Any = ZeroDataParallel(model, comm, cfg.zero, cfg.bucket_mb, cfg.lr, cfg.weight_decay)
+    elif cfg.dp_impl == "naive":
+        sync = NaiveDataParallel(model, comm)
     else:
         sync = BucketedDataParallel(model, comm, cfg.bucket_mb, cfg.allreduce)
     if pipelined:
@@ -167,7 +170,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
         seq = mcfg.seq_len // (cfg.tp if cfg.sequence_parallel else 1)
         executor = PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, comm, memory,
                                     (micro, seq, mcfg.hidden), ctx.device, sync)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    if cfg.zero:  # the optimizer updates only this rank's partition
+        optimizer = sync.optimizer
+    else:
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     memory.register_model(model)
     memory.count_model_states(params, optimizer, sync.grad_tensors())
     memory.snapshot()
@@ -204,8 +210,12 @@ def train(ctx: RankContext) -> dict[str, Any]:
                 if tp_grads is not None:
                     tp_grads.finish()
             with rec.span("optimizer", "optimizer", "compute", step=step):
-                grad_norm = clip_grad_norm(params, cfg.grad_clip, tp, comm if cfg.pp > 1 else None)
-                optimizer.step()
+                if cfg.zero:
+                    grad_norm = clip_sharded(sync, cfg.grad_clip, comm if cfg.pp > 1 else None)
+                    sync.step()  # AdamW on this rank's partition, then all-gather the parameters
+                else:
+                    grad_norm = clip_grad_norm(params, cfg.grad_clip, tp, comm if cfg.pp > 1 else None)
+                    optimizer.step()
                 sync.zero_grad()
                 sync_compute(ctx.device)
             memory.count_model_states(params, optimizer, sync.grad_tensors())
@@ -239,6 +249,19 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None, tp:
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
+    return float(total)
+
+
+def clip_sharded(sync: Any, max_norm: float | None, pp_comm: Communicator | None) -> float:
+    """Gradient norm and clipping when each rank holds only its partition of the gradient (ZeRO)."""
+    sq = sync.grad_norm_sq()
+    if pp_comm is not None:
+        sq = sq.reshape(1).clone()
+        pp_comm.all_reduce(sq, "pp", label="grad norm")
+        sq = sq[0]
+    total = sq.sqrt()
+    if max_norm is not None:
+        sync.clip(torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return float(total)
 
 
