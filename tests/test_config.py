@@ -23,7 +23,7 @@ def test_heads_not_dividing_hidden():
 
 
 @pytest.mark.parametrize("change, feature", [
-    ({"zero": 1}, "ZeRO"),
+
     ({"precision": "bf16"}, "mixed precision"), ({"recompute": "full"}, "recomputation"),
 
 ])

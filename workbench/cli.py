@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     for axis in ("dp", "tp", "pp"):
         run.add_argument(f"--{axis}", type=int, default=getattr(d, axis))
     run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3))
+    run.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states in host memory")
+    run.add_argument("--no-prefetch", action="store_true", help="ZeRO-3: do not gather the next layer ahead")
     run.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
     run.add_argument("--microbatches", type=int, default=d.microbatches)
     run.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
@@ -74,7 +76,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         recompute=a.recompute, sequence_parallel=a.sequence_parallel, global_batch=a.global_batch,
         steps=a.steps, seed=a.seed, lr=a.lr, grad_clip=a.grad_clip or None, backend=a.backend,
         allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
-        timeout_s=a.timeout, name=a.name,
+        timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
     )
 
 

@@ -71,7 +71,6 @@ PRESETS: dict[str, ModelConfig] = {
 #: Features that the config can already describe but whose engines are not built yet. Each entry
 #: is removed when its strategy lands; `validate()` names the missing feature.
 NOT_BUILT_YET = {
-    "zero": "ZeRO stage 3",
     "precision": "mixed precision (precision other than fp32)",
     "recompute": "activation recomputation",
 }
@@ -114,6 +113,10 @@ class RunConfig:
     allreduce: str = "backend"
     dp_impl: str = "bucketed"
     bucket_mb: float = 25.0
+    #: ZeRO-3: gather the next layer's parameters while the current one computes
+    prefetch: bool = True
+    #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
+    offload_optimizer: bool = False
     trace: bool = True
     timeout_s: float = 120.0
     name: str | None = None
@@ -222,11 +225,17 @@ class RunConfig:
                               f"microbatches={mb} must be a multiple of pp={p}")
 
     def _validate_zero(self) -> None:
+        if self.offload_optimizer and self.zero == 0:
+            raise ConfigError("offload_optimizer=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned "
+                              "optimizer states")
         if self.zero == 0:
             return
         if self.tp > 1:
             raise ConfigError(f"zero={self.zero} with tp={self.tp} is not supported yet: ZeRO partitions over the "
                               f"data-parallel ranks of a model without tensor parallelism (use tp=1)")
+        if self.zero == 3 and self.microbatches > 1:
+            raise ConfigError("zero=3 with microbatches > 1 is not supported: parameters would be gathered per "
+                              "microbatch; use zero=1 or 2 for gradient accumulation")
         if self.zero >= 2 and self.pp > 1:
             raise ConfigError(f"zero={self.zero} with pp={self.pp} is not supported (gradients would be partitioned "
                               f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
@@ -236,7 +245,6 @@ class RunConfig:
 
     def _reject_not_built(self) -> None:
         unbuilt = {
-            "zero": self.zero == 3,
             "precision": self.precision != "fp32",
             "recompute": self.recompute != "none",
         }

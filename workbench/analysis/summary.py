@@ -78,6 +78,21 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     return out
 
 
+def moved_bytes(args: dict[str, Any]) -> float:
+    """Bytes this rank sends for one operation (ring algorithms): S·2(n−1)/n for all-reduce,
+    S·(n−1)/n for all-gather and reduce-scatter, S for send; nothing for a receive."""
+    n = len(args.get("group_ranks", ())) or 1
+    s = float(args.get("bytes", 0))
+    op = args.get("op")
+    if op == "all_reduce":
+        return s * 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return s * (n - 1) / n
+    if op in ("send", "broadcast"):
+        return s
+    return 0.0
+
+
 def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     events = trace["traceEvents"]
     info = trace["workbench"]
@@ -129,6 +144,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "predicted_comm_bytes_per_step": predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
         "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
+        "bytes_moved_per_step": sum(moved_bytes(a) for a, _, _ in comms) / n_steps,
         "grad_sync_bytes_per_step": sum(
             int(a.get("bytes", 0)) for a, _, _ in comms
             if str(a.get("label", "")).startswith(("bucket", "param"))) / n_steps,
@@ -209,7 +225,12 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
     v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
     local = formulas.params_per_rank(model, tp, pp, v, pp_rank)
-    out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + (4 * local if dp > 1 else 0)}}
+    zero = config.get("zero", 0)
+    if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local},
+                                            "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
+    else:
+        out = {"all_reduce": {"dp": 4 + (4 * local if dp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     mine = list(range(pp_rank, stages, pp))

@@ -51,6 +51,14 @@ class MemoryTracker:
         self.peak_allocator: dict[str, int] = {}
         self._not_activations: set[int] = set()  # storages of parameters and buffers
 
+    def not_activation(self, t: torch.Tensor) -> None:
+        """Storage that autograd may save but that is not an activation (re-gathered ZeRO-3 parameters)."""
+        self._not_activations.add(t.untyped_storage().data_ptr())
+
+    def forget_not_activation(self, t: torch.Tensor) -> None:
+        """Before that storage is freed: its address may next hold a real activation."""
+        self._not_activations.discard(t.untyped_storage().data_ptr())
+
     def register_model(self, model: torch.nn.Module) -> None:
         """Parameters and buffers (the causal mask ...) that autograd saves are not activations."""
         tensors = list(model.parameters()) + list(model.buffers())
@@ -95,6 +103,8 @@ class MemoryTracker:
         def pack(t: torch.Tensor) -> torch.Tensor:
             s = t.untyped_storage()
             ptr = s.data_ptr()
+            if isinstance(t, torch.nn.Parameter):  # parameters saved by matmuls are not activations
+                return t
             if ptr not in seen and ptr not in self._not_activations and ptr != 0:
                 seen.add(ptr)
                 self.add("activation", s.nbytes())

@@ -37,6 +37,7 @@ from workbench.parallel.tensor_parallel import TensorParallelGrads
 from workbench.parallel.tensor_parallel import grad_norm as tp_grad_norm
 from workbench.parallel.tp_communications import TPContext
 from workbench.parallel.zero import ZeroDataParallel
+from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.schedule import build_schedule
 from workbench.pipeline.stages import build_stages
@@ -138,6 +139,14 @@ def train(ctx: RankContext) -> dict[str, Any]:
     cfg, rec, memory, comm = ctx.config, ctx.recorder, ctx.memory, ctx.comm
     mcfg = cfg.model_config
     torch.manual_seed(cfg.seed)
+    if cfg.offload_optimizer:
+        if ctx.device.type != "cuda":
+            note = "optimizer offload is a no-op here: on a CPU run the optimizer already lives in host memory"
+            rec.info["offload_optimizer"] = note
+            if ctx.rank == 0:
+                print(f"[workbench] {note}", flush=True)
+        else:
+            raise NotImplementedError("optimizer offload to host memory is not built yet for CUDA runs")
     tp = None
     if cfg.tp > 1:
         tp = TPContext(comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel)
@@ -159,8 +168,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
         if pipelined:
             _write_json(os.path.join(ctx.run_dir, "schedule.json"), schedule.to_dict())
     tp_grads = TensorParallelGrads(model, tp) if tp is not None else None
-    if cfg.zero in (1, 2):
-        sync: Any = ZeroDataParallel(model, comm, cfg.zero, cfg.bucket_mb, cfg.lr, cfg.weight_decay)
+    if cfg.zero == 3:
+        sync: Any = Zero3DataParallel(gpt_units(model), comm, cfg.lr, cfg.weight_decay, cfg.prefetch)
+    elif cfg.zero in (1, 2):
+        sync = ZeroDataParallel(model, comm, cfg.zero, cfg.bucket_mb, cfg.lr, cfg.weight_decay)
     elif cfg.dp_impl == "naive":
         sync = NaiveDataParallel(model, comm)
     else:
@@ -174,8 +185,9 @@ def train(ctx: RankContext) -> dict[str, Any]:
         optimizer = sync.optimizer
     else:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    state_params = sync.param_tensors() if cfg.zero == 3 else params  # what the parameter category holds
     memory.register_model(model)
-    memory.count_model_states(params, optimizer, sync.grad_tensors())
+    memory.count_model_states(state_params, optimizer, sync.grad_tensors())
     memory.snapshot()
 
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
@@ -203,7 +215,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
                     loss.backward()
                     sync_compute(ctx.device)
             memory.set("activation", 0)
-            memory.count_model_states(params, optimizer, sync.grad_tensors())
+            memory.count_model_states(state_params, optimizer, sync.grad_tensors())
             memory.snapshot()
             with rec.span("gradient sync", "wait", "wait", step=step):
                 sync.finish()
@@ -218,7 +230,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
                     optimizer.step()
                 sync.zero_grad()
                 sync_compute(ctx.device)
-            memory.count_model_states(params, optimizer, sync.grad_tensors())
+            memory.count_model_states(state_params, optimizer, sync.grad_tensors())
             memory.snapshot()
             loss_sum = loss.detach().reshape(1).clone()
             if cfg.pp > 1:  # the loss lives on the last stage: bring it to every stage

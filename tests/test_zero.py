@@ -1,0 +1,87 @@
+"""ZeRO stages 1–3 train the same model as one process, and hold the memory the formulas predict.
+
+Tolerance as for data parallelism (tests/test_data_parallel.py): the gradient is summed by a
+reduce-scatter instead of an all-reduce — another summation order — and AdamW's update is
+elementwise, so updating each rank's slice equals updating the whole; measured ≤ 1 ulp of the loss.
+"""
+
+import pytest
+
+from tests.test_data_parallel import assert_same_training
+from workbench import ConfigError, RunConfig
+from workbench.trace.validate import validate_run
+
+
+@pytest.fixture(scope="module")
+def single(launched):
+    return launched(dp=1)
+
+
+@pytest.mark.parametrize("config", [
+    {"dp": 2, "zero": 1},
+    {"dp": 2, "zero": 2, "bucket_mb": 0.02},
+    {"dp": 2, "zero": 3},
+    {"dp": 4, "zero": 3},
+    {"dp": 2, "zero": 3, "prefetch": False},
+], ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch"])
+def test_zero_matches_single_process(launched, single, config):
+    run = launched(**config)
+    assert_same_training(run, single)
+    assert validate_run(run.path) == []
+
+
+@pytest.mark.parametrize("config", [{"dp": 2, "zero": 1}, {"dp": 4, "zero": 1}, {"dp": 2, "zero": 2, "bucket_mb": 0.02},
+                                    {"dp": 2, "zero": 3}, {"dp": 4, "zero": 3}])
+def test_model_states_per_rank_match_the_formula(launched, config):
+    """fp32: parameters 4Ψ (÷N at stage 3), gradients 4Ψ (÷N from stage 2), Adam's moments 8Ψ/N.
+    Buckets are padded to a multiple of N — at most N − 1 values each — hence the 3 % bound; for the
+    tiny model the padding happens to be zero and the figures are exact."""
+    run = launched(**config)
+    for r in run.summary["ranks"]:
+        for cat in ("parameter", "gradient", "optimizer_state"):
+            measured, predicted = r["peak_bytes"][cat], r["predicted_bytes"][cat]
+            assert abs(measured - predicted) <= 0.03 * predicted, (config, cat, measured, predicted)
+        assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"]
+
+
+def test_zero3_gathers_layers_transiently(launched):
+    run = launched(dp=2, zero=3)
+    r = run.summary["ranks"][0]
+    psi = run.config["params"]
+    assert r["peak_bytes"]["parameter"] == 4 * psi // 2, "only this rank's half is kept"
+    gathered = r["peak_bytes"]["temporary"]
+    assert 0 < gathered < 4 * psi, "the gathered layers, shown separately, never amount to the whole model"
+    mem = run.memory[run.memory["rank"] == 0]
+    assert (mem.temporary.diff() > 0).sum() > 5 and (mem.temporary.diff() < 0).sum() > 5, "the saw-tooth"
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_data_parallel(launched):
+    dp = launched(dp=2).summary["ranks"][0]["bytes_moved_per_step"]
+    z3 = launched(dp=2, zero=3).summary["ranks"][0]["bytes_moved_per_step"]
+    z1 = launched(dp=2, zero=1).summary["ranks"][0]["bytes_moved_per_step"]
+    assert z3 / dp == pytest.approx(1.5, rel=0.01)
+    assert z1 / dp == pytest.approx(1.0, rel=0.01)
+
+
+def test_zero1_beside_pipeline_parallelism(launched):
+    from workbench import ModelConfig
+
+    four = ModelConfig(layers=4)
+    assert_same_training(launched(model=four, dp=2, pp=2, zero=1, microbatches=2), launched(model=four))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dp": 2, "zero": 3, "pp": 2, "model": {"layers": 4}}, "zero=3 with pp=2 is not supported"),
+    ({"dp": 2, "zero": 2, "tp": 2}, "zero=2 with tp=2 is not supported"),
+    ({"dp": 2, "zero": 3, "microbatches": 2}, "zero=3 with microbatches"),
+    ({"offload_optimizer": True}, "needs ZeRO"),
+    ({"dp": 2, "zero": 1, "allreduce": "ring"}, "brings its own"),
+])
+def test_unsupported_combinations_fail_before_launch(change, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(**change).validate()
+
+
+def test_offload_on_a_cpu_run_is_a_no_op_that_says_so(launched):
+    run = launched(dp=2, zero=1, offload_optimizer=True)
+    assert "no-op" in run.traces[0]["workbench"]["offload_optimizer"]

@@ -1,0 +1,210 @@
+"""ZeRO stage 3 (Rajbhandari et al. 2020; the design of FSDP, Zhao et al. 2023): parameters are
+partitioned too. Each rank keeps 1/N of every parameter, its gradient and its Adam moments (16Ψ/N
+bytes in fp32); a layer's full parameters exist only while that layer computes.
+
+Units: the embeddings, each transformer block, the final layer norm, the head. Per unit:
+
+    forward    pre-hook: all-gather the unit's flat parameters (prefetching the next unit's while this
+               one computes, if `prefetch`); post-hook: free them.
+    backward   when the gradient of the unit's output arrives (a tensor hook): all-gather again
+               (prefetching the unit before it); when the last of its parameters has its gradient
+               (post-accumulate-grad hooks): copy the gradients into a buffer, free them and the
+               parameters, and reduce-scatter the buffer so each rank keeps the sum of its slice.
+    step       AdamW on the slices. Nothing to gather: the next forward does.
+
+Collectives per step: all-gather Ψ (forward) + all-gather Ψ (backward) + reduce-scatter Ψ = 3Ψ,
+1.5 × data parallelism's 2Ψ. Memory categories: `parameter` the slices, `temporary` the gathered
+full parameters of the units in use (the saw-tooth), `comm_buffer` gradients in flight.
+
+Freeing resizes the flat buffer's storage to zero and gathering resizes it back and fills it in place:
+the tensors autograd saved for backward share that storage, so they see the parameters again when
+backward needs them (FSDP's approach).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workbench.comm.traced import Communicator, Handle
+from workbench.parallel.zero import padded
+
+
+@dataclass
+class Unit:
+    index: int
+    name: str
+    module: nn.Module
+    params: list[nn.Parameter]
+    flat: torch.Tensor  # full parameters (padded); storage resized to 0 while not in use
+    shard: nn.Parameter  # this rank's slice: the master copy AdamW updates
+    nbytes: int = 0
+    gathered: bool = False
+    gather_handle: Handle | None = None
+    ready: int = 0
+    rs_handles: list = field(default_factory=list)
+
+
+class Zero3DataParallel:
+    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, lr: float, weight_decay: float,
+                 prefetch: bool = True) -> None:
+        self.comm, self.prefetch = comm, prefetch
+        self.n, self.r = comm.size("dp"), comm.groups.index("dp")
+        self.memory = comm.memory
+        self.enabled = True
+        self.units: list[Unit] = []
+        self._unit_of: dict[nn.Parameter, Unit] = {}
+        for i, (name, module) in enumerate(units):
+            params = [p for p in module.parameters() if p.requires_grad]
+            total = padded(sum(p.numel() for p in params), self.n)
+            flat = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+            offset = 0
+            for p in params:
+                flat[offset:offset + p.numel()].copy_(p.data.view(-1))
+                p.data = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            per = total // self.n
+            shard = nn.Parameter(flat[self.r * per:(self.r + 1) * per].clone())
+            shard.grad = torch.zeros_like(shard)
+            unit = Unit(i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size())
+            self._free(unit)
+            for p in params:
+                self._unit_of[p] = unit
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+            module.register_forward_pre_hook(lambda m, args, u=unit: self._before_forward(u))
+            module.register_forward_hook(lambda m, args, out, u=unit: self._after_forward(u, out))
+            self.units.append(unit)
+        self.optimizer = torch.optim.AdamW([u.shard for u in self.units], lr=lr, weight_decay=weight_decay,
+                                           foreach=False)
+
+    # ---- gather and free -----------------------------------------------------------------------------
+    def _gather(self, unit: Unit, async_op: bool, why: str) -> None:
+        if unit.gathered or unit.gather_handle is not None:
+            return
+        unit.flat.untyped_storage().resize_(unit.nbytes)
+        if self.memory is not None:
+            self.memory.add("temporary", unit.nbytes)
+            self.memory.not_activation(unit.flat)  # a new allocation each time: its address changes
+        h = self.comm.all_gather(unit.flat, unit.shard.data, "dp", async_op=async_op,
+                                 label=f"zero3 {unit.name} {why}", meta={"layer": unit.name, "direction": why})
+        if async_op:
+            unit.gather_handle = h
+        else:
+            unit.gathered = True
+        if self.memory is not None:
+            self.memory.snapshot()
+
+    def _ensure(self, unit: Unit, why: str) -> None:
+        if unit.gather_handle is not None:
+            unit.gather_handle.wait()
+            unit.gather_handle = None
+            unit.gathered = True
+        self._gather(unit, False, why)
+
+    def _free(self, unit: Unit) -> None:
+        if unit.flat.untyped_storage().nbytes() == 0:
+            return
+        if self.memory is not None:
+            self.memory.forget_not_activation(unit.flat)
+        unit.flat.untyped_storage().resize_(0)
+        if unit.gathered and self.memory is not None:
+            self.memory.add("temporary", -unit.nbytes)
+            self.memory.snapshot()
+        unit.gathered = False
+
+    # ---- hooks ---------------------------------------------------------------------------------------
+    def _before_forward(self, unit: Unit) -> None:
+        if not torch.is_grad_enabled():
+            return self._ensure(unit, "forward")
+        self._ensure(unit, "forward")
+        if self.prefetch and unit.index + 1 < len(self.units):
+            self._gather(self.units[unit.index + 1], True, "forward")
+
+    def _after_forward(self, unit: Unit, out: torch.Tensor) -> None:
+        self._free(unit)
+        if torch.is_grad_enabled() and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad, u=unit: self._before_backward(u, grad))
+
+    def _before_backward(self, unit: Unit, grad: torch.Tensor) -> torch.Tensor:
+        self._ensure(unit, "backward")
+        if self.prefetch and unit.index > 0:
+            self._gather(self.units[unit.index - 1], True, "backward")
+        return grad
+
+    def _on_grad_ready(self, p: nn.Parameter) -> None:
+        unit = self._unit_of[p]
+        unit.ready += 1
+        if unit.ready < len(unit.params):
+            return
+        unit.ready = 0
+        staging = torch.zeros_like(unit.flat)
+        offset = 0
+        for q in unit.params:
+            staging[offset:offset + q.numel()].copy_(q.grad.view(-1))
+            q.grad = None
+            offset += q.numel()
+        staging.div_(self.n)
+        self._free(unit)
+        out = torch.empty_like(unit.shard)
+        if self.memory is not None:
+            self.memory.add("comm_buffer", staging.numel() * staging.element_size())
+            self.memory.snapshot()
+        h = self.comm.reduce_scatter(out, staging, "dp", async_op=True, label=f"zero3 {unit.name} grads",
+                                     meta={"layer": unit.name, "direction": "backward"})
+        unit.rs_handles.append((h, out, staging))
+
+    # ---- the step ------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        for unit in self.units:
+            for h, out, staging in unit.rs_handles:
+                h.wait()
+                unit.shard.grad.add_(out)
+                if self.memory is not None:
+                    self.memory.add("comm_buffer", -staging.numel() * staging.element_size())
+            unit.rs_handles.clear()
+            if unit.ready:
+                raise RuntimeError(f"zero3 unit {unit.name}: {unit.ready}/{len(unit.params)} gradients arrived; every "
+                                   f"parameter must receive a gradient each step")
+            if unit.gather_handle is not None:  # a prefetch nobody used (the first unit, in backward)
+                unit.gather_handle.wait()
+                unit.gather_handle, unit.gathered = None, True
+            self._free(unit)
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        zero = torch.zeros((), device=self.units[0].shard.device)
+        sq = sum((u.shard.grad.float().pow(2).sum() for u in self.units), zero).reshape(1).clone()
+        self.comm.all_reduce(sq, "dp", label="zero grad norm")
+        return sq[0]
+
+    def clip(self, coef: torch.Tensor) -> None:
+        for u in self.units:
+            u.shard.grad.mul_(coef)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        for u in self.units:
+            u.shard.grad.zero_()
+
+    def grad_tensors(self) -> list[torch.Tensor]:
+        return [u.shard.grad for u in self.units]
+
+    def param_tensors(self) -> list[torch.Tensor]:
+        return [u.shard for u in self.units]
+
+    def padding(self) -> int:
+        return sum(u.flat.numel() - sum(p.numel() for p in u.params) for u in self.units)
+
+
+def gpt_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The GPT's ZeRO-3 units, in forward order."""
+    units: list[tuple[str, nn.Module]] = []
+    if getattr(model, "first", True):
+        units += [("wte", model.wte), ("wpe", model.wpe)]
+    units += [(f"blocks.{k}", b) for k, b in model.blocks.items()]
+    if getattr(model, "last", True):
+        units += [("ln_f", model.ln_f), ("head", model.head)]
+    return units
