@@ -6,7 +6,8 @@ from workbench.viz.pipeline import bubble_vs_m, planned, planned_vs_measured
 from workbench.viz.ring import ring_all_reduces, ring_steps
 from workbench.viz.tensor_parallel import shard_table, tp_shards
 from workbench.viz.timeline import overlap_table, timeline
+from workbench.viz.zero import formula_figure, stages_side_by_side
 
 __all__ = ["bubble_vs_m", "compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
-           "planned", "planned_vs_measured",
+           "formula_figure", "planned", "planned_vs_measured", "stages_side_by_side",
            "ring_all_reduces", "ring_steps", "shard_table", "timeline", "tp_shards"]

@@ -1,0 +1,130 @@
+"""Our ZeRO-1 against torch's ZeroRedundancyOptimizer (with DDP), and our ZeRO-3 against FSDP2
+(`torch.distributed.fsdp.fully_shard`), same model, batch and world size, interleaved in one run.
+
+    python benchmarks/zero_vs_torch.py                 # 2 ranks, `small` model
+    python benchmarks/zero_vs_torch.py --ranks 4 --rounds 30
+
+Each round runs one training step (forward, backward, gradient synchronisation, AdamW) of each of
+the four, in alternating order; rank 0 prints the medians and the ratios ours / torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def launch(args: argparse.Namespace) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
+           os.path.abspath(__file__)]
+    return subprocess.call(cmd, env=env)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workbench.comm.traced import Communicator
+    from workbench.config import PRESETS
+    from workbench.engine.data import global_batch, shard_rows
+    from workbench.engine.model import GPT
+    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.parallel.zero import ZeroDataParallel
+    from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
+    from workbench.trace.recorder import TraceRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = PRESETS[args.model]
+    x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
+    x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)
+    grid = RankGrid(dp=world)
+    groups = ProcessGroups.create(grid, rank, 120)
+    comm = Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace))
+
+    z1_model = GPT(cfg, seed=0)
+    z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb, 1e-4, 0.0)
+    z3_model = GPT(cfg, seed=0)
+    z3 = Zero3DataParallel(gpt_units(z3_model), comm, 1e-4, 0.0)
+
+    ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
+    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False)
+    fsdp_model = GPT(cfg, seed=0)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in fsdp_model.blocks.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(fsdp_model, mesh=mesh)
+    fsdp_opt = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4, foreach=False)
+
+    def ours(model, sync):  # noqa: ANN001, ANN202
+        def step() -> None:
+            model(x, y).backward()
+            sync.finish()
+            sync.step()
+            sync.zero_grad()
+        return step
+
+    def torch_zero1() -> None:
+        ddp(x, y).backward()
+        zro.step()
+        zro.zero_grad(set_to_none=False)
+
+    def torch_fsdp2() -> None:
+        fsdp_model(x, y).backward()
+        fsdp_opt.step()
+        fsdp_opt.zero_grad()
+
+    candidates = {"ours ZeRO-1": ours(z1_model, z1), "ZeroRedundancyOptimizer": torch_zero1,
+                  "ours ZeRO-3": ours(z3_model, z3), "FSDP2": torch_fsdp2}
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for i in range(args.rounds + args.warmup):
+        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
+            dist.barrier()
+            t = time.perf_counter()
+            candidates[name]()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t)
+    med = {}
+    for name, ts in times.items():
+        t_med = torch.tensor([statistics.median(ts)])
+        dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
+        med[name] = t_med.item()
+    if rank == 0:
+        print(f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "
+              f"{args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
+        for ours_name, ref in (("ours ZeRO-1", "ZeroRedundancyOptimizer"), ("ours ZeRO-3", "FSDP2")):
+            print(f"  {ours_name:<12} {med[ours_name] * 1e3:8.2f} ms   {ref:<24} {med[ref] * 1e3:8.2f} ms   "
+                  f"ratio = {med[ours_name] / med[ref]:.3f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="small")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--bucket-mb", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
+    else:
+        sys.exit(launch(parse(sys.argv[1:])))

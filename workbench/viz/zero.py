@@ -1,0 +1,74 @@
+"""ZeRO charts: model-state memory per rank across stages, measured beside predicted, and the formula
+explorer of Rajbhandari et al. (Ψ, N, stage) that reproduces the paper's 7.5B-on-64-GPUs example."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from workbench import formulas
+from workbench.run import Run
+from workbench.viz.memory import CATEGORY_COLORS
+
+STATES = ("parameter", "gradient", "optimizer_state")
+
+
+def stages_side_by_side(runs: dict[str, Run], rank: int = 0) -> go.Figure:
+    """One pair of stacked bars per run (measured peak, predicted) for one rank."""
+    fig = go.Figure()
+    for cat in (*STATES, "activation", "temporary", "comm_buffer"):
+        x0, x1, y = [], [], []
+        for name, run in runs.items():
+            r = next(x for x in run.summary["ranks"] if x["rank"] == rank)
+            for kind, source in (("measured", r["peak_bytes"]), ("predicted", r["predicted_bytes"])):
+                x0.append(name)
+                x1.append(kind)
+                y.append(source.get(cat, 0) / 1e6)
+        if any(y):
+            fig.add_trace(go.Bar(x=[x0, x1], y=y, name=cat, marker_color=CATEGORY_COLORS.get(cat, "#888"),
+                                 hovertemplate=f"{cat}: %{{y:.4f}} MB<extra></extra>"))
+    fig.update_layout(barmode="stack", yaxis_title="MB (peak per category)",
+                      title=f"memory of rank {rank} — ZeRO stages side by side, measured beside predicted")
+    return fig
+
+
+def formula_figure(params: float, n: int, precision: str = "mixed", highlight: int | None = None) -> go.Figure:
+    """Model states per GPU (GB = 1e9 bytes) for stages 0–3."""
+    fig = go.Figure()
+    names = [f"stage {z}" for z in range(4)]
+    per_stage = [formulas.model_state_bytes(params, n, z, precision) for z in range(4)]
+    for cat in STATES:
+        fig.add_trace(go.Bar(x=names, y=[s[cat] / 1e9 for s in per_stage], name=cat,
+                             marker_color=CATEGORY_COLORS[cat]))
+    totals = [sum(s.values()) / 1e9 for s in per_stage]
+    fig.add_trace(go.Scatter(x=names, y=totals, mode="text", text=[f"{t:.1f} GB" for t in totals],
+                             textposition="top center", showlegend=False))
+    if highlight is not None:
+        fig.add_vrect(x0=highlight - 0.45, x1=highlight + 0.45, line_width=2, line_color="black",
+                      fillcolor="rgba(0,0,0,0)")
+    fig.update_layout(barmode="stack", yaxis_title="GB of model states per GPU",
+                      title=f"Ψ = {params / 1e9:g} B parameters on N = {n} GPUs ({precision})")
+    return fig
+
+
+def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed"):  # noqa: ANN201
+    """Sliders for Ψ (billions), N and the stage; the chart and the per-GPU total follow."""
+    import ipywidgets as widgets
+
+    psi = widgets.FloatLogSlider(value=params / 1e9, base=10, min=-1, max=3, step=0.01, description="Ψ (B)")
+    gpus = widgets.IntSlider(value=n, min=1, max=1024, description="N (GPUs)")
+    stage = widgets.IntSlider(value=3, min=0, max=3, description="stage")
+    prec = widgets.Dropdown(options=["mixed", "fp32"], value=precision, description="precision")
+    out = widgets.Output()
+    text = widgets.HTML()
+
+    def draw(_: object = None) -> None:
+        states = formulas.model_state_bytes(psi.value * 1e9, gpus.value, stage.value, prec.value)
+        text.value = f"<b>ZeRO-{stage.value}: {sum(states.values()) / 1e9:.2f} GB of model states per GPU</b>"
+        out.clear_output(wait=True)
+        with out:
+            formula_figure(psi.value * 1e9, gpus.value, prec.value, stage.value).show()
+
+    for w in (psi, gpus, stage, prec):
+        w.observe(draw, names="value")
+    draw()
+    return widgets.VBox([widgets.HBox([psi, gpus]), widgets.HBox([stage, prec]), text, out])
