@@ -63,6 +63,6 @@ def test_zero_charts_and_the_papers_example(launched):
     runs = {"dp": launched(dp=2), "zero3": launched(dp=2, zero=3)}
     assert len(viz.stages_side_by_side(runs).data) >= 3
     fig = viz.formula_figure(7.5e9, 64, "mixed")
-    totals = [t for t in fig.data if t.mode == "text"][0].text
+    totals = [t for t in fig.data if t.type == "scatter"][0].text
     assert list(totals) == ["120.0 GB", "31.4 GB", "16.6 GB", "1.9 GB"]
     assert formula_explorer() is not None
