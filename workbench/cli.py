@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=d.steps)
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument("--lr", type=float, default=d.lr)
+    run.add_argument("--lr-schedule", default=d.lr_schedule, choices=("constant", "cosine"))
+    run.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     run.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
     run.add_argument("--backend", default=d.backend, choices=BACKENDS,
                      help="auto: nccl where CUDA is present, else gloo")
@@ -74,7 +76,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
         microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
         recompute=a.recompute, sequence_parallel=a.sequence_parallel, global_batch=a.global_batch,
-        steps=a.steps, seed=a.seed, lr=a.lr, grad_clip=a.grad_clip or None, backend=a.backend,
+        steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
+        grad_clip=a.grad_clip or None, backend=a.backend,
         allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
     )

@@ -72,7 +72,6 @@ PRESETS: dict[str, ModelConfig] = {
 #: is removed when its strategy lands; `validate()` names the missing feature.
 NOT_BUILT_YET = {
     "precision": "mixed precision (precision other than fp32)",
-    "recompute": "activation recomputation",
 }
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -107,6 +106,10 @@ class RunConfig:
     steps: int = 20
     seed: int = 0
     lr: float = 3e-3
+    #: 'constant', or 'cosine' decay to lr·min_lr_ratio; a linear warm-up of warmup_steps comes first
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
     backend: str = "auto"
@@ -158,6 +161,9 @@ class RunConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("allreduce", self.allreduce, ALLREDUCE)
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        _choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        if self.warmup_steps < 0 or self.warmup_steps >= self.steps and self.warmup_steps > 0:
+            raise ConfigError(f"warmup_steps={self.warmup_steps}: must be ≥ 0 and below steps={self.steps}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"zero={self.zero!r}: valid stages are 0, 1, 2, 3")
         if self.fault is not None:
@@ -246,7 +252,6 @@ class RunConfig:
     def _reject_not_built(self) -> None:
         unbuilt = {
             "precision": self.precision != "fp32",
-            "recompute": self.recompute != "none",
         }
         for key, asked in unbuilt.items():
             if asked and key in NOT_BUILT_YET:

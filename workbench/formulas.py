@@ -52,6 +52,27 @@ def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_val
     return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t + stats)
 
 
+def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none") -> tuple[float, float]:
+    """(bytes a block keeps after forward, bytes held on top while one block is recomputed in backward).
+
+    full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
+                in 16-bit; the rerun of one block rebuilds everything else it saves.
+    selective:  keeps all but the attention core's tensors: the softmax probabilities (a·s²·b/t) are
+                dropped; rerunning the core rebuilds them, plus contiguous copies of q, k, v (3·sbh/t)
+                that the batched matmuls save.
+    """
+    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
+    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    if recompute == "full":
+        kept = w * s * b * h / (t if sequence_parallel else 1)
+        return kept, whole - kept
+    if recompute == "selective":
+        probs = w * a * s * s * b / t
+        return whole - probs, probs + w * 3 * s * b * h / t
+    return whole, 0.0
+
+
 def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False) -> float:
     """What the first stage saves besides its blocks: token ids (int64) for the embedding lookup,
@@ -76,9 +97,10 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
 
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
-                           tp: int = 1, sequence_parallel: bool = False) -> float:
+                           tp: int = 1, sequence_parallel: bool = False, recompute: str = "none") -> float:
     """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
-    out = cfg.layers // stages * activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute)
+    out = cfg.layers // stages * kept
     if stage == 0:
         out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
     if stage == stages - 1:
@@ -87,9 +109,11 @@ def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stage
 
 
 def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                     sequence_parallel: bool = False) -> float:
-    """All bytes saved for backward by one forward of a micro-batch through the whole model on one rank."""
-    return stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel)
+                     sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Peak bytes saved for backward by one micro-batch through the whole model on one rank: what the
+    forward keeps, plus — with recomputation — the one block being recomputed during backward."""
+    _, transient = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute)
+    return stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute) + transient
 
 
 def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1) -> int:

@@ -164,19 +164,22 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     width = 4 if precision == "fp32" else 2
+    rc = config.get("recompute", "none")
     if config.get("pp", 1) == 1 and m == 1:
-        return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp)}
+        return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp, rc)}
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward; the peak is what the schedule makes the rank hold at once
     sched = _schedule(config)
-    stage_bytes = {k: formulas.stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp)
+    stage_bytes = {k: formulas.stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc)
                    for k in range(sched.stages)}
     live = peak = 0.0
     for a in sched.actions[pp_rank]:
         if a.kind in ("F", "B"):
             live += stage_bytes[a.stage] if a.kind == "F" else -stage_bytes[a.stage]
             peak = max(peak, live)
-    return {**states, "activation": peak}
+    # with recomputation, one block's rerun sits on top during some backward (an upper bound here)
+    transient = formulas.recompute_activation_bytes(model, micro, width, tp, sp, rc)[1]
+    return {**states, "activation": peak + transient}
 
 
 def _schedule(config: dict[str, Any]) -> Schedule:

@@ -96,9 +96,10 @@ class MemoryTracker:
 
     # ---- activations -------------------------------------------------------------------------
     @contextmanager
-    def count_saved_activations(self) -> Iterator[None]:
-        """Inside the block, every tensor autograd saves for backward adds to `activation`."""
-        seen: set[int] = set()
+    def count_saved_activations(self, already: Iterable[torch.Tensor] = ()) -> Iterator[None]:
+        """Inside the block, every tensor autograd saves for backward adds to `activation` (once per
+        storage; `already` lists tensors whose storage is counted elsewhere)."""
+        seen: set[int] = {t.untyped_storage().data_ptr() for t in already}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             s = t.untyped_storage()

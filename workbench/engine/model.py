@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.engine.recompute import Recompute
 from workbench.parallel.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -64,9 +65,10 @@ def _layer_norm(h: int, tp: TPContext | None) -> nn.LayerNorm:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "",
+                 recompute: Recompute | None = None) -> None:
         super().__init__()
-        self.head_dim = cfg.head_dim
+        self.head_dim, self.layer, self.rc = cfg.head_dim, layer, recompute
         self.qkv = _column(cfg.hidden, 3 * cfg.hidden, tp, f"{layer}.attn.qkv", groups=3)
         self.proj = _row(cfg.hidden, cfg.hidden, tp, f"{layer}.attn.proj")
         mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
@@ -78,10 +80,16 @@ class CausalSelfAttention(nn.Module):
         h = three_h // 3
         heads = h // self.head_dim
         q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in qkv.split(h, dim=-1))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        if self.rc is not None and self.rc.mode == "selective":  # keep q, k, v; recompute the rest
+            return self.proj(self.rc.run(f"{self.layer}.attn core", self.core, q, k, v))
+        return self.proj(self.core(q, k, v))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) inputs, returned as (b, s, heads·d)."""
+        b, heads, s, d = q.shape
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         probs = scores.masked_fill(self.mask[:s, :s], float("-inf")).softmax(dim=-1)
-        y = (probs @ v).transpose(1, 2).reshape(b, s, h)
-        return self.proj(y)
+        return (probs @ v).transpose(1, 2).reshape(b, s, heads * d)
 
 
 class MLP(nn.Module):
@@ -95,14 +103,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "",
+                 recompute: Recompute | None = None) -> None:
         super().__init__()
+        self.layer, self.rc = layer, recompute
         self.ln_1 = _layer_norm(cfg.hidden, tp)
-        self.attn = CausalSelfAttention(cfg, tp, layer)
+        self.attn = CausalSelfAttention(cfg, tp, layer, recompute)
         self.ln_2 = _layer_norm(cfg.hidden, tp)
         self.mlp = MLP(cfg, tp, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rc is not None and self.rc.mode == "full":  # keep only the input; rerun in backward
+            return self.rc.run(self.layer, self.body, x)
+        return self.body(x)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -114,7 +129,8 @@ class GPT(nn.Module):
     each stage exactly its slice of the single-process model."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, tp: TPContext | None = None,
-                 layers: range | None = None, first: bool = True, last: bool = True) -> None:
+                 layers: range | None = None, first: bool = True, last: bool = True,
+                 recompute: Recompute | None = None) -> None:
         super().__init__()
         self.cfg, self.tp, self.first, self.last = cfg, tp, first, last
         layers = range(cfg.layers) if layers is None else layers
@@ -124,7 +140,7 @@ class GPT(nn.Module):
             self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
             if tp is not None and tp.sequence_parallel:
                 self.wpe.weight.sequence_parallel_partial = True
-        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, f"blocks.{i}") for i in layers})
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, f"blocks.{i}", recompute) for i in layers})
         if last:
             self.ln_f = _layer_norm(cfg.hidden, tp)
             self.head = _column(cfg.hidden, cfg.vocab_size, tp, "head")

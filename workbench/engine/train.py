@@ -29,8 +29,10 @@ from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
 from workbench.engine.data import global_batch, shard_rows
 from workbench.engine.device import sync_compute
+from workbench.engine.lr_schedule import lr_at
 from workbench.engine.memory import MemoryTracker
 from workbench.engine.model import GPT
+from workbench.engine.recompute import Recompute
 from workbench.grid import ProcessGroups, RankGrid
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.tensor_parallel import TensorParallelGrads
@@ -150,16 +152,17 @@ def train(ctx: RankContext) -> dict[str, Any]:
     tp = None
     if cfg.tp > 1:
         tp = TPContext(comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel)
+    recompute = Recompute(cfg.recompute, rec, memory) if cfg.recompute != "none" else None
     executor = None
     pipelined = cfg.pp > 1 or cfg.microbatches > 1  # pipeline stages (or gradient accumulation, pp = 1)
     if pipelined:
         schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
                                   cfg.virtual_stages)
-        chunks = build_stages(mcfg, schedule, ctx.groups.index("pp"), cfg.seed, tp, ctx.device)
+        chunks = build_stages(mcfg, schedule, ctx.groups.index("pp"), cfg.seed, tp, ctx.device, recompute)
         model: torch.nn.Module = torch.nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
         with torch.device(ctx.device):  # parameters are created on the device, one full tensor at a time
-            model = GPT(mcfg, seed=cfg.seed, tp=tp)
+            model = GPT(mcfg, seed=cfg.seed, tp=tp, recompute=recompute)
     params = list(model.parameters())
     n_params = mcfg.param_count()
     rec.info["param_shapes"] = {_full_name(name): list(p.shape) for name, p in model.named_parameters()}
@@ -221,7 +224,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
                 sync.finish()
                 if tp_grads is not None:
                     tp_grads.finish()
-            with rec.span("optimizer", "optimizer", "compute", step=step):
+            lr = lr_at(step, cfg.lr, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr):
                 if cfg.zero:
                     grad_norm = clip_sharded(sync, cfg.grad_clip, comm if cfg.pp > 1 else None)
                     sync.step()  # AdamW on this rank's partition, then all-gather the parameters

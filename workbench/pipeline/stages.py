@@ -13,6 +13,7 @@ from torch import nn
 
 from workbench.config import ModelConfig
 from workbench.engine.model import GPT
+from workbench.engine.recompute import Recompute
 from workbench.parallel.tp_communications import TPContext
 from workbench.pipeline.schedule import Schedule
 
@@ -23,7 +24,7 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
 
 
 def build_stages(cfg: ModelConfig, schedule: Schedule, pp_rank: int, seed: int, tp: TPContext | None,
-                 device: torch.device) -> dict[int, nn.Module]:
+                 device: torch.device, recompute: Recompute | None = None) -> dict[int, nn.Module]:
     """The chunks (stage index → module) that live on pipeline rank `pp_rank`."""
     chunks: dict[int, nn.Module] = {}
     last = schedule.stages - 1
@@ -31,5 +32,5 @@ def build_stages(cfg: ModelConfig, schedule: Schedule, pp_rank: int, seed: int, 
         stage = chunk * schedule.p + pp_rank
         with torch.device(device):
             chunks[stage] = GPT(cfg, seed=seed, tp=tp, layers=stage_layers(cfg.layers, schedule.stages, stage),
-                                first=stage == 0, last=stage == last)
+                                first=stage == 0, last=stage == last, recompute=recompute)
     return chunks

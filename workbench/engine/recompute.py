@@ -1,0 +1,69 @@
+"""Activation recomputation (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost";
+selective recomputation: Korthikanti et al. 2022, §5).
+
+    full        each transformer block keeps only its input; in backward the block's forward runs
+                again (a `recompute` span in the trace) and its backward follows at once.
+    selective   only the attention core — scores, softmax, weighted sum — is recomputed: the a·s²·b
+                term of the activations (the softmax probabilities) is never kept.
+
+`Recompute.run(name, fn, *inputs)` is the mechanism: an autograd function that runs `fn` without
+keeping its intermediate tensors, saves `inputs`, and in backward reruns `fn` with gradients on and
+back-propagates through it. The bytes the rerun saves are counted as activations while they live, so
+the memory counters show the one layer being recomputed on top of the saved inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from workbench.engine.memory import MemoryTracker
+from workbench.trace.recorder import TraceRecorder
+
+
+@dataclass
+class Recompute:
+    mode: str  # "none", "selective" or "full"
+    recorder: TraceRecorder | None = None
+    memory: MemoryTracker | None = None
+
+    def run(self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        return _Recompute.apply(self, name, fn, *inputs)
+
+
+class _Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rc, name, fn, *inputs):  # noqa: ANN001
+        ctx.rc, ctx.name, ctx.fn = rc, name, fn
+        ctx.save_for_backward(*inputs)
+        with torch.no_grad():
+            return fn(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        rc: Recompute = ctx.rc
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        memory, before = rc.memory, rc.memory.current["activation"] if rc.memory is not None else 0
+        span = rc.recorder.span(f"recompute {ctx.name}", "recompute", "compute", layer=ctx.name) \
+            if rc.recorder is not None else _null()
+        with span, torch.enable_grad():
+            if memory is not None:
+                with memory.count_saved_activations(already=inputs):
+                    out = ctx.fn(*inputs)
+                memory.snapshot()
+            else:
+                out = ctx.fn(*inputs)
+        torch.autograd.backward(out, grad)
+        if memory is not None:  # the recomputed layer's tensors are released by its backward
+            memory.add("activation", before - memory.current["activation"])
+        return (None, None, None, *[t.grad if t.requires_grad else None for t in inputs])
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
