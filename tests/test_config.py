@@ -22,16 +22,6 @@ def test_heads_not_dividing_hidden():
         RunConfig(model=ModelConfig(hidden=32, heads=5)).validate()
 
 
-@pytest.mark.parametrize("change, feature", [
-
-    ({"precision": "bf16"}, "mixed precision"), ({"recompute": "full"}, "recomputation"),
-
-])
-def test_dimensions_not_built_yet_are_named(change, feature):
-    with pytest.raises(ConfigError, match=feature):
-        RunConfig(**change).validate()
-
-
 @pytest.mark.parametrize("change", [{"dp": 0}, {"schedule": "zigzag"}, {"model": "huge"}, {"zero": 4},
                                     {"allreduce": "tree"}, {"bucket_mb": 0}, {"steps": -1}])
 def test_invalid_values_are_rejected(change):

@@ -90,10 +90,11 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
     total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
     targets and their mask."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
+    # the loss runs in fp32 whatever the activations' precision: its saved softmax is 4 bytes a value
     if t == 1:
-        return w * (2 * s * b * h + 2 * s * b) + w * s * b * v + 8 * s * b + 4
+        return w * (2 * s * b * h + 2 * s * b) + 4 * s * b * v + 8 * s * b + 4
     split = t if sequence_parallel else 1
-    return w * (2 * s * b * h + 2 * s * b) / split + w * s * b * v / t + 8 * s * b + s * b
+    return w * (2 * s * b * h + 2 * s * b) / split + 4 * s * b * v / t + 8 * s * b + s * b
 
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,

@@ -242,7 +242,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
     if pp > 1:
-        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * 4
+        width = 4 if config.get("precision", "fp32") == "fp32" else 2
+        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width
         transfers = sum((k < stages - 1) + (k > 0) for k in mine) * m * buffer  # each way, per step
         out["send"] = {"pp": transfers}
         out["recv"] = {"pp": transfers}

@@ -79,7 +79,8 @@ class MemoryTracker:
         self.peak_total = max(self.peak_total, sum(self.current.values()))
 
     def count_model_states(self, params: list[torch.nn.Parameter], optimizer: Any | None = None,
-                           grads: Iterable[torch.Tensor | None] | None = None) -> None:
+                           grads: Iterable[torch.Tensor | None] | None = None,
+                           extra_state: Iterable[torch.Tensor] = ()) -> None:
         """Re-count parameter, gradient and optimizer-state bytes from the live tensors."""
         self.current["parameter"] = storage_bytes(params)
         self.current["gradient"] = storage_bytes(grads if grads is not None else (p.grad for p in params))
@@ -90,7 +91,7 @@ class MemoryTracker:
                 for key, value in state.items():
                     if torch.is_tensor(value):
                         (other if key == "step" else moments).append(value)
-        self.current["optimizer_state"] = storage_bytes(moments)
+        self.current["optimizer_state"] = storage_bytes([*moments, *extra_state])  # + fp32 master weights
         self.current["other"] = storage_bytes(other)
         self._update_peaks()
 

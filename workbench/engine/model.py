@@ -180,6 +180,7 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
+        logits = logits.float()  # the loss in fp32 whatever the activations' precision (a no-op in fp32)
         if self.tp is not None:
             return vocab_parallel_cross_entropy(logits, targets, self.tp)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

@@ -31,6 +31,7 @@ from workbench.engine.data import global_batch, shard_rows
 from workbench.engine.device import sync_compute
 from workbench.engine.lr_schedule import lr_at
 from workbench.engine.memory import MemoryTracker
+from workbench.engine.mixed_precision import DTYPES, MixedPrecisionOptimizer
 from workbench.engine.model import GPT
 from workbench.engine.recompute import Recompute
 from workbench.grid import ProcessGroups, RankGrid
@@ -133,7 +134,9 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
         return
     if cfg.fault == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-    time.sleep(10 * cfg.timeout_s)  # "hang": the other ranks must time out, not wait forever
+    if cfg.fault == "hang":
+        time.sleep(10 * cfg.timeout_s)  # the other ranks must time out, not wait forever
+    # "overflow" is injected into the loss scale of that step (see train)
 
 
 def train(ctx: RankContext) -> dict[str, Any]:
@@ -163,6 +166,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
     else:
         with torch.device(ctx.device):  # parameters are created on the device, one full tensor at a time
             model = GPT(mcfg, seed=cfg.seed, tp=tp, recompute=recompute)
+    if cfg.precision != "fp32":  # 16-bit parameters (and so activations and gradients)
+        model.to(DTYPES[cfg.precision])
     params = list(model.parameters())
     n_params = mcfg.param_count()
     rec.info["param_shapes"] = {_full_name(name): list(p.shape) for name, p in model.named_parameters()}
@@ -183,14 +188,21 @@ def train(ctx: RankContext) -> dict[str, Any]:
         micro = cfg.local_batch // cfg.microbatches
         seq = mcfg.seq_len // (cfg.tp if cfg.sequence_parallel else 1)
         executor = PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, comm, memory,
-                                    (micro, seq, mcfg.hidden), ctx.device, sync)
+                                    (micro, seq, mcfg.hidden), ctx.device, sync,
+                                    DTYPES.get(cfg.precision, torch.float32))
+    mixed = None
     if cfg.zero:  # the optimizer updates only this rank's partition
         optimizer = sync.optimizer
+    elif cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
+        mixed = MixedPrecisionOptimizer(params, comm, cfg.precision, cfg.lr, cfg.weight_decay,
+                                        cfg.loss_scale_init, cfg.loss_scale_growth_interval)
+        optimizer = mixed
     else:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     state_params = sync.param_tensors() if cfg.zero == 3 else params  # what the parameter category holds
+    masters = mixed.state_tensors() if mixed is not None else []
     memory.register_model(model)
-    memory.count_model_states(state_params, optimizer, sync.grad_tensors())
+    memory.count_model_states(state_params, optimizer, sync.grad_tensors(), masters)
     memory.snapshot()
 
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
@@ -204,7 +216,11 @@ def train(ctx: RankContext) -> dict[str, Any]:
             inject_fault(cfg, ctx.rank, step)
             x, y = global_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size)
             x, y = shard_rows(x, dp_index, dp_size).to(ctx.device), shard_rows(y, dp_index, dp_size).to(ctx.device)
+            scale = mixed.scale if mixed is not None else 1.0
+            if cfg.fault == "overflow" and ctx.rank == cfg.fault_rank and step == cfg.fault_step:
+                scale = float("inf")  # an injected overflow: this rank's gradients become inf/NaN
             if executor is not None:
+                executor.loss_scale = scale
                 # each microbatch a tensor of its own, so a forward keeps only its own ids alive
                 xs, ys = ([t.clone() for t in z.chunk(cfg.microbatches)] for z in (x, y))
                 loss = executor.run(xs, ys, step)
@@ -215,10 +231,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
                     sync_compute(ctx.device)
                 memory.snapshot()
                 with rec.span("backward", "backward", "compute", step=step, microbatch=0):
-                    loss.backward()
+                    (loss * scale if scale != 1.0 else loss).backward()
                     sync_compute(ctx.device)
             memory.set("activation", 0)
-            memory.count_model_states(state_params, optimizer, sync.grad_tensors())
+            memory.count_model_states(state_params, optimizer, sync.grad_tensors(), masters)
             memory.snapshot()
             with rec.span("gradient sync", "wait", "wait", step=step):
                 sync.finish()
@@ -227,8 +243,11 @@ def train(ctx: RankContext) -> dict[str, Any]:
             lr = lr_at(step, cfg.lr, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr):
-                if cfg.zero:
+            with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr) as opt_args:
+                if mixed is not None:
+                    grad_norm = mixed_precision_step(mixed, cfg.grad_clip, tp, comm if cfg.pp > 1 else None)
+                    opt_args.update(loss_scale=mixed.scale, skipped=mixed.skipped)
+                elif cfg.zero:
                     grad_norm = clip_sharded(sync, cfg.grad_clip, comm if cfg.pp > 1 else None)
                     sync.step()  # AdamW on this rank's partition, then all-gather the parameters
                 else:
@@ -236,7 +255,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
                     optimizer.step()
                 sync.zero_grad()
                 sync_compute(ctx.device)
-            memory.count_model_states(state_params, optimizer, sync.grad_tensors())
+            memory.count_model_states(state_params, optimizer, sync.grad_tensors(), masters)
             memory.snapshot()
             loss_sum = loss.detach().reshape(1).clone()
             if cfg.pp > 1:  # the loss lives on the last stage: bring it to every stage
@@ -248,10 +267,13 @@ def train(ctx: RankContext) -> dict[str, Any]:
         rec.flush()
         if ctx.rank == 0:
             tokens = cfg.global_batch * mcfg.seq_len
+            norm = grad_norm if grad_norm == grad_norm else None  # a skipped step has no gradient norm
+            row = {"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"], "grad_norm": norm,
+                   "step_time_s": dt, "tokens": tokens, "tokens_per_s": tokens / dt}
+            if mixed is not None and cfg.precision == "fp16":
+                row.update(loss_scale=mixed.scale, skipped=mixed.skipped)
             with open(metrics_path, "a") as f:
-                f.write(json.dumps({"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"],
-                                    "grad_norm": grad_norm, "step_time_s": dt, "tokens": tokens,
-                                    "tokens_per_s": tokens / dt}) + "\n")
+                f.write(json.dumps(row) + "\n")
     return {"step_time_s": statistics.median(step_times) if step_times else None, "loss": loss_value,
             "memory_peaks": memory.peaks(), "params": n_params}
 
@@ -267,6 +289,20 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None, tp:
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
+    return float(total)
+
+
+def mixed_precision_step(mixed: MixedPrecisionOptimizer, max_norm: float | None, tp: TPContext | None,
+                         pp_comm: Communicator | None) -> float:
+    """Skip on overflow (halving the fp16 scale); else unscale into the fp32 masters, clip, update."""
+    if mixed.found_overflow():
+        mixed.update_scale(True)
+        return float("nan")
+    mixed.unscaled_master_grads()
+    total = tp_grad_norm(mixed.masters, tp, pp_comm)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0) if max_norm is not None else None
+    mixed.step(coef)
+    mixed.update_scale(False)
     return float(total)
 
 

@@ -38,10 +38,12 @@ def tag(kind: str, stage: int) -> int:
 class PipelineExecutor:
     def __init__(self, schedule: Schedule, rank: int, chunks: dict[int, nn.Module], comm: Communicator,
                  memory: MemoryTracker, hidden_shape: tuple[int, ...], device: torch.device,
-                 grad_sync: Any = None) -> None:
+                 grad_sync: Any = None, dtype: torch.dtype = torch.float32) -> None:
         self.schedule, self.rank, self.chunks, self.comm = schedule, rank, chunks, comm
         self.memory, self.hidden_shape, self.device, self.grad_sync = memory, hidden_shape, device, grad_sync
+        self.dtype = dtype  # of the activations and gradients that travel between stages
         self.actions = schedule.actions[rank]
+        self.loss_scale = 1.0  # fp16: the backward runs on loss × scale
         self.pp_ranks = comm.groups.ranks["pp"]
         last_b: dict[int, int] = {}
         for i, a in enumerate(self.actions):
@@ -70,7 +72,7 @@ class PipelineExecutor:
                     "microbatch": a.microbatch, "action": a.kind}
             with rec.span(str(a), "schedule", "schedule", **args):
                 if a.kind == "RECV_F":
-                    buf = torch.empty(self.hidden_shape, device=self.device)
+                    buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
                     self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
                     stage_in[key] = buf.requires_grad_()
                 elif a.kind == "F":
@@ -93,7 +95,7 @@ class PipelineExecutor:
                     sends.append(self.comm.isend(out, self._peer(a.peer), "pp", label=str(a),
                                                  tag=tag(a.kind, a.peer)))
                 elif a.kind == "RECV_B":
-                    buf = torch.empty(self.hidden_shape, device=self.device)
+                    buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
                     self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
                     grad_out[key] = buf
                 elif a.kind == "B":
@@ -104,7 +106,7 @@ class PipelineExecutor:
                         if key in grad_out:
                             torch.autograd.backward(out, grad_out.pop(key))
                         else:
-                            out.backward()
+                            (out * self.loss_scale if self.loss_scale != 1.0 else out).backward()
                         sync_compute(self.device)
                     self.memory.add("activation", -act_bytes.pop(key))
                     self.memory.snapshot()

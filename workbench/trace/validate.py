@@ -153,12 +153,12 @@ def validate_run(run_dir: str) -> list[str]:
                 flows[e["id"]][e["ph"]] += 1
             args = e.get("args", {})
             if e.get("cat") == "collective" and e.get("ph") in ("X", "b") and not args.get("async"):
-                key = (tuple(args.get("group_ranks", ())), args.get("seq"))
+                key = (args.get("group"), tuple(args.get("group_ranks", ())), args.get("seq"))
                 seqs[key].add((args.get("op"), args.get("bytes")))
     for fid, c in flows.items():
         if c["s"] != 1 or c["f"] != 1:
             errors.append(f"flow {fid}: {c['s']} start(s) and {c['f']} end(s); want one of each")
     for key, variants in seqs.items():
         if len(variants) > 1:
-            errors.append(f"collective seq {key[1]} on group {list(key[0])} differs across ranks: {variants}")
+            errors.append(f"collective seq {key[2]} on group {key[0]} {list(key[1])} differs across ranks: {variants}")
     return errors
