@@ -57,8 +57,9 @@ def test_accumulating_k_microbatches_equals_one_k_times_larger_batch(launched, s
 def test_gradient_sync_runs_only_on_the_last_microbatch(launched):
     run = launched(dp=2, microbatches=4, bucket_mb=0.02)
     ev = run.events
-    buckets = ev[(ev.kind == "async") & ev.label.fillna("").str.startswith("bucket") & (ev.step == 1) & (ev["rank"] == 0)]
-    backward = ev[(ev.cat == "backward") & (ev.step == 1) & (ev["rank"] == 0)].sort_values("start_us")
+    mine = ev[(ev.step == 1) & (ev["rank"] == 0)]
+    buckets = mine[(mine.kind == "async") & mine.label.fillna("").str.startswith("bucket")]
+    backward = mine[mine.cat == "backward"].sort_values("start_us")
     last_backward_start = backward.start_us.iloc[-1]
     assert len(buckets) > 0 and (buckets.start_us >= last_backward_start).all()
 
