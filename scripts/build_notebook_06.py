@@ -46,7 +46,8 @@ mp = {"fp32": run("fp32", dp=2, steps=20), "bf16": run("bf16", dp=2, precision="
       "fp16": run("fp16", dp=2, precision="fp16", steps=20)}
 viz.loss_curves(mp).show()
 psi = mp["fp32"].config["params"]
-pd.DataFrame({name: {k: r.summary["ranks"][0]["peak_bytes"][k] / psi for k in ("parameter", "gradient", "optimizer_state")}
+states = ("parameter", "gradient", "optimizer_state")
+pd.DataFrame({name: {k: r.summary["ranks"][0]["peak_bytes"][k] / psi for k in states}
               for name, r in mp.items()}).rename_axis("bytes per parameter")
 """),
 md("""
