@@ -17,18 +17,11 @@ count on a shared machine; absolute times are printed for context.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 
-
-def launch(args: argparse.Namespace) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
-           os.path.abspath(__file__)]
-    return subprocess.call(cmd, env=env)
+from harness import common_arguments, entry, interleaved_medians
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -84,22 +77,7 @@ def worker(args: argparse.Namespace) -> None:
 
     candidates = {"ours": lambda: step_ours(ours, ours_sync, ours_opt), "ddp": step_ddp,
                   "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt)}
-    times: dict[str, list[float]] = {k: [] for k in candidates}
-    for i in range(args.rounds + args.warmup):
-        order = list(candidates) if i % 2 == 0 else list(reversed(candidates))
-        for name in order:
-            dist.barrier()
-            t = time.perf_counter()
-            candidates[name]()
-            dt = time.perf_counter() - t
-            if i >= args.warmup:
-                times[name].append(dt)
-    # the slowest rank sets the step time
-    med = {}
-    for name, ts in times.items():
-        m = torch.tensor([statistics.median(ts)])
-        dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        med[name] = m.item()
+    med = interleaved_medians(candidates, args.rounds, args.warmup)
 
     # ring vs backend all-reduce bandwidth
     rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=False)
@@ -138,19 +116,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default="small")
+    p = common_arguments(__doc__)
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--bucket-mb", type=float, default=4.0)
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bw-repeats", type=int, default=10)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ:
-        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
-    else:
-        sys.exit(launch(parse(sys.argv[1:])))
+    sys.exit(entry(__file__, parse, worker))

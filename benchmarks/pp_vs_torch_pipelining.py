@@ -15,20 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-
-def launch(args: argparse.Namespace) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
-           os.path.abspath(__file__)]
-    rc = subprocess.call(cmd, env=env)
-    if rc == 0 and args.bubble:
-        bubble_table(args)
-    return rc
+from harness import common_arguments, entry, interleaved_medians
 
 
 def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
@@ -112,20 +101,7 @@ def worker(args: argparse.Namespace) -> None:
         ref_opt.step()
         ref_opt.zero_grad()
 
-    candidates = {"ours": step_ours, "torch": step_ref}
-    times: dict[str, list[float]] = {k: [] for k in candidates}
-    for i in range(args.rounds + args.warmup):
-        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
-            dist.barrier()
-            t = time.perf_counter()
-            candidates[name]()
-            if i >= args.warmup:
-                times[name].append(time.perf_counter() - t)
-    med = {}
-    for name, ts in times.items():
-        t_med = torch.tensor([statistics.median(ts)])
-        dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
-        med[name] = t_med.item()
+    med = interleaved_medians({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench 1F1B vs torch.distributed.pipelining Schedule1F1B — model {args.model}, p={world}, "
               f"m={m}, batch {args.batch}, {args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
@@ -136,20 +112,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default="small")
+    p = common_arguments(__doc__, rounds=15)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--bubble", action="store_true")
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ:
-        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
-    else:
-        sys.exit(launch(parse(sys.argv[1:])))
+    sys.exit(entry(__file__, parse, worker, after=lambda a: bubble_table(a) if a.bubble else None))

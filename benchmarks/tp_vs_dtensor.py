@@ -13,18 +13,9 @@ workbench's Megatron-style layers with the vocabulary-parallel loss. Each round 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
 import sys
-import time
 
-
-def launch(args: argparse.Namespace) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
-           os.path.abspath(__file__)]
-    return subprocess.call(cmd, env=env)
+from harness import common_arguments, entry, interleaved_medians
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -82,20 +73,7 @@ def worker(args: argparse.Namespace) -> None:
         ref_opt.step()
         ref_opt.zero_grad()
 
-    candidates = {"ours": step_ours, "dtensor": step_ref}
-    times: dict[str, list[float]] = {k: [] for k in candidates}
-    for i in range(args.rounds + args.warmup):
-        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
-            dist.barrier()
-            t = time.perf_counter()
-            candidates[name]()
-            if i >= args.warmup:
-                times[name].append(time.perf_counter() - t)
-    med = {}
-    for name, ts in times.items():
-        m = torch.tensor([statistics.median(ts)])
-        dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        med[name] = m.item()
+    med = interleaved_medians({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, "
               f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} "
@@ -107,18 +85,10 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default="small")
+    p = common_arguments(__doc__)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ:
-        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
-    else:
-        sys.exit(launch(parse(sys.argv[1:])))
+    sys.exit(entry(__file__, parse, worker))

@@ -11,18 +11,9 @@ the four, in alternating order; rank 0 prints the medians and the ratios ours / 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
 import sys
-import time
 
-
-def launch(args: argparse.Namespace) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
-           os.path.abspath(__file__)]
-    return subprocess.call(cmd, env=env)
+from harness import common_arguments, entry, interleaved_medians
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -88,19 +79,7 @@ def worker(args: argparse.Namespace) -> None:
 
     candidates = {"ours ZeRO-1": ours(z1_model, z1), "ZeroRedundancyOptimizer": torch_zero1,
                   "ours ZeRO-3": ours(z3_model, z3), "FSDP2": torch_fsdp2}
-    times: dict[str, list[float]] = {k: [] for k in candidates}
-    for i in range(args.rounds + args.warmup):
-        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
-            dist.barrier()
-            t = time.perf_counter()
-            candidates[name]()
-            if i >= args.warmup:
-                times[name].append(time.perf_counter() - t)
-    med = {}
-    for name, ts in times.items():
-        t_med = torch.tensor([statistics.median(ts)])
-        dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
-        med[name] = t_med.item()
+    med = interleaved_medians(candidates, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "
               f"{args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
@@ -112,19 +91,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default="small")
+    p = common_arguments(__doc__, rounds=15)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--bucket-mb", type=float, default=4.0)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ:
-        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
-    else:
-        sys.exit(launch(parse(sys.argv[1:])))
+    sys.exit(entry(__file__, parse, worker))

@@ -1,20 +1,7 @@
 """Regenerates notebooks/01_data_parallel.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-nb = nbf.v4.new_notebook()
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb.cells = [
+write([
 md("""
 # 1 · Data parallelism, for real
 
@@ -165,6 +152,4 @@ code("""
 print(os.path.abspath(dp2.path))
 sorted(os.listdir(dp2.path))
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "01_data_parallel.ipynb"))
+], "01_data_parallel.ipynb")

@@ -1,19 +1,7 @@
 """Regenerates notebooks/02_tensor_parallel.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb = nbf.v4.new_notebook()
-nb.cells = [
+write([
 md("""
 # 2 · Tensor parallelism (Megatron-style), with sequence parallelism
 
@@ -146,6 +134,4 @@ and row biases stay whole on every rank).
 code("""
 viz.memory_breakdown(runs["dp=2 × tp=2"]).show()
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "02_tensor_parallel.ipynb"))
+], "02_tensor_parallel.ipynb")

@@ -1,19 +1,7 @@
 """Regenerates notebooks/03_pipeline_parallel.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb = nbf.v4.new_notebook()
-nb.cells = [
+write([
 md("""
 # 3 · Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B
 
@@ -139,6 +127,4 @@ code("""
 ev = runs["1F1B p=2 m=4"].events
 ev[(ev.lane == "schedule") & (ev.step == STEPS - 1) & (ev["rank"] == 0)][["name", "start_us", "dur_us"]].head(12)
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "03_pipeline_parallel.ipynb"))
+], "03_pipeline_parallel.ipynb")

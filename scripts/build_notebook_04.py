@@ -1,19 +1,7 @@
 """Regenerates notebooks/04_zero.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb = nbf.v4.new_notebook()
-nb.cells = [
+write([
 md("""
 # 4 · ZeRO: partition the optimizer states, the gradients, the parameters
 
@@ -115,6 +103,4 @@ Supported: ZeRO-1/2/3 over data parallelism; ZeRO-1 beside pipeline parallelism.
 launch, with the reason: ZeRO with tensor parallelism, ZeRO-2/3 with pipelines, ZeRO-3 with gradient
 accumulation. `--offload-optimizer` is a stated no-op on a CPU run (the optimizer is already in host memory).
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "04_zero.ipynb"))
+], "04_zero.ipynb")

@@ -1,19 +1,7 @@
 """Regenerates notebooks/05_3d_parallel.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb = nbf.v4.new_notebook()
-nb.cells = [
+write([
 md("""
 # 5 · 3D parallelism: data × tensor × pipeline on 8 ranks
 
@@ -97,6 +85,4 @@ viz.timeline(three_d, steps=[STEPS - 1], ranks=[0, 1, 4, 5],
 code("""
 viz.memory_breakdown(three_d).show()
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "05_3d_parallel.ipynb"))
+], "05_3d_parallel.ipynb")

@@ -1,19 +1,7 @@
 """Regenerates notebooks/06_training_techniques.ipynb (outputs stripped). Edit here, then run it."""
-import os
+from notebook_cells import code, md, write
 
-import nbformat as nbf
-
-
-def md(text):
-    return nbf.v4.new_markdown_cell(text.strip())
-
-
-def code(text):
-    return nbf.v4.new_code_cell(text.strip())
-
-
-nb = nbf.v4.new_notebook()
-nb.cells = [
+write([
 md("""
 # 6 · Training techniques: mixed precision, loss scaling, accumulation, recomputation, warm-up
 
@@ -110,7 +98,4 @@ lr_run = run("warmup-cosine", lr_schedule="cosine", warmup_steps=5, steps=30, lr
 px.line(lr_run.metrics, x="step", y=["lr"], title="learning rate: 5 warm-up steps, cosine to 10 %").show()
 px.line(lr_run.metrics, x="step", y="loss", title="loss").show()
 """),
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks",
-                           "06_training_techniques.ipynb"))
+], "06_training_techniques.ipynb")

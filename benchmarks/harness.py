@@ -1,0 +1,66 @@
+"""What every benchmark shares: it starts itself under torchrun, times candidates interleaved (so
+they see the same machine noise), and reports the slowest rank's median per candidate."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+
+def self_launch(script: str, ranks: int) -> int:
+    """Run `script` on `ranks` processes (torchrun's free port, one thread per rank); its argv travels
+    in WB_BENCH_ARGS."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+           os.path.abspath(script)]
+    return subprocess.call(cmd, env=env)
+
+
+def common_arguments(doc: str | None, **defaults: object) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=defaults.get("ranks", 2))
+    p.add_argument("--model", default=defaults.get("model", "small"))
+    p.add_argument("--rounds", type=int, default=defaults.get("rounds", 20))
+    p.add_argument("--warmup", type=int, default=defaults.get("warmup", 3))
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
+    return p
+
+
+def interleaved_medians(candidates: dict[str, Callable[[], None]], rounds: int, warmup: int) -> dict[str, float]:
+    """Each round runs every candidate once (order reversed every other round, a barrier before each);
+    returns each candidate's median over the timed rounds, the slowest rank's."""
+    import torch
+    import torch.distributed as dist
+
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for i in range(rounds + warmup):
+        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
+            dist.barrier()
+            t = time.perf_counter()
+            candidates[name]()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, ts in times.items():
+        med = torch.tensor([statistics.median(ts)])
+        dist.all_reduce(med, op=dist.ReduceOp.MAX)
+        out[name] = med.item()
+    return out
+
+
+def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker: Callable[[argparse.Namespace], None],
+          after: Callable[[argparse.Namespace], None] | None = None) -> int:
+    """The benchmark's main: under torchrun run the worker, else start torchrun (then `after`)."""
+    if "RANK" in os.environ:
+        worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
+        return 0
+    args = parse(sys.argv[1:])
+    rc = self_launch(script, args.ranks)
+    if rc == 0 and after is not None:
+        after(args)
+    return rc

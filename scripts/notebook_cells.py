@@ -1,0 +1,21 @@
+"""Helpers for the notebook builders (scripts/build_notebook_*.py): cells from text, and writing a
+notebook with outputs stripped into notebooks/."""
+
+import os
+
+import nbformat as nbf
+
+
+def md(text: str):  # noqa: ANN201
+    return nbf.v4.new_markdown_cell(text.strip())
+
+
+def code(text: str):  # noqa: ANN201
+    return nbf.v4.new_code_cell(text.strip())
+
+
+def write(cells: list, name: str) -> None:
+    nb = nbf.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", name))
