@@ -1,0 +1,147 @@
+"""Strategies side by side: `compare(configs) -> Comparison`.
+
+Each RunConfig is launched in turn (a progress bar per run), checked against a single-process run of
+the same model, seed and batch, and summarised in one row of `Comparison.table`: strategy, world size,
+median step time, tokens/s, achieved FLOP/s and utilisation against the machine's measured peak, peak
+memory per category, bytes moved per step, bubble fraction, loss difference from the baseline — and
+the estimate (workbench.estimate) beside each measurement with its error.
+
+    cmp = workbench.compare([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, model="tiny", steps=4)])
+    cmp.table; cmp.bars(); cmp.timelines(); cmp.memory(); cmp.report("traces/compare")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench import formulas
+from workbench.config import RunConfig
+from workbench.estimate import Hardware, estimate
+from workbench.launcher import launch
+from workbench.run import Run
+
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary")
+
+
+def strategy_name(c: RunConfig) -> str:
+    parts = [f"{axis}{getattr(c, axis)}" for axis in ("dp", "tp", "pp") if getattr(c, axis) > 1] or ["1 process"]
+    if c.zero:
+        parts.append(f"zero{c.zero}")
+    if c.pp > 1:
+        parts.append(f"{c.schedule} m{c.microbatches}")
+    elif c.microbatches > 1:
+        parts.append(f"accum{c.microbatches}")
+    if c.sequence_parallel:
+        parts.append("sp")
+    if c.precision != "fp32":
+        parts.append(c.precision)
+    if c.recompute != "none":
+        parts.append(f"recompute-{c.recompute}")
+    return " ".join(parts)
+
+
+@dataclass
+class Comparison:
+    runs: dict[str, Run]
+    baseline: Run
+    table: pd.DataFrame
+
+    def bars(self) -> go.Figure:
+        t = self.table
+        fig = go.Figure([go.Bar(x=t.strategy, y=1e3 * t.step_time_s, name="measured"),
+                         go.Bar(x=t.strategy, y=1e3 * t.predicted_step_time_s, name="estimated")])
+        fig.update_layout(barmode="group", yaxis_title="median step time (ms)", title="step time per strategy")
+        return fig
+
+    def timelines(self) -> go.Figure:
+        """Each run's last step, rank 0's compute and communication, on one time axis."""
+        names = list(self.runs)
+        fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)
+        for i, name in enumerate(names, start=1):
+            ev = self.runs[name].events
+            step = ev.step.max()
+            ev = ev[(ev.step == step) & (ev["rank"] == 0) & (ev.cat != "step")]
+            t0 = ev.start_us.min()
+            for cat, g in ev.groupby("cat"):
+                fig.add_trace(go.Bar(y=g.lane, x=g.dur_us / 1e3, base=(g.start_us - t0) / 1e3, orientation="h",
+                                     name=cat, legendgroup=cat, showlegend=i == 1), row=i, col=1)
+        fig.update_layout(barmode="overlay", height=200 * len(names), title="rank 0, last step, one time axis (ms)")
+        return fig
+
+    def memory(self) -> go.Figure:
+        fig = go.Figure()
+        for cat in CATEGORIES:
+            col = f"peak_{cat}_bytes"
+            if self.table[col].any():
+                fig.add_trace(go.Bar(x=self.table.strategy, y=self.table[col] / 1e6, name=cat))
+        fig.add_trace(go.Scatter(x=self.table.strategy, y=self.table.predicted_memory_bytes / 1e6, mode="markers",
+                                 marker={"symbol": "x", "size": 12, "color": "black"}, name="estimated"))
+        fig.update_layout(barmode="stack", yaxis_title="MB, rank 0", title="memory per rank by category")
+        return fig
+
+    def report(self, out_dir: str) -> str:
+        """Write table.csv and report.html (opens without Jupyter); return the report's path."""
+        os.makedirs(out_dir, exist_ok=True)
+        self.table.to_csv(os.path.join(out_dir, "table.csv"), index=False)
+        path = os.path.join(out_dir, "report.html")
+        parts = [f.to_html(full_html=False, include_plotlyjs="cdn" if i else True)
+                 for i, f in enumerate((self.bars(), self.memory(), self.timelines()))]
+        with open(path, "w") as f:
+            f.write("<html><head><meta charset='utf-8'><title>workbench comparison</title></head><body>"
+                    "<h1>Strategies side by side</h1>" + self.table.to_html(index=False, float_format="%.4g")
+                    + "".join(parts) + "</body></html>")
+        return path
+
+
+def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
+    c = RunConfig.from_dict(_request(run))
+    s = run.summary
+    r0 = s["ranks"][0]
+    step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
+    tokens = c.global_batch * c.model_config.seq_len
+    flops = formulas.training_flops_per_token(c.model_config.param_count(), c.model_config) * tokens
+    est = estimate(c, hardware=hw)
+    measured_mem = sum(r0["peak_bytes"].get(k, 0) for k in ("parameter", "gradient", "optimizer_state", "activation"))
+    row = {"strategy": name, "world_size": c.world_size, "step_time_s": step, "tokens_per_s": tokens / step,
+           "achieved_flops": flops / step,
+           "utilisation": flops / step / (hw.peak_flops * c.world_size) if hw else None,
+           **{f"peak_{k}_bytes": r0["peak_bytes"].get(k, 0) for k in CATEGORIES},
+           "bytes_moved_per_step": r0["bytes_moved_per_step"],
+           "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
+           "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),
+           "predicted_step_time_s": est.step_time_s,
+           "step_time_error": (est.step_time_s - step) / step if est.step_time_s else None,
+           "predicted_memory_bytes": est.memory_bytes_per_rank,
+           "memory_error": (est.memory_bytes_per_rank - measured_mem) / measured_mem}
+    return row
+
+
+def _request(run: Run) -> dict:
+    import json
+
+    with open(os.path.join(run.path, "request.json")) as f:
+        return json.load(f)
+
+
+def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "compare"),
+            hardware: Hardware | None = None, progress: bool = True) -> Comparison:
+    """Launch each configuration, and one single-process baseline of the first one's model and batch."""
+    for c in configs:
+        c.validate()
+    first = configs[0]
+    base_cfg = first.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
+                             precision="fp32", recompute="none", name=None)
+    baseline = launch(base_cfg, os.path.join(out_dir, "baseline"), progress=progress)
+    runs: dict[str, Run] = {}
+    for i, c in enumerate(configs):
+        name = strategy_name(c)
+        if name in runs:
+            name = f"{name} ({i})"
+        runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress)
+    table = pd.DataFrame([_row(n, r, baseline, hardware) for n, r in runs.items()])
+    return Comparison(runs, baseline, table)

@@ -1,0 +1,176 @@
+"""Predict before running: memory per rank, bytes moved per step, the bubble, and step time — from
+the formulas of ../shared/formulas.md and a description of the hardware.
+
+    estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank   # 1.875e9
+    estimate(RunConfig(dp=2, tp=2), hardware=calibrate())                                 # a local run
+    estimate(model=GPT3_175B, dp=8, tp=8, pp=12, precision="mixed", global_batch=1536,
+             microbatches=192, recompute="selective", hardware=A100_80GB)
+
+Step time = compute / (1 − bubble) + the communication that is not hidden:
+- compute: training FLOPs (6Ψ + 12·L·h·s per token; × 4/3 with full recomputation, which runs the
+  forward twice) over the world, at the hardware's peak × its achievable fraction (`efficiency`);
+- tensor-parallel collectives (on the critical path): their bytes at the intra-node bandwidth plus a
+  latency per collective; pipeline sends likewise at the inter-node bandwidth;
+- the data-parallel gradient all-reduce (2Ψ values, 3Ψ for ZeRO-3), at the bandwidth of the links its
+  group spans, counted whole (a pessimistic bound: bucketing hides part of it).
+
+No torch here: the planner calls it thousands of times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbench import formulas
+from workbench.config import ModelConfig, RunConfig
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # per device, for the run's precision
+    memory_bytes: float  # per device
+    intra_node_bw: float  # bus bandwidth within a node, bytes/s (nccl-tests' busbw)
+    inter_node_bw: float  # bus bandwidth across nodes, per device, bytes/s
+    latency_s: float = 10e-6  # per collective or transfer
+    devices_per_node: int = 8
+    efficiency: float = 0.5  # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
+    usable_memory: float = 0.85  # headroom for the allocator, workspaces and the CUDA context
+    step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
+    cores: int | None = None  # CPUs: ranks beyond the core count share them
+
+
+A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8)
+H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8)
+
+#: GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, sequence 2048.
+GPT3_175B = ModelConfig(vocab_size=51200, seq_len=2048, hidden=12288, heads=96, layers=96)
+
+
+@dataclass
+class Estimate:
+    params: float
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    precision: str
+    model_state_bytes: dict[str, float]
+    model_state_bytes_per_rank: float
+    activation_bytes_per_rank: float | None = None
+    memory_bytes_per_rank: float | None = None
+    comm_bytes_per_step: dict[str, float] = field(default_factory=dict)  # group -> bytes each rank sends
+    bubble_fraction: float = 0.0
+    flops_per_step: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    step_time_s: float | None = None
+    fits: bool | None = None
+    hardware: str | None = None
+    microbatches: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _width(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def estimate(config: RunConfig | None = None, *, params: float | None = None, model: ModelConfig | None = None,
+             dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, precision: str = "mixed",
+             global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
+             sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
+             hardware: Hardware | None = None) -> Estimate:
+    """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
+    (with dropout masks) instead of the count of what our GPT saves."""
+    if config is not None:
+        model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
+        precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
+        virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
+    if params is None:
+        if model is None:
+            raise ValueError("estimate needs a RunConfig, a model, or params=")
+        params = model.param_count()
+    w = _width(precision)
+    # model states: what one rank holds of its tp × pp shard, partitioned over dp by ZeRO
+    local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
+    states = formulas.model_state_bytes(local, dp, zero, precision)
+    out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches)
+    out.comm_bytes_per_step["dp"] = formulas.dp_bytes_per_step(local, dp, zero, grad_bytes=w)
+    if model is None or global_batch is None:
+        return _timed(out, hardware, None)
+    micro = global_batch // dp // microbatches
+    # activations: the first stage holds the most microbatches (1F1B: min(p, m); GPipe would hold m)
+    in_flight = min(pp, microbatches) if pp > 1 else 1
+    layers = model.layers // pp
+    if activations == "megatron":
+        sbh, a_s_h = model.seq_len * micro * model.hidden, model.heads * model.seq_len / model.hidden
+        per_layer = formulas.korthikanti_activation_bytes_per_layer(model, micro, tp)
+        if sequence_parallel:  # Korthikanti et al. Table 2
+            per_layer = sbh * (34 + 5 * a_s_h) / tp
+        if recompute == "full":
+            per_layer = 2 * sbh / (tp if sequence_parallel else 1)
+        elif recompute == "selective":
+            per_layer = sbh * 34 / tp if sequence_parallel else sbh * (10 + 24 / tp)
+        act = in_flight * layers * per_layer
+    else:
+        stages = pp * virtual_stages
+        kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
+        act = in_flight * virtual_stages * kept + \
+            formulas.recompute_activation_bytes(model, micro, w, tp, sequence_parallel, recompute)[1]
+    out.activation_bytes_per_rank = act
+    out.memory_bytes_per_rank = out.model_state_bytes_per_rank + act
+    out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
+    tokens = global_batch * model.seq_len
+    factor = 4 / 3 if recompute == "full" else 1.0
+    out.flops_per_step = formulas.training_flops_per_token(params, model) * tokens * factor
+    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sequence_parallel, microbatches,
+                                               model.layers // pp, True, pp == 1, w)
+    sent = {"all_reduce": 2 * (tp - 1) / tp, "all_gather": (tp - 1) / tp, "reduce_scatter": (tp - 1) / tp}
+    out.comm_bytes_per_step["tp"] = sum(sent[op] * b for op, b in tp_bytes.items())
+    if pp > 1:
+        seq = model.seq_len // (tp if sequence_parallel else 1)
+        out.comm_bytes_per_step["pp"] = 2 * microbatches * micro * seq * model.hidden * w
+    return _timed(out, hardware, model)
+
+
+def collectives_per_step(e: Estimate, model: ModelConfig) -> dict[str, int]:
+    """How many collectives a step issues per group — each pays the latency, whatever its size.
+    Data parallel: one gradient all-reduce (at least; more buckets overlap), or ZeRO's reduce-scatter
+    and all-gather per bucket, or ZeRO-3's three per layer; plus the loss. Tensor parallel: four per
+    block and microbatch, two for the embedding and head, three for the loss, one for the norm."""
+    layers = model.layers // e.pp
+    if e.zero == 3:
+        dp = 3 * (layers + 4) + 2
+    elif e.zero:
+        dp = 2 + 2
+    else:
+        dp = 1 + 1 if e.dp > 1 else 0
+    tp = e.microbatches * (4 * layers + 2 + 3) + 1 if e.tp > 1 else 0
+    return {"dp": dp, "tp": tp}
+
+
+def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Estimate:
+    if hw is None:
+        return out
+    out.hardware = hw.name
+    if out.memory_bytes_per_rank is not None:
+        out.fits = out.memory_bytes_per_rank <= hw.usable_memory * hw.memory_bytes
+    if out.flops_per_step is None or model is None:
+        return out
+    world = out.dp * out.tp * out.pp
+    share = max(1.0, world / hw.cores) if hw.cores else 1.0  # oversubscribed CPU cores
+    compute = out.flops_per_step / world / (hw.peak_flops * hw.efficiency) * share
+    intra = out.tp * out.dp <= hw.devices_per_node  # does the dp group stay inside a node?
+    m = out.microbatches
+    tp_s = out.comm_bytes_per_step.get("tp", 0.0) / hw.intra_node_bw + \
+        collectives_per_step(out, model)["tp"] * hw.latency_s
+    dp_s = out.comm_bytes_per_step.get("dp", 0.0) / (hw.intra_node_bw if intra else hw.inter_node_bw) + \
+        collectives_per_step(out, model)["dp"] * hw.latency_s
+    pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
+    out.compute_s = compute
+    out.comm_s = tp_s + dp_s + pp_s
+    out.step_time_s = compute / (1 - out.bubble_fraction) + out.comm_s + hw.step_overhead_s * share
+    return out

@@ -1,0 +1,88 @@
+"""The planner: search dp × tp × pp × ZeRO × microbatches for a model on a cluster, keep what fits in
+memory, rank by estimated step time, and say why.
+
+    plan(GPT3_175B, Cluster(nodes=96, hardware=A100_80GB), global_batch=1536, zero_stages=(0,),
+         recompute="selective").best        # tp 8, pp 12, dp 8: the brief's (and Megatron's) layout
+
+Rules, the field's: tensor parallelism stays inside a node (t divides the GPUs per node and the heads);
+pipeline stages divide the layers; 1F1B with microbatches of `micro_batch` sequences; memory per GPU
+must fit `usable_memory` of the device (allocator and workspace headroom).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from workbench.config import ModelConfig
+from workbench.estimate import Estimate, Hardware, estimate
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    hardware: Hardware
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.hardware.devices_per_node
+
+
+@dataclass
+class Plan:
+    candidates: pd.DataFrame  # every layout tried: sizes, memory, fit, estimated step time
+    best: dict | None
+    explanation: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return "\n".join(self.explanation)
+
+
+def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
+         zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
+         sequence_parallel: bool = False) -> Plan:
+    hw, world = cluster.hardware, cluster.gpus
+    rows = []
+    for tp in (t for t in range(1, hw.devices_per_node + 1) if hw.devices_per_node % t == 0 and model.heads % t == 0):
+        for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
+            dp = world // (tp * pp)
+            if global_batch % (dp * micro_batch):
+                continue
+            m = global_batch // (dp * micro_batch)
+            for zero in zero_stages:
+                if zero >= 2 and pp > 1:
+                    continue  # partitioned gradients and parameters per microbatch: not with pipelines
+                e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
+                                       global_batch=global_batch, microbatches=m, recompute=recompute,
+                                       sequence_parallel=sequence_parallel, activations="megatron", hardware=hw)
+                rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m,
+                             "model_states_GB": e.model_state_bytes_per_rank / 1e9,
+                             "activations_GB": e.activation_bytes_per_rank / 1e9,
+                             "memory_GB": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
+                             "bubble": e.bubble_fraction, "step_time_s": e.step_time_s})
+    table = pd.DataFrame(rows).sort_values(["fits", "step_time_s", "memory_GB"], ascending=[False, True, True])
+    table = table.reset_index(drop=True)
+    fitting = table[table.fits]
+    best = fitting.iloc[0].to_dict() if len(fitting) else None
+    usable = hw.usable_memory * hw.memory_bytes / 1e9
+    why = [f"{model.param_count() / 1e9:.1f} B parameters on {cluster.nodes} × {hw.devices_per_node} {hw.name}; "
+           f"{len(table)} layouts tried, {len(fitting)} fit in {usable:.0f} GB per GPU "
+           f"({hw.usable_memory:.0%} of {hw.memory_bytes / 1e9:.0f} GB)."]
+    if best is not None:
+        why.append(f"best: tp {best['tp']} × pp {best['pp']} × dp {best['dp']}, ZeRO-{best['zero']}, "
+                   f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "
+                   f"({best['model_states_GB']:.1f} model states + {best['activations_GB']:.1f} activations), "
+                   f"bubble {best['bubble']:.1%}, about {best['step_time_s']:.1f} s per step.")
+        why.append(f"tp {best['tp']}: tensor parallelism moves activations in every layer, so it stays inside a "
+                   f"node's {hw.devices_per_node} GPUs; pp {best['pp']}: of the layouts that fit, the one with the "
+                   f"shortest estimated step (fewer stages: less bubble, more memory); dp takes the remaining "
+                   f"factor of {world}.")
+        smaller = table[(table.tp == best["tp"]) & (table.pp < best["pp"]) & (table.zero == best["zero"])]
+        if len(smaller):
+            s = smaller.sort_values("pp").iloc[-1]
+            why.append(f"pp {s['pp']} would need {s['memory_GB']:.1f} GB per GPU: "
+                       f"{'fits' if s['fits'] else 'does not fit'}.")
+    else:
+        why.append("no layout fits: add GPUs, recompute activations, or shard more (ZeRO).")
+    return Plan(table, best, why)
