@@ -5,6 +5,7 @@
     workbench run --dp 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500   # on each machine
     workbench validate traces/dp2        # check the traces against docs/run-format.md
     workbench show traces/dp2            # the summary: step time, overlap, memory measured vs predicted
+    workbench compare '{"dp": 2}' '{"dp": 2, "zero": 3}' --out traces/compare   # table.csv + report.html
 
 A bad configuration is reported (exit code 2) before any process starts.
 """
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the first machine")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
+    cmp.add_argument("configs", nargs="+",
+                     help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
+    cmp.add_argument("--out", default="traces/compare", help="where the runs, table.csv and report.html go")
+    cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
+
     for name, text in (("validate", "check a run's traces against the run format"),
                        ("show", "print a run's summary")):
         p = sub.add_parser(name, help=text)
@@ -105,6 +112,32 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    import os
+
+    from workbench.compare import compare
+
+    configs = []
+    try:
+        for text in a.configs:
+            if os.path.exists(text):
+                with open(text) as f:
+                    text = f.read()
+            configs.append(RunConfig.from_dict(json.loads(text)).validate())
+    except (ConfigError, json.JSONDecodeError) as e:
+        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    hw = None
+    if not a.no_calibrate:
+        from workbench.calibrate import calibrate
+
+        hw = calibrate(configs[0].model)
+    result = compare(configs, a.out, hardware=hw)
+    print(result.table.to_string(index=False))
+    print(f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv")
+    return 0
+
+
 def print_summary(run_dir: str) -> None:
     from workbench.run import load
 
@@ -135,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             print(e)
         print(f"{a.run_dir}: {'valid' if not errors else f'{len(errors)} problem(s)'}")
         return 1 if errors else 0
+    if a.command == "compare":
+        return cmd_compare(a)
     if a.command == "show":
         print_summary(a.run_dir)
         return 0

@@ -1,0 +1,51 @@
+"""The estimator and the planner reproduce the brief's numbers; compare() tabulates real runs."""
+
+import pytest
+
+import workbench as wb
+from workbench.estimate import A100_80GB, GPT3_175B, estimate
+from workbench.plan import Cluster, plan
+
+
+def test_the_zero_papers_example():
+    assert estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank == 1.875e9
+    gb = [estimate(params=7.5e9, dp=64, zero=z, precision="mixed").model_state_bytes_per_rank / 1e9 for z in (0, 1, 2)]
+    assert gb == [120.0, pytest.approx(31.4, abs=0.05), pytest.approx(16.6, abs=0.05)]
+
+
+def test_the_planner_puts_gpt3_175b_on_tp8_pp12_dp8_like_megatron():
+    """96 nodes × 8 A100 80 GB, global batch 1536, mixed precision, selective recomputation, no ZeRO
+    (Megatron's setting): the fastest layout that fits is the brief's — tensor parallelism inside
+    each node, 12 stages, 8 replicas; 8 stages would not fit."""
+    p = plan(GPT3_175B, Cluster(96, A100_80GB), global_batch=1536, zero_stages=(0,))
+    assert (p.best["tp"], p.best["pp"], p.best["dp"]) == (8, 12, 8)
+    assert 55 < p.best["memory_GB"] < 68
+    pp8 = p.candidates[(p.candidates.tp == 8) & (p.candidates.pp == 8)].iloc[0]
+    assert not pp8.fits
+    assert "tp 8 × pp 12 × dp 8" in "\n".join(p.explanation)
+
+
+def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
+    model = wb.ModelConfig(vocab_size=32000, seq_len=1024, hidden=4096, heads=32, layers=36)  # 7.5 B
+    assert model.param_count() == pytest.approx(7.5e9, rel=0.01)
+    p = plan(model, Cluster(8, A100_80GB), global_batch=512, zero_stages=(3,))
+    zero3_dp64 = p.candidates[(p.candidates.tp == 1) & (p.candidates.pp == 1)].iloc[0]
+    assert zero3_dp64.dp == 64
+    assert zero3_dp64.model_states_GB == pytest.approx(1.9, abs=0.05)
+    assert p.best is not None and p.best["fits"]
+
+
+def test_compare_tabulates_runs_with_estimates(tmp_path):
+    cmp = wb.compare([wb.RunConfig(dp=2, model="tiny", steps=4), wb.RunConfig(dp=2, zero=3, model="tiny", steps=4)],
+                     out_dir=str(tmp_path), progress=False)
+    t = cmp.table
+    assert list(t.strategy) == ["dp2", "dp2 zero3"]
+    for col in ("world_size", "step_time_s", "tokens_per_s", "achieved_flops", "peak_parameter_bytes",
+                "peak_activation_bytes", "bytes_moved_per_step", "bubble_fraction", "loss_diff_vs_baseline",
+                "predicted_memory_bytes", "memory_error"):
+        assert col in t.columns
+    assert (t.loss_diff_vs_baseline < 1e-5).all()
+    assert (t.memory_error.abs() < 0.05).all(), "memory estimated within 5 %"
+    assert t.bytes_moved_per_step.iloc[1] / t.bytes_moved_per_step.iloc[0] == pytest.approx(1.5, rel=0.01)
+    report = cmp.report(str(tmp_path))
+    assert open(report).read().count("plotly") > 0 and (tmp_path / "table.csv").exists()
