@@ -49,3 +49,18 @@ def test_compare_tabulates_runs_with_estimates(tmp_path):
     assert t.bytes_moved_per_step.iloc[1] / t.bytes_moved_per_step.iloc[0] == pytest.approx(1.5, rel=0.01)
     report = cmp.report(str(tmp_path))
     assert open(report).read().count("plotly") > 0 and (tmp_path / "table.csv").exists()
+
+
+def test_compare_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "workbench.cli", "compare", '{"dp": 2, "steps": 3}',
+                        '{"dp": 2, "zero": 1, "steps": 3}', "--out", str(tmp_path), "--no-calibrate"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "table.csv").exists() and (tmp_path / "report.html").exists()
+    assert "dp2 zero1" in (tmp_path / "table.csv").read_text()
+    bad = subprocess.run([sys.executable, "-m", "workbench.cli", "compare", '{"dp": 3}', "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "dp=3" in bad.stderr
