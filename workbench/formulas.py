@@ -166,7 +166,7 @@ def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
 
 def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
                            microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
-                           bytes_per_value: int = 4) -> dict[str, float]:
+                           bytes_per_value: int = 4, recompute: str = "none") -> dict[str, float]:
     """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
     training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
     head and loss if `last` — from the operators our layers use:
@@ -177,6 +177,7 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     and each column layer gathers its input again in backward instead of keeping it (+1 all-gather);
     the gradients left partial (layer norms, positions, row biases) are all-reduced once per step.
     The loss adds three all-reduces of one value per token; the gradient norm one scalar per step.
+    Full recomputation runs each block's forward twice, so its forward collectives twice.
     """
     if tp == 1:
         return {}
@@ -184,9 +185,10 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     L = cfg.layers if layers is None else layers
     full = b * s * h * w
     loss = 3 * b * s * 4 if last else 0
+    again = 2 * L if recompute == "full" else 0  # the forward's collectives of every block, rerun
     if not sequence_parallel:
-        return {"all_reduce": m * ((4 * L + first + last) * full + loss) + 4}
+        return {"all_reduce": m * ((4 * L + again + first + last) * full + loss) + 4}
     partial = L * 6 * h + (s * h if first else 0) + (2 * h if last else 0)
-    return {"all_gather": m * (6 * L + first + 2 * last) * full,
-            "reduce_scatter": m * (4 * L + first + last) * full,
+    return {"all_gather": m * (6 * L + again + first + 2 * last) * full,
+            "reduce_scatter": m * (4 * L + again + first + last) * full,
             "all_reduce": m * loss + 4 * partial + 4}

@@ -233,14 +233,19 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local},
                                             "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
     else:
-        out = {"all_reduce": {"dp": 4 + (4 * local if dp > 1 else 0)}}
+        grad_width = 4 if config.get("precision", "fp32") == "fp32" else 2  # gradients in the model's precision
+        out = {"all_reduce": {"dp": 4 + (grad_width * local if dp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     mine = list(range(pp_rank, stages, pp))
     layers = model.layers // stages * len(mine)
-    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine)
+    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
+                                               4 if config.get("precision", "fp32") == "fp32" else 2,
+                                               config.get("recompute", "none"))
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
+    if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world
+        out["all_reduce"]["world"] = 4
     if pp > 1:
         width = 4 if config.get("precision", "fp32") == "fp32" else 2
         buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width

@@ -51,7 +51,10 @@ class MixedPrecisionOptimizer:
         return list(self.masters)
 
     def found_overflow(self) -> bool:
-        """Whether any rank's gradients hold inf or NaN (all ranks must agree to skip together)."""
+        """Whether any rank's gradients hold inf or NaN (all ranks must agree to skip together). Only
+        fp16 checks: bf16 has fp32's exponent range and is not scaled."""
+        if self.precision != "fp16":
+            return False
         bad = torch.zeros(1, device=self.params[0].device)
         for p in self.params:
             if p.grad is not None and not torch.isfinite(p.grad).all():
