@@ -80,3 +80,15 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     assert validate_run(run.path) == []
     grid = run.config["grid"]
     assert grid["5"] == {"pp": 1, "dp": 0, "tp": 1}
+
+
+@pytest.mark.parametrize("config", [
+    {"recompute": "full", "tp": 2, "sequence_parallel": True},
+    {"dp": 2, "precision": "bf16", "steps": 20},
+    {"dp": 2, "precision": "fp16", "steps": 20},
+    {"model": ModelConfig(layers=4), "dp": 2, "tp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.05},
+], ids=["recompute-tp-sp", "bf16", "fp16", "3d"])
+def test_communication_per_step_equals_the_prediction(launched, config):
+    """Every collective and transfer the step issues, by op and group, as the formulas count them."""
+    for r in launched(**config).summary["ranks"]:
+        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r["rank"]
