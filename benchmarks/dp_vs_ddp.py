@@ -21,40 +21,31 @@ import statistics
 import sys
 import time
 
-from harness import common_arguments, entry, interleaved_medians
+from harness import common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workbench.comm.traced import Communicator
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch, shard_rows
     from workbench.engine.model import GPT
-    from workbench.grid import ProcessGroups, RankGrid
     from workbench.parallel.data_parallel import BucketedDataParallel
-    from workbench.trace.recorder import TraceRecorder
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    grid = RankGrid(dp=world)
-    groups = ProcessGroups.create(grid, rank, 120)
+    rank, world, make_comm = join("dp")
     cfg = PRESETS[args.model]
 
     def make(trace: bool):
         model = GPT(cfg, seed=0)
-        rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=trace)
-        comm = Communicator(groups, rec)
+        comm = make_comm(trace)
         sync = BucketedDataParallel(model, comm, args.bucket_mb)
-        return model, sync, torch.optim.AdamW(model.parameters(), lr=1e-4), rec
+        return model, sync, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    ours, ours_sync, ours_opt, _ = make(trace=True)
-    quiet, quiet_sync, quiet_opt, _ = make(trace=False)
+    ours, ours_sync, ours_opt = make(trace=True)
+    quiet, quiet_sync, quiet_opt = make(trace=False)
     ddp_model = GPT(cfg, seed=0)
     ddp = DDP(ddp_model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
     ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
@@ -80,8 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     med = interleaved_medians(candidates, args.rounds, args.warmup)
 
     # ring vs backend all-reduce bandwidth
-    rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=False)
-    comm = Communicator(groups, rec)
+    comm = make_comm(False)
     bw_rows = []
     for numel in (2**10, 2**14, 2**18, 2**21):
         buf = torch.randn(numel)

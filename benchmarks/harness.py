@@ -64,3 +64,27 @@ def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker:
     if rc == 0 and after is not None:
         after(args)
     return rc
+
+
+def join(axis: str) -> tuple[int, int, Callable[[bool], object]]:
+    """Join the world (gloo, one thread per rank, 120 s timeout) as a one-axis grid along `axis`;
+    returns (rank, world, make_comm) where make_comm(trace) builds a traced Communicator on it."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from workbench.comm.traced import Communicator
+    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.trace.recorder import TraceRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    grid = RankGrid(**{axis: world})
+    groups = ProcessGroups.create(grid, rank, 120)
+
+    def make_comm(trace: bool) -> Communicator:
+        return Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=trace))
+
+    return rank, world, make_comm

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from harness import common_arguments, entry, interleaved_medians
+from harness import common_arguments, entry, interleaved_medians, join
 
 
 def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
@@ -40,36 +40,28 @@ def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from workbench.comm.traced import Communicator
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch
     from workbench.engine.memory import MemoryTracker
-    from workbench.grid import ProcessGroups, RankGrid
     from workbench.pipeline.executor import PipelineExecutor
     from workbench.pipeline.schedule import build_schedule
     from workbench.pipeline.stages import build_stages
-    from workbench.trace.recorder import TraceRecorder
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, make_comm = join("pp")
     cfg = PRESETS[args.model]
     m = args.microbatches
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
     xs, ys = [t.clone() for t in x.chunk(m)], [t.clone() for t in y.chunk(m)]
     device = torch.device("cpu")
 
-    grid = RankGrid(pp=world)
-    groups = ProcessGroups.create(grid, rank, 120)
-    rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace)
-    comm = Communicator(groups, rec)
+    comm = make_comm(args.trace)
+    rec = comm.recorder
     schedule = build_schedule("1f1b", world, m)
     ours_chunks = build_stages(cfg, schedule, rank, 0, None, device)
     executor = PipelineExecutor(schedule, rank, ours_chunks, comm, MemoryTracker(rec, device),

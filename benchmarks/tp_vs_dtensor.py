@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import common_arguments, entry, interleaved_medians
+from harness import common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
@@ -27,24 +26,17 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from workbench.comm.traced import Communicator
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch
     from workbench.engine.model import GPT
-    from workbench.grid import ProcessGroups, RankGrid
     from workbench.parallel.tensor_parallel import TensorParallelGrads
     from workbench.parallel.tp_communications import TPContext
-    from workbench.trace.recorder import TraceRecorder
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, make_comm = join("tp")
     cfg = PRESETS[args.model]
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
 
-    grid = RankGrid(tp=world)
-    groups = ProcessGroups.create(grid, rank, 120)
-    comm = Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace))
+    comm = make_comm(args.trace)
     tp = TPContext(comm, rank, world, sequence_parallel=False)
     ours = GPT(cfg, seed=0, tp=tp)
     ours_grads = TensorParallelGrads(ours, tp)

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import common_arguments, entry, interleaved_medians
+from harness import common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
@@ -26,24 +25,17 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workbench.comm.traced import Communicator
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch, shard_rows
     from workbench.engine.model import GPT
-    from workbench.grid import ProcessGroups, RankGrid
     from workbench.parallel.zero import ZeroDataParallel
     from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
-    from workbench.trace.recorder import TraceRecorder
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, make_comm = join("dp")
     cfg = PRESETS[args.model]
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
     x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)
-    grid = RankGrid(dp=world)
-    groups = ProcessGroups.create(grid, rank, 120)
-    comm = Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=args.trace))
+    comm = make_comm(args.trace)
 
     z1_model = GPT(cfg, seed=0)
     z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb, 1e-4, 0.0)
