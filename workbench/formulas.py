@@ -147,11 +147,6 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-def ring_bytes_sent(nbytes: float, n: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of `nbytes`: 2(n−1)·S/n."""
-    return 2 * (n - 1) * nbytes / n if n > 1 else 0.0
-
-
 def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4) -> float:
     """Gradient-synchronisation bytes each rank sends per step (ring algorithm): 2Ψ·(n−1)/n values
     for plain DP and ZeRO-1/2, 3Ψ·(n−1)/n for ZeRO-3 (parameters gathered twice)."""

@@ -11,8 +11,6 @@ same samples, and a data-parallel rank takes its contiguous slice of rows (`shar
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 BRANCHES = 4
@@ -41,8 +39,3 @@ def shard_rows(x: torch.Tensor, index: int, count: int) -> torch.Tensor:
     memory accounting sees only this rank's share)."""
     per = x.size(0) // count
     return x[index * per:(index + 1) * per].clone()
-
-
-def loss_floor() -> float:
-    """The entropy of the chain: the best loss any model can reach."""
-    return math.log(BRANCHES)

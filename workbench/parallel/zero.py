@@ -35,6 +35,15 @@ def padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
 
+def sharded_grad_norm_sq(shards: list[nn.Parameter], comm: Communicator) -> torch.Tensor:
+    """Squared norm of the whole gradient when each rank holds disjoint slices of it: the slices'
+    squares summed over dp (padding is zero, so it adds nothing)."""
+    sq = sum((s.grad.float().pow(2).sum() for s in shards), torch.zeros((), device=shards[0].device))
+    sq = sq.reshape(1).clone()
+    comm.all_reduce(sq, "dp", label="zero grad norm")
+    return sq[0]
+
+
 @dataclass
 class ZeroBucket:
     index: int
@@ -142,12 +151,7 @@ class ZeroDataParallel:
                 self._finish_bucket(bucket)
 
     def grad_norm_sq(self) -> torch.Tensor:
-        """Squared norm of the whole gradient: the slices' squares summed over dp (padding is zero)."""
-        zero = torch.zeros((), device=self.buckets[0].flat.device)
-        sq = sum((b.shard.grad.float().pow(2).sum() for b in self.buckets), zero)
-        sq = sq.reshape(1).clone()
-        self.comm.all_reduce(sq, "dp", label="zero grad norm")
-        return sq[0]
+        return sharded_grad_norm_sq([b.shard for b in self.buckets], self.comm)
 
     def clip(self, coef: torch.Tensor) -> None:
         for b in self.buckets:
@@ -169,7 +173,3 @@ class ZeroDataParallel:
         """What the gradient category holds: full buffers (stage 1) and the rank's slices."""
         full = [b.grad for b in self.buckets if b.grad is not None]
         return full + [b.shard.grad for b in self.buckets]
-
-    def padding(self) -> int:
-        """Elements of zero padding across all buckets (at most N − 1 per bucket)."""
-        return sum(b.flat.numel() - sum(p.numel() for p in b.params) for b in self.buckets)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.parallel.zero import padded
+from workbench.parallel.zero import padded, sharded_grad_norm_sq
 
 
 @dataclass
@@ -173,10 +173,7 @@ class Zero3DataParallel:
             self._free(unit)
 
     def grad_norm_sq(self) -> torch.Tensor:
-        zero = torch.zeros((), device=self.units[0].shard.device)
-        sq = sum((u.shard.grad.float().pow(2).sum() for u in self.units), zero).reshape(1).clone()
-        self.comm.all_reduce(sq, "dp", label="zero grad norm")
-        return sq[0]
+        return sharded_grad_norm_sq([u.shard for u in self.units], self.comm)
 
     def clip(self, coef: torch.Tensor) -> None:
         for u in self.units:
@@ -194,9 +191,6 @@ class Zero3DataParallel:
 
     def param_tensors(self) -> list[torch.Tensor]:
         return [u.shard for u in self.units]
-
-    def padding(self) -> int:
-        return sum(u.flat.numel() - sum(p.numel() for p in u.params) for u in self.units)
 
 
 def gpt_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
