@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     def step_ours(model, sync, opt):
         loss = model(x, y)
         loss.backward()
-        sync.finish()
+        sync.wait()
         opt.step()
         sync.zero_grad()
 

@@ -48,7 +48,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch
-    from workbench.engine.memory import MemoryTracker
+    from workbench.engine.model import GPT
+    from workbench.measure.memory import MemoryTracker
     from workbench.pipeline.executor import PipelineExecutor
     from workbench.pipeline.schedule import build_schedule
     from workbench.pipeline.stages import build_stages
@@ -57,19 +58,22 @@ def worker(args: argparse.Namespace) -> None:
     cfg = PRESETS[args.model]
     m = args.microbatches
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
-    xs, ys = [t.clone() for t in x.chunk(m)], [t.clone() for t in y.chunk(m)]
     device = torch.device("cpu")
 
     comm = make_comm(args.trace)
     rec = comm.recorder
     schedule = build_schedule("1f1b", world, m)
-    ours_chunks = build_stages(cfg, schedule, rank, 0, None, device)
+
+    def stage(layers: range, first: bool, last: bool) -> GPT:
+        return GPT(cfg, seed=0, layers=layers, first=first, last=last)
+
+    ours_chunks = build_stages(cfg.layers, schedule, rank, stage)
     executor = PipelineExecutor(schedule, rank, ours_chunks, comm, MemoryTracker(rec, device),
                                 (args.batch // m, cfg.seq_len, cfg.hidden), device)
     ours_params = [p for c in ours_chunks.values() for p in c.parameters()]
     ours_opt = torch.optim.AdamW(ours_params, lr=1e-4, foreach=False)
 
-    ref_module = build_stages(cfg, schedule, rank, 0, None, device)[rank]
+    ref_module = build_stages(cfg.layers, schedule, rank, stage)[rank]
     ref_stage = PipelineStage(ref_module, rank, world, device)
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -79,7 +83,7 @@ def worker(args: argparse.Namespace) -> None:
     ref_opt = torch.optim.AdamW(ref_module.parameters(), lr=1e-4, foreach=False)
 
     def step_ours() -> None:
-        executor.run(xs, ys, 0)
+        executor.run(x, y, 0)
         ours_opt.step()
         ours_opt.zero_grad()
 

@@ -29,7 +29,7 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch
     from workbench.engine.model import GPT
-    from workbench.parallel.tensor_parallel import TensorParallelGrads
+    from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
     from workbench.parallel.tp_communications import TPContext
 
     rank, world, make_comm = join("tp")
@@ -38,7 +38,8 @@ def worker(args: argparse.Namespace) -> None:
 
     comm = make_comm(args.trace)
     tp = TPContext(comm, rank, world, sequence_parallel=False)
-    ours = GPT(cfg, seed=0, tp=tp)
+    ours = apply_tensor_parallel(GPT(cfg, seed=0), tp)
+    ours.init_weights(0)  # the shards, cut from each parameter's full initial value
     ours_grads = TensorParallelGrads(ours, tp)
     ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
 
@@ -55,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     def step_ours():
         loss = ours(x, y)
         loss.backward()
-        ours_grads.finish()
+        ours_grads.wait()
         ours_opt.step()
         ours_opt.zero_grad()
 

@@ -28,6 +28,7 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch, shard_rows
     from workbench.engine.model import GPT
+    from workbench.parallel.updater import ShardedAdamWUpdater
     from workbench.parallel.zero import ZeroDataParallel
     from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 
@@ -38,9 +39,11 @@ def worker(args: argparse.Namespace) -> None:
     comm = make_comm(args.trace)
 
     z1_model = GPT(cfg, seed=0)
-    z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb, 1e-4, 0.0)
+    z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb)
+    z1_update = ShardedAdamWUpdater(z1.shards, comm, 1e-4, 0.0, after_step=z1.gather_params)
     z3_model = GPT(cfg, seed=0)
-    z3 = Zero3DataParallel(gpt_units(z3_model), comm, 1e-4, 0.0)
+    z3 = Zero3DataParallel(gpt_units(z3_model), comm)
+    z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, 0.0)
 
     ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
     zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False)
@@ -51,11 +54,11 @@ def worker(args: argparse.Namespace) -> None:
     fully_shard(fsdp_model, mesh=mesh)
     fsdp_opt = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4, foreach=False)
 
-    def ours(model, sync):  # noqa: ANN001, ANN202
+    def ours(model, sync, updater):  # noqa: ANN001, ANN202
         def step() -> None:
             model(x, y).backward()
-            sync.finish()
-            sync.step()
+            sync.wait()
+            updater.step(1e-4, None)
             sync.zero_grad()
         return step
 
@@ -69,8 +72,8 @@ def worker(args: argparse.Namespace) -> None:
         fsdp_opt.step()
         fsdp_opt.zero_grad()
 
-    candidates = {"ours ZeRO-1": ours(z1_model, z1), "ZeroRedundancyOptimizer": torch_zero1,
-                  "ours ZeRO-3": ours(z3_model, z3), "FSDP2": torch_fsdp2}
+    candidates = {"ours ZeRO-1": ours(z1_model, z1, z1_update), "ZeroRedundancyOptimizer": torch_zero1,
+                  "ours ZeRO-3": ours(z3_model, z3, z3_update), "FSDP2": torch_fsdp2}
     med = interleaved_medians(candidates, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "

@@ -16,6 +16,7 @@ SIZES = [1, 2, 3, 7, 64, 1000, 1001, 4099]
 def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     from datetime import timedelta
 
+    from workbench.comm.ring_allreduce import ring_all_reduce
     from workbench.comm.traced import Communicator
     from workbench.grid import ProcessGroups, RankGrid
     from workbench.trace.recorder import TraceRecorder
@@ -33,7 +34,7 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
         noisy = torch.randn(size, generator=g)
         for x, exact_match in ((exact, True), (noisy, False)):
             ours, ref = x.clone(), x.clone()
-            comm.all_reduce(ours, "dp", algorithm="ring")
+            ring_all_reduce(comm, ours, "dp")
             dist.all_reduce(ref)
             if exact_match:
                 assert torch.equal(ours, ref), f"size {size}: ring differs from the backend"

@@ -24,8 +24,7 @@ from workbench.config import RunConfig
 from workbench.estimate import Hardware, estimate
 from workbench.launcher import launch
 from workbench.run import Run
-
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary")
+from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
 
 
 def strategy_name(c: RunConfig) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -124,7 +124,6 @@ class RunConfig:
     fault: str | None = None
     fault_rank: int = 0
     fault_step: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived -----------------------------------------------------------------------------
     @property
@@ -257,6 +256,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        if d.get("extra") == {}:  # written by runs before `extra` (never used) was removed
+            d = {k: v for k, v in d.items() if k != "extra"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {sorted(known)}")

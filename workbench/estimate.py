@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench import formulas
+from workbench.comm.bandwidth import bus_factor
 from workbench.config import ModelConfig, RunConfig
 
 
@@ -128,8 +129,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     out.flops_per_step = formulas.training_flops_per_token(params, model) * tokens * factor
     tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sequence_parallel, microbatches,
                                                model.layers // pp, True, pp == 1, w)
-    sent = {"all_reduce": 2 * (tp - 1) / tp, "all_gather": (tp - 1) / tp, "reduce_scatter": (tp - 1) / tp}
-    out.comm_bytes_per_step["tp"] = sum(sent[op] * b for op, b in tp_bytes.items())
+    out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
     if pp > 1:
         seq = model.seq_len // (tp if sequence_parallel else 1)
         out.comm_bytes_per_step["pp"] = 2 * microbatches * micro * seq * model.hidden * w

@@ -1,4 +1,5 @@
-"""summary.json: figures derived from a run's traces, beside the formulas' predictions.
+"""summary.json: figures measured from a run's traces, beside the formulas' predictions (which come
+from workbench/formulas.py: this module only measures).
 
 Per rank (all times are totals over the run's optimizer steps):
 - `step_time_s`: median `ProfilerStep#` span.
@@ -19,8 +20,8 @@ import statistics
 from typing import Any
 
 from workbench import formulas
-from workbench.config import ModelConfig
-from workbench.pipeline.schedule import Schedule, build_schedule, simulate
+from workbench.comm.bandwidth import bytes_sent
+from workbench.pipeline.schedule import simulate
 from workbench.trace.recorder import LANES
 
 COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
@@ -78,21 +79,6 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     return out
 
 
-def moved_bytes(args: dict[str, Any]) -> float:
-    """Bytes this rank sends for one operation (ring algorithms): S·2(n−1)/n for all-reduce,
-    S·(n−1)/n for all-gather and reduce-scatter, S for send; nothing for a receive."""
-    n = len(args.get("group_ranks", ())) or 1
-    s = float(args.get("bytes", 0))
-    op = args.get("op")
-    if op == "all_reduce":
-        return s * 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return s * (n - 1) / n
-    if op in ("send", "broadcast"):
-        return s
-    return 0.0
-
-
 def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     events = trace["traceEvents"]
     info = trace["workbench"]
@@ -140,11 +126,11 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "idle_s": max(total - busy_us, 0.0) / 1e6,
         "peak_bytes": peaks,
         "peak_total_bytes": peak_total,
-        "predicted_bytes": predicted_bytes(config, info["pp"]),
-        "predicted_comm_bytes_per_step": predicted_comm_bytes(config, info["pp"]),
+        "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
+        "predicted_comm_bytes_per_step": formulas.predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
         "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
-        "bytes_moved_per_step": sum(moved_bytes(a) for a, _, _ in comms) / n_steps,
+        "bytes_moved_per_step": sum(bytes_sent(a) for a, _, _ in comms) / n_steps,
         "grad_sync_bytes_per_step": sum(
             int(a.get("bytes", 0)) for a, _, _ in comms
             if str(a.get("label", "")).startswith(("bucket", "param"))) / n_steps,
@@ -152,40 +138,6 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     if allocator:
         out["allocator_peak_bytes"] = allocator
     return out
-
-
-def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
-    """The formulas' memory per rank for this run, by category."""
-    model = _model(config)
-    precision = config.get("precision", "fp32")
-    tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
-    params = formulas.params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
-    states = formulas.model_state_bytes(params, config["dp"], config.get("zero", 0), precision)
-    m = config.get("microbatches", 1)
-    micro = config["global_batch"] // config["dp"] // m
-    width = 4 if precision == "fp32" else 2
-    rc = config.get("recompute", "none")
-    if config.get("pp", 1) == 1 and m == 1:
-        return {**states, "activation": formulas.activation_bytes(model, micro, width, tp, sp, rc)}
-    # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
-    # releasing them at its backward; the peak is what the schedule makes the rank hold at once
-    sched = _schedule(config)
-    stage_bytes = {k: formulas.stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc)
-                   for k in range(sched.stages)}
-    live = peak = 0.0
-    for a in sched.actions[pp_rank]:
-        if a.kind in ("F", "B"):
-            live += stage_bytes[a.stage] if a.kind == "F" else -stage_bytes[a.stage]
-            peak = max(peak, live)
-    # with recomputation, one block's rerun sits on top during some backward (an upper bound here)
-    transient = formulas.recompute_activation_bytes(model, micro, width, tp, sp, rc)[1]
-    return {**states, "activation": peak + transient}
-
-
-def _schedule(config: dict[str, Any]) -> Schedule:
-    pp = config.get("pp", 1)
-    return build_schedule(config.get("schedule", "1f1b") if pp > 1 else "1f1b", pp, config.get("microbatches", 1),
-                          config.get("virtual_stages", 1))
 
 
 def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
@@ -209,7 +161,7 @@ def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, An
         start = min(a for iv in ranks.values() for a, _ in iv)
         end = max(b for iv in ranks.values() for _, b in iv)
         fractions.append(statistics.mean(1 - sum(b - a for a, b in iv) / (end - start) for iv in ranks.values()))
-    sched = _schedule(config)
+    sched = formulas.run_schedule(config)
     simulated = None
     if f_times and b_times:
         simulated = simulate(sched, statistics.mean(f_times) * sched.v, statistics.mean(b_times) * sched.v)
@@ -217,48 +169,6 @@ def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, An
             "measured_per_step": fractions,
             "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
             "simulated_with_measured_costs": simulated.bubble_fraction() if simulated else None}
-
-
-def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
-    """Bytes per step by op and group: the gradient all-reduce over dp (4 bytes per local parameter when
-    dp > 1) and the loss's one value; the tensor-parallel collectives of the layers; and for pipelines
-    the activations and gradients sent between stages (one b·s·h buffer per microbatch and boundary),
-    the loss brought to every stage and the gradient norm's share."""
-    model = _model(config)
-    dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
-    v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
-    local = formulas.params_per_rank(model, tp, pp, v, pp_rank)
-    zero = config.get("zero", 0)
-    if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
-        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local},
-                                            "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
-    else:
-        grad_width = 4 if config.get("precision", "fp32") == "fp32" else 2  # gradients in the model's precision
-        out = {"all_reduce": {"dp": 4 + (grad_width * local if dp > 1 else 0)}}
-    micro = config["global_batch"] // dp // m
-    stages = pp * v
-    mine = list(range(pp_rank, stages, pp))
-    layers = model.layers // stages * len(mine)
-    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
-                                               4 if config.get("precision", "fp32") == "fp32" else 2,
-                                               config.get("recompute", "none"))
-    for op, nbytes in tp_bytes.items():
-        out.setdefault(op, {})["tp"] = nbytes
-    if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world
-        out["all_reduce"]["world"] = 4
-    if pp > 1:
-        width = 4 if config.get("precision", "fp32") == "fp32" else 2
-        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width
-        transfers = sum((k < stages - 1) + (k > 0) for k in mine) * m * buffer  # each way, per step
-        out["send"] = {"pp": transfers}
-        out["recv"] = {"pp": transfers}
-        out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
-    return out
-
-
-def _model(config: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(**{k: config["model"][k] for k in
-                          ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
 
 
 def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:

@@ -15,15 +15,12 @@ receives it. The send and receive of a step are posted together, so no step can 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 
+from workbench.comm.bandwidth import bandwidth, nbytes
+from workbench.comm.traced import Communicator
 from workbench.trace.recorder import flow_id
-
-if TYPE_CHECKING:
-    from workbench.comm.traced import Communicator
 
 
 def ring_chunks(numel: int, n: int) -> list[tuple[int, int]]:
@@ -39,8 +36,6 @@ def ring_chunks(numel: int, n: int) -> list[tuple[int, int]]:
 
 def ring_all_reduce(comm: Communicator, tensor: torch.Tensor, group: str = "dp", label: str | None = None) -> None:
     """Sum `tensor` in place over `group` with the ring algorithm (blocking)."""
-    from workbench.comm.traced import bandwidth, nbytes
-
     members = comm.groups.ranks[group]
     n = len(members)
     rec = comm.recorder

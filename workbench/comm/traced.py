@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from workbench.comm.bandwidth import bandwidth, nbytes
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
-    from workbench.engine.memory import MemoryTracker
     from workbench.grid import ProcessGroups
+    from workbench.measure.memory import MemoryTracker
 
 
 # torch 2.13 renamed the tensor forms of all-gather and reduce-scatter; older releases have the old names.
@@ -36,28 +37,6 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 class CommError(RuntimeError):
     """A communication operation failed or timed out; the message says which rank and operation."""
-
-
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-}
-
-
-def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s for `nbytes` moved by `op` over `n` ranks in `seconds`."""
-    if seconds <= 0 or n < 1:
-        return 0.0, 0.0
-    algbw = nbytes / seconds / 1e9
-    return algbw, algbw * BUS_FACTOR[op](n)
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class Handle:
@@ -167,16 +146,11 @@ class Communicator:
 
     # ---- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, group: str = "dp", async_op: bool = False,
-                   label: str | None = None, algorithm: str = "backend", reduce_op: str = "sum",
+                   label: str | None = None, reduce_op: str = "sum",
                    meta: dict[str, Any] | None = None) -> Handle | None:
-        """Reduce `tensor` in place over `group` (sum, or max). algorithm='ring' runs our send/recv ring.
-        `meta` adds keys to the record (layer, direction ...)."""
+        """Reduce `tensor` in place over `group` (sum, or max) with the backend's algorithm (our own
+        send/recv ring is `comm.ring_allreduce.ring_all_reduce`). `meta` adds keys to the record."""
         n = self.size(group)
-        if algorithm == "ring":
-            from workbench.comm.ring_allreduce import ring_all_reduce
-
-            ring_all_reduce(self, tensor, group, label=label)
-            return None
         args = self._args("all_reduce", group, tensor, nbytes(tensor), algorithm="backend", **(meta or {}))
         if reduce_op != "sum":
             args["reduce_op"] = reduce_op

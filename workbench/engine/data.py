@@ -39,3 +39,10 @@ def shard_rows(x: torch.Tensor, index: int, count: int) -> torch.Tensor:
     memory accounting sees only this rank's share)."""
     per = x.size(0) // count
     return x[index * per:(index + 1) * per].clone()
+
+
+def rank_batch(seed: int, step: int, global_batch_size: int, seq_len: int, vocab_size: int, dp_index: int,
+               dp_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This data-parallel rank's (inputs, targets) of step `step`, on its device."""
+    x, y = global_batch(seed, step, global_batch_size, seq_len, vocab_size)
+    return shard_rows(x, dp_index, dp_size).to(device), shard_rows(y, dp_index, dp_size).to(device)

@@ -11,44 +11,74 @@ One step:
     → otherwise: master gradients = 16-bit gradients in fp32 ÷ scale, clip, AdamW on the masters,
       copy the masters back into the 16-bit parameters; after `growth_interval` good steps in a row
       the scale doubles (PyTorch's GradScaler policy).
+
+`MixedPrecisionUpdater` is the `Updater` (parallel/updater.py) of a 16-bit model: `step` returns None
+for a skipped step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.parallel.tp_communications import TPContext
+from workbench.parallel.updater import adam_state, adamw, clip_coefficient, global_grad_norm, scale_grads, set_lr
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class MixedPrecisionOptimizer:
-    def __init__(self, params: list[nn.Parameter], comm: Communicator, precision: str, lr: float,
-                 weight_decay: float, init_scale: float = 2.0**16, growth_interval: int = 1000) -> None:
-        self.params, self.comm, self.precision = params, comm, precision
-        self.masters = [nn.Parameter(p.detach().float().clone()) for p in params]
-        for p, m in zip(params, self.masters, strict=True):  # the gradient norm needs to know the shards
+class MixedPrecisionUpdater:
+    def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, precision: str, lr: float,
+                 weight_decay: float, init_scale: float = 2.0**16, growth_interval: int = 1000,
+                 tp: TPContext | None = None, pp_comm: Communicator | None = None) -> None:
+        self.params, self.comm, self.precision = list(params), comm, precision
+        self.tp, self.pp_comm = tp, pp_comm
+        self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
+        for p, m in zip(self.params, self.masters, strict=True):  # the gradient norm needs to know the shards
             m.tp_sharded = getattr(p, "tp_sharded", False)
-        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, foreach=False)
+        self.optimizer = adamw(self.masters, lr, weight_decay)
         self.scale = init_scale if precision == "fp16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0
         self.skipped = False
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+    def loss_scale(self) -> float:
+        return self.scale
 
-    @property
-    def state(self) -> dict:
-        return self.optimizer.state
+    def step(self, lr: float, max_norm: float | None) -> float | None:
+        """Skip on overflow (halving the fp16 scale); else unscale into the fp32 masters, clip, update,
+        copy back into the 16-bit parameters."""
+        set_lr(self.optimizer, lr)
+        if self.found_overflow():
+            self.update_scale(True)
+            return None
+        for p, m in zip(self.params, self.masters, strict=True):
+            m.grad = None if p.grad is None else p.grad.float().div_(self.scale)
+        norm = global_grad_norm(self.masters, self.tp, self.pp_comm)
+        scale_grads(self.masters, clip_coefficient(norm, max_norm))
+        self.optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                p.copy_(m)
+        for m in self.masters:
+            m.grad = None  # the fp32 gradients live only during the update
+        self.update_scale(False)
+        return float(norm)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """The fp32 master weights: optimizer state in the ZeRO paper's accounting (with the moments)."""
-        return list(self.masters)
+        """Adam's moments and the fp32 master weights: optimizer state in the ZeRO paper's accounting."""
+        return adam_state(self.optimizer)[0] + list(self.masters)
+
+    def counter_tensors(self) -> list[torch.Tensor]:
+        return adam_state(self.optimizer)[1]
+
+    def metrics(self) -> dict[str, Any]:
+        return {"loss_scale": self.scale, "skipped": self.skipped}
 
     def found_overflow(self) -> bool:
         """Whether any rank's gradients hold inf or NaN (all ranks must agree to skip together). Only
@@ -62,21 +92,6 @@ class MixedPrecisionOptimizer:
                 break
         self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")
         return bool(bad.item() > 0)
-
-    def unscaled_master_grads(self) -> None:
-        for p, m in zip(self.params, self.masters, strict=True):
-            m.grad = None if p.grad is None else p.grad.float().div_(self.scale)
-
-    def step(self, clip_coef: torch.Tensor | None = None) -> None:
-        for m in self.masters:
-            if clip_coef is not None and m.grad is not None:
-                m.grad.mul_(clip_coef)
-        self.optimizer.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters, strict=True):
-                p.copy_(m)
-        for m in self.masters:
-            m.grad = None  # the fp32 gradients live only during the update
 
     def update_scale(self, overflow: bool) -> None:
         self.skipped = overflow

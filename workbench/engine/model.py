@@ -1,40 +1,34 @@
 """A small GPT (Radford et al. 2019; nanoGPT's shape) that every strategy shards.
 
-    tokens ─ wte + wpe ─ [ x + attn(ln_1(x)) ; x + mlp(ln_2(x)) ] × L ─ ln_f ─ head ─ cross-entropy
+    tokens ─ wte + wpe ─ [ x + attn(ln_1(x)) ; x + mlp(ln_2(x)) ] × L ─ ln_f ─ head ─ loss
 
 Attention is written out (scores, mask, softmax, weighted sum) rather than fused, so that the
 activations it saves are the ones the Korthikanti et al. formula counts. There is no dropout (every
 strategy must be bit-for-bit comparable) and the head is not tied to the embedding (tying would
 couple the first and last pipeline stages).
 
-With a `TPContext` the same classes build Megatron's tensor-parallel layers instead of dense ones
-(workbench/parallel/tensor_parallel.py): qkv and fc column-parallel, the projections row-parallel,
-the embedding and the head split by vocabulary, the loss vocabulary-parallel. With sequence
-parallelism the residual stream between blocks is (b, s/t, h) on each rank.
+The model is always built dense. Strategies are applied to it afterwards, by `engine/parallelize.py`:
+tensor parallelism swaps modules (`parallel.tensor_parallel.apply_tensor_parallel`: qkv and fc
+column-parallel, the projections row-parallel, the embedding, head and `loss` split by vocabulary,
+`wpe` sliced by sequence), recomputation sets `Block.recompute` / `CausalSelfAttention.recompute`
+(`engine/recompute.py`). This file knows nothing of either.
 
 Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`): a shard is
-cut from its parameter's full initial value, one parameter at a time, so every strategy starts from
-the same model.
+cut from its parameter's full initial value (`full_shapes`, `shard_param` of a swapped module), one
+parameter at a time, so every strategy starts from the same model.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
-from workbench.engine.recompute import Recompute
-from workbench.parallel.tensor_parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    vocab_parallel_cross_entropy,
-)
-from workbench.parallel.tp_communications import TPContext
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -49,30 +43,16 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 0.02
 
 
-def _column(i: int, o: int, tp: TPContext | None, layer: str, groups: int = 1) -> nn.Module:
-    return nn.Linear(i, o) if tp is None else ColumnParallelLinear(i, o, tp, layer, groups)
-
-
-def _row(i: int, o: int, tp: TPContext | None, layer: str) -> nn.Module:
-    return nn.Linear(i, o) if tp is None else RowParallelLinear(i, o, tp, layer)
-
-
-def _layer_norm(h: int, tp: TPContext | None) -> nn.LayerNorm:
-    ln = nn.LayerNorm(h)
-    if tp is not None and tp.sequence_parallel:  # applied to a slice of the sequence: partial gradients
-        ln.weight.sequence_parallel_partial = ln.bias.sequence_parallel_partial = True
-    return ln
-
-
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "",
-                 recompute: Recompute | None = None) -> None:
+    #: set by engine/recompute.py for selective recomputation: rerun the attention core in backward
+    recompute: Any = None
+
+    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
-        self.head_dim, self.layer, self.rc = cfg.head_dim, layer, recompute
-        self.qkv = _column(cfg.hidden, 3 * cfg.hidden, tp, f"{layer}.attn.qkv", groups=3)
-        self.proj = _row(cfg.hidden, cfg.hidden, tp, f"{layer}.attn.proj")
-        mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
-        self.register_buffer("mask", mask, persistent=False)
+        self.head_dim, self.name = cfg.head_dim, name
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.register_buffer("mask", causal_mask(cfg.seq_len), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # (b, s, 3·h/t): this rank's heads (with sequence parallelism, the whole sequence)
@@ -80,8 +60,8 @@ class CausalSelfAttention(nn.Module):
         h = three_h // 3
         heads = h // self.head_dim
         q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in qkv.split(h, dim=-1))
-        if self.rc is not None and self.rc.mode == "selective":  # keep q, k, v; recompute the rest
-            return self.proj(self.rc.run(f"{self.layer}.attn core", self.core, q, k, v))
+        if self.recompute is not None:  # selective: keep q, k, v; recompute the rest
+            return self.proj(self.recompute.run(f"{self.name}.attn core", self.core, q, k, v))
         return self.proj(self.core(q, k, v))
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -92,29 +72,36 @@ class CausalSelfAttention(nn.Module):
         return (probs @ v).transpose(1, 2).reshape(b, s, heads * d)
 
 
+def causal_mask(seq_len: int) -> torch.Tensor:
+    """True above the diagonal: the positions a token may not attend to."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "") -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.fc = _column(cfg.hidden, cfg.mlp_ratio * cfg.hidden, tp, f"{layer}.mlp.fc")
-        self.proj = _row(cfg.mlp_ratio * cfg.hidden, cfg.hidden, tp, f"{layer}.mlp.proj")
+        self.fc = nn.Linear(cfg.hidden, cfg.mlp_ratio * cfg.hidden)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.hidden, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext | None = None, layer: str = "",
-                 recompute: Recompute | None = None) -> None:
+    #: set by engine/recompute.py for full recomputation: keep only the input, rerun in backward
+    recompute: Any = None
+
+    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
-        self.layer, self.rc = layer, recompute
-        self.ln_1 = _layer_norm(cfg.hidden, tp)
-        self.attn = CausalSelfAttention(cfg, tp, layer, recompute)
-        self.ln_2 = _layer_norm(cfg.hidden, tp)
-        self.mlp = MLP(cfg, tp, layer)
+        self.name = name
+        self.ln_1 = nn.LayerNorm(cfg.hidden)
+        self.attn = CausalSelfAttention(cfg, name)
+        self.ln_2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rc is not None and self.rc.mode == "full":  # keep only the input; rerun in backward
-            return self.rc.run(self.layer, self.body, x)
+        if self.recompute is not None:
+            return self.recompute.run(self.name, self.body, x)
         return self.body(x)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,33 +109,42 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class CrossEntropy(nn.Module):
+    """Mean cross-entropy over every token (tensor parallelism swaps in the vocabulary-parallel one)."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 class GPT(nn.Module):
     """The whole model, or — with `layers`, `first` and `last` — one pipeline stage of it: the first
     stage owns the embeddings, the last the final layer norm, the head and the loss. Parameter names
     are the whole model's ("blocks.5.mlp.fc.weight") on every stage, so initialisation by name gives
-    each stage exactly its slice of the single-process model."""
+    each stage exactly its slice of the single-process model.
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, tp: TPContext | None = None,
-                 layers: range | None = None, first: bool = True, last: bool = True,
-                 recompute: Recompute | None = None) -> None:
+    Built under `torch.device("meta")` it stays uninitialised (nothing allocated): apply strategies,
+    `to_empty(device=...)`, then `init_weights(seed)`. Built anywhere else it is initialised at once."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, layers: range | None = None, first: bool = True,
+                 last: bool = True) -> None:
         super().__init__()
-        self.cfg, self.tp, self.first, self.last = cfg, tp, first, last
+        self.cfg, self.first, self.last = cfg, first, last
         layers = range(cfg.layers) if layers is None else layers
         if first:
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden) if tp is None else \
-                VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, tp, "wte")
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
             self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-            if tp is not None and tp.sequence_parallel:
-                self.wpe.weight.sequence_parallel_partial = True
-        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, f"blocks.{i}", recompute) for i in layers})
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, f"blocks.{i}") for i in layers})
         if last:
-            self.ln_f = _layer_norm(cfg.hidden, tp)
-            self.head = _column(cfg.hidden, cfg.vocab_size, tp, "head")
-        self.reset_parameters(seed)
+            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.head = nn.Linear(cfg.hidden, cfg.vocab_size)
+            self.loss = CrossEntropy()
+        if not next(self.parameters()).is_meta:
+            self.init_weights(seed)
 
     @torch.no_grad()
-    def reset_parameters(self, seed: int) -> None:
-        """Each parameter from its full initial value, sharded by its module when tensor-parallel."""
+    def init_weights(self, seed: int) -> None:
+        """Each parameter from its full initial value, sharded by its module when a strategy swapped it;
+        the causal masks rebuilt (they are not saved state)."""
         for module_name, module in self.named_modules():
             for leaf, p in module.named_parameters(recurse=False):
                 name = f"{module_name}.{leaf}" if module_name else leaf
@@ -156,15 +152,12 @@ class GPT(nn.Module):
                 full = init_tensor(name, shapes[leaf], seed)
                 p.copy_(module.shard_param(leaf, full) if hasattr(module, "shard_param") else full)
                 del full  # one full parameter at a time
+            if isinstance(module, CausalSelfAttention):
+                module.mask = causal_mask(self.cfg.seq_len).to(module.mask.device)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        s = idx.size(1)
-        if self.tp is not None and self.tp.sequence_parallel:  # this rank's slice of the positions
-            s_local = s // self.tp.size
-            pos = torch.arange(self.tp.rank * s_local, (self.tp.rank + 1) * s_local, device=idx.device)
-        else:
-            pos = torch.arange(s, device=idx.device)
-        return self.wte(idx) + self.wpe(pos)
+        """Token plus position embeddings of every position (a sequence-parallel `wpe` keeps its slice)."""
+        return self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """First stage: x is token ids (b, s); later stages: the hidden states (b, s, h) — (b, s/t, h)
@@ -180,7 +173,4 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        logits = logits.float()  # the loss in fp32 whatever the activations' precision (a no-op in fp32)
-        if self.tp is not None:
-            return vocab_parallel_cross_entropy(logits, targets, self.tp)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return self.loss(logits.float(), targets)  # the loss in fp32 whatever the activations' precision

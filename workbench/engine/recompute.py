@@ -6,20 +6,25 @@ selective recomputation: Korthikanti et al. 2022, §5).
     selective   only the attention core — scores, softmax, weighted sum — is recomputed: the a·s²·b
                 term of the activations (the softmax probabilities) is never kept.
 
-`Recompute.run(name, fn, *inputs)` is the mechanism: an autograd function that runs `fn` without
-keeping its intermediate tensors, saves `inputs`, and in backward reruns `fn` with gradients on and
-back-propagates through it. The bytes the rerun saves are counted as activations while they live, so
-the memory counters show the one layer being recomputed on top of the saved inputs.
+`apply_recompute(model, rc)` turns it on for a built GPT (or pipeline stage): full sets each
+block's `recompute`, selective each attention's. `Recompute.run(name, fn, *inputs)` is the mechanism:
+an autograd function that runs `fn` without keeping its intermediate tensors, saves `inputs`, and in
+backward reruns `fn` with gradients on and back-propagates through it. The bytes the rerun saves are
+counted as activations while they live, so the memory counters show the one layer being recomputed on
+top of the saved inputs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from workbench.engine.memory import MemoryTracker
+from workbench.engine.model import Block, CausalSelfAttention
+from workbench.measure.memory import MemoryTracker
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -31,6 +36,15 @@ class Recompute:
 
     def run(self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         return _Recompute.apply(self, name, fn, *inputs)
+
+
+def apply_recompute(model: nn.Module, rc: Recompute) -> nn.Module:
+    """Full: every block keeps only its input. Selective: every attention keeps only q, k, v."""
+    target = Block if rc.mode == "full" else CausalSelfAttention
+    for module in model.modules():
+        if isinstance(module, target):
+            module.recompute = rc
+    return model
 
 
 class _Recompute(torch.autograd.Function):
@@ -47,7 +61,7 @@ class _Recompute(torch.autograd.Function):
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
         memory, before = rc.memory, rc.memory.current["activation"] if rc.memory is not None else 0
         span = rc.recorder.span(f"recompute {ctx.name}", "recompute", "compute", layer=ctx.name) \
-            if rc.recorder is not None else _null()
+            if rc.recorder is not None else nullcontext()
         with span, torch.enable_grad():
             if memory is not None:
                 with memory.count_saved_activations(already=inputs):
@@ -60,10 +74,3 @@ class _Recompute(torch.autograd.Function):
             memory.add("activation", before - memory.current["activation"])
         return (None, None, None, *[t.grad if t.requires_grad else None for t in inputs])
 
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from workbench.analysis.summary import build_summary
 from workbench.config import RunConfig
-from workbench.engine.train import RankContext, setup, train
+from workbench.engine.context import RankContext, setup
+from workbench.engine.train import train
 from workbench.trace.merge import merge_traces
 
 

@@ -14,8 +14,10 @@ Two implementations:
   megabytes (each parameter's `.grad` is a view into its bucket, so there is no copy). Buckets are
   filled in reverse layer order — the order backward produces gradients — and the moment a bucket's
   last gradient is accumulated its all-reduce is launched asynchronously, so communication overlaps
-  the rest of backward. `finish()` waits for every bucket before the optimizer step. With
+  the rest of backward. `wait()` waits for every bucket before the optimizer step. With
   algorithm='ring' each bucket runs our send/recv ring instead (blocking: a teaching path).
+
+Both are `GradSync`s (parallel/grad_sync.py): inside `no_sync()` backward only accumulates.
 """
 
 from __future__ import annotations
@@ -25,17 +27,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from workbench.comm.ring_allreduce import ring_all_reduce
 from workbench.comm.traced import Communicator, Handle
+from workbench.parallel.flat import empty_flat, grads_as_views
+from workbench.parallel.grad_sync import SyncToggle
 
 
-class NaiveDataParallel:
+class NaiveDataParallel(SyncToggle):
+    """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back."""
+
     def __init__(self, model: nn.Module, comm: Communicator) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.comm = comm
         self.n = comm.size("dp")
-        self.enabled = True  # unused: the naive version always syncs once, after every backward
 
-    def finish(self) -> None:
+    def wait(self) -> None:
         """One all-reduce per parameter, after the whole backward."""
         for i, p in enumerate(self.params):
             p.grad.div_(self.n)
@@ -78,7 +84,7 @@ def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[
     return plan
 
 
-class BucketedDataParallel:
+class BucketedDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
                  algorithm: str = "backend") -> None:
         self.comm = comm
@@ -90,20 +96,14 @@ class BucketedDataParallel:
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for b, idxs in enumerate(plan):
-            members = [named[i] for i in idxs]
-            total = sum(p.numel() for _, p in members)
-            buffer = torch.zeros(total, dtype=members[0][1].dtype, device=members[0][1].device)
-            bucket = Bucket(b, buffer, [p for _, p in members], names=[n for n, _ in members])
-            offset = 0
-            for _, p in members:
-                p.grad = buffer[offset:offset + p.numel()].view_as(p)  # gradient as a bucket view
-                offset += p.numel()
+            params = [named[i][1] for i in idxs]
+            bucket = Bucket(b, empty_flat(params), params, names=[named[i][0] for i in idxs])
+            grads_as_views(params, bucket.buffer)  # each gradient is a view of its bucket: no copy
+            for p in params:
                 self._bucket_of[p] = bucket
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
             self.buckets.append(bucket)
         self._next_launch = 0
-        #: False during the backwards of all but the last microbatch (gradient accumulation, pipelines)
-        self.enabled = True
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
         if not self.enabled:  # an earlier microbatch's backward: keep accumulating, do not sync yet
@@ -126,11 +126,11 @@ class BucketedDataParallel:
             return
         label = f"bucket {bucket.index}"
         if self.algorithm == "ring":
-            self.comm.all_reduce(bucket.buffer, "dp", label=label, algorithm="ring")
+            ring_all_reduce(self.comm, bucket.buffer, "dp", label=label)
         else:
             bucket.handle = self.comm.all_reduce(bucket.buffer, "dp", async_op=True, label=label)
 
-    def finish(self) -> None:
+    def wait(self) -> None:
         """Wait for every bucket's all-reduce; call after backward, before the optimizer step."""
         for bucket in self.buckets:
             if not bucket.launched:

@@ -25,18 +25,22 @@ VocabParallelEmbedding splits the embedding by vocabulary rows; each rank looks 
 parallelism). `vocab_parallel_cross_entropy` takes logits split by vocabulary and never gathers them:
 three all-reduces of one number per token (max, sum of exponentials, the target's logit).
 
-Every shard is cut from the full deterministic initial value of its parameter (`shard_param`), one
-parameter at a time, so tp=1 and tp=t start from the same model.
+`apply_tensor_parallel(model, tp)` turns a dense GPT into this by swapping modules, as a table
+(picotron's apply_tensor_parallel; the plan DTensor's parallelize_module takes). Every shard is cut from
+the full deterministic initial value of its parameter (`shard_param`, `full_shapes`), one parameter at a
+time, so tp=1 and tp=t start from the same model.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.parallel.flat import pack, unpack
+from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.tp_communications import (
     TPContext,
     all_reduce_tp,
@@ -176,44 +180,96 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp
     return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local)
 
 
-class TensorParallelGrads:
-    """After backward: sum over tp the gradients that are partial on each tp rank — with sequence
-    parallelism, those of parameters applied to a slice of the sequence (layer norms, position
-    embeddings, row-parallel biases). Without sequence parallelism nothing is partial."""
+class VocabParallelCrossEntropy(nn.Module):
+    """The model's loss module under tensor parallelism (replaces the dense cross-entropy)."""
+
+    def __init__(self, tp: TPContext) -> None:
+        super().__init__()
+        self.tp = tp
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, targets, self.tp)
+
+
+class SequenceParallelPositions(nn.Module):
+    """The position embedding under sequence parallelism: given every position, embed this rank's
+    slice of them (the residual stream is (b, s/t, h) here). The weight is whole on every rank and its
+    gradient partial (summed over tp by TensorParallelGrads)."""
+
+    def __init__(self, positions: int, hidden: int, tp: TPContext) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(positions, hidden))
+        self.weight.sequence_parallel_partial = True
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        s_local = pos.numel() // self.tp.size
+        # a tensor of its own: the lookup saves its indices, and a view would keep every position alive
+        mine = pos[self.tp.rank * s_local:(self.tp.rank + 1) * s_local].clone()
+        return F.embedding(mine, self.weight)
+
+
+def _column(groups: int = 1) -> Callable[[nn.Module, TPContext, str], nn.Module]:
+    return lambda m, tp, name: ColumnParallelLinear(m.in_features, m.out_features, tp, name, groups)
+
+
+#: Megatron's split of the GPT: module name (its last parts) → the tensor-parallel module replacing it.
+TP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
+    "wte": lambda m, tp, name: VocabParallelEmbedding(m.num_embeddings, m.embedding_dim, tp, name),
+    "attn.qkv": _column(groups=3),  # q, k and v each split by heads
+    "attn.proj": lambda m, tp, name: RowParallelLinear(m.in_features, m.out_features, tp, name),
+    "mlp.fc": _column(),
+    "mlp.proj": lambda m, tp, name: RowParallelLinear(m.in_features, m.out_features, tp, name),
+    "head": _column(),  # logits split by vocabulary, never gathered
+    "loss": lambda m, tp, name: VocabParallelCrossEntropy(tp),
+}
+#: what sequence parallelism changes on top: positions sliced, layer norms' gradients partial
+SP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
+    "wpe": lambda m, tp, name: SequenceParallelPositions(m.num_embeddings, m.embedding_dim, tp),
+}
+
+
+def _plan_entry(plan: dict, name: str) -> Callable[[nn.Module, TPContext, str], nn.Module] | None:
+    return next((make for key, make in plan.items() if name == key or name.endswith(f".{key}")), None)
+
+
+def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
+    """Swap the dense modules of `model` (a GPT or one pipeline stage of it) for Megatron's
+    tensor-parallel ones, in place; parameter names are unchanged. The new modules are created on the
+    model's device (meta while building) and hold uninitialised shards: initialise by name afterwards."""
+    device = next(model.parameters()).device
+    plans = [TP_PLAN, SP_PLAN] if tp.sequence_parallel else [TP_PLAN]
+    for name, module in list(model.named_modules()):
+        make = next((m for plan in plans if (m := _plan_entry(plan, name)) is not None), None)
+        if make is not None:
+            parent, _, leaf = name.rpartition(".")
+            with torch.device(device):
+                setattr(model.get_submodule(parent) if parent else model, leaf, make(module, tp, name))
+        elif tp.sequence_parallel and isinstance(module, nn.LayerNorm):  # applied to a slice of the sequence
+            module.weight.sequence_parallel_partial = module.bias.sequence_parallel_partial = True
+    return model
+
+
+class TensorParallelGrads(SyncToggle):
+    """The `GradSync` of tensor parallelism: after backward, sum over tp the gradients that are partial
+    on each tp rank — with sequence parallelism, those of parameters applied to a slice of the sequence
+    (layer norms, position embeddings, row-parallel biases). Without sequence parallelism nothing is
+    partial. It owns no buffer: the data-parallel synchroniser zeroes the gradients."""
 
     def __init__(self, model: nn.Module, tp: TPContext) -> None:
         self.tp = tp
         self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel_partial", False)]
 
-    def finish(self) -> None:
+    def wait(self) -> None:
         if not self.params:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = pack([p.grad for p in self.params])
         self.tp.comm.all_reduce(flat, "tp", label="sequence-parallel grads",
                                 meta={"layer": "layer norms, positions, row biases", "direction": "backward"})
-        offset = 0
-        for p in self.params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        unpack(flat, [p.grad for p in self.params])
 
+    def zero_grad(self) -> None:
+        return None
 
-def is_replicated(p: nn.Parameter) -> bool:
-    """True for parameters every tp rank holds whole (layer norms, positions, row biases)."""
-    return not getattr(p, "tp_sharded", False)
-
-
-def grad_norm(params: list[nn.Parameter], tp: TPContext | None, pp_comm: Any = None) -> torch.Tensor:
-    """‖g‖ of the whole (unsharded) model: shards' squares summed over tp, replicated ones counted once,
-    and — when the model is cut into pipeline stages — every stage's share summed over pp."""
-    zero = torch.zeros((), device=params[0].device)
-    sharded = [p.grad for p in params if p.grad is not None and not is_replicated(p)]
-    replicated = [p.grad for p in params if p.grad is not None and is_replicated(p)]
-    sq = sum((g.float().pow(2).sum() for g in sharded), zero)
-    if tp is not None and tp.size > 1:
-        sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
-    sq = sq + sum((g.float().pow(2).sum() for g in replicated), zero)
-    if pp_comm is not None:
-        sq = sq.reshape(1).clone()
-        pp_comm.all_reduce(sq, "pp", label="grad norm", meta={"layer": "grad norm", "direction": "optimizer"})
-        sq = sq[0]
-    return sq.sqrt()
+    def grad_tensors(self) -> list[torch.Tensor | None]:
+        return []

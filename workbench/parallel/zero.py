@@ -17,6 +17,9 @@ N − 1 elements per bucket (reported in `summary.json`'s figures; a few bytes a
 Collectives per step: reduce-scatter of the gradients (Ψ values) and all-gather of the parameters
 (Ψ values) — the same 2Ψ a data-parallel all-reduce moves (an all-reduce is a reduce-scatter then an
 all-gather), with the optimizer states divided by N.
+
+`ZeroDataParallel` is the `GradSync` (after `wait()` each rank holds the summed gradient of its slices,
+`shards`); the update is `parallel.updater.ShardedAdamWUpdater(shards, after_step=gather_params)`.
 """
 
 from __future__ import annotations
@@ -28,20 +31,8 @@ from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.data_parallel import plan_buckets
-
-
-def padded(numel: int, n: int) -> int:
-    """numel rounded up to a multiple of n (each rank's slice has the same size)."""
-    return -(-numel // n) * n
-
-
-def sharded_grad_norm_sq(shards: list[nn.Parameter], comm: Communicator) -> torch.Tensor:
-    """Squared norm of the whole gradient when each rank holds disjoint slices of it: the slices'
-    squares summed over dp (padding is zero, so it adds nothing)."""
-    sq = sum((s.grad.float().pow(2).sum() for s in shards), torch.zeros((), device=shards[0].device))
-    sq = sq.reshape(1).clone()
-    comm.all_reduce(sq, "dp", label="zero grad norm")
-    return sq[0]
+from workbench.parallel.flat import flatten_params, grads_as_views, pack_grads
+from workbench.parallel.grad_sync import SyncToggle
 
 
 @dataclass
@@ -53,53 +44,45 @@ class ZeroBucket:
     grad: torch.Tensor | None = None  # stage 1: full gradient buffer (views are the params' .grad)
     staging: torch.Tensor | None = None  # stage 2: the gradients in flight
     handle: Handle | None = None
+    result: torch.Tensor | None = None  # stage 2: where the reduce-scatter in flight lands
     ready: int = 0
     names: list[str] = field(default_factory=list)
 
 
-class ZeroDataParallel:
-    """Stages 1 and 2 as a gradient synchroniser with its own sharded optimizer."""
+class ZeroDataParallel(SyncToggle):
+    """Stages 1 and 2 as a gradient synchroniser; stage 2 reduces after every backward, so `no_sync()`
+    changes nothing (and stage 1 reduces once, in `wait()`)."""
 
-    def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float, lr: float,
-                 weight_decay: float) -> None:
+    def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float) -> None:
         assert stage in (1, 2)
         self.comm, self.stage = comm, stage
         self.n, self.r = comm.size("dp"), comm.groups.index("dp")
-        self.enabled = True  # stage 1 syncs once per step anyway; stage 2 reduces after every backward
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
-        self.buckets: list[ZeroBucket] = []
-        self._bucket_of: dict[nn.Parameter, ZeroBucket] = {}
-        for b, idxs in enumerate(plan):
-            members = [named[i] for i in idxs]
-            total = padded(sum(p.numel() for _, p in members), self.n)
-            flat = torch.zeros(total, dtype=members[0][1].dtype, device=members[0][1].device)
-            offset = 0
-            for _, p in members:
-                flat[offset:offset + p.numel()].copy_(p.data.view(-1))
-                p.data = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-            per = total // self.n
-            mine = slice(self.r * per, (self.r + 1) * per)
-            shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
-            bucket = ZeroBucket(b, [p for _, p in members], flat, shard, names=[n for n, _ in members])
-            if stage == 1:
-                bucket.grad = torch.zeros_like(flat)
-                shard.grad = bucket.grad[mine]  # the reduce-scatter lands in place, in the full buffer
-                offset = 0
-                for _, p in members:
-                    p.grad = bucket.grad[offset:offset + p.numel()].view_as(p)
-                    offset += p.numel()
-            else:
-                shard.grad = torch.zeros_like(shard)
-                for _, p in members:
-                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
-            for _, p in members:
-                self._bucket_of[p] = bucket
-            self.buckets.append(bucket)
-        self.optimizer = torch.optim.AdamW([b.shard for b in self.buckets], lr=lr, weight_decay=weight_decay,
-                                           foreach=False)
+        self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
+        self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
+
+    def _bucket(self, index: int, members: list[tuple[str, nn.Parameter]]) -> ZeroBucket:
+        params = [p for _, p in members]
+        flat = flatten_params(params, multiple=self.n)
+        per = flat.numel() // self.n
+        mine = slice(self.r * per, (self.r + 1) * per)
+        shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
+        bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
+        if self.stage == 1:
+            bucket.grad = torch.zeros_like(flat)
+            shard.grad = bucket.grad[mine]  # the reduce-scatter lands in place, in the full buffer
+            grads_as_views(params, bucket.grad)
+        else:
+            shard.grad = torch.zeros_like(shard)
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        return bucket
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        return [b.shard for b in self.buckets]
 
     # ---- stage 2: reduce-scatter during backward ---------------------------------------------------
     def _on_grad_ready(self, p: nn.Parameter) -> None:
@@ -111,34 +94,28 @@ class ZeroDataParallel:
 
     def _launch(self, bucket: ZeroBucket) -> None:
         """Copy the bucket's gradients into a staging buffer, free them, reduce-scatter the buffer."""
-        staging = torch.zeros_like(bucket.flat)
-        offset = 0
-        for p in bucket.params:
-            staging[offset:offset + p.numel()].copy_(p.grad.view(-1))
-            p.grad = None  # the full gradient is gone: only this rank's slice will remain
-            offset += p.numel()
+        staging = pack_grads(bucket.params, bucket.flat)  # the full gradient is gone: only the slice remains
         staging.div_(self.n)
         self._finish_bucket(bucket)  # at most one reduce-scatter in flight per bucket
         bucket.staging = staging
         if self.comm.memory is not None:
             self.comm.memory.add("comm_buffer", staging.numel() * staging.element_size())
             self.comm.memory.snapshot()
-        out = torch.empty_like(bucket.shard)
-        bucket.handle = self.comm.reduce_scatter(out, staging, "dp", async_op=True,
+        bucket.result = torch.empty_like(bucket.shard)
+        bucket.handle = self.comm.reduce_scatter(bucket.result, staging, "dp", async_op=True,
                                                  label=f"zero2 bucket {bucket.index}")
-        bucket.handle.result = out  # type: ignore[attr-defined]
 
     def _finish_bucket(self, bucket: ZeroBucket) -> None:
         if bucket.handle is None:
             return
         bucket.handle.wait()
-        bucket.shard.grad.add_(bucket.handle.result)  # type: ignore[attr-defined]
+        bucket.shard.grad.add_(bucket.result)
         if self.comm.memory is not None and bucket.staging is not None:
             self.comm.memory.add("comm_buffer", -bucket.staging.numel() * bucket.staging.element_size())
-        bucket.handle, bucket.staging = None, None
+        bucket.handle, bucket.staging, bucket.result = None, None, None
 
     # ---- the step ------------------------------------------------------------------------------------
-    def finish(self) -> None:
+    def wait(self) -> None:
         """After backward: every rank holds the summed gradient of its slices."""
         for bucket in self.buckets:
             if self.stage == 1:
@@ -150,16 +127,8 @@ class ZeroDataParallel:
                                        f"arrived; every parameter must receive a gradient each step")
                 self._finish_bucket(bucket)
 
-    def grad_norm_sq(self) -> torch.Tensor:
-        return sharded_grad_norm_sq([b.shard for b in self.buckets], self.comm)
-
-    def clip(self, coef: torch.Tensor) -> None:
-        for b in self.buckets:
-            b.shard.grad.mul_(coef)
-
-    def step(self) -> None:
-        """AdamW on this rank's slices, then all-gather every bucket's slices into the full parameters."""
-        self.optimizer.step()
+    def gather_params(self) -> None:
+        """After the update: all-gather every bucket's slices into the full parameters."""
         for b in self.buckets:
             self.comm.all_gather(b.flat, b.shard.data, "dp", label=f"zero params bucket {b.index}")
 

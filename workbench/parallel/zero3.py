@@ -19,6 +19,9 @@ full parameters of the units in use (the saw-tooth), `comm_buffer` gradients in 
 Freeing resizes the flat buffer's storage to zero and gathering resizes it back and fills it in place:
 the tensors autograd saved for backward share that storage, so they see the parameters again when
 backward needs them (FSDP's approach).
+
+`Zero3DataParallel` is the `GradSync`; the update is `ShardedAdamWUpdater(shards)` with nothing after
+the step. Each unit reduce-scatters after every backward, so `no_sync()` changes nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.parallel.zero import padded, sharded_grad_norm_sq
+from workbench.parallel.flat import flatten_params, pack_grads
+from workbench.parallel.grad_sync import SyncToggle
 
 
 @dataclass
@@ -47,25 +51,17 @@ class Unit:
     rs_handles: list = field(default_factory=list)
 
 
-class Zero3DataParallel:
-    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, lr: float, weight_decay: float,
-                 prefetch: bool = True) -> None:
+class Zero3DataParallel(SyncToggle):
+    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, prefetch: bool = True) -> None:
         self.comm, self.prefetch = comm, prefetch
         self.n, self.r = comm.size("dp"), comm.groups.index("dp")
         self.memory = comm.memory
-        self.enabled = True
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
         for i, (name, module) in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad]
-            total = padded(sum(p.numel() for p in params), self.n)
-            flat = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
-            offset = 0
-            for p in params:
-                flat[offset:offset + p.numel()].copy_(p.data.view(-1))
-                p.data = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-            per = total // self.n
+            flat = flatten_params(params, multiple=self.n)
+            per = flat.numel() // self.n
             shard = nn.Parameter(flat[self.r * per:(self.r + 1) * per].clone())
             shard.grad = torch.zeros_like(shard)
             unit = Unit(i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size())
@@ -76,8 +72,10 @@ class Zero3DataParallel:
             module.register_forward_pre_hook(lambda m, args, u=unit: self._before_forward(u))
             module.register_forward_hook(lambda m, args, out, u=unit: self._after_forward(u, out))
             self.units.append(unit)
-        self.optimizer = torch.optim.AdamW([u.shard for u in self.units], lr=lr, weight_decay=weight_decay,
-                                           foreach=False)
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        return [u.shard for u in self.units]
 
     # ---- gather and free -----------------------------------------------------------------------------
     def _gather(self, unit: Unit, async_op: bool, why: str) -> None:
@@ -139,12 +137,7 @@ class Zero3DataParallel:
         if unit.ready < len(unit.params):
             return
         unit.ready = 0
-        staging = torch.zeros_like(unit.flat)
-        offset = 0
-        for q in unit.params:
-            staging[offset:offset + q.numel()].copy_(q.grad.view(-1))
-            q.grad = None
-            offset += q.numel()
+        staging = pack_grads(unit.params, unit.flat)
         staging.div_(self.n)
         self._free(unit)
         out = torch.empty_like(unit.shard)
@@ -156,7 +149,7 @@ class Zero3DataParallel:
         unit.rs_handles.append((h, out, staging))
 
     # ---- the step ------------------------------------------------------------------------------------
-    def finish(self) -> None:
+    def wait(self) -> None:
         for unit in self.units:
             for h, out, staging in unit.rs_handles:
                 h.wait()
@@ -171,16 +164,6 @@ class Zero3DataParallel:
                 unit.gather_handle.wait()
                 unit.gather_handle, unit.gathered = None, True
             self._free(unit)
-
-    def grad_norm_sq(self) -> torch.Tensor:
-        return sharded_grad_norm_sq([u.shard for u in self.units], self.comm)
-
-    def clip(self, coef: torch.Tensor) -> None:
-        for u in self.units:
-            u.shard.grad.mul_(coef)
-
-    def step(self) -> None:
-        self.optimizer.step()
 
     def zero_grad(self) -> None:
         for u in self.units:

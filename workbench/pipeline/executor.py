@@ -4,8 +4,8 @@
     F       run the chunk forward (the last stage computes the loss, scaled by 1/m)
     SEND_F  post the output to the next stage's rank (asynchronous: waited for at the end of the step)
     RECV_B  receive the gradient of the output from the next stage
-    B       backward through the chunk (with data parallelism, the last backward of each chunk lets
-            its gradient buckets launch their all-reduces)
+    B       backward through the chunk (the earlier backwards of a chunk run inside the gradient
+            sync's `no_sync()`, so only its last one lets the buckets launch their all-reduces)
     SEND_B  post the gradient of the input to the previous stage
 
 Point-to-point operations go through the traced Communicator on the `pp` group, so each send is
@@ -19,15 +19,17 @@ backward, so the memory counter shows GPipe holding m microbatches and 1F1B at m
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.engine.device import sync_compute
-from workbench.engine.memory import MemoryTracker
-from workbench.pipeline.schedule import Schedule
+from workbench.measure.device import sync_compute
+from workbench.measure.memory import MemoryTracker
+from workbench.parallel.grad_sync import GradSync
+from workbench.pipeline.schedule import Action, Schedule
 
 
 def tag(kind: str, stage: int) -> int:
@@ -38,12 +40,11 @@ def tag(kind: str, stage: int) -> int:
 class PipelineExecutor:
     def __init__(self, schedule: Schedule, rank: int, chunks: dict[int, nn.Module], comm: Communicator,
                  memory: MemoryTracker, hidden_shape: tuple[int, ...], device: torch.device,
-                 grad_sync: Any = None, dtype: torch.dtype = torch.float32) -> None:
+                 grad_sync: GradSync | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.schedule, self.rank, self.chunks, self.comm = schedule, rank, chunks, comm
         self.memory, self.hidden_shape, self.device, self.grad_sync = memory, hidden_shape, device, grad_sync
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.actions = schedule.actions[rank]
-        self.loss_scale = 1.0  # fp16: the backward runs on loss × scale
         self.pp_ranks = comm.groups.ranks["pp"]
         last_b: dict[int, int] = {}
         for i, a in enumerate(self.actions):
@@ -54,69 +55,86 @@ class PipelineExecutor:
     def _peer(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.rank_of(stage)]
 
-    def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], step: int) -> torch.Tensor:
-        """One optimizer step's forwards and backwards; returns the summed (1/m-scaled) loss of the
+    def run(self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0) -> torch.Tensor:
+        """One optimizer step's forwards and backwards of the local batch (x, y), cut into m microbatches;
+        backward runs on loss × loss_scale (fp16). Returns the summed (1/m-scaled) loss of the
         microbatches whose last stage is here (zero elsewhere)."""
-        rec, m = self.comm.recorder, self.schedule.m
-        stage_in: dict[tuple[int, int], torch.Tensor] = {}
-        stage_out: dict[tuple[int, int], torch.Tensor] = {}
-        grad_out: dict[tuple[int, int], torch.Tensor] = {}
-        act_bytes: dict[tuple[int, int], int] = {}
-        sends: list[Handle] = []
-        loss_sum = torch.zeros((), device=self.device)
-        if self.grad_sync is not None:
-            self.grad_sync.enabled = False
+        # each microbatch a tensor of its own, so a forward keeps only its own ids alive
+        inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
+        st = _StepState(inputs, targets, loss_scale, torch.zeros((), device=self.device))
+        handlers = {"RECV_F": self._recv_f, "F": self._forward, "SEND_F": self._send_f,
+                    "RECV_B": self._recv_b, "B": self._backward, "SEND_B": self._send_b}
         for i, a in enumerate(self.actions):
-            key = (a.stage, a.microbatch)
             args = {"step": step, "stage": a.stage, "chunk": self.schedule.chunk_of(a.stage),
                     "microbatch": a.microbatch, "action": a.kind}
-            with rec.span(str(a), "schedule", "schedule", **args):
-                if a.kind == "RECV_F":
-                    buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
-                    self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
-                    stage_in[key] = buf.requires_grad_()
-                elif a.kind == "F":
-                    chunk = self.chunks[a.stage]
-                    x = stage_in[key] if key in stage_in else inputs[a.microbatch]
-                    before = self.memory.current["activation"]
-                    with rec.span("forward", "forward", "compute", **args):
-                        with self.memory.count_saved_activations():
-                            out = chunk(x, targets[a.microbatch] if chunk.last else None)
-                            if chunk.last:
-                                out = out / m
-                        sync_compute(self.device)
-                    act_bytes[key] = self.memory.current["activation"] - before
-                    self.memory.snapshot()
-                    stage_out[key] = out
-                    if chunk.last:
-                        loss_sum = loss_sum + out.detach()
-                elif a.kind == "SEND_F":
-                    out = stage_out[key].detach()
-                    sends.append(self.comm.isend(out, self._peer(a.peer), "pp", label=str(a),
-                                                 tag=tag(a.kind, a.peer)))
-                elif a.kind == "RECV_B":
-                    buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
-                    self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
-                    grad_out[key] = buf
-                elif a.kind == "B":
-                    if self.grad_sync is not None:  # sync gradients only on this chunk's last backward
-                        self.grad_sync.enabled = i in self.last_backward
-                    with rec.span("backward", "backward", "compute", **args):
-                        out = stage_out.pop(key)
-                        if key in grad_out:
-                            torch.autograd.backward(out, grad_out.pop(key))
-                        else:
-                            (out * self.loss_scale if self.loss_scale != 1.0 else out).backward()
-                        sync_compute(self.device)
-                    self.memory.add("activation", -act_bytes.pop(key))
-                    self.memory.snapshot()
-                elif a.kind == "SEND_B":
-                    grad = stage_in.pop(key).grad
-                    sends.append(self.comm.isend(grad, self._peer(a.peer), "pp", label=str(a),
-                                                 tag=tag(a.kind, a.peer)))
-        for handle in sends:
+            with self.comm.recorder.span(str(a), "schedule", "schedule", **args):
+                handlers[a.kind](st, a, (a.stage, a.microbatch), args, i)
+        for handle in st.sends:
             handle.wait()
-        if self.grad_sync is not None:
-            self.grad_sync.enabled = True
-        return loss_sum
+        return st.loss_sum
 
+    def _receive(self, a: Action, key: tuple[int, int]) -> torch.Tensor:
+        buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
+        self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
+        return buf
+
+    def _send(self, st: _StepState, a: Action, t: torch.Tensor) -> None:
+        st.sends.append(self.comm.isend(t, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.peer)))
+
+    def _recv_f(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        st.stage_in[key] = self._receive(a, key).requires_grad_()
+
+    def _recv_b(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        st.grad_out[key] = self._receive(a, key)
+
+    def _send_f(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        self._send(st, a, st.stage_out[key].detach())
+
+    def _send_b(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        self._send(st, a, st.stage_in.pop(key).grad)
+
+    def _forward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        chunk = self.chunks[a.stage]
+        x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
+        before = self.memory.current["activation"]
+        with self.comm.recorder.span("forward", "forward", "compute", **args):
+            with self.memory.count_saved_activations():
+                out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
+                if chunk.last:
+                    out = out / self.schedule.m
+            sync_compute(self.device)
+        st.act_bytes[key] = self.memory.current["activation"] - before
+        self.memory.snapshot()
+        st.stage_out[key] = out
+        if chunk.last:
+            st.loss_sum = st.loss_sum + out.detach()
+
+    def _backward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        # gradients are synchronised only after this chunk's last backward
+        hold = self.grad_sync is not None and i not in self.last_backward
+        with self.grad_sync.no_sync() if hold else nullcontext(), \
+                self.comm.recorder.span("backward", "backward", "compute", **args):
+            out = st.stage_out.pop(key)
+            if key in st.grad_out:
+                torch.autograd.backward(out, st.grad_out.pop(key))
+            else:
+                (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
+            sync_compute(self.device)
+        self.memory.add("activation", -st.act_bytes.pop(key))
+        self.memory.snapshot()
+
+
+@dataclass
+class _StepState:
+    """What one step's actions hand each other: stage inputs and outputs by (stage, microbatch), the
+    gradients received, the activation bytes each forward added, the sends in flight."""
+
+    inputs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    loss_scale: float
+    loss_sum: torch.Tensor
+    stage_in: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    stage_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    grad_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    act_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    sends: list[Handle] = field(default_factory=list)

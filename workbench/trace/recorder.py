@@ -28,6 +28,9 @@ SCHEMA_VERSION = 1
 #: lane name -> tid, in display order
 LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4}
 
+#: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
+MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary", "other")
+
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
     "ring_step", "wait", "schedule", "checkpoint",

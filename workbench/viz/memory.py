@@ -5,11 +5,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from workbench.run import Run
+from workbench.trace.recorder import MEMORY_CATEGORIES
 
-CATEGORY_COLORS = {
-    "parameter": "#4C78A8", "gradient": "#F58518", "optimizer_state": "#54A24B", "activation": "#E45756",
-    "comm_buffer": "#72B7B2", "temporary": "#B279A2", "other": "#BAB0AC",
-}
+#: one colour per memory category, in the categories' order
+CATEGORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2",
+                                               "#BAB0AC"), strict=True))
 
 
 def memory_breakdown(run: Run, title: str | None = None) -> go.Figure:

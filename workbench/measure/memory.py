@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
+from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
 from workbench.trace.recorder import TraceRecorder
-
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary", "other")
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -78,21 +77,15 @@ class MemoryTracker:
             self.peak[k] = max(self.peak[k], v)
         self.peak_total = max(self.peak_total, sum(self.current.values()))
 
-    def count_model_states(self, params: list[torch.nn.Parameter], optimizer: Any | None = None,
-                           grads: Iterable[torch.Tensor | None] | None = None,
-                           extra_state: Iterable[torch.Tensor] = ()) -> None:
-        """Re-count parameter, gradient and optimizer-state bytes from the live tensors."""
+    def count_model_states(self, params: Iterable[torch.Tensor], grads: Iterable[torch.Tensor | None],
+                           states: Iterable[torch.Tensor] = (), counters: Iterable[torch.Tensor] = ()) -> None:
+        """Re-count the model-state categories from the live tensors: parameters, gradients, optimizer
+        states (moments and fp32 masters, `Updater.state_tensors()`) and, under `other`, Adam's step
+        counters (`Updater.counter_tensors()`)."""
         self.current["parameter"] = storage_bytes(params)
-        self.current["gradient"] = storage_bytes(grads if grads is not None else (p.grad for p in params))
-        moments: list[torch.Tensor] = []
-        other: list[torch.Tensor] = []
-        if optimizer is not None:
-            for state in optimizer.state.values():
-                for key, value in state.items():
-                    if torch.is_tensor(value):
-                        (other if key == "step" else moments).append(value)
-        self.current["optimizer_state"] = storage_bytes([*moments, *extra_state])  # + fp32 master weights
-        self.current["other"] = storage_bytes(other)
+        self.current["gradient"] = storage_bytes(grads)
+        self.current["optimizer_state"] = storage_bytes(states)
+        self.current["other"] = storage_bytes(counters)
         self._update_peaks()
 
     # ---- activations -------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""The shape of the code, as docs/architecture.md states it: small files and functions, layers that
+import one way, no import cycle. Read from the source with `ast`, so nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "workbench"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
+#: packages that sit below the engine: they may not import it (nor anything above it)
+LOWER = ("workbench.comm", "workbench.parallel", "workbench.pipeline", "workbench.measure", "workbench.trace")
+ABOVE_ENGINE = ("workbench.engine", "workbench.analysis", "workbench.viz", "workbench.launcher", "workbench.run",
+                "workbench.compare", "workbench.cli")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """workbench modules imported anywhere in the file (also inside functions and TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            # `from workbench import formulas` imports the submodule, not the package's facade
+            names = [node.module] * (node.module != "workbench") + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in modules and n.startswith("workbench")}
+    return found
+
+
+def test_files_and_functions_are_small():
+    too_long = []
+    for path in ROOT.rglob("*.py"):
+        lines = path.read_text().count("\n")
+        if lines > MAX_FILE_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}() {n} lines")
+    assert not too_long, f"over {MAX_FILE_LINES} lines per file / {MAX_FUNCTION_LINES} per function: {too_long}"
+
+
+def test_lower_layers_never_import_the_engine_or_above():
+    modules = _modules()
+    bad = [f"{name} imports {imp}" for name, path in modules.items() if name.startswith(LOWER)
+           for imp in _imports(path, modules) if imp.startswith(ABOVE_ENGINE)]
+    assert not bad, bad
+
+
+def test_the_model_knows_nothing_of_parallelism():
+    modules = _modules()
+    imported = _imports(modules["workbench.engine.model"], modules)
+    assert not [m for m in imported if m.startswith(("workbench.parallel", "workbench.pipeline"))], imported
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: {i for i in _imports(path, modules) if i != name and not name.startswith(f"{i}.")}
+             for name, path in modules.items()}
+    done: set[str] = set()
+
+    def cycle_from(node: str, stack: list[str]) -> list[str] | None:
+        """Depth-first: the first path that comes back to a module still on the stack."""
+        if node in stack:
+            return stack[stack.index(node):] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            if found := cycle_from(nxt, stack + [node]):
+                return found
+        done.add(node)
+        return None
+
+    for name in sorted(graph):
+        cycle = cycle_from(name, [])
+        assert cycle is None, " → ".join(cycle)

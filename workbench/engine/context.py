@@ -1,0 +1,107 @@
+"""What one rank knows about its place in the run, built once by `setup` and passed explicitly:
+the config, the rank grid and its process groups (each with the config's timeout), the device, the
+trace recorder, the memory tracker and the traced communicator. No globals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.comm.traced import Communicator
+from workbench.config import RunConfig
+from workbench.grid import ProcessGroups, RankGrid
+from workbench.measure.memory import MemoryTracker
+from workbench.trace.recorder import TraceRecorder
+
+
+@dataclass
+class RankContext:
+    """What one rank needs, built once and passed explicitly."""
+
+    config: RunConfig
+    run_dir: str
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    grid: RankGrid
+    groups: ProcessGroups
+    recorder: TraceRecorder
+    memory: MemoryTracker
+    comm: Communicator
+    hosts: list[str]
+
+
+def resolve_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def setup(config: RunConfig, run_dir: str) -> RankContext:
+    """Join the process group (with the config's timeout), build the grid, agree on the clock."""
+    backend = resolve_backend(config.backend)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size != config.world_size:
+        raise RuntimeError(
+            f"torchrun started {world_size} processes but dp×tp×pp = {config.dp}×{config.tp}×{config.pp} "
+            f"= {config.world_size}: launch with --nproc-per-node × --nnodes = {config.world_size}"
+        )
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s),
+                            device_id=device if backend == "nccl" else None)
+    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
+    groups = ProcessGroups.create(grid, rank, config.timeout_s)
+    name = config.name or os.path.basename(os.path.abspath(run_dir))
+    recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
+    memory = MemoryTracker(recorder, device)
+    comm = Communicator(groups, recorder, memory)
+    # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
+    comm.barrier()
+    recorder.set_epoch()
+    walls: list[Any] = [None] * world_size
+    dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
+    recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
+    return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
+                       hosts=[w[1] for w in walls])
+
+
+def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -> None:
+    """config.json: the request plus what this launch resolved (model dims, backend, device, hosts, grid)."""
+    cfg = ctx.config
+    resolved = {
+        **cfg.to_dict(),
+        "model": {"preset": cfg.model if isinstance(cfg.model, str) else None,
+                  **cfg.model_config.__dict__},
+        "params": params,
+        "params_per_rank": params_per_rank,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "local_batch": cfg.local_batch,
+        "torch_version": torch.__version__,
+        "hosts": ctx.hosts,
+        "grid": {r: ctx.grid.coords(r) for r in range(ctx.world_size)},
+    }
+    write_json(os.path.join(ctx.run_dir, "config.json"), resolved)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,160 @@
+"""Build, once, everything one rank needs to train: its `Strategy` (torchtitan's parallelize step).
+
+    dense GPT, on the meta device (nothing allocated)            engine/model.py
+      → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
+      → materialise on the device, initialise by parameter name  GPT.init_weights
+      → activation recomputation                                 engine/recompute.apply_recompute
+      → precision (16-bit parameters and activations)
+    (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
+      → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
+      → updater: sharded AdamW (ZeRO) | mixed precision | AdamW                           an Updater
+      → forward/backward: the pipeline executor running the schedule, or one batch
+
+The training step (`engine/train_step.py`) then only calls the pieces: forward_backward.run →
+grad_sync.wait → updater.step → grad_sync.zero_grad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from workbench.config import RunConfig
+from workbench.engine.context import RankContext
+from workbench.engine.forward_backward import ForwardBackward, SingleBatch
+from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
+from workbench.engine.model import GPT
+from workbench.engine.recompute import Recompute, apply_recompute
+from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+from workbench.parallel.grad_sync import ChainedGradSync, GradSync
+from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
+from workbench.parallel.tp_communications import TPContext
+from workbench.parallel.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
+from workbench.parallel.zero import ZeroDataParallel
+from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
+from workbench.pipeline.executor import PipelineExecutor
+from workbench.pipeline.schedule import Schedule, build_schedule
+from workbench.pipeline.stages import build_stages
+
+
+@dataclass
+class Strategy:
+    """One rank's assembled training: what `train_step` runs."""
+
+    ctx: RankContext
+    model: nn.Module  # the whole model, or a ModuleDict of this rank's pipeline chunks
+    grad_sync: GradSync
+    updater: Updater
+    forward_backward: ForwardBackward
+    state_params: list[torch.Tensor]  # what the `parameter` memory category holds
+    schedule: Schedule | None = None  # when the step runs a microbatch schedule
+
+    def count_model_states(self) -> None:
+        self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
+                                           self.updater.state_tensors(), self.updater.counter_tensors())
+
+
+def runs_schedule(cfg: RunConfig) -> bool:
+    """Pipeline stages, or gradient accumulation (a one-stage schedule of microbatches)."""
+    return cfg.pp > 1 or cfg.microbatches > 1
+
+
+def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
+    torch.manual_seed(cfg.seed)
+    note_offload(cfg, ctx)
+    tp = TPContext(ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel) \
+        if cfg.tp > 1 else None
+    rc = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
+    schedule = None
+    if runs_schedule(cfg):
+        schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
+                                  cfg.virtual_stages)
+        chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"),
+                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last))
+        model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
+    else:
+        model = build_chunk(cfg, ctx, tp, rc)
+    grad_sync = wrap_data_parallel(cfg, ctx, model, tp)
+    updater = build_updater(cfg, ctx, model, grad_sync, tp)
+    if schedule is not None:
+        forward_backward: ForwardBackward = pipeline_executor(cfg, ctx, schedule, chunks, grad_sync)
+    else:
+        forward_backward = SingleBatch(model, ctx.recorder, ctx.memory, ctx.device)
+    state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
+    ctx.memory.register_model(model)
+    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule)
+
+
+def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Recompute | None,
+                layers: range | None = None, first: bool = True, last: bool = True) -> GPT:
+    """The model (or one pipeline stage of it): dense on meta → TP swap → device, init by name →
+    recompute → precision."""
+    with torch.device("meta"):
+        chunk = GPT(cfg.model_config, layers=layers, first=first, last=last)
+    if tp is not None:
+        apply_tensor_parallel(chunk, tp)
+    materialize(chunk, ctx.device)
+    chunk.init_weights(cfg.seed)
+    if rc is not None:
+        apply_recompute(chunk, rc)
+    if cfg.precision != "fp32":
+        chunk.to(DTYPES[cfg.precision])
+    return chunk
+
+
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-built module's tensors on `device`, uninitialised. `to_empty` makes new Parameter
+    objects there (meta and device tensors are not shallow-copy compatible), so the marks strategies put
+    on parameters (`tp_sharded`, `sequence_parallel_partial`) are carried over by hand."""
+    marks = {name: dict(vars(p)) for name, p in module.named_parameters()}
+    module.to_empty(device=device)
+    for name, p in module.named_parameters():
+        vars(p).update(marks[name])
+
+
+def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None) -> GradSync:
+    if cfg.zero == 3:
+        dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch)
+    elif cfg.zero in (1, 2):
+        dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb)
+    elif cfg.dp_impl == "naive":
+        dp = NaiveDataParallel(model, ctx.comm)
+    else:
+        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce)
+    return dp if tp is None else ChainedGradSync([dp, TensorParallelGrads(model, tp)])
+
+
+def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync: GradSync,
+                  tp: TPContext | None) -> Updater:
+    pp_comm = ctx.comm if cfg.pp > 1 else None  # the gradient norm sums every stage's share
+    if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel):  # each rank updates its partition
+        after = grad_sync.gather_params if isinstance(grad_sync, ZeroDataParallel) else None
+        return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after)
+    params = list(model.parameters())
+    if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
+        return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, cfg.weight_decay,
+                                     cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm)
+    return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm)
+
+
+def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chunks: dict[int, nn.Module],
+                      grad_sync: GradSync) -> PipelineExecutor:
+    mcfg = cfg.model_config
+    micro = cfg.local_batch // cfg.microbatches
+    seq = mcfg.seq_len // (cfg.tp if cfg.sequence_parallel else 1)  # what travels between stages
+    return PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, ctx.comm, ctx.memory,
+                            (micro, seq, mcfg.hidden), ctx.device, grad_sync, DTYPES.get(cfg.precision, torch.float32))
+
+
+def note_offload(cfg: RunConfig, ctx: RankContext) -> None:
+    if not cfg.offload_optimizer:
+        return
+    if ctx.device.type != "cuda":
+        note = "optimizer offload is a no-op here: on a CPU run the optimizer already lives in host memory"
+        ctx.recorder.info["offload_optimizer"] = note
+        if ctx.rank == 0:
+            print(f"[workbench] {note}", flush=True)
+    else:
+        raise NotImplementedError("optimizer offload to host memory is not built yet for CUDA runs")

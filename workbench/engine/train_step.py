@@ -1,0 +1,84 @@
+"""One optimizer step on one rank, over a Strategy built once by `parallelize`:
+
+    ProfilerStep#k ─ forward and backward (DP buckets launch their all-reduces as gradients become
+                     ready; a pipeline runs its schedule) ─ gradient sync (wait) ─ optimizer (norm,
+                     clip, AdamW) ─ the loss of the global batch (an all-reduce of one number)
+
+Memory counters are taken after forward, after backward and after the optimizer step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.engine.context import RankContext
+from workbench.engine.lr_schedule import lr_at
+from workbench.engine.parallelize import Strategy
+from workbench.measure.device import sync_compute
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float  # mean over the global batch
+    lr: float
+    grad_norm: float | None  # None when the step was skipped (an fp16 overflow)
+    step_time_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # the updater's facts: loss scale, skipped
+
+
+def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> StepResult:
+    ctx, cfg = strategy.ctx, strategy.ctx.config
+    rec, memory = ctx.recorder, ctx.memory
+    ctx.comm.step = step
+    t0 = time.perf_counter()
+    with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
+        inject_fault(cfg, ctx.rank, step)
+        loss = strategy.forward_backward.run(*batch, step, loss_scale(cfg, ctx.rank, step, strategy))
+        memory.set("activation", 0)
+        strategy.count_model_states()
+        memory.snapshot()
+        with rec.span("gradient sync", "wait", "wait", step=step):
+            strategy.grad_sync.wait()
+        lr = lr_at(step, cfg.lr, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
+        with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr) as opt_args:
+            grad_norm = strategy.updater.step(lr, cfg.grad_clip)
+            opt_args.update(strategy.updater.metrics())
+            strategy.grad_sync.zero_grad()
+            sync_compute(ctx.device)
+        strategy.count_model_states()
+        memory.snapshot()
+        loss_value = global_loss(ctx, loss)
+    return StepResult(step, loss_value, lr, grad_norm, time.perf_counter() - t0, strategy.updater.metrics())
+
+
+def loss_scale(cfg: RunConfig, rank: int, step: int, strategy: Strategy) -> float:
+    """The updater's loss scale, or inf on the rank and step of an injected overflow."""
+    if cfg.fault == "overflow" and rank == cfg.fault_rank and step == cfg.fault_step:
+        return float("inf")  # this rank's gradients become inf/NaN: every rank must skip the step
+    return strategy.updater.loss_scale
+
+
+def global_loss(ctx: RankContext, loss: torch.Tensor) -> float:
+    """The mean loss of the global batch on every rank: the pipeline's last stage holds it (summed over
+    pp), each dp rank its share (averaged over dp)."""
+    total = loss.detach().reshape(1).clone()
+    if ctx.config.pp > 1:
+        ctx.comm.all_reduce(total, "pp", label="loss")
+    ctx.comm.all_reduce(total, "dp", label="loss")
+    return total.item() / ctx.groups.size("dp")
+
+
+def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    if cfg.fault is None or rank != cfg.fault_rank or step != cfg.fault_step:
+        return
+    if cfg.fault == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if cfg.fault == "hang":
+        time.sleep(10 * cfg.timeout_s)  # the other ranks must time out, not wait forever
+    # "overflow" is injected into the loss scale of that step (see loss_scale)

@@ -1,0 +1,153 @@
+"""The contract of the optimizer step: an `Updater` turns synchronised gradients into new parameters.
+
+    step(lr, max_norm)   the norm of the *whole* model's gradient (every shard, every stage), clipping
+                         as torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6),
+                         at most 1), then AdamW. Returns the norm, or None when the step was skipped
+                         (an fp16 overflow).
+    state_tensors()      what the `optimizer_state` memory category holds (Adam's moments, fp32 masters)
+    counter_tensors()    Adam's per-tensor step counters (counted under `other`)
+    loss_scale           what backward multiplies the loss by (1 except for fp16)
+
+Implemented by `AdamWUpdater` (fp32, replicated or tensor-parallel parameters), `ShardedAdamWUpdater`
+(ZeRO: each rank updates its slices) and `MixedPrecisionUpdater` (engine/mixed_precision.py).
+
+The norm: squares are summed locally, then over tp for tensor-parallel shards (replicated parameters
+count once), over dp for ZeRO slices, and over pp when the model is cut into stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from workbench.comm.traced import Communicator
+from workbench.parallel.tp_communications import TPContext, all_reduce_tp
+
+
+class Updater(Protocol):
+    loss_scale: float
+
+    def step(self, lr: float, max_norm: float | None) -> float | None: ...
+
+    def state_tensors(self) -> list[torch.Tensor]: ...
+
+    def counter_tensors(self) -> list[torch.Tensor]: ...
+
+    def metrics(self) -> dict[str, Any]:
+        """Extra facts of the last step for the trace and metrics.jsonl (loss scale, skipped)."""
+
+
+def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's AdamW, one tensor at a time (foreach=False: the same arithmetic on every layout)."""
+    return torch.optim.AdamW(list(params), lr=lr, weight_decay=weight_decay, foreach=False)
+
+
+def adam_state(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(moments, step counters) of an Adam-family optimizer."""
+    moments: list[torch.Tensor] = []
+    counters: list[torch.Tensor] = []
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                (counters if key == "step" else moments).append(value)
+    return moments, counters
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
+    """torch.nn.utils.clip_grad_norm_'s scale: max_norm / (norm + 1e-6), at most 1 (None: no clipping)."""
+    return None if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+
+
+def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor:
+    if pp_comm is None:
+        return sq
+    sq = sq.reshape(1).clone()
+    pp_comm.all_reduce(sq, "pp", label="grad norm", meta={"layer": "grad norm", "direction": "optimizer"})
+    return sq[0]
+
+
+def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
+                     pp_comm: Communicator | None = None) -> torch.Tensor:
+    """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
+    summed over tp, replicated ones counted once, every stage's share summed over pp."""
+    zero = torch.zeros((), device=params[0].device)
+    sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
+    replicated = [p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)]
+    sq = sum((g.float().pow(2).sum() for g in sharded), zero)
+    if tp is not None and tp.size > 1:
+        sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
+    sq = sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    return _sum_over_pp(sq, pp_comm).sqrt()
+
+
+def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
+                      pp_comm: Communicator | None = None) -> torch.Tensor:
+    """‖g‖ when each dp rank holds disjoint slices of the gradient (ZeRO): the slices' squares summed
+    over dp (padding is zero and adds nothing), then over pp."""
+    sq = sum((s.grad.float().pow(2).sum() for s in shards), torch.zeros((), device=shards[0].device))
+    sq = sq.reshape(1).clone()
+    comm.all_reduce(sq, "dp", label="zero grad norm")
+    return _sum_over_pp(sq[0], pp_comm).sqrt()
+
+
+def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> None:
+    if coef is None:
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
+
+
+class AdamWUpdater:
+    """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards)."""
+
+    loss_scale = 1.0
+
+    def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float,
+                 tp: TPContext | None = None, pp_comm: Communicator | None = None) -> None:
+        self.params, self.tp, self.pp_comm = list(params), tp, pp_comm
+        self.optimizer = adamw(self.params, lr, weight_decay)
+
+    def step(self, lr: float, max_norm: float | None) -> float:
+        set_lr(self.optimizer, lr)
+        norm = global_grad_norm(self.params, self.tp, self.pp_comm)
+        scale_grads(self.params, clip_coefficient(norm, max_norm))
+        self.optimizer.step()
+        return float(norm)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return adam_state(self.optimizer)[0]
+
+    def counter_tensors(self) -> list[torch.Tensor]:
+        return adam_state(self.optimizer)[1]
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+
+class ShardedAdamWUpdater(AdamWUpdater):
+    """ZeRO's optimizer: AdamW on this rank's slices only (its moments are 8Ψ/N bytes), then
+    `after_step` (ZeRO-1/2: all-gather the updated slices into the full parameters; ZeRO-3: nothing,
+    the next forward gathers)."""
+
+    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
+                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None) -> None:
+        super().__init__(shards, lr, weight_decay, None, pp_comm)
+        self.comm, self.after_step = comm, after_step
+
+    def step(self, lr: float, max_norm: float | None) -> float:
+        set_lr(self.optimizer, lr)
+        norm = sharded_grad_norm(self.params, self.comm, self.pp_comm)
+        scale_grads(self.params, clip_coefficient(norm, max_norm))
+        self.optimizer.step()
+        if self.after_step is not None:
+            self.after_step()
+        return float(norm)
