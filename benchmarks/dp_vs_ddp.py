@@ -30,6 +30,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from workbench.comm.bandwidth import bus_factor
+    from workbench.comm.ring_allreduce import ring_all_reduce
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch, shard_rows
     from workbench.engine.model import GPT
@@ -81,11 +83,14 @@ def worker(args: argparse.Namespace) -> None:
             for _ in range(args.bw_repeats):
                 dist.barrier()
                 t = time.perf_counter()
-                comm.all_reduce(buf, "dp", algorithm=algo)
+                if algo == "ring":
+                    ring_all_reduce(comm, buf, "dp")
+                else:
+                    comm.all_reduce(buf, "dp")
                 ts.append(time.perf_counter() - t)
             t_med = torch.tensor([statistics.median(ts)])
             dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
-            row[algo] = numel * 4 / t_med.item() / 1e9 * 2 * (world - 1) / world
+            row[algo] = numel * 4 / t_med.item() / 1e9 * bus_factor("all_reduce", world)
         bw_rows.append((numel * 4, row))
 
     if rank == 0:
