@@ -45,7 +45,12 @@ def test_compare_tabulates_runs_with_estimates(tmp_path):
                 "predicted_memory_bytes", "memory_error"):
         assert col in t.columns
     assert (t.loss_diff_vs_baseline < 1e-5).all()
-    assert (t.memory_error.abs() < 0.05).all(), "memory estimated within 5 %"
+    # memory_error is against the simultaneous peak of every category (what the rank pays). DP: exact but
+    # for Adam's step counters. ZeRO-3: the estimate adds the peaks of the gathered layers, the gradient
+    # copies in flight and the activations, which do not all coincide — an upper bound, at most 10 % over.
+    assert t.peak_total_bytes.iloc[0] > 0
+    assert abs(t.memory_error.iloc[0]) < 0.01, t.memory_error
+    assert 0 <= t.memory_error.iloc[1] < 0.10, t.memory_error
     assert t.bytes_moved_per_step.iloc[1] / t.bytes_moved_per_step.iloc[0] == pytest.approx(1.5, rel=0.01)
     report = cmp.report(str(tmp_path))
     assert open(report).read().count("plotly") > 0 and (tmp_path / "table.csv").exists()

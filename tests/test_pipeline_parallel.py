@@ -73,10 +73,31 @@ def test_memory_and_communication_match_the_schedule(launched):
     assert f0 * 2 == g0, "stage 0 holds 2 (= p) microbatches under 1F1B, 4 (= m) under GPipe"
 
 
-def test_summary_reports_the_bubble(launched):
-    b = launched(model=FOUR_LAYERS, pp=2, schedule="1f1b", microbatches=4).summary["bubble_fraction"]
-    assert b["predicted"] == pytest.approx(1 / 5)
-    assert 0 < b["measured"] < 1
+@pytest.mark.parametrize("config, formula", [
+    ({"schedule": "1f1b"}, 1 / 5),
+    ({"schedule": "gpipe"}, 1 / 5),
+    ({"schedule": "interleaved", "virtual_stages": 2}, 1 / 9),
+], ids=["1f1b", "gpipe", "interleaved"])
+def test_the_measured_bubble_is_explained_by_the_measured_costs(launched, config, formula):
+    """The simulator replaying the schedule with each action's measured duration and each transfer's
+    measured time lands within 10 % (relative) of the measured bubble. On the tiny model both sit far
+    above the formula — a microbatch's compute is as short as the Python and gloo costs around it — and
+    this says the gap comes from those costs, not from the schedule. (10 %: ranks do not start a step at
+    the same instant, which the simulator assumes; measured here within 1 %.)"""
+    b = launched(model=FOUR_LAYERS, pp=2, microbatches=4, **config).summary["bubble_fraction"]
+    assert b["predicted"] == pytest.approx(formula)
+    assert b["simulated_with_measured_costs"] > b["predicted"], "this machine's costs are not uniform"
+    assert abs(b["measured"] - b["simulated_with_measured_costs"]) <= 0.10 * b["simulated_with_measured_costs"], b
+
+
+def test_a_compute_bound_pipeline_approaches_the_formula(launched):
+    """On `small` (a microbatch's compute ≫ the transfer and Python costs), 1F1B with m = 8 measures close
+    to (p − 1)/(m + p − 1) = 1/9. Band: measured − formula in [−0.02, 0.12] — the formula ignores the
+    ~1 ms gloo transfer per microbatch boundary on the critical path (benchmarks/pp_vs_torch_pipelining.py
+    --bubble measured +0.07)."""
+    b = launched(model="small", pp=2, microbatches=8, global_batch=32, steps=4).summary["bubble_fraction"]
+    assert b["predicted"] == pytest.approx(1 / 9)
+    assert -0.02 <= b["measured"] - b["predicted"] <= 0.12, b
 
 
 @pytest.mark.parametrize("change, message", [

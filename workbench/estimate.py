@@ -60,6 +60,8 @@ class Estimate:
     model_state_bytes: dict[str, float]
     model_state_bytes_per_rank: float
     activation_bytes_per_rank: float | None = None
+    #: ZeRO-2/3's gradient copies in flight and ZeRO-3's gathered layers (formulas.buffer_bytes)
+    buffer_bytes: dict[str, float] = field(default_factory=dict)
     memory_bytes_per_rank: float | None = None
     comm_bytes_per_step: dict[str, float] = field(default_factory=dict)  # group -> bytes each rank sends
     bubble_fraction: float = 0.0
@@ -83,13 +85,14 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, precision: str = "mixed",
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
-             hardware: Hardware | None = None) -> Estimate:
+             hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves."""
     if config is not None:
         model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
         precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
+        bucket_mb, prefetch = config.bucket_mb, config.prefetch
     if params is None:
         if model is None:
             raise ValueError("estimate needs a RunConfig, a model, or params=")
@@ -122,7 +125,8 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         act = in_flight * virtual_stages * kept + \
             formulas.recompute_activation_bytes(model, micro, w, tp, sequence_parallel, recompute)[1]
     out.activation_bytes_per_rank = act
-    out.memory_bytes_per_rank = out.model_state_bytes_per_rank + act
+    out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch)
+    out.memory_bytes_per_rank = out.model_state_bytes_per_rank + act + sum(out.buffer_bytes.values())
     out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
     tokens = global_batch * model.seq_len
     factor = 4 / 3 if recompute == "full" else 1.0

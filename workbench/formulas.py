@@ -139,6 +139,29 @@ def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: 
     return sum(stage_params(cfg, k, stages, tp) for k in range(pp_rank, stages, pp))
 
 
+#: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)
+ZERO_IN_FLIGHT = 2
+
+
+def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, bucket_mb: float = 25.0,
+                 width: int = 4, prefetch: bool = True) -> dict[str, float]:
+    """What a rank holds beside model states and activations, at the peak, by category:
+
+    comm_buffer   ZeRO-2: the full-size gradient copies of ZERO_IN_FLIGHT buckets being reduce-scattered,
+                  each with the 1/N slice it lands in; ZeRO-3: the same for units (a layer, an embedding).
+    temporary     ZeRO-3: the gathered parameters of the unit computing and, with prefetch, of the next.
+    (Bucketed DP and ZeRO-1 reduce in place: their buckets are the gradient category itself.)"""
+    if dp == 1 or zero < 2:
+        return {"comm_buffer": 0.0, "temporary": 0.0}
+    h, v, r = cfg.hidden, cfg.vocab_size, cfg.mlp_ratio
+    unit = max(stage_params(cfg, 0, cfg.layers) - v * h - cfg.seq_len * h, v * h + v, v * h)  # a block, head, wte
+    if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
+        staged = min(max(bucket_mb * 2**20, max(v * h, r * h * h) * width), local_params * width)
+        return {"comm_buffer": ZERO_IN_FLIGHT * staged * (1 + 1 / dp), "temporary": 0.0}
+    return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * (1 + 1 / dp),
+            "temporary": (2 if prefetch else 1) * unit * width}
+
+
 def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:
     """Megatron's 16-bit figure for comparison: s·b·h·(10 + 24/t + 5·a·s/(h·t))."""
     s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
@@ -195,15 +218,18 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
 # ---- a run's predictions, from its resolved config (what summary.json puts beside the measurement) ----
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
-    """The formulas' memory per rank for this run, by category."""
+    """The formulas' memory per rank for this run, by category: model states, activations, and the
+    buffers ZeRO-2/3 stage and gather (`buffer_bytes`)."""
     model = run_model(config)
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
-    states = model_state_bytes(params, config["dp"], config.get("zero", 0), precision)
+    width = 4 if precision == "fp32" else 2
+    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision),
+              **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
+                             width, config.get("prefetch", True))}
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
-    width = 4 if precision == "fp32" else 2
     rc = config.get("recompute", "none")
     if config.get("pp", 1) == 1 and m == 1:
         return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc)}
@@ -240,7 +266,9 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     local = params_per_rank(model, tp, pp, v, pp_rank)
     zero = config.get("zero", 0)
     if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
-        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local},
+        # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
+        scatters = m if zero == 2 else 1
+        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local * scatters},
                                             "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
     else:
         grad_width = 4 if config.get("precision", "fp32") == "fp32" else 2  # gradients in the model's precision

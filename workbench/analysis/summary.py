@@ -20,8 +20,8 @@ import statistics
 from typing import Any
 
 from workbench import formulas
+from workbench.analysis.bubble import bubble
 from workbench.comm.bandwidth import bytes_sent
-from workbench.pipeline.schedule import simulate
 from workbench.trace.recorder import LANES
 
 COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
@@ -138,37 +138,6 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     if allocator:
         out["allocator_peak_bytes"] = allocator
     return out
-
-
-def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
-    """The pipeline bubble: measured (per step, 1 − a rank's forward+backward time / the span from the
-    first to the last compute action on any rank, averaged over ranks; the median over steps after the
-    first), the formula (p − 1)/(v·m + p − 1), and the simulated schedule with the measured mean
-    forward and backward times."""
-    per_step: dict[int, dict[int, list[tuple[float, float]]]] = {}
-    f_times, b_times = [], []
-    for t in traces:
-        rank = t["distributedInfo"]["rank"]
-        for e in t["traceEvents"]:
-            if e.get("ph") == "X" and e.get("cat") in ("forward", "backward") and e.get("tid") == LANES["compute"]:
-                step = e["args"].get("step", 0)
-                per_step.setdefault(step, {}).setdefault(rank, []).append((e["ts"], e["ts"] + e["dur"]))
-                (f_times if e["cat"] == "forward" else b_times).append(e["dur"])
-    fractions = []
-    for step, ranks in sorted(per_step.items()):
-        if step == 0 and len(per_step) > 1:
-            continue  # the first step pays one-off costs (allocations, connections)
-        start = min(a for iv in ranks.values() for a, _ in iv)
-        end = max(b for iv in ranks.values() for _, b in iv)
-        fractions.append(statistics.mean(1 - sum(b - a for a, b in iv) / (end - start) for iv in ranks.values()))
-    sched = formulas.run_schedule(config)
-    simulated = None
-    if f_times and b_times:
-        simulated = simulate(sched, statistics.mean(f_times) * sched.v, statistics.mean(b_times) * sched.v)
-    return {"measured": statistics.median(fractions) if fractions else None,
-            "measured_per_step": fractions,
-            "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
-            "simulated_with_measured_costs": simulated.bubble_fraction() if simulated else None}
 
 
 def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:

@@ -10,7 +10,10 @@ N − 1 elements per bucket (reported in `summary.json`'s figures; a few bytes a
               each bucket is reduce-scattered, so rank r receives the sum of its slice.
     stage 2   gradients: as soon as a bucket's gradients are complete in backward they are copied into
               a staging buffer, freed, and the buffer reduce-scattered asynchronously; a rank keeps only
-              its slice (4Ψ/N) plus the buckets in flight.
+              its slice (4Ψ/N) plus at most MAX_IN_FLIGHT buckets in flight: launching one more first
+              waits for the oldest and frees its staging buffer (DeepSpeed's bounded reduce buckets).
+              With gradient accumulation each microbatch's backward reduce-scatters (the full gradient
+              is never kept), so the reduce-scatter bytes are m times a step's gradient.
     both      AdamW updates only the rank's slices (its moments: 8Ψ/N in fp32), then each bucket's
               updated slices are all-gathered back into the full parameters.
 
@@ -24,12 +27,14 @@ all-gather), with the optimizer states divided by N.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
+from workbench.formulas import ZERO_IN_FLIGHT as MAX_IN_FLIGHT
 from workbench.parallel.data_parallel import plan_buckets
 from workbench.parallel.flat import flatten_params, grads_as_views, pack_grads
 from workbench.parallel.grad_sync import SyncToggle
@@ -62,6 +67,7 @@ class ZeroDataParallel(SyncToggle):
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
         self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
+        self._in_flight: deque[ZeroBucket] = deque()
 
     def _bucket(self, index: int, members: list[tuple[str, nn.Parameter]]) -> ZeroBucket:
         params = [p for _, p in members]
@@ -94,25 +100,31 @@ class ZeroDataParallel(SyncToggle):
 
     def _launch(self, bucket: ZeroBucket) -> None:
         """Copy the bucket's gradients into a staging buffer, free them, reduce-scatter the buffer."""
+        self._finish_bucket(bucket)  # accumulation: this bucket's previous reduce-scatter first
+        while len(self._in_flight) >= MAX_IN_FLIGHT:  # bound the full-size copies alive at once
+            self._finish_bucket(self._in_flight[0])
         staging = pack_grads(bucket.params, bucket.flat)  # the full gradient is gone: only the slice remains
         staging.div_(self.n)
-        self._finish_bucket(bucket)  # at most one reduce-scatter in flight per bucket
-        bucket.staging = staging
+        bucket.staging, bucket.result = staging, torch.empty_like(bucket.shard)
         if self.comm.memory is not None:
-            self.comm.memory.add("comm_buffer", staging.numel() * staging.element_size())
+            self.comm.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
             self.comm.memory.snapshot()
-        bucket.result = torch.empty_like(bucket.shard)
+        self._in_flight.append(bucket)
         bucket.handle = self.comm.reduce_scatter(bucket.result, staging, "dp", async_op=True,
                                                  label=f"zero2 bucket {bucket.index}")
 
     def _finish_bucket(self, bucket: ZeroBucket) -> None:
+        """Wait for the bucket's reduce-scatter, add this rank's slice, free the staging buffer."""
         if bucket.handle is None:
             return
         bucket.handle.wait()
         bucket.shard.grad.add_(bucket.result)
-        if self.comm.memory is not None and bucket.staging is not None:
-            self.comm.memory.add("comm_buffer", -bucket.staging.numel() * bucket.staging.element_size())
+        freed = _nbytes(bucket.staging) + _nbytes(bucket.result)
         bucket.handle, bucket.staging, bucket.result = None, None, None
+        self._in_flight.remove(bucket)
+        if self.comm.memory is not None:
+            self.comm.memory.add("comm_buffer", -freed)
+            self.comm.memory.snapshot()
 
     # ---- the step ------------------------------------------------------------------------------------
     def wait(self) -> None:
@@ -142,3 +154,7 @@ class ZeroDataParallel(SyncToggle):
         """What the gradient category holds: full buffers (stage 1) and the rank's slices."""
         full = [b.grad for b in self.buckets if b.grad is not None]
         return full + [b.shard.grad for b in self.buckets]
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()

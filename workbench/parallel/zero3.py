@@ -26,7 +26,8 @@ the step. Each unit reduce-scatters after every backward, so `no_sync()` changes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ from torch import nn
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.flat import flatten_params, pack_grads
 from workbench.parallel.grad_sync import SyncToggle
+from workbench.parallel.zero import MAX_IN_FLIGHT
 
 
 @dataclass
@@ -48,7 +50,20 @@ class Unit:
     gathered: bool = False
     gather_handle: Handle | None = None
     ready: int = 0
-    rs_handles: list = field(default_factory=list)
+
+
+@dataclass
+class _ReduceScatter:
+    """A unit's gradients in flight: the full-size staging copy and the slice it lands in."""
+
+    unit: Unit
+    handle: Handle
+    result: torch.Tensor
+    staging: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.result, self.staging))
 
 
 class Zero3DataParallel(SyncToggle):
@@ -58,6 +73,7 @@ class Zero3DataParallel(SyncToggle):
         self.memory = comm.memory
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
+        self._in_flight: deque[_ReduceScatter] = deque()
         for i, (name, module) in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad]
             flat = flatten_params(params, multiple=self.n)
@@ -137,26 +153,33 @@ class Zero3DataParallel(SyncToggle):
         if unit.ready < len(unit.params):
             return
         unit.ready = 0
+        while len(self._in_flight) >= MAX_IN_FLIGHT:  # bound the full-size copies alive at once
+            self._finish_reduce_scatter()
         staging = pack_grads(unit.params, unit.flat)
         staging.div_(self.n)
         self._free(unit)
         out = torch.empty_like(unit.shard)
-        if self.memory is not None:
-            self.memory.add("comm_buffer", staging.numel() * staging.element_size())
-            self.memory.snapshot()
         h = self.comm.reduce_scatter(out, staging, "dp", async_op=True, label=f"zero3 {unit.name} grads",
                                      meta={"layer": unit.name, "direction": "backward"})
-        unit.rs_handles.append((h, out, staging))
+        self._in_flight.append(_ReduceScatter(unit, h, out, staging))
+        if self.memory is not None:
+            self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
+            self.memory.snapshot()
+
+    def _finish_reduce_scatter(self) -> None:
+        """Wait for the oldest reduce-scatter in flight, add this rank's slice, free the staging copy."""
+        rs = self._in_flight.popleft()
+        rs.handle.wait()
+        rs.unit.shard.grad.add_(rs.result)
+        if self.memory is not None:
+            self.memory.add("comm_buffer", -rs.nbytes)
+            self.memory.snapshot()
 
     # ---- the step ------------------------------------------------------------------------------------
     def wait(self) -> None:
+        while self._in_flight:
+            self._finish_reduce_scatter()
         for unit in self.units:
-            for h, out, staging in unit.rs_handles:
-                h.wait()
-                unit.shard.grad.add_(out)
-                if self.memory is not None:
-                    self.memory.add("comm_buffer", -staging.numel() * staging.element_size())
-            unit.rs_handles.clear()
             if unit.ready:
                 raise RuntimeError(f"zero3 unit {unit.name}: {unit.ready}/{len(unit.params)} gradients arrived; every "
                                    f"parameter must receive a gradient each step")

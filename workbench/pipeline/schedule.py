@@ -26,6 +26,7 @@ Send actions are asynchronous and receive actions block until the matching send 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 COMPUTE = ("F", "B")
@@ -148,7 +149,7 @@ class ScheduleError(ValueError):
     pass
 
 
-def _matching_send(a: Action) -> tuple[str, int, int, int]:
+def matching_send(a: Action) -> tuple[str, int, int, int]:
     """The send a receive waits for: (kind, from stage, to stage, microbatch)."""
     return ("SEND_F" if a.kind == "RECV_F" else "SEND_B", a.peer, a.stage, a.microbatch)
 
@@ -179,7 +180,7 @@ def validate(s: Schedule) -> list[str]:
             elif a.kind.startswith("SEND"):
                 sends.add((a.kind, a.stage, a.peer, a.microbatch))
             else:
-                recvs.add(_matching_send(a))
+                recvs.add(matching_send(a))
     for kind in COMPUTE:
         for stage in range(s.stages):
             for mb in range(s.m):
@@ -217,14 +218,21 @@ class Timeline:
         return sum(1 - x / total for x in busy) / len(busy)
 
 
-def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0) -> Timeline:
-    """The timeline of a schedule from per-action costs (a chunk's forward costs t_f / v, its backward
-    t_b / v), without starting a process. Raises ScheduleError on a deadlock."""
-    pos = [0] * s.p
-    clock = [0.0] * s.p
+def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0,
+             cost: Callable[[int, Action], tuple[float, float]] | None = None) -> Timeline:
+    """The timeline of a schedule from per-action costs, without starting a process. Raises
+    ScheduleError on a deadlock.
+
+    Uniform costs (the formula's world): a chunk's forward costs t_f / v, its backward t_b / v, a
+    transfer t_comm, sends and receives nothing else. `cost(rank, action) -> (advance, busy)` replaces
+    them per action — measured costs: a compute action advances the rank's clock by `advance` and is
+    busy for `busy` of it; a send advances the clock by its launch cost; a receive, once its send is
+    posted, by the transfer's time."""
+    per = {"F": t_f / s.v, "B": t_b / s.v}
+    cost = cost or (lambda r, a: (per.get(a.kind, 0.0), per.get(a.kind, 0.0)))
+    pos, clock = [0] * s.p, [0.0] * s.p
     posted: dict[tuple[str, int, int, int], float] = {}
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(s.p)]
-    cost = {"F": t_f / s.v, "B": t_b / s.v}
     remaining = sum(len(a) for a in s.actions)
     while remaining:
         progressed = False
@@ -232,16 +240,16 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
             while pos[r] < len(s.actions[r]):
                 a = s.actions[r][pos[r]]
                 if a.kind.startswith("RECV"):
-                    key = _matching_send(a)
-                    if key not in posted:
+                    if (key := matching_send(a)) not in posted:
                         break
-                    clock[r] = max(clock[r], posted[key] + t_comm)
+                    clock[r] = max(clock[r], posted[key] + t_comm) + cost(r, a)[0]
                 elif a.kind.startswith("SEND"):
                     posted[(a.kind, a.stage, a.peer, a.microbatch)] = clock[r]
+                    clock[r] += cost(r, a)[0]
                 else:
-                    start = clock[r]
-                    clock[r] += cost[a.kind]
-                    spans[r].append((a, start, clock[r]))
+                    (advance, busy), start = cost(r, a), clock[r]
+                    clock[r] += advance
+                    spans[r].append((a, start, start + busy))
                 pos[r] += 1
                 remaining -= 1
                 progressed = True

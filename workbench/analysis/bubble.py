@@ -1,0 +1,124 @@
+"""The pipeline bubble three ways, side by side in summary.json's `bubble_fraction`:
+
+    measured                        per step: 1 − a rank's forward+backward time / the span from the first
+                                    to the last compute action of any rank, averaged over ranks; the median
+                                    over the steps after the first (which pays one-off costs)
+    predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers
+    simulated_with_measured_costs   the schedule replayed by the simulator with this run's own costs, per
+                                    step: each action's measured duration (plus the gap before the rank's
+                                    next action), the compute part of forwards and backwards, each send's
+                                    launch, and each transfer's time from the moment both sides were ready
+
+The gap between `predicted` and `simulated_with_measured_costs` is what this machine's uneven costs do to
+the formula's ideal (slower first and last stages, per-microbatch transfers on the critical path); the
+gap between `simulated_with_measured_costs` and `measured` is what the simulator leaves out (ranks not
+starting the step together). No torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from workbench import formulas
+from workbench.pipeline.schedule import Schedule, matching_send, simulate
+from workbench.trace.recorder import LANES
+
+Intervals = list[tuple[float, float]]
+
+
+def idle_fraction(per_rank: list[Intervals]) -> float:
+    """1 − busy / window, averaged over ranks; the window runs from the first busy moment of any rank to
+    the last."""
+    start = min(a for iv in per_rank for a, _ in iv)
+    end = max(b for iv in per_rank for _, b in iv)
+    return statistics.mean(1 - sum(b - a for a, b in iv) / (end - start) for iv in per_rank)
+
+
+def _compute_spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("forward", "backward")
+            and e.get("tid") == LANES["compute"]]
+
+
+def measured_per_step(traces: list[dict[str, Any]]) -> dict[int, float]:
+    per_step: dict[int, dict[int, Intervals]] = {}
+    for t in traces:
+        rank = t["distributedInfo"]["rank"]
+        for e in _compute_spans(t):
+            per_step.setdefault(e["args"].get("step", 0), {}).setdefault(rank, []).append((e["ts"], e["ts"] + e["dur"]))
+    return {step: idle_fraction(list(ranks.values())) for step, ranks in sorted(per_step.items())}
+
+
+def _step_costs(sched: Schedule, schedule_spans: dict[int, list[dict]], compute: dict[int, dict]
+                ) -> dict[tuple[int, str], tuple[float, float]]:
+    """(advance, busy) of every action of one step, keyed by (pipeline rank, action label)."""
+    pairs = {r: list(zip(sched.actions[r], spans, strict=True)) for r, spans in schedule_spans.items()}
+    send_start = {(a.kind, a.stage, a.peer, a.microbatch): e["ts"]
+                  for acts in pairs.values() for a, e in acts if a.kind.startswith("SEND")}
+    costs: dict[tuple[int, str], tuple[float, float]] = {}
+    for r, acts in pairs.items():
+        for i, (a, e) in enumerate(acts):
+            end = e["ts"] + e["dur"]
+            gap = max(acts[i + 1][1]["ts"] - end, 0.0) if i + 1 < len(acts) else 0.0
+            if a.kind in ("F", "B"):
+                busy = compute.get(r, {}).get((a.stage, a.microbatch, a.kind), e["dur"])
+                costs[(r, str(a))] = (e["dur"] + gap, busy)
+            elif a.kind.startswith("SEND"):
+                costs[(r, str(a))] = (e["dur"] + gap, 0.0)
+            else:  # a receive: its time once the matching send was launched (the wait before is the bubble)
+                ready = max(e["ts"], send_start.get(matching_send(a), e["ts"]))
+                costs[(r, str(a))] = (max(end - ready, 0.0) + gap, 0.0)
+    return costs
+
+
+def simulated_per_step(sched: Schedule, traces: list[dict[str, Any]]) -> dict[int, float]:
+    """The simulator with each step's measured costs, run for every data- and tensor-parallel replica's
+    pipeline ranks; per step, the mean over replicas (as `measured` averages over all ranks)."""
+    replicas: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for t in traces:
+        w = t["workbench"]
+        replicas.setdefault((w["dp"], w["tp"]), {})[w["pp"]] = t
+    per_step: dict[int, list[float]] = {}
+    for replica in replicas.values():
+        if sorted(replica) == list(range(sched.p)):
+            for step, value in _simulate_replica(sched, replica).items():
+                per_step.setdefault(step, []).append(value)
+    return {step: statistics.mean(v) for step, v in sorted(per_step.items()) if len(v) == len(replicas)}
+
+
+def _simulate_replica(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, float]:
+    spans: dict[int, dict[int, list[dict]]] = {}
+    compute: dict[int, dict[int, dict]] = {}
+    for r, t in replica.items():
+        for e in t["traceEvents"]:
+            if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]:
+                spans.setdefault(e["args"]["step"], {}).setdefault(r, []).append(e)
+        for e in _compute_spans(t):
+            kind = "F" if e["cat"] == "forward" else "B"
+            key = (e["args"].get("stage", 0), e["args"].get("microbatch", 0), kind)
+            compute.setdefault(e["args"].get("step", 0), {}).setdefault(r, {})[key] = e["dur"]
+    out = {}
+    for step, by_rank in sorted(spans.items()):
+        if len(by_rank) != sched.p or any(len(v) != len(sched.actions[r]) for r, v in by_rank.items()):
+            continue  # an interrupted step
+        ordered = {r: sorted(v, key=lambda e: e["ts"]) for r, v in by_rank.items()}
+        costs = _step_costs(sched, ordered, compute.get(step, {}))
+        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))])
+        out[step] = idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
+    return out
+
+
+def _after_first(per_step: dict[int, float]) -> list[float]:
+    return [v for k, v in per_step.items() if k > 0 or len(per_step) == 1]
+
+
+def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
+    sched = formulas.run_schedule(config)
+    measured = _after_first(measured_per_step(traces))
+    simulated = _after_first(simulated_per_step(sched, traces))
+    return {"measured": statistics.median(measured) if measured else None,
+            "measured_per_step": measured,
+            "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
+            "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
+            "simulated_per_step": simulated}
+
