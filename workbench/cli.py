@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
+    run.add_argument("--profile-memory", action="store_true",
+                     help="record the allocator beside the categories (CPU: torch.profiler memory events; "
+                          "CUDA: a snapshot for pytorch.org/memory_viz) until the end of --profile-memory-step")
+    run.add_argument("--profile-memory-step", type=int, default=d.profile_memory_step)
     run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
     run.add_argument("--name", default=None)
     run.add_argument("--nnodes", type=int, default=1)
@@ -87,6 +91,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         grad_clip=a.grad_clip or None, backend=a.backend,
         allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
+        profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
     )
 
 

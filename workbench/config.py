@@ -118,6 +118,10 @@ class RunConfig:
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
     offload_optimizer: bool = False
     trace: bool = True
+    #: the allocator beside the categories: CPU, torch.profiler's memory events from the start until the
+    #: end of step `profile_memory_step`; CUDA, a memory snapshot for pytorch.org/memory_viz
+    profile_memory: bool = False
+    profile_memory_step: int = 1
     timeout_s: float = 120.0
     name: str | None = None
     #: Fault injection for tests and teaching: a rank that raises, or hangs, at a step.
@@ -177,6 +181,9 @@ class RunConfig:
         self._validate_tensor_parallel()
         self._validate_pipeline()
         self._validate_zero()
+        if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
+            raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
+                              f"run's steps, 0..{self.steps - 1}")
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:

@@ -123,7 +123,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         stages = pp * virtual_stages
         kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
         act = in_flight * virtual_stages * kept + \
-            formulas.recompute_activation_bytes(model, micro, w, tp, sequence_parallel, recompute)[1]
+            formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
     out.activation_bytes_per_rank = act
     out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch)
     out.memory_bytes_per_rank = out.model_state_bytes_per_rank + act + sum(out.buffer_bytes.values())

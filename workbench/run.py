@@ -105,6 +105,19 @@ class Run:
         return pd.DataFrame(rows)
 
     @cached_property
+    def allocator(self) -> pd.DataFrame:
+        """What the allocator held at the snapshots it was read (CUDA; CPU with --profile-memory): rank,
+        ts_us (the same as the `memory` row it belongs to), allocated (and on CUDA max_allocated,
+        reserved)."""
+        rows = []
+        for trace in self.traces:
+            rank = trace["distributedInfo"]["rank"]
+            for e in trace["traceEvents"]:
+                if e.get("ph") == "C" and e["name"] == "allocator":
+                    rows.append({"rank": rank, "ts_us": e["ts"], **e["args"]})
+        return pd.DataFrame(rows, columns=None if rows else ["rank", "ts_us", "allocated"])
+
+    @cached_property
     def flows(self) -> pd.DataFrame:
         """Flow events (send → receive links): rank, ph ('s' or 'f'), id, cat, ts_us, lane."""
         rows = []

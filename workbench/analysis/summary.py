@@ -100,19 +100,6 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         by_group[args["group"]] = by_group.get(args["group"], 0) + int(args.get("bytes", 0))
     n_steps = max(len(steps), 1)
 
-    peaks: dict[str, int] = {}
-    peak_total = 0
-    for e in events:
-        if e.get("ph") == "C" and e["name"] == "memory":
-            for k, v in e["args"].items():
-                peaks[k] = max(peaks.get(k, 0), int(v))
-            peak_total = max(peak_total, int(sum(e["args"].values())))
-    allocator: dict[str, int] = {}
-    for e in events:
-        if e.get("ph") == "C" and e["name"] == "allocator":
-            for k, v in e["args"].items():
-                allocator[k] = max(allocator.get(k, 0), int(v))
-
     out = {
         "rank": trace["distributedInfo"]["rank"],
         "dp": info["dp"], "tp": info["tp"], "pp": info["pp"],
@@ -124,8 +111,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "overlap_s": overlap_us / 1e6,
         "exposed_comm_s": (comm_us - overlap_us) / 1e6,
         "idle_s": max(total - busy_us, 0.0) / 1e6,
-        "peak_bytes": peaks,
-        "peak_total_bytes": peak_total,
+        **memory_figures(events),
         "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
         "predicted_comm_bytes_per_step": formulas.predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
@@ -135,8 +121,36 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
             int(a.get("bytes", 0)) for a, _, _ in comms
             if str(a.get("label", "")).startswith(("bucket", "param"))) / n_steps,
     }
+    return out
+
+
+def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """`peak_bytes` (each category's highest counter), `peak_total_bytes` (the highest sum of all
+    categories at one snapshot: what the rank really pays) and, where the allocator was read (CUDA, or
+    CPU with --profile-memory), `allocator_peak_bytes`, `unattributed_bytes` (what the allocator held
+    beyond the categories at its peak) and `attributed_share_min` (the smallest share of the allocator's
+    bytes the categories explained at any snapshot)."""
+    peaks: dict[str, int] = {}
+    totals: dict[float, int] = {}
+    allocator: dict[str, int] = {}
+    allocated: dict[float, int] = {}
+    for e in events:
+        if e.get("ph") == "C" and e["name"] == "memory":
+            for k, v in e["args"].items():
+                peaks[k] = max(peaks.get(k, 0), int(v))
+            totals[e["ts"]] = int(sum(e["args"].values()))
+        elif e.get("ph") == "C" and e["name"] == "allocator":
+            for k, v in e["args"].items():
+                allocator[k] = max(allocator.get(k, 0), int(v))
+            allocated[e["ts"]] = int(e["args"]["allocated"])
+    out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0)}
     if allocator:
         out["allocator_peak_bytes"] = allocator
+        matched = {ts: (a, totals[ts]) for ts, a in allocated.items() if ts in totals and a > 0}
+        if matched:
+            at_peak = max(matched.values())
+            out["unattributed_bytes"] = at_peak[0] - at_peak[1]
+            out["attributed_share_min"] = min(t / a for a, t in matched.values())
     return out
 
 

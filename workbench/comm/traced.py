@@ -10,6 +10,11 @@ An asynchronous operation is recorded twice: its launch (a short span on `comm` 
 begin/end pair from launch to completion, the completion time taken from the backend's future where
 it has one) and, separately, the time the caller spent blocked in `wait()` (a span on the `wait` lane).
 
+Memory: gloo runs a reduce-scatter as an all-reduce of a full-size copy of its input (measured with
+torch.profiler's memory events). The copy is counted under `comm_buffer` from the launch to `wait()`;
+gloo's worker thread may hold it a little longer (until it takes the group's next operation), which
+the allocator then shows as unattributed. NCCL makes no such copy.
+
 A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
 the group and the sequence number, so a stuck job ends with a message that says where it stopped.
 """
@@ -43,9 +48,12 @@ class Handle:
     """An operation in flight. `wait()` blocks, records the blocked time, and closes the async span."""
 
     def __init__(self, comm: Communicator, work: Any, name: str, cat: str, args: dict[str, Any],
-                 launch_us: float, n: int) -> None:
+                 launch_us: float, n: int, staged: int = 0) -> None:
         self.comm, self.work, self.name, self.cat, self.args = comm, work, name, cat, args
         self.launch_us, self.n = launch_us, n
+        self.staged = staged if comm.memory is not None else 0  # the backend's own copy (comm_buffer)
+        if self.staged:
+            comm.memory.add("comm_buffer", self.staged)
         self.completed_us: float | None = None
         self._waited = False
         rec = comm.recorder
@@ -58,6 +66,11 @@ class Handle:
         if self.completed_us is None:
             self.completed_us = ts
 
+    def _release_staged(self) -> None:
+        staged, self.staged = self.staged, 0
+        if staged and self.comm.memory is not None:
+            self.comm.memory.add("comm_buffer", -staged)
+
     def wait(self) -> None:
         if self._waited:
             return
@@ -68,6 +81,10 @@ class Handle:
                 self.work.wait()
             except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                 raise self.comm.error(self.args, e) from e
+            # the work owns the backend's buffers, and the future's callback below holds this handle:
+            # let go of it now, or the buffers live until Python's garbage collector breaks the cycle
+            self.work = None
+            self._release_staged()
             if self.args["op"] == "recv":  # the flow from the matching send ends inside this wait
                 rec.flow("f", self.args["flow"], "wait", rec.now_us(), "p2p")
         self._waited = True
@@ -93,6 +110,8 @@ class Communicator:
         self.rank = groups.rank
         self.step = 0
         self._seq: dict[str, int] = defaultdict(int)
+        #: gloo copies a reduce-scatter's input (see the module's docstring)
+        self.backend_copies = dist.is_initialized() and dist.get_backend() == "gloo"
         self._p2p_seq: dict[tuple[str, int, int, int], int] = defaultdict(int)
 
     # ---- bookkeeping -------------------------------------------------------------------------
@@ -117,7 +136,8 @@ class Communicator:
                     "(RunConfig.timeout_s): it is stuck or slower than the timeout allows")
         return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
 
-    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, label: str | None = None) -> Handle | None:
+    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, label: str | None = None,
+             staged: int = 0) -> Handle | None:
         cat = "p2p" if args["op"] in ("send", "recv") else "collective"
         name = args["op"] if label is None else f"{args['op']} {label}"
         if label is not None:
@@ -132,7 +152,7 @@ class Communicator:
                     work = fn(True)
                 except Exception as e:  # noqa: BLE001
                     raise self.error(args, e) from e
-            return Handle(self, work, name, cat, args, launch, n)
+            return Handle(self, work, name, cat, args, launch, n, staged)
         start = rec.now_us()
         try:
             fn(False)
@@ -166,7 +186,8 @@ class Communicator:
         args = self._args("reduce_scatter", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
-        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n, label)
+        staged = nbytes(input) if self.backend_copies else 0
+        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n, label, staged)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
                    async_op: bool = False, label: str | None = None,

@@ -59,18 +59,12 @@ class _Recompute(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001
         rc: Recompute = ctx.rc
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
-        memory, before = rc.memory, rc.memory.current["activation"] if rc.memory is not None else 0
         span = rc.recorder.span(f"recompute {ctx.name}", "recompute", "compute", layer=ctx.name) \
             if rc.recorder is not None else nullcontext()
-        with span, torch.enable_grad():
-            if memory is not None:
-                with memory.count_saved_activations(already=inputs):
-                    out = ctx.fn(*inputs)
-                memory.snapshot()
-            else:
-                out = ctx.fn(*inputs)
-        torch.autograd.backward(out, grad)
-        if memory is not None:  # the recomputed layer's tensors are released by its backward
-            memory.add("activation", before - memory.current["activation"])
+        counting = rc.memory.count_saved_activations() if rc.memory is not None else nullcontext()
+        with span, torch.enable_grad(), counting:  # the rerun's saves count while they live
+            out = ctx.fn(*inputs)
+        if rc.memory is not None:
+            rc.memory.snapshot()
+        torch.autograd.backward(out, grad)  # its backward releases them as it consumes them
         return (None, None, None, *[t.grad if t.requires_grad else None for t in inputs])
-

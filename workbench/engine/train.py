@@ -16,11 +16,14 @@ from workbench.engine.context import RankContext, write_json, write_resolved_con
 from workbench.engine.data import rank_batch
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.train_step import StepResult, train_step
+from workbench.measure.memory_profile import MemoryProfile
 
 
 def train(ctx: RankContext) -> dict[str, Any]:
     """Run the configured steps; return rank-local results (median step time, final loss)."""
     cfg, mcfg = ctx.config, ctx.config.model_config
+    profile = MemoryProfile(ctx.device, ctx.run_dir, ctx.rank).start() if cfg.profile_memory else None
+    ctx.memory.profile = profile  # started before the model exists: the allocator's total is the rank's
     strategy = parallelize(cfg, ctx)
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
@@ -28,7 +31,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
     for step in range(cfg.steps):
         batch = rank_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size, dp_index, dp_size,
                            ctx.device)
+        step_start = ctx.recorder.now_us()
         results.append(train_step(strategy, batch, step))
+        if profile is not None and step == cfg.profile_memory_step:
+            ctx.memory.record_allocator(profile.stop(), since_us=step_start)
         ctx.recorder.flush()
         if ctx.rank == 0:
             append_metrics(ctx, results[-1])

@@ -40,7 +40,7 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
     with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
         inject_fault(cfg, ctx.rank, step)
         loss = strategy.forward_backward.run(*batch, step, loss_scale(cfg, ctx.rank, step, strategy))
-        memory.set("activation", 0)
+        memory.release_activations()  # backward consumed them: normally nothing is left
         strategy.count_model_states()
         memory.snapshot()
         with rec.span("gradient sync", "wait", "wait", step=step):

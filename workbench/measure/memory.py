@@ -8,25 +8,32 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
   optimizer's state tensors. Adam's `step` counters (one 4-byte scalar per parameter tensor) are
   counted under `other`, so that `optimizer_state` is exactly the 2 × 4Ψ of the moments the formulas
   speak of.
-- activation: bytes saved for backward, counted through `torch.autograd.graph.saved_tensors_hooks`
-  while the forward runs (each storage once; parameters saved by matmuls are not activations).
-  They are freed by backward.
+- activation: bytes saved for backward, counted through `torch.autograd.graph.saved_tensors_hooks`:
+  a storage is added when the forward first saves it (parameters saved by matmuls are not
+  activations) and released when backward has unpacked every save of it — as backward consumes
+  them, so the counter shows the saw-tooth of forward and backward, 1F1B's microbatches in flight and
+  a recomputed block's rerun as they happen.
 - comm_buffer / temporary: reported by whoever allocates them (the ring's receive buffer ...).
 
 `snapshot()` emits a `memory` counter event with every category (and on CUDA an `allocator` counter
-with torch.cuda.memory_allocated / memory_reserved) and keeps the peak of each category.
+with torch.cuda.memory_allocated / memory_reserved) and keeps the peak of each category. Activations
+emit one themselves each time they have moved by 1/16 of their peak since the last.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
 from workbench.trace.recorder import TraceRecorder
+
+if TYPE_CHECKING:
+    from workbench.measure.memory_profile import MemoryProfile
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -49,6 +56,12 @@ class MemoryTracker:
         self.peak_total = 0
         self.peak_allocator: dict[str, int] = {}
         self._not_activations: set[int] = set()  # storages of parameters and buffers
+        self._lock = threading.Lock()
+        self._saved: dict[int, list[int]] = {}  # activation storage → [saves not yet unpacked, bytes]
+        self._activation_at_snapshot = 0
+        #: --profile-memory: the profile the snapshots mark (measure/memory_profile.py), and when each was
+        self.profile: MemoryProfile | None = None
+        self._marker_ts: dict[int, float] = {}
 
     def not_activation(self, t: torch.Tensor) -> None:
         """Storage that autograd may save but that is not an activation (re-gathered ZeRO-3 parameters)."""
@@ -69,8 +82,9 @@ class MemoryTracker:
         self._update_peaks()
 
     def add(self, category: str, delta: int) -> None:
-        self.current[category] += int(delta)
-        self._update_peaks()
+        with self._lock:  # the communication backend's completion callbacks report from its own thread
+            self.current[category] += int(delta)
+            self._update_peaks()
 
     def _update_peaks(self) -> None:
         for k, v in self.current.items():
@@ -90,33 +104,73 @@ class MemoryTracker:
 
     # ---- activations -------------------------------------------------------------------------
     @contextmanager
-    def count_saved_activations(self, already: Iterable[torch.Tensor] = ()) -> Iterator[None]:
-        """Inside the block, every tensor autograd saves for backward adds to `activation` (once per
-        storage; `already` lists tensors whose storage is counted elsewhere)."""
-        seen: set[int] = {t.untyped_storage().data_ptr() for t in already}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            s = t.untyped_storage()
-            ptr = s.data_ptr()
-            if isinstance(t, torch.nn.Parameter):  # parameters saved by matmuls are not activations
-                return t
-            if ptr not in seen and ptr not in self._not_activations and ptr != 0:
-                seen.add(ptr)
-                self.add("activation", s.nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def count_saved_activations(self) -> Iterator[None]:
+        """Inside the block, every tensor autograd saves for backward adds its storage to `activation`
+        (once, however many nodes save it); backward's last unpack of it takes it off again."""
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch.nn.Parameter):  # parameters saved by matmuls are not activations
+            return t
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr == 0 or ptr in self._not_activations:
+            return t
+        if ptr in self._saved:
+            self._saved[ptr][0] += 1
+        else:
+            self._saved[ptr] = [1, s.nbytes()]
+            self.add("activation", s.nbytes())
+            self._maybe_snapshot()
+        return t
+
+    def _unpack(self, t: torch.Tensor) -> torch.Tensor:
+        entry = self._saved.get(t.untyped_storage().data_ptr())
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._saved[t.untyped_storage().data_ptr()]
+                self.add("activation", -entry[1])
+                self._maybe_snapshot()
+        return t
+
+    def _maybe_snapshot(self) -> None:
+        if abs(self.current["activation"] - self._activation_at_snapshot) * 16 >= max(self.peak["activation"], 1):
+            self.snapshot()
+
+    def release_activations(self) -> int:
+        """After a step's backwards: forget what is left (saves never unpacked); returns those bytes."""
+        left = self.current["activation"]
+        self._saved.clear()
+        self.set("activation", 0)
+        return left
 
     # ---- records -----------------------------------------------------------------------------
     def snapshot(self) -> None:
-        self.recorder.counter("memory", self.current)
-        if self.device.type == "cuda":
+        self._activation_at_snapshot = self.current["activation"]
+        ts = self.recorder.now_us()
+        self.recorder.counter("memory", self.current, ts=ts)
+        if self.profile is not None and (marker := self.profile.marker()) is not None:
+            self._marker_ts[marker] = ts
+        if self.device.type == "cuda":  # the caching allocator's figures, and its peak since the last snapshot
             alloc = {"allocated": torch.cuda.memory_allocated(self.device),
+                     "max_allocated": torch.cuda.max_memory_allocated(self.device),
                      "reserved": torch.cuda.memory_reserved(self.device)}
-            for k, v in alloc.items():
-                self.peak_allocator[k] = max(self.peak_allocator.get(k, 0), v)
-            self.recorder.counter("allocator", alloc)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._allocator_counter(alloc, ts)
+
+    def record_allocator(self, allocated_at_marker: dict[int, int], since_us: float = 0.0) -> None:
+        """The allocator's live bytes at the marked snapshots from `since_us` on (CPU, --profile-memory:
+        the chosen step), as counters at those snapshots' times."""
+        for marker, allocated in sorted(allocated_at_marker.items()):
+            if self._marker_ts.get(marker, -1.0) >= since_us:
+                self._allocator_counter({"allocated": allocated}, self._marker_ts[marker])
+
+    def _allocator_counter(self, values: dict[str, int], ts: float) -> None:
+        for k, v in values.items():
+            self.peak_allocator[k] = max(self.peak_allocator.get(k, 0), v)
+        self.recorder.counter("allocator", values, ts=ts)
 
     def peaks(self) -> dict[str, Any]:
         out: dict[str, Any] = {"by_category": dict(self.peak), "total": self.peak_total}

@@ -171,8 +171,10 @@ class Zero3DataParallel(SyncToggle):
         rs = self._in_flight.popleft()
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
+        freed = rs.nbytes
+        del rs  # the staging copy and the slice go now, before the snapshot
         if self.memory is not None:
-            self.memory.add("comm_buffer", -rs.nbytes)
+            self.memory.add("comm_buffer", -freed)
             self.memory.snapshot()
 
     # ---- the step ------------------------------------------------------------------------------------

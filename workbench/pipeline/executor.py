@@ -13,8 +13,8 @@ linked to its receive by a flow in the trace. A tag per (direction, receiving st
 channels apart, so gloo matches every receive with its own send whatever the interleaving. Each action
 is a span on the `schedule` lane (stage, chunk, microbatch); forwards and backwards also on `compute`.
 
-Activations are counted per (stage, microbatch): added when its forward ends, released by its
-backward, so the memory counter shows GPipe holding m microbatches and 1F1B at most p.
+Activations are counted as each forward saves them and released as its backward consumes them
+(measure/memory.py), so the memory counter shows GPipe holding m microbatches and 1F1B at most p.
 """
 
 from __future__ import annotations
@@ -96,14 +96,12 @@ class PipelineExecutor:
     def _forward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
         chunk = self.chunks[a.stage]
         x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
-        before = self.memory.current["activation"]
         with self.comm.recorder.span("forward", "forward", "compute", **args):
             with self.memory.count_saved_activations():
                 out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
                 if chunk.last:
                     out = out / self.schedule.m
             sync_compute(self.device)
-        st.act_bytes[key] = self.memory.current["activation"] - before
         self.memory.snapshot()
         st.stage_out[key] = out
         if chunk.last:
@@ -120,14 +118,13 @@ class PipelineExecutor:
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
             sync_compute(self.device)
-        self.memory.add("activation", -st.act_bytes.pop(key))
         self.memory.snapshot()
 
 
 @dataclass
 class _StepState:
     """What one step's actions hand each other: stage inputs and outputs by (stage, microbatch), the
-    gradients received, the activation bytes each forward added, the sends in flight."""
+    gradients received, the sends in flight."""
 
     inputs: list[torch.Tensor]
     targets: list[torch.Tensor]
@@ -136,5 +133,4 @@ class _StepState:
     stage_in: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     stage_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     grad_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    act_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     sends: list[Handle] = field(default_factory=list)

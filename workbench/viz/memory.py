@@ -27,13 +27,27 @@ def memory_breakdown(run: Run, title: str | None = None) -> go.Figure:
         if any(y):
             fig.add_trace(go.Bar(x=[x0, x1], y=y, name=cat, marker_color=color,
                                  hovertemplate=f"{cat}: %{{y:.4f}} MB<extra></extra>"))
+    totals = [(f"rank {r['rank']}", "measured", r["peak_total_bytes"] / 1e6) for r in ranks if "peak_total_bytes" in r]
+    if totals:  # the categories peak at different moments: what the rank pays at once is lower than the stack
+        fig.add_trace(go.Scatter(x=[[t[0] for t in totals], [t[1] for t in totals]], y=[t[2] for t in totals],
+                                 mode="markers", name="simultaneous total (measured)",
+                                 marker={"symbol": "line-ew-open", "size": 40, "color": "black", "line": {"width": 3}},
+                                 hovertemplate="all categories at once: %{y:.4f} MB<extra></extra>"))
+    alloc = [(f"rank {r['rank']}", "measured", r["allocator_peak_bytes"]["allocated"] / 1e6) for r in ranks
+             if "allocator_peak_bytes" in r]
+    if alloc:
+        fig.add_trace(go.Scatter(x=[[a[0] for a in alloc], [a[1] for a in alloc]], y=[a[2] for a in alloc],
+                                 mode="markers", name="allocator peak (measured)",
+                                 marker={"symbol": "diamond", "size": 10, "color": "black"},
+                                 hovertemplate="allocator: %{y:.4f} MB<extra></extra>"))
     fig.update_layout(barmode="stack", yaxis_title="MB (peak per category)",
                       title=title or "memory per rank — measured peak beside predicted")
     return fig
 
 
 def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
-    """Stacked counters of one rank over its first `steps` steps (values held between samples)."""
+    """Stacked counters of one rank over its first `steps` steps (values held between samples); where the
+    allocator was read, what it held beyond the categories as an `unattributed` band, and its line."""
     mem = run.memory
     mem = mem[mem["rank"] == rank].sort_values("ts_us")
     ev = run.events
@@ -45,5 +59,15 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
         if cat in mem and mem[cat].any():
             fig.add_trace(go.Scatter(x=mem.ts_us / 1e3, y=mem[cat] / 1e6, name=cat, stackgroup="one",
                                      line={"shape": "hv", "color": color}))
+    alloc = run.allocator
+    alloc = alloc[(alloc["rank"] == rank) & alloc.ts_us.isin(mem.ts_us)] if not alloc.empty else alloc
+    if not alloc.empty:
+        merged = alloc.merge(mem, on=["rank", "ts_us"]).sort_values("ts_us")
+        counted = merged[[c for c in CATEGORY_COLORS if c in merged]].sum(axis=1)
+        fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=(merged.allocated - counted).clip(lower=0) / 1e6,
+                                 name="unattributed", stackgroup="one", line={"shape": "hv", "color": "#222222"},
+                                 fillpattern={"shape": "/"}))
+        fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=merged.allocated / 1e6, name="allocator (measured)",
+                                 mode="lines", line={"shape": "hv", "color": "black", "dash": "dot"}))
     fig.update_layout(title=f"memory over time — rank {rank}", xaxis_title="time (ms)", yaxis_title="MB")
     return fig

@@ -1,0 +1,40 @@
+"""The analytic predictions the workbench puts beside every measurement (../shared/formulas.md).
+
+Plain arithmetic, no torch: the notebooks, the summary writer and the estimator all call these.
+Symbols: Ψ parameters, N data-parallel degree, p stages, m microbatches, v chunks per rank,
+s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabulary.
+
+    memory.py        model states per ZeRO stage and precision, parameters per rank, ZeRO's buffers
+    activations.py   what our GPT saves for backward, with recomputation and release in backward
+    comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
+    run.py           a run's predicted memory and bytes per step, from its config
+"""
+
+from workbench.formulas.activations import (
+    activation_bytes,
+    activation_bytes_per_layer,
+    backward_extra_bytes,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    korthikanti_activation_bytes_per_layer,
+    recompute_activation_bytes,
+    stage_activation_bytes,
+)
+from workbench.formulas.comm import bubble_fraction, dp_bytes_per_step, tp_comm_bytes_per_step, training_flops_per_token
+from workbench.formulas.memory import (
+    STATE_BYTES,
+    ZERO_IN_FLIGHT,
+    buffer_bytes,
+    model_state_bytes,
+    params_per_rank,
+    stage_params,
+)
+from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, run_model, run_schedule
+
+__all__ = [
+    "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
+    "bubble_fraction", "buffer_bytes", "dp_bytes_per_step", "embedding_activation_bytes", "head_activation_bytes",
+    "korthikanti_activation_bytes_per_layer", "model_state_bytes", "params_per_rank", "predicted_bytes",
+    "predicted_comm_bytes", "recompute_activation_bytes", "run_model", "run_schedule", "stage_activation_bytes",
+    "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
+]

@@ -1,0 +1,124 @@
+"""Activations of *our* GPT, counted from its code the way Korthikanti et al. 2022 count Megatron's, with
+recomputation and the release of each tensor as backward uses it. Plain arithmetic, no torch."""
+
+from __future__ import annotations
+
+from workbench.config import ModelConfig
+
+
+def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """Bytes one transformer block of *our* GPT saves for backward, counted from its code the way
+    Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
+
+        replicated across tp ranks   ln_1 input, ln_1 output, the residual after attention,
+                                     ln_2 output                                  → 4·sbh values
+        split by tp                  qkv output (q, k, v share it), attention output before the
+                                     projection, fc output, GELU output          → (4 + 2r)·sbh/t
+                                     softmax probabilities                        →   a·s²·b/t
+        layer-norm mean and 1/σ      two per layer norm                           →   4·sb values
+
+    (r = mlp_ratio, 4: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and
+    the layer-norm statistics t ways too, so everything is divided by t.
+    """
+    s, b, h, a, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, cfg.mlp_ratio, tp
+    replicated, stats = 4 * s * b * h, 4 * s * b
+    if sequence_parallel:
+        replicated, stats = replicated / t, stats / t
+    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t + stats)
+
+
+def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none") -> tuple[float, float]:
+    """(bytes a block keeps after forward, bytes held on top while one block is recomputed in backward).
+
+    full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
+                in 16-bit; the rerun of one block rebuilds everything else it saves.
+    selective:  keeps all but the attention core's tensors: the softmax probabilities (a·s²·b/t) are
+                dropped; rerunning the core rebuilds them, plus contiguous copies of q, k, v (3·sbh/t)
+                that the batched matmuls save.
+    """
+    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
+    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    if recompute == "full":
+        kept = w * s * b * h / (t if sequence_parallel else 1)
+        return kept, whole - kept
+    if recompute == "selective":
+        probs = w * a * s * s * b / t
+        return whole - probs, probs + w * 3 * s * b * h / t
+    return whole, 0.0
+
+
+def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """What the first stage saves besides its blocks: token ids (int64) for the embedding lookup,
+    positions, and under tensor parallelism the mask of tokens outside this rank's vocabulary slice."""
+    s, b = cfg.seq_len, micro_batch
+    if tp == 1:
+        return 8 * s * b + 8 * s
+    return 8 * s * b + s * b + 8 * s / (tp if sequence_parallel else 1)
+
+
+def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                          sequence_parallel: bool = False) -> float:
+    """What the last stage saves besides its blocks: the final layer norm's input, output (the head's
+    input) and statistics, and the loss's saved tensors — the log-softmax output, targets and the
+    total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
+    targets and their mask."""
+    s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
+    # the loss runs in fp32 whatever the activations' precision: its saved softmax is 4 bytes a value
+    if t == 1:
+        return w * (2 * s * b * h + 2 * s * b) + 4 * s * b * v + 8 * s * b + 4
+    split = t if sequence_parallel else 1
+    return w * (2 * s * b * h + 2 * s * b) / split + 4 * s * b * v / t + 8 * s * b + s * b
+
+
+def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
+                           tp: int = 1, sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute)
+    out = cfg.layers // stages * kept
+    if stage == 0:
+        out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
+    if stage == stages - 1:
+        out += head_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    return out
+
+
+def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_per_value: int = 4, tp: int = 1,
+                         sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """How far a stage's activations rise, during its backward, above what its forward left saved (0
+    without recomputation: backward only releases). Backward releases each tensor once it has used it,
+    so the rise happens at the stage's last block, after the head's tensors (last stage) are gone:
+
+    full:       the last block's rerun saves everything the block saves (its input, released when the
+                recompute node unpacks it, is saved again by the rerun): whole − kept on top.
+    selective:  the core reruns after the MLP and the output projection released their tensors and the
+                recompute node its q, k, v: ln_1's input, output and statistics remain, and the rerun
+                adds the probabilities and the contiguous q, k, v copies its matmuls save.
+    """
+    if recompute == "none":
+        return 0.0
+    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute)
+    if recompute == "full":
+        during = activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel) - kept
+    else:
+        split = t if sequence_parallel else 1
+        during = w * (2 * s * b * h + 2 * s * b) / split + w * (a * s * s * b + 3 * s * b * h) / t - kept
+    head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel) if last else 0.0
+    return max(0.0, during - head)
+
+
+def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
+                     sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Peak bytes saved for backward by one micro-batch through the whole model on one rank: what the
+    forward keeps, or — with recomputation — more while the last block reruns (`backward_extra_bytes`)."""
+    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute)
+    return kept + backward_extra_bytes(cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute)
+
+
+def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:
+    """Megatron's 16-bit figure for comparison: s·b·h·(10 + 24/t + 5·a·s/(h·t))."""
+    s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
+    return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))

@@ -1,0 +1,55 @@
+"""Communication, pipeline bubble and FLOPs per step. Plain arithmetic, no torch."""
+
+from __future__ import annotations
+
+from workbench.config import ModelConfig
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Idle share of a pipeline step with equal stage times: (p−1)/(v·m + p−1); v=1 is GPipe/1F1B."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4) -> float:
+    """Gradient-synchronisation bytes each rank sends per step (ring algorithm): 2Ψ·(n−1)/n values
+    for plain DP and ZeRO-1/2, 3Ψ·(n−1)/n for ZeRO-3 (parameters gathered twice)."""
+    factor = 3 if zero >= 3 else 2
+    return factor * (dp - 1) / dp * params * grad_bytes if dp > 1 else 0.0
+
+
+def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
+    """≈ 6Ψ + 12·L·h·s (Chowdhery et al. 2022, appendix B)."""
+    return 6 * params + 12 * cfg.layers * cfg.hidden * cfg.seq_len
+
+
+def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
+                           microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
+                           bytes_per_value: int = 4, recompute: str = "none") -> dict[str, float]:
+    """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
+    training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
+    head and loss if `last` — from the operators our layers use:
+
+    without sequence parallelism, each block: g after attn.proj and mlp.proj (forward), f before qkv
+    and fc (backward) — 4 all-reduces of b·s·h; the embedding's g and the head's f one more each.
+    With sequence parallelism they become reduce-scatters and all-gathers of the same b·s·h buffers,
+    and each column layer gathers its input again in backward instead of keeping it (+1 all-gather);
+    the gradients left partial (layer norms, positions, row biases) are all-reduced once per step.
+    The loss adds three all-reduces of one value per token; the gradient norm one scalar per step.
+    Full recomputation runs each block's forward twice, so its forward collectives twice.
+    """
+    if tp == 1:
+        return {}
+    s, b, h, w, m = cfg.seq_len, micro_batch, cfg.hidden, bytes_per_value, microbatches
+    L = cfg.layers if layers is None else layers
+    full = b * s * h * w
+    loss = 3 * b * s * 4 if last else 0
+    again = 2 * L if recompute == "full" else 0  # the forward's collectives of every block, rerun
+    if not sequence_parallel:
+        return {"all_reduce": m * ((4 * L + again + first + last) * full + loss) + 4}
+    partial = L * 6 * h + (s * h if first else 0) + (2 * h if last else 0)
+    return {"all_gather": m * (6 * L + again + first + 2 * last) * full,
+            "reduce_scatter": m * (4 * L + again + first + last) * full,
+            "all_reduce": m * loss + 4 * partial + 4}
+
+
+# ---- a run's predictions, from its resolved config (what summary.json puts beside the measurement) ----

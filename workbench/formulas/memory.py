@@ -1,0 +1,71 @@
+"""Memory of model states (Rajbhandari et al. 2020), parameters per rank, and the buffers ZeRO-2/3 stage and
+gather beside them. Plain arithmetic, no torch."""
+
+from __future__ import annotations
+
+from workbench.config import ModelConfig
+
+# Bytes per parameter for each model-state category, (parameter, gradient, optimizer_state).
+# fp32 Adam: 4 + 4 + 8 (m and v). Mixed precision (ZeRO paper): 2 + 2 + 12 (fp32 master, m, v).
+STATE_BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+
+
+def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, float]:
+    """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020).
+
+    Stage 0 keeps everything on every rank (16Ψ); stage 1 divides the optimizer states by N, stage 2
+    the gradients too, stage 3 the parameters too (16Ψ/N). The same accounting holds for fp32 with the
+    split 4 + 4 + 8.
+    """
+    p_b, g_b, o_b = STATE_BYTES[precision]
+    n = dp
+    return {
+        "parameter": params * p_b / (n if zero >= 3 else 1),
+        "gradient": params * g_b / (n if zero >= 2 else 1),
+        "optimizer_state": params * o_b / (n if zero >= 1 else 1),
+    }
+
+
+def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1) -> int:
+    """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t,
+    the replicated ones (position embeddings, layer norms, row-parallel biases) whole."""
+    h, v, s, r, t = cfg.hidden, cfg.vocab_size, cfg.seq_len, cfg.mlp_ratio, tp
+    per_layer = (3 * h * h + 3 * h + h * h + r * h * h + r * h + r * h * h) // t + 4 * h + 2 * h
+    out = cfg.layers // stages * per_layer
+    if stage == 0:
+        out += v * h // t + s * h
+    if stage == stages - 1:
+        out += 2 * h + (h * v + v) // t
+    return out
+
+
+def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0) -> int:
+    """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, …) share under tensor parallelism."""
+    stages = pp * virtual_stages
+    return sum(stage_params(cfg, k, stages, tp) for k in range(pp_rank, stages, pp))
+
+
+#: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)
+
+
+#: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)
+ZERO_IN_FLIGHT = 2
+
+
+def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, bucket_mb: float = 25.0,
+                 width: int = 4, prefetch: bool = True) -> dict[str, float]:
+    """What a rank holds beside model states and activations, at the peak, by category:
+
+    comm_buffer   ZeRO-2: the full-size gradient copies of ZERO_IN_FLIGHT buckets being reduce-scattered,
+                  each with the 1/N slice it lands in; ZeRO-3: the same for units (a layer, an embedding).
+    temporary     ZeRO-3: the gathered parameters of the unit computing and, with prefetch, of the next.
+    (Bucketed DP and ZeRO-1 reduce in place: their buckets are the gradient category itself.)"""
+    if dp == 1 or zero < 2:
+        return {"comm_buffer": 0.0, "temporary": 0.0}
+    h, v, r = cfg.hidden, cfg.vocab_size, cfg.mlp_ratio
+    unit = max(stage_params(cfg, 0, cfg.layers) - v * h - cfg.seq_len * h, v * h + v, v * h)  # a block, head, wte
+    if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
+        staged = min(max(bucket_mb * 2**20, max(v * h, r * h * h) * width), local_params * width)
+        return {"comm_buffer": ZERO_IN_FLIGHT * staged * (1 + 1 / dp), "temporary": 0.0}
+    return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * (1 + 1 / dp),
+            "temporary": (2 if prefetch else 1) * unit * width}

@@ -1,0 +1,99 @@
+"""A run's predictions from its resolved config (config.json, or a RunConfig's dict): what summary.json
+puts beside each measurement. Plain arithmetic, no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.config import ModelConfig
+from workbench.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
+from workbench.formulas.comm import tp_comm_bytes_per_step
+from workbench.formulas.memory import buffer_bytes, model_state_bytes, params_per_rank
+from workbench.pipeline.schedule import Schedule, build_schedule
+
+
+def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
+    """The formulas' memory per rank for this run, by category: model states, activations, and the
+    buffers ZeRO-2/3 stage and gather (`buffer_bytes`)."""
+    model = run_model(config)
+    precision = config.get("precision", "fp32")
+    tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
+    params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
+    width = 4 if precision == "fp32" else 2
+    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision),
+              **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
+                             width, config.get("prefetch", True))}
+    m = config.get("microbatches", 1)
+    micro = config["global_batch"] // config["dp"] // m
+    rc = config.get("recompute", "none")
+    if config.get("pp", 1) == 1 and m == 1:
+        return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc)}
+    # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
+    # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
+    # schedule makes the rank hold at once
+    sched = run_schedule(config)
+    stage_bytes = {k: stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc)
+                   for k in range(sched.stages)}
+    extra = {k: backward_extra_bytes(model, micro, k == sched.stages - 1, width, tp, sp, rc)
+             for k in range(sched.stages)}
+    live = peak = 0.0
+    for a in sched.actions[pp_rank]:
+        if a.kind == "F":
+            live += stage_bytes[a.stage]
+            peak = max(peak, live)
+        elif a.kind == "B":
+            peak = max(peak, live + extra[a.stage])
+            live -= stage_bytes[a.stage]
+    return {**states, "activation": peak}
+
+
+def run_schedule(config: dict[str, Any]) -> Schedule:
+    """The microbatch schedule a run's config (config.json or a RunConfig's dict) executes."""
+    pp = config.get("pp", 1)
+    return build_schedule(config.get("schedule", "1f1b") if pp > 1 else "1f1b", pp, config.get("microbatches", 1),
+                          config.get("virtual_stages", 1))
+
+
+def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
+    """Bytes per step by op and group: the gradient all-reduce over dp (4 bytes per local parameter when
+    dp > 1) and the loss's one value; the tensor-parallel collectives of the layers; and for pipelines
+    the activations and gradients sent between stages (one b·s·h buffer per microbatch and boundary),
+    the loss brought to every stage and the gradient norm's share."""
+    model = run_model(config)
+    dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
+    v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
+    local = params_per_rank(model, tp, pp, v, pp_rank)
+    zero = config.get("zero", 0)
+    if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+        # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
+        scatters = m if zero == 2 else 1
+        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local * scatters},
+                                            "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
+    else:
+        grad_width = 4 if config.get("precision", "fp32") == "fp32" else 2  # gradients in the model's precision
+        out = {"all_reduce": {"dp": 4 + (grad_width * local if dp > 1 else 0)}}
+    micro = config["global_batch"] // dp // m
+    stages = pp * v
+    mine = list(range(pp_rank, stages, pp))
+    layers = model.layers // stages * len(mine)
+    tp_bytes = tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
+                                               4 if config.get("precision", "fp32") == "fp32" else 2,
+                                               config.get("recompute", "none"))
+    for op, nbytes in tp_bytes.items():
+        out.setdefault(op, {})["tp"] = nbytes
+    if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world
+        out["all_reduce"]["world"] = 4
+    if pp > 1:
+        width = 4 if config.get("precision", "fp32") == "fp32" else 2
+        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width
+        transfers = sum((k < stages - 1) + (k > 0) for k in mine) * m * buffer  # each way, per step
+        out["send"] = {"pp": transfers}
+        out["recv"] = {"pp": transfers}
+        out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
+    return out
+
+
+def run_model(config: dict[str, Any]) -> ModelConfig:
+    """The model dimensions of a resolved config.json."""
+    return ModelConfig(**{k: config["model"][k] for k in
+                          ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})

@@ -1,0 +1,80 @@
+"""`--profile-memory`: what the allocator really holds at each memory snapshot, beside the categories.
+
+CPU: torch.profiler with `profile_memory=True` records every allocation and free made while it runs,
+with the allocator's running total. It starts before the model is built — so its total is everything
+the rank allocated — and stops after the chosen step. Each snapshot drops a marker (`wb_snapshot#i`)
+into the profile; afterwards the last memory event before each marker gives the allocator's live bytes
+at that snapshot, which goes into our trace as an `allocator` counter at the snapshot's time, for the
+snapshots of the chosen step. The
+profile itself is kept as `memory_profile_rank{r}.json` (a Chrome trace: Perfetto opens it).
+
+CUDA: the `allocator` counter is read at every snapshot anyway (`torch.cuda.memory_allocated`); with
+`--profile-memory` the caching allocator's history is recorded from the start and, after the chosen
+step, dumped to `memory_snapshot_rank{r}.pickle`, which https://pytorch.org/memory_viz opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+MARKER = "wb_snapshot#"
+
+
+class MemoryProfile:
+    def __init__(self, device: torch.device, run_dir: str, rank: int) -> None:
+        self.device, self.run_dir, self.rank = device, run_dir, rank
+        self._profiler: torch.profiler.profile | None = None
+        self.markers = 0
+        self.active = False
+
+    def start(self) -> MemoryProfile:
+        if self.device.type == "cuda":
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        else:
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True)
+            self._profiler.__enter__()
+        self.active = True
+        return self
+
+    def marker(self) -> int | None:
+        """A mark in the profile at this instant; its index (None on CUDA, where nothing is matched)."""
+        if not self.active or self._profiler is None:
+            return None
+        with torch.profiler.record_function(f"{MARKER}{self.markers}"):
+            pass
+        self.markers += 1
+        return self.markers - 1
+
+    def stop(self) -> dict[int, int]:
+        """End the profile, keep its file, and return the allocator's live bytes at each marker."""
+        if not self.active:
+            return {}
+        self.active = False
+        if self._profiler is None:
+            torch.cuda.memory._dump_snapshot(os.path.join(self.run_dir, f"memory_snapshot_rank{self.rank}.pickle"))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            return {}
+        self._profiler.__exit__(None, None, None)
+        path = os.path.join(self.run_dir, f"memory_profile_rank{self.rank}.json")
+        self._profiler.export_chrome_trace(path)
+        with open(path) as f:
+            return allocated_at_markers(json.load(f)["traceEvents"])
+
+
+def allocated_at_markers(events: list[dict]) -> dict[int, int]:
+    """For each `wb_snapshot#i` marker, the CPU allocator's total after the last memory event before it."""
+    timeline = sorted(
+        [(e["ts"], 0, int(e["args"]["Total Allocated"])) for e in events
+         if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+        + [(e["ts"], 1, int(e["name"][len(MARKER):])) for e in events if str(e.get("name", "")).startswith(MARKER)])
+    out, live = {}, 0
+    for _, kind, value in timeline:
+        if kind == 0:
+            live = value
+        else:
+            out[value] = live
+    return out
