@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from harness import common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -49,7 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     ours, ours_sync, ours_opt = make(trace=True)
     quiet, quiet_sync, quiet_opt = make(trace=False)
     ddp_model = GPT(cfg, seed=0)
-    ddp = DDP(ddp_model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
+    ddp = DDP(ddp_model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True, broadcast_buffers=False)
     ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
     x, y = global_batch(0, 0, args.global_batch, cfg.seq_len, cfg.vocab_size)
@@ -61,13 +61,19 @@ def worker(args: argparse.Namespace) -> None:
         sync.wait()
         opt.step()
         sync.zero_grad()
+        return loss.detach()
 
     def step_ddp():
         loss = ddp(x, y)
         loss.backward()
         ddp_opt.step()
         ddp_opt.zero_grad(set_to_none=False)
+        return loss.detach()
 
+    if rank == 0:
+        print("\nworkbench DP vs torch DDP — same model (seed 0), same batch, same AdamW", flush=True)
+    # gradients averaged in another order (divide then sum, against DDP's sum then divide): ~1 ulp
+    check_same_losses(("ours", lambda: step_ours(ours, ours_sync, ours_opt)), ("DDP", step_ddp), rtol=1e-5)
     candidates = {"ours": lambda: step_ours(ours, ours_sync, ours_opt), "ddp": step_ddp,
                   "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt)}
     med = interleaved_medians(candidates, args.rounds, args.warmup)

@@ -88,3 +88,28 @@ def join(axis: str) -> tuple[int, int, Callable[[bool], object]]:
         return Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=trace))
 
     return rank, world, make_comm
+
+
+def check_same_losses(ours: tuple[str, Callable[[], object]], ref: tuple[str, Callable[[], object]],
+                      steps: int = 3, rtol: float = 1e-5, reduce: str = "mean") -> None:
+    """Before any timing: both sides train `steps` steps (each callable runs one and returns this rank's
+    loss) from the same model on the same batch; the global loss (`reduce`: the mean of the ranks'
+    losses, or their sum when only one rank holds it) must agree within rtol · loss at every step.
+    Prints the check on rank 0, and stops the benchmark if it fails: a ratio between two programs that
+    compute different things means nothing."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    history = []
+    for _ in range(steps):
+        pair = torch.tensor([float(ours[1]()), float(ref[1]())], dtype=torch.float64)
+        dist.all_reduce(pair)
+        history.append(pair / world if reduce == "mean" else pair)
+    worst = max(abs(a - b).item() / abs(b).item() for a, b in history)
+    if dist.get_rank() == 0:
+        print(f"  check  {ours[0]} vs {ref[0]}: losses {history[0][0]:.6f} → {history[-1][0]:.6f} over {steps} "
+              f"steps, max relative difference {worst:.1e} (tolerance {rtol:g})", flush=True)
+    if worst > rtol:
+        raise SystemExit(f"{ours[0]} and {ref[0]} do not compute the same losses (max relative difference "
+                         f"{worst:.2e} > {rtol:g}): fix the comparison before timing it")

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from harness import common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
 
 
 def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
@@ -82,21 +82,28 @@ def worker(args: argparse.Namespace) -> None:
     ref_schedule = Schedule1F1B(ref_stage, m, loss_fn=loss_fn)
     ref_opt = torch.optim.AdamW(ref_module.parameters(), lr=1e-4, foreach=False)
 
-    def step_ours() -> None:
-        executor.run(x, y, 0)
+    def step_ours():  # noqa: ANN202
+        loss = executor.run(x, y, 0)  # the mean over microbatches on the last stage, 0 elsewhere
         ours_opt.step()
         ours_opt.zero_grad()
+        return loss
 
-    def step_ref() -> None:
+    def step_ref():  # noqa: ANN202
+        losses: list[torch.Tensor] = []
         if rank == 0:
             ref_schedule.step(x)
         elif rank == world - 1:
-            ref_schedule.step(target=y, losses=[])
+            ref_schedule.step(target=y, losses=losses)
         else:
             ref_schedule.step()
         ref_opt.step()
         ref_opt.zero_grad()
+        return torch.stack(losses).mean().detach() if losses else torch.zeros(())
 
+    if rank == 0:
+        print("\nworkbench 1F1B vs Schedule1F1B — same stages (seed 0), same batch and microbatches", flush=True)
+    # the same arithmetic per microbatch; the gradient sums the microbatches in the same order
+    check_same_losses(("ours", step_ours), ("Schedule1F1B", step_ref), reduce="sum")
     med = interleaved_medians({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench 1F1B vs torch.distributed.pipelining Schedule1F1B — model {args.model}, p={world}, "

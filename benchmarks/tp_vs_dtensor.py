@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -24,7 +24,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
     from workbench.config import PRESETS
     from workbench.engine.data import global_batch
@@ -45,26 +45,36 @@ def worker(args: argparse.Namespace) -> None:
 
     mesh = init_device_mesh("cpu", (world,))
     ref = GPT(cfg, seed=0)
+    heads_first(ref, world)
     plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
-            "head": ColwiseParallel(output_layouts=Replicate())}
+            "head": ColwiseParallel(use_local_output=False)}  # logits stay split by vocabulary: loss_parallel
     for i in range(cfg.layers):
         plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
                      f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()})
     parallelize_module(ref, mesh, plan)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-4, foreach=False)
 
-    def step_ours():
+    def step_ours():  # noqa: ANN202
         loss = ours(x, y)
         loss.backward()
         ours_grads.wait()
         ours_opt.step()
         ours_opt.zero_grad()
+        return loss.detach()
 
-    def step_ref():
-        loss = ref(x, y)
-        loss.backward()
+    def step_ref():  # noqa: ANN202
+        with loss_parallel():  # the cross-entropy of vocabulary-split logits, never gathered (like ours)
+            loss = ref(x, y)
+            loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
+        return loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
+
+    if rank == 0:
+        print("\nworkbench TP vs DTensor TP — same model (seed 0), q/k/v split by heads and the vocabulary-"
+              "parallel loss on both sides", flush=True)
+    # the same shards; the row-parallel sums and the loss's all-reduces add in another order: a few ulps
+    check_same_losses(("ours", step_ours), ("DTensor", step_ref), rtol=1e-5)  # every tp rank holds the loss
 
     med = interleaved_medians({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
     if rank == 0:
@@ -75,6 +85,21 @@ def worker(args: argparse.Namespace) -> None:
               f"ratio ours/DTensor = {med['ours'] / med['dtensor']:.3f}")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def heads_first(model, t: int) -> None:  # noqa: ANN001
+    """Reorder each fused qkv projection's rows from [q | k | v] to [q_0 k_0 v_0 | q_1 k_1 v_1 | …] (j: the
+    heads of tp rank j), so that ColwiseParallel's contiguous shards are our q, k, v split by heads; the
+    attention of a rank then sees its own heads' q, k and v, as in Megatron."""
+    import torch
+
+    for block in model.blocks.values():
+        lin = block.attn.qkv
+        h = lin.out_features // 3
+        order = torch.arange(3 * h).view(3, t, h // t).transpose(0, 1).reshape(-1)
+        with torch.no_grad():
+            lin.weight.copy_(lin.weight[order])
+            lin.bias.copy_(lin.bias[order])
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -46,32 +46,44 @@ def worker(args: argparse.Namespace) -> None:
     z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, 0.0)
 
     ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
-    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False)
+    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False,
+                                  weight_decay=0.0)
     fsdp_model = GPT(cfg, seed=0)
     mesh = init_device_mesh("cpu", (world,))
     for block in fsdp_model.blocks.values():
         fully_shard(block, mesh=mesh)
     fully_shard(fsdp_model, mesh=mesh)
-    fsdp_opt = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4, foreach=False)
+    fsdp_opt = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4, foreach=False, weight_decay=0.0)
 
     def ours(model, sync, updater):  # noqa: ANN001, ANN202
         def step() -> None:
-            model(x, y).backward()
+            loss = model(x, y)
+            loss.backward()
             sync.wait()
             updater.step(1e-4, None)
             sync.zero_grad()
+            return loss.detach()
         return step
 
-    def torch_zero1() -> None:
-        ddp(x, y).backward()
+    def torch_zero1():  # noqa: ANN202
+        loss = ddp(x, y)
+        loss.backward()
         zro.step()
         zro.zero_grad(set_to_none=False)
+        return loss.detach()
 
-    def torch_fsdp2() -> None:
-        fsdp_model(x, y).backward()
+    def torch_fsdp2():  # noqa: ANN202
+        loss = fsdp_model(x, y)
+        loss.backward()
         fsdp_opt.step()
         fsdp_opt.zero_grad()
+        return loss.detach()
 
+    if rank == 0:
+        print("\nworkbench ZeRO vs torch — same model (seed 0), same batch, AdamW without weight decay", flush=True)
+    # a reduce-scatter sums in another order than DDP's all-reduce: ~1 ulp of the loss
+    check_same_losses(("ours ZeRO-1", ours(z1_model, z1, z1_update)), ("ZeroRedundancyOptimizer", torch_zero1))
+    check_same_losses(("ours ZeRO-3", ours(z3_model, z3, z3_update)), ("FSDP2", torch_fsdp2))
     candidates = {"ours ZeRO-1": ours(z1_model, z1, z1_update), "ZeroRedundancyOptimizer": torch_zero1,
                   "ours ZeRO-3": ours(z3_model, z3, z3_update), "FSDP2": torch_fsdp2}
     med = interleaved_medians(candidates, args.rounds, args.warmup)

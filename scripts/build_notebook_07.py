@@ -34,9 +34,10 @@ cmp.table[["strategy", "world_size", "step_time_s", "predicted_step_time_s", "st
 """),
 md("""
 `memory_error` compares the estimate with the **simultaneous peak of every category** — what a rank
-really pays. It is exact for data, tensor and pipeline parallelism (the formulas count what the code
-holds); for ZeRO-3 the estimate adds the peaks of the gathered layers, the gradient copies in flight and
-the activations, which do not all happen at once, so it is an upper bound. Step time is harder on two
+really pays. It is exact for data, tensor and pipeline parallelism but for Adam's step counters (a few
+bytes: the formulas count what the code holds); for ZeRO-3 the estimate takes the gathered layers at
+their peak beside the larger of the activations and the gradient copies in flight — an upper bound by
+a few percent, since they do not all peak at the same instant. Step time is harder on two
 shared CPU cores: the tiny model's steps are dominated by fixed costs and by each collective's latency,
 which a FLOP count cannot see — the calibrated latency and per-step cost bring the estimate close for
 data parallelism; tensor parallelism's many small blocking collectives, each a context switch between

@@ -104,7 +104,7 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
     step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
     tokens = c.global_batch * c.model_config.seq_len
     flops = formulas.training_flops_per_token(c.model_config.param_count(), c.model_config) * tokens
-    est = estimate(c, hardware=hw)
+    est = estimate(c, hardware=hw, backend_copies=run.config.get("backend") == "gloo")
     measured_mem = r0["peak_total_bytes"]  # the simultaneous peak of every category: what the rank pays
     row = {"strategy": name, "world_size": c.world_size, "step_time_s": step, "tokens_per_s": tokens / step,
            "achieved_flops": flops / step,

@@ -85,7 +85,8 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, precision: str = "mixed",
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
-             hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True) -> Estimate:
+             hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
+             backend_copies: bool = False) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves."""
     if config is not None:
@@ -125,8 +126,11 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         act = in_flight * virtual_stages * kept + \
             formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
     out.activation_bytes_per_rank = act
-    out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch)
-    out.memory_bytes_per_rank = out.model_state_bytes_per_rank + act + sum(out.buffer_bytes.values())
+    out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch, backend_copies)
+    # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
+    # backward, as activations are released: the two do not add up
+    out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"])
+                                 + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
     tokens = global_batch * model.seq_len
     factor = 4 / 3 if recompute == "full" else 1.0

@@ -53,19 +53,22 @@ ZERO_IN_FLIGHT = 2
 
 
 def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, bucket_mb: float = 25.0,
-                 width: int = 4, prefetch: bool = True) -> dict[str, float]:
+                 width: int = 4, prefetch: bool = True, backend_copies: bool = False) -> dict[str, float]:
     """What a rank holds beside model states and activations, at the peak, by category:
 
     comm_buffer   ZeRO-2: the full-size gradient copies of ZERO_IN_FLIGHT buckets being reduce-scattered,
                   each with the 1/N slice it lands in; ZeRO-3: the same for units (a layer, an embedding).
     temporary     ZeRO-3: the gathered parameters of the unit computing and, with prefetch, of the next.
-    (Bucketed DP and ZeRO-1 reduce in place: their buckets are the gradient category itself.)"""
+    (Bucketed DP and ZeRO-1 reduce in place: their buckets are the gradient category itself.)
+    `backend_copies`: gloo runs each reduce-scatter as an all-reduce of a full-size copy of its input
+    (comm/traced.py), one more copy per bucket or unit in flight; NCCL makes none."""
     if dp == 1 or zero < 2:
         return {"comm_buffer": 0.0, "temporary": 0.0}
     h, v, r = cfg.hidden, cfg.vocab_size, cfg.mlp_ratio
     unit = max(stage_params(cfg, 0, cfg.layers) - v * h - cfg.seq_len * h, v * h + v, v * h)  # a block, head, wte
+    copies = 1 + 1 / dp + (1 if backend_copies else 0)  # staging, the slice it lands in, gloo's copy
     if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
         staged = min(max(bucket_mb * 2**20, max(v * h, r * h * h) * width), local_params * width)
-        return {"comm_buffer": ZERO_IN_FLIGHT * staged * (1 + 1 / dp), "temporary": 0.0}
-    return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * (1 + 1 / dp),
+        return {"comm_buffer": ZERO_IN_FLIGHT * staged * copies, "temporary": 0.0}
+    return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,
             "temporary": (2 if prefetch else 1) * unit * width}

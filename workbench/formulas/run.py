@@ -22,7 +22,7 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     width = 4 if precision == "fp32" else 2
     states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision),
               **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
-                             width, config.get("prefetch", True))}
+                             width, config.get("prefetch", True), config.get("backend") == "gloo")}
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     rc = config.get("recompute", "none")
