@@ -81,6 +81,19 @@ def _width(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def _megatron_per_layer(model: ModelConfig, micro: int, tp: int, sequence_parallel: bool,
+                        recompute: str) -> float:
+    """Korthikanti et al.'s 16-bit activation bytes per layer (Table 2), by SP and recomputation."""
+    sbh, a_s_h = model.seq_len * micro * model.hidden, model.heads * model.seq_len / model.hidden
+    if recompute == "full":
+        return 2 * sbh / (tp if sequence_parallel else 1)
+    if recompute == "selective":
+        return sbh * 34 / tp if sequence_parallel else sbh * (10 + 24 / tp)
+    if sequence_parallel:
+        return sbh * (34 + 5 * a_s_h) / tp
+    return formulas.korthikanti_activation_bytes_per_layer(model, micro, tp)
+
+
 def estimate(config: RunConfig | None = None, *, params: float | None = None, model: ModelConfig | None = None,
              dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, precision: str = "mixed",
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
@@ -111,15 +124,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     in_flight = min(pp, microbatches) if pp > 1 else 1
     layers = model.layers // pp
     if activations == "megatron":
-        sbh, a_s_h = model.seq_len * micro * model.hidden, model.heads * model.seq_len / model.hidden
-        per_layer = formulas.korthikanti_activation_bytes_per_layer(model, micro, tp)
-        if sequence_parallel:  # Korthikanti et al. Table 2
-            per_layer = sbh * (34 + 5 * a_s_h) / tp
-        if recompute == "full":
-            per_layer = 2 * sbh / (tp if sequence_parallel else 1)
-        elif recompute == "selective":
-            per_layer = sbh * 34 / tp if sequence_parallel else sbh * (10 + 24 / tp)
-        act = in_flight * layers * per_layer
+        act = in_flight * layers * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
     else:
         stages = pp * virtual_stages
         kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
