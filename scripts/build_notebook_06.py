@@ -23,20 +23,26 @@ def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name))
 """),
 md("""
-## Mixed precision: 16Ψ, measured
+## Mixed precision: 18Ψ or 16Ψ, measured
 
-16-bit parameters (2Ψ) and gradients (2Ψ); fp32 master weights, momentum and variance (12Ψ) — the ZeRO
-paper's 16Ψ. bf16 has fp32's exponent range; fp16 does not, so its loss is multiplied by a scale before
-backward and the gradients divided by it after.
+16-bit parameters (2Ψ); fp32 master weights, momentum and variance (12Ψ). The gradients: by default,
+as in Megatron-LM, each parameter's gradient accumulates and is all-reduced in an fp32 `main_grad`
+(4Ψ: 18Ψ in all), which then *is* the master weight's gradient. With `grad_reduce_dtype="bf16"` they stay
+in 16 bits (2Ψ, the ZeRO paper's 16Ψ, half the bytes on the wire), and the update makes fp32 copies of
+them (4Ψ, counted as `temporary` while they live, after backward). bf16 has fp32's exponent range; fp16
+does not, so its loss is multiplied by a scale before backward and the gradients divided by it after.
 """),
 code("""
 mp = {"fp32": run("fp32", dp=2, steps=20), "bf16": run("bf16", dp=2, precision="bf16", steps=20),
+      "bf16, 16-bit reduce": run("bf16r", dp=2, precision="bf16", grad_reduce_dtype="bf16", steps=20),
       "fp16": run("fp16", dp=2, precision="fp16", steps=20)}
 viz.loss_curves(mp).show()
 psi = mp["fp32"].config["params"]
-states = ("parameter", "gradient", "optimizer_state")
-pd.DataFrame({name: {k: r.summary["ranks"][0]["peak_bytes"][k] / psi for k in states}
-              for name, r in mp.items()}).rename_axis("bytes per parameter")
+states = ("parameter", "gradient", "optimizer_state", "temporary")
+table = pd.DataFrame({name: {**{k: r.summary["ranks"][0]["peak_bytes"][k] / psi for k in states},
+                             "all-reduce bytes": r.summary["ranks"][0]["comm_bytes_per_step"]["all_reduce"]["dp"] / psi}
+                      for name, r in mp.items()}).rename_axis("bytes per parameter (measured)")
+table
 """),
 md("""
 ## fp16: an overflow skips its step and lowers the scale

@@ -29,3 +29,17 @@ def test_nccl_data_parallel_matches_one_gpu(launched):
     assert_same_training(launched(dp=2, backend="nccl", bucket_mb=0.03), launched(dp=1, backend="nccl"))
     assert_same_training(launched(dp=2, backend="nccl", allreduce="ring", bucket_mb=0.03),
                          launched(dp=1, backend="nccl"))
+
+
+@needs_gpu
+def test_nccl_communication_is_timed_on_the_device(launched):
+    """On NCCL a collective returns once queued: its record must come from the device (comm/device_timing.py),
+    so it is written at the step's end, after its launch, with a positive duration, and no record is lost
+    against the same run on gloo."""
+    run = launched(dp=1, backend="nccl", steps=4)
+    ev = run.events
+    comm = ev[(ev.lane == "comm") & ev.op.notna() & ~ev.name.str.startswith("launch")]
+    assert len(comm) > 0 and (comm.dur_us >= 0).all()
+    gloo = launched(dp=1, backend="gloo", steps=4).events
+    gloo_comm = gloo[(gloo.lane == "comm") & gloo.op.notna() & ~gloo.name.str.startswith("launch")]
+    assert sorted(comm.name) == sorted(gloo_comm.name)

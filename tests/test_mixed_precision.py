@@ -1,5 +1,6 @@
-"""Mixed precision: bf16 and fp16 train, the 16Ψ of model states is measured, and fp16's dynamic loss
-scale skips an overflowing step, lowers the scale and recovers."""
+"""Mixed precision: bf16 and fp16 train; model states are measured at Megatron's 18Ψ with fp32 main
+gradients (the default) and the ZeRO paper's 16Ψ with 16-bit gradients, whose fp32 copies at the update
+are counted; fp16's dynamic loss scale skips an overflowing step, lowers the scale and recovers."""
 
 import pytest
 
@@ -8,7 +9,7 @@ from workbench.trace.validate import validate_run
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_16_bit_runs_train_and_hold_16_psi_of_model_states(launched, precision):
+def test_16_bit_runs_train_with_fp32_main_gradients(launched, precision):
     run = launched(dp=2, precision=precision, steps=20)
     m = run.metrics
     assert m.loss.iloc[-1] < m.loss.iloc[0] - 0.4, "the loss falls"
@@ -16,9 +17,29 @@ def test_16_bit_runs_train_and_hold_16_psi_of_model_states(launched, precision):
     psi = run.config["params"]
     for r in run.summary["ranks"]:
         peak = r["peak_bytes"]
-        assert peak["parameter"] == 2 * psi and peak["gradient"] == 2 * psi
+        assert peak["parameter"] == 2 * psi and peak["gradient"] == 4 * psi, "16-bit weights, fp32 main_grad"
         assert peak["optimizer_state"] == 12 * psi, "fp32 master weights + Adam's two moments"
+        assert peak["temporary"] == 0, "the main gradients are the masters' gradients: no copy at the update"
         assert peak["activation"] == r["predicted_bytes"]["activation"]
+        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 4 * psi, "the all-reduce moves fp32"
+
+
+def test_16_bit_gradient_reduction_halves_the_wire_and_pays_at_the_update(launched):
+    """grad_reduce_dtype='bf16': 2Ψ of gradients and 2 bytes per value on the wire, but the update makes
+    fp32 copies of every gradient (4Ψ, counted as temporary). They live after backward, when the
+    activations are gone, so the total peak is 16Ψ + max(activations, 4Ψ) against 18Ψ + activations:
+    on `tiny` activations dominate and 16-bit reduction saves its 2Ψ."""
+    low = launched(dp=2, precision="bf16", grad_reduce_dtype="bf16", steps=20)
+    main = launched(dp=2, precision="bf16", steps=20)
+    psi = low.config["params"]
+    for r in low.summary["ranks"]:
+        assert r["peak_bytes"]["gradient"] == 2 * psi and r["peak_bytes"]["temporary"] == 4 * psi
+        assert r["predicted_bytes"]["temporary"] == 4 * psi
+        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 2 * psi
+    r_low, r_main = low.summary["ranks"][0], main.summary["ranks"][0]
+    assert r_low["peak_bytes"]["activation"] > 4 * psi
+    assert r_main["peak_total_bytes"] - r_low["peak_total_bytes"] == 2 * psi
+    assert (low.metrics.loss - main.metrics.loss).abs().max() < 0.01, "both train the same model"
 
 
 def test_bf16_stays_close_to_fp32(launched):
@@ -43,3 +64,10 @@ def test_fp16_overflow_skips_that_step_halves_the_scale_and_recovers(launched):
 def test_zero_with_16_bit_is_rejected_before_launch():
     with pytest.raises(ConfigError, match="precision='bf16' is not supported yet"):
         RunConfig(dp=2, zero=1, precision="bf16").validate()
+
+
+def test_grad_reduce_dtype_must_be_fp32_or_the_parameters_own():
+    with pytest.raises(ConfigError, match="grad_reduce_dtype='bf16' with precision='fp16'"):
+        RunConfig(dp=2, precision="fp16", grad_reduce_dtype="bf16").validate()
+    with pytest.raises(ConfigError, match="grad_reduce_dtype='bf16' with precision='fp32'"):
+        RunConfig(dp=2, grad_reduce_dtype="bf16").validate()

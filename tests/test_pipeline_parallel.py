@@ -79,11 +79,11 @@ def test_memory_and_communication_match_the_schedule(launched):
     ({"schedule": "interleaved", "virtual_stages": 2}, 1 / 9),
 ], ids=["1f1b", "gpipe", "interleaved"])
 def test_the_measured_bubble_is_explained_by_the_measured_costs(launched, config, formula):
-    """The simulator replaying the schedule with each action's measured duration and each transfer's
-    measured time lands within 10 % (relative) of the measured bubble. On the tiny model both sit far
-    above the formula — a microbatch's compute is as short as the Python and gloo costs around it — and
-    this says the gap comes from those costs, not from the schedule. (10 %: ranks do not start a step at
-    the same instant, which the simulator assumes; measured here within 1 %.)"""
+    """The simulator replaying the schedule with each action's measured duration, each transfer's
+    measured time and each rank's measured start lands within 10 % (relative) of the measured bubble. On
+    the tiny model both sit far above the formula — a microbatch's compute is as short as the Python and
+    gloo costs around it — and this says the gap comes from those costs, not from the schedule. (10 %:
+    a rank descheduled while it waits inside an action is not replayed; on a quiet machine within 1 %.)"""
     b = launched(model=FOUR_LAYERS, pp=2, microbatches=4, **config).summary["bubble_fraction"]
     assert b["predicted"] == pytest.approx(formula)
     assert b["simulated_with_measured_costs"] > b["predicted"], "this machine's costs are not uniform"

@@ -96,8 +96,9 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     {"recompute": "full", "tp": 2, "sequence_parallel": True},
     {"dp": 2, "precision": "bf16", "steps": 20},
     {"dp": 2, "precision": "fp16", "steps": 20},
+    {"dp": 2, "tp": 2, "sequence_parallel": True, "precision": "bf16", "grad_reduce_dtype": "bf16"},
     {"model": ModelConfig(layers=4), "dp": 2, "tp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.05},
-], ids=["recompute-tp-sp", "bf16", "fp16", "3d"])
+], ids=["recompute-tp-sp", "bf16", "fp16", "bf16-reduce-tp-sp", "3d"])
 def test_communication_per_step_equals_the_prediction(launched, config):
     """Every collective and transfer the step issues, by op and group, as the formulas count them."""
     for r in launched(**config).summary["ranks"]:

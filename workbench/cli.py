@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--microbatches", type=int, default=d.microbatches)
     run.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
     run.add_argument("--precision", default=d.precision, choices=PRECISIONS)
+    run.add_argument("--grad-reduce-dtype", default=d.grad_reduce_dtype, choices=PRECISIONS,
+                     help="16-bit runs: accumulate and all-reduce gradients in fp32 (default) or in 16 bits")
     run.add_argument("--recompute", default=d.recompute, choices=RECOMPUTE)
     run.add_argument("--sequence-parallel", action="store_true")
     run.add_argument("--global-batch", type=int, default=d.global_batch)
@@ -86,7 +88,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
         model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
         microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
-        recompute=a.recompute, sequence_parallel=a.sequence_parallel, global_batch=a.global_batch,
+        grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
+        global_batch=a.global_batch,
         steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
         grad_clip=a.grad_clip or None, backend=a.backend,
         allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,

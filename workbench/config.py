@@ -97,6 +97,9 @@ class RunConfig:
     #: fp16 dynamic loss scaling: the first scale, and how many good steps in a row double it
     loss_scale_init: float = 65536.0
     loss_scale_growth_interval: int = 1000
+    #: 16-bit runs: gradients accumulate and are all-reduced in fp32 (Megatron's main_grad, the default)
+    #: or in the parameters' 16 bits (half the bytes on the wire; fp32 copies made at the update)
+    grad_reduce_dtype: str = "fp32"
     recompute: str = "none"
     sequence_parallel: bool = False
     global_batch: int = 16
@@ -157,6 +160,9 @@ class RunConfig:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("precision", self.precision, PRECISIONS)
+        if self.grad_reduce_dtype not in ("fp32", self.precision):
+            raise ConfigError(f"grad_reduce_dtype={self.grad_reduce_dtype!r} with precision={self.precision!r}: "
+                              f"valid are 'fp32' or the parameters' own {self.precision!r}")
         _choice("recompute", self.recompute, RECOMPUTE)
         _choice("backend", self.backend, BACKENDS)
         _choice("allreduce", self.allreduce, ALLREDUCE)

@@ -99,14 +99,17 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
-             backend_copies: bool = False) -> Estimate:
+             backend_copies: bool = False, grad_bytes: int | None = None) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
-    (with dropout masks) instead of the count of what our GPT saves."""
+    (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
+    (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
+    unless its grad_reduce_dtype says 16 bits)."""
     if config is not None:
         model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
         precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
         bucket_mb, prefetch = config.bucket_mb, config.prefetch
+        grad_bytes = 4 if config.grad_reduce_dtype == "fp32" else 2
     if params is None:
         if model is None:
             raise ValueError("estimate needs a RunConfig, a model, or params=")
@@ -114,9 +117,10 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     w = _width(precision)
     # model states: what one rank holds of its tp × pp shard, partitioned over dp by ZeRO
     local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
-    states = formulas.model_state_bytes(local, dp, zero, precision)
+    states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes)
     out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches)
-    out.comm_bytes_per_step["dp"] = formulas.dp_bytes_per_step(local, dp, zero, grad_bytes=w)
+    g = grad_bytes or w
+    out.comm_bytes_per_step["dp"] = formulas.dp_bytes_per_step(local, dp, zero, grad_bytes=g)
     if model is None or global_batch is None:
         return _timed(out, hardware, None)
     micro = global_batch // dp // microbatches
@@ -133,15 +137,16 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     out.activation_bytes_per_rank = act
     out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch, backend_copies)
     # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
-    # backward, as activations are released: the two do not add up
-    out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"])
+    # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
+    masters = 4 * local if g == 2 else 0
+    out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
     tokens = global_batch * model.seq_len
     factor = 4 / 3 if recompute == "full" else 1.0
     out.flops_per_step = formulas.training_flops_per_token(params, model) * tokens * factor
     tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sequence_parallel, microbatches,
-                                               model.layers // pp, True, pp == 1, w)
+                                               model.layers // pp, True, pp == 1, w, recompute, g)
     out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
     if pp > 1:
         seq = model.seq_len // (tp if sequence_parallel else 1)

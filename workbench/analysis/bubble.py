@@ -7,12 +7,13 @@
     simulated_with_measured_costs   the schedule replayed by the simulator with this run's own costs, per
                                     step: each action's measured duration (plus the gap before the rank's
                                     next action), the compute part of forwards and backwards, each send's
-                                    launch, and each transfer's time from the moment both sides were ready
+                                    launch, each transfer's time from the moment both sides were ready,
+                                    and when each rank entered the step (ranks do not start together)
 
 The gap between `predicted` and `simulated_with_measured_costs` is what this machine's uneven costs do to
-the formula's ideal (slower first and last stages, per-microbatch transfers on the critical path); the
-gap between `simulated_with_measured_costs` and `measured` is what the simulator leaves out (ranks not
-starting the step together). No torch.
+the formula's ideal (slower first and last stages, per-microbatch transfers on the critical path, ranks
+entering the step late); the gap between `simulated_with_measured_costs` and `measured` is what the
+simulator leaves out (a rank descheduled inside an action it was only waiting in). No torch.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ def _simulate_replica(sched: Schedule, replica: dict[int, dict[str, Any]]) -> di
             continue  # an interrupted step
         ordered = {r: sorted(v, key=lambda e: e["ts"]) for r, v in by_rank.items()}
         costs = _step_costs(sched, ordered, compute.get(step, {}))
-        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))])
+        first = min(v[0]["ts"] for v in ordered.values())
+        start = [ordered[r][0]["ts"] - first for r in range(sched.p)]
+        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))], start=start)
         out[step] = idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
     return out
 

@@ -15,6 +15,10 @@ torch.profiler's memory events). The copy is counted under `comm_buffer` from th
 gloo's worker thread may hold it a little longer (until it takes the group's next operation), which
 the allocator then shows as unattributed. NCCL makes no such copy.
 
+On CUDA the completion is not the host's to see: operations are timed on the device and their records
+written when the step ends (comm/device_timing.py); NVTX ranges (trace/recorder.py) name every span
+for Nsight Systems.
+
 A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
 the group and the sequence number, so a stuck job ends with a message that says where it stopped.
 """
@@ -28,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.comm.bandwidth import bandwidth, nbytes
+from workbench.comm.device_timing import DeviceClock, Timed
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
@@ -48,16 +53,18 @@ class Handle:
     """An operation in flight. `wait()` blocks, records the blocked time, and closes the async span."""
 
     def __init__(self, comm: Communicator, work: Any, name: str, cat: str, args: dict[str, Any],
-                 launch_us: float, n: int, staged: int = 0) -> None:
+                 launch_us: float, n: int, staged: int = 0, launch_event: Any = None, blocking: bool = False) -> None:
         self.comm, self.work, self.name, self.cat, self.args = comm, work, name, cat, args
-        self.launch_us, self.n = launch_us, n
+        self.launch_us, self.n, self.launch_event, self.blocking = launch_us, n, launch_event, blocking
         self.staged = staged if comm.memory is not None else 0  # the backend's own copy (comm_buffer)
         if self.staged:
             comm.memory.add("comm_buffer", self.staged)
         self.completed_us: float | None = None
         self._waited = False
         rec = comm.recorder
-        try:  # collectives on gloo and NCCL expose a future: take the true completion time from it
+        if launch_event is not None:
+            return  # device-timed: the step's end resolves it
+        try:  # collectives on gloo expose a future that completes with the work: the completion time
             work.get_future().then(lambda _f: self._mark_done(rec.now_us()))
         except (RuntimeError, AttributeError):
             pass  # point-to-point work has no future on gloo: completion is known at wait()
@@ -81,6 +88,9 @@ class Handle:
                 self.work.wait()
             except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                 raise self.comm.error(self.args, e) from e
+            if self.launch_event is not None:  # the device's times come when the step ends
+                clock = self.comm.clock
+                clock.pending.append(Timed(self.args["group"], self.launch_event, self.work, clock.mark(), self.record))
             # the work owns the backend's buffers, and the future's callback below holds this handle:
             # let go of it now, or the buffers live until Python's garbage collector breaks the cycle
             self.work = None
@@ -88,12 +98,20 @@ class Handle:
             if self.args["op"] == "recv":  # the flow from the matching send ends inside this wait
                 rec.flow("f", self.args["flow"], "wait", rec.now_us(), "p2p")
         self._waited = True
-        self._mark_done(rec.now_us())
-        end = self.completed_us if self.completed_us is not None else rec.now_us()
-        algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], (end - self.launch_us) / 1e6, self.n)
-        self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4),
-                         in_flight_us=round(end - self.launch_us, 3))
-        rec.async_span(self.name, self.cat, "comm", self.launch_us, end, self.args, rec.new_async_id())
+        if self.launch_event is None:
+            self._mark_done(rec.now_us())
+            self.record(self.launch_us, self.completed_us if self.completed_us is not None else rec.now_us())
+
+    def record(self, start: float, end: float) -> None:
+        """The operation's record, from its start to its completion (host clock, microseconds)."""
+        rec = self.comm.recorder
+        algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], (end - start) / 1e6, self.n)
+        self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
+        if self.blocking:
+            rec.complete(self.name, self.cat, "comm", start, end - start, self.args)
+            return
+        self.args["in_flight_us"] = round(end - start, 3)
+        rec.async_span(self.name, self.cat, "comm", start, end, self.args, rec.new_async_id())
 
 
 class Communicator:
@@ -103,10 +121,11 @@ class Communicator:
     """
 
     def __init__(self, groups: ProcessGroups, recorder: TraceRecorder,
-                 memory: MemoryTracker | None = None) -> None:
+                 memory: MemoryTracker | None = None, clock: DeviceClock | None = None) -> None:
         self.groups = groups
         self.recorder = recorder
         self.memory = memory
+        self.clock = clock  # CUDA: operations timed on the device
         self.rank = groups.rank
         self.step = 0
         self._seq: dict[str, int] = defaultdict(int)
@@ -115,6 +134,16 @@ class Communicator:
         self._p2p_seq: dict[tuple[str, int, int, int], int] = defaultdict(int)
 
     # ---- bookkeeping -------------------------------------------------------------------------
+    def start_step(self, step: int) -> None:
+        self.step = step
+        if self.clock is not None:
+            self.clock.start_step()
+
+    def end_step(self) -> None:
+        """CUDA: write the step's operations with their device times."""
+        if self.clock is not None:
+            self.clock.end_step()
+
     def size(self, group: str) -> int:
         return self.groups.size(group)
 
@@ -143,6 +172,8 @@ class Communicator:
         if label is not None:
             args["label"] = label
         rec = self.recorder
+        if self.clock is not None:  # CUDA: launch, and let the device say when it ran
+            return self._run_on_device(args, fn, async_op, n, name, cat, staged)
         if async_op:
             launch = rec.now_us()
             with rec.span(f"launch {name}", cat, "comm", **{**args, "async": True}):
@@ -162,6 +193,23 @@ class Communicator:
         algbw, busbw = bandwidth(args["op"], args["bytes"], dur / 1e6, n)
         args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
         rec.complete(name, cat, "comm", start, dur, args)
+        return None
+
+    def _run_on_device(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, name: str, cat: str,
+                       staged: int) -> Handle | None:
+        rec = self.recorder
+        launch, event = rec.now_us(), self.clock.mark()
+        with rec.span(f"launch {name}", cat, "comm", **{**args, "async": async_op}):
+            if args["op"] == "send":
+                rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
+            try:
+                work = fn(True)
+            except Exception as e:  # noqa: BLE001
+                raise self.error(args, e) from e
+        handle = Handle(self, work, name, cat, args, launch, n, staged, launch_event=event, blocking=not async_op)
+        if async_op:
+            return handle
+        handle.wait()  # the caller's stream waits for it; the host does not
         return None
 
     # ---- collectives -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
 from workbench.grid import ProcessGroups, RankGrid
@@ -59,6 +60,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+        enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s),
@@ -68,7 +70,11 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     name = config.name or os.path.basename(os.path.abspath(run_dir))
     recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
     memory = MemoryTracker(recorder, device)
-    comm = Communicator(groups, recorder, memory)
+    clock = None
+    if device.type == "cuda":  # communication on device time; every span an NVTX range for Nsight Systems
+        clock = DeviceClock(recorder.now_us)
+        recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
+    comm = Communicator(groups, recorder, memory, clock)
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()

@@ -1,16 +1,22 @@
 """Mixed-precision training (Micikevicius et al. 2018, "Mixed Precision Training"): 16-bit parameters,
 activations and gradients; fp32 master weights and Adam moments; for fp16, dynamic loss scaling.
 
-Memory per parameter — the ZeRO paper's 16Ψ, measured: 2 bytes of 16-bit parameter, 2 of 16-bit
-gradient, 12 of optimizer state (4 fp32 master weight + 4 momentum + 4 variance).
+Memory per parameter, measured: 2 bytes of 16-bit parameter, 4 of fp32 main gradient (Megatron's 18Ψ;
+2 with `grad_reduce_dtype` in 16 bits, the ZeRO paper's 16Ψ), 12 of optimizer state (4 fp32 master
+weight + 4 momentum + 4 variance).
 
 One step:
     backward of loss × scale (fp16; bf16 has fp32's range and needs no scaling)
     → every rank checks its gradients for inf/NaN, and all ranks agree (a max all-reduce over the world)
     → overflow: skip the step, halve the scale
-    → otherwise: master gradients = 16-bit gradients in fp32 ÷ scale, clip, AdamW on the masters,
+    → otherwise: master gradients = the gradients in fp32 ÷ scale, clip, AdamW on the masters,
       copy the masters back into the 16-bit parameters; after `growth_interval` good steps in a row
       the scale doubles (PyTorch's GradScaler policy).
+
+The fp32 gradients: with `grad_reduce_dtype='fp32'` (the default, Megatron's) each parameter's fp32
+`main_grad` (parallel/main_grad.py), accumulated and all-reduced in fp32, *is* its master's gradient —
+unscaled in place, no copy. With 16-bit reduction the update makes fp32 copies of every gradient
+(4 bytes per parameter) that live until the step ends: counted under `temporary` while they do.
 
 `MixedPrecisionUpdater` is the `Updater` (parallel/updater.py) of a 16-bit model: `step` returns None
 for a skipped step.
@@ -25,8 +31,18 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.measure.memory import MemoryTracker
+from workbench.parallel.main_grad import grad_of
 from workbench.parallel.tp_communications import TPContext
-from workbench.parallel.updater import adam_state, adamw, clip_coefficient, global_grad_norm, scale_grads, set_lr
+from workbench.parallel.updater import (
+    adam_checkpoint_state,
+    adam_state,
+    adamw,
+    clip_coefficient,
+    global_grad_norm,
+    scale_grads,
+    set_lr,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,8 +50,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class MixedPrecisionUpdater:
     def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, precision: str, lr: float,
                  weight_decay: float, init_scale: float = 2.0**16, growth_interval: int = 1000,
-                 tp: TPContext | None = None, pp_comm: Communicator | None = None) -> None:
-        self.params, self.comm, self.precision = list(params), comm, precision
+                 tp: TPContext | None = None, pp_comm: Communicator | None = None,
+                 memory: MemoryTracker | None = None) -> None:
+        self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
         self.tp, self.pp_comm = tp, pp_comm
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
         for p, m in zip(self.params, self.masters, strict=True):  # the gradient norm needs to know the shards
@@ -57,8 +74,7 @@ class MixedPrecisionUpdater:
         if self.found_overflow():
             self.update_scale(True)
             return None
-        for p, m in zip(self.params, self.masters, strict=True):
-            m.grad = None if p.grad is None else p.grad.float().div_(self.scale)
+        copies = self.master_grads()
         norm = global_grad_norm(self.masters, self.tp, self.pp_comm)
         scale_grads(self.masters, clip_coefficient(norm, max_norm))
         self.optimizer.step()
@@ -67,8 +83,30 @@ class MixedPrecisionUpdater:
                 p.copy_(m)
         for m in self.masters:
             m.grad = None  # the fp32 gradients live only during the update
+        self.count_temporary(-copies)
         self.update_scale(False)
         return float(norm)
+
+    def master_grads(self) -> int:
+        """Give every master its unscaled fp32 gradient: the main_grad itself where there is one, else
+        an fp32 copy of the 16-bit gradient. Returns the bytes of copies made."""
+        copies = 0
+        for p, m in zip(self.params, self.masters, strict=True):
+            g = grad_of(p)
+            if g is None:
+                m.grad = None
+            elif g.dtype == torch.float32:
+                m.grad = g.div_(self.scale)
+            else:
+                m.grad = g.float().div_(self.scale)
+                copies += m.grad.numel() * 4
+        self.count_temporary(copies)
+        return copies
+
+    def count_temporary(self, nbytes: int) -> None:
+        if self.memory is not None and nbytes:
+            self.memory.add("temporary", nbytes)
+            self.memory.snapshot()
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Adam's moments and the fp32 master weights: optimizer state in the ZeRO paper's accounting."""
@@ -80,6 +118,16 @@ class MixedPrecisionUpdater:
     def metrics(self) -> dict[str, Any]:
         return {"loss_scale": self.scale, "skipped": self.skipped}
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Adam's state, the fp32 masters, and the loss scaler (scale, good steps in a row)."""
+        return {**adam_checkpoint_state(self.optimizer, self.masters),
+                **{f"master.{i}": m.data for i, m in enumerate(self.masters)},
+                "loss_scaler": torch.tensor([self.scale, float(self.good_steps)], dtype=torch.float64)}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        self.scale, good = state["loss_scaler"].tolist()
+        self.good_steps = int(good)
+
     def found_overflow(self) -> bool:
         """Whether any rank's gradients hold inf or NaN (all ranks must agree to skip together). Only
         fp16 checks: bf16 has fp32's exponent range and is not scaled."""
@@ -87,7 +135,8 @@ class MixedPrecisionUpdater:
             return False
         bad = torch.zeros(1, device=self.params[0].device)
         for p in self.params:
-            if p.grad is not None and not torch.isfinite(p.grad).all():
+            g = grad_of(p)
+            if g is not None and not torch.isfinite(g).all():
                 bad.fill_(1.0)
                 break
         self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")

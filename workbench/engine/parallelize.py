@@ -7,6 +7,7 @@
       → precision (16-bit parameters and activations)
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
+        (a 16-bit model's gradients in fp32 main_grad buckets unless grad_reduce_dtype says 16 bits)
       → updater: sharded AdamW (ZeRO) | mixed precision | AdamW                           an Updater
       → forward/backward: the pipeline executor running the schedule, or one batch
 
@@ -120,10 +121,15 @@ def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: T
     elif cfg.zero in (1, 2):
         dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb)
     elif cfg.dp_impl == "naive":
-        dp = NaiveDataParallel(model, ctx.comm)
+        dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg))
     else:
-        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce)
+        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg))
     return dp if tp is None else ChainedGradSync([dp, TensorParallelGrads(model, tp)])
+
+
+def grad_dtype(cfg: RunConfig) -> torch.dtype:
+    """What gradients accumulate and are all-reduced in: fp32 (a 16-bit model's main_grad) or 16 bits."""
+    return torch.float32 if cfg.grad_reduce_dtype == "fp32" else DTYPES[cfg.grad_reduce_dtype]
 
 
 def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync: GradSync,
@@ -135,7 +141,7 @@ def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync:
     params = list(model.parameters())
     if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
         return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, cfg.weight_decay,
-                                     cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm)
+                                     cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm, ctx.memory)
     return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm)
 
 

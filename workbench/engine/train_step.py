@@ -35,7 +35,7 @@ class StepResult:
 def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> StepResult:
     ctx, cfg = strategy.ctx, strategy.ctx.config
     rec, memory = ctx.recorder, ctx.memory
-    ctx.comm.step = step
+    ctx.comm.start_step(step)
     t0 = time.perf_counter()
     with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
         inject_fault(cfg, ctx.rank, step)
@@ -54,6 +54,7 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
         strategy.count_model_states()
         memory.snapshot()
         loss_value = global_loss(ctx, loss)
+    ctx.comm.end_step()  # CUDA: the step's communication written with its device times
     return StepResult(step, loss_value, lr, grad_norm, time.perf_counter() - t0, strategy.updater.metrics())
 
 

@@ -24,7 +24,7 @@ def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
 
 def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
                            microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
-                           bytes_per_value: int = 4, recompute: str = "none") -> dict[str, float]:
+                           bytes_per_value: int = 4, recompute: str = "none", grad_bytes: int = 4) -> dict[str, float]:
     """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
     training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
     head and loss if `last` — from the operators our layers use:
@@ -33,7 +33,8 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     and fc (backward) — 4 all-reduces of b·s·h; the embedding's g and the head's f one more each.
     With sequence parallelism they become reduce-scatters and all-gathers of the same b·s·h buffers,
     and each column layer gathers its input again in backward instead of keeping it (+1 all-gather);
-    the gradients left partial (layer norms, positions, row biases) are all-reduced once per step.
+    the gradients left partial (layer norms, positions, row biases) are all-reduced once per step, at
+    `grad_bytes` per value (fp32, or a 16-bit run's 16-bit gradients).
     The loss adds three all-reduces of one value per token; the gradient norm one scalar per step.
     Full recomputation runs each block's forward twice, so its forward collectives twice.
     """
@@ -49,7 +50,7 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     partial = L * 6 * h + (s * h if first else 0) + (2 * h if last else 0)
     return {"all_gather": m * (6 * L + again + first + 2 * last) * full,
             "reduce_scatter": m * (4 * L + again + first + last) * full,
-            "all_reduce": m * loss + 4 * partial + 4}
+            "all_reduce": m * loss + grad_bytes * partial + 4}
 
 
 # ---- a run's predictions, from its resolved config (what summary.json puts beside the measurement) ----

@@ -10,14 +10,16 @@ from workbench.config import ModelConfig
 STATE_BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 
-def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, float]:
+def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32",
+                      grad_bytes: int | None = None) -> dict[str, float]:
     """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020).
 
     Stage 0 keeps everything on every rank (16Ψ); stage 1 divides the optimizer states by N, stage 2
     the gradients too, stage 3 the parameters too (16Ψ/N). The same accounting holds for fp32 with the
-    split 4 + 4 + 8.
+    split 4 + 4 + 8. `grad_bytes=4` with 16-bit parameters: fp32 main gradients (Megatron's 18Ψ).
     """
     p_b, g_b, o_b = STATE_BYTES[precision]
+    g_b = g_b if grad_bytes is None else grad_bytes
     n = dp
     return {
         "parameter": params * p_b / (n if zero >= 3 else 1),

@@ -20,9 +20,11 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
     width = 4 if precision == "fp32" else 2
-    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision),
+    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision, grad_width(config)),
               **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
+    if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
+        states["temporary"] += 4 * params
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     rc = config.get("recompute", "none")
@@ -45,6 +47,14 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
             peak = max(peak, live + extra[a.stage])
             live -= stage_bytes[a.stage]
     return {**states, "activation": peak}
+
+
+def grad_width(config: dict[str, Any]) -> int:
+    """Bytes per gradient value: 4 for fp32 runs and for 16-bit ones with fp32 main gradients (the
+    default), 2 when a 16-bit run reduces in 16 bits."""
+    if config.get("precision", "fp32") == "fp32" or config.get("grad_reduce_dtype", "fp32") == "fp32":
+        return 4
+    return 2
 
 
 def run_schedule(config: dict[str, Any]) -> Schedule:
@@ -70,15 +80,14 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local * scatters},
                                             "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
     else:
-        grad_width = 4 if config.get("precision", "fp32") == "fp32" else 2  # gradients in the model's precision
-        out = {"all_reduce": {"dp": 4 + (grad_width * local if dp > 1 else 0)}}
+        out = {"all_reduce": {"dp": 4 + (grad_width(config) * local if dp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     mine = list(range(pp_rank, stages, pp))
     layers = model.layers // stages * len(mine)
     tp_bytes = tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
                                                4 if config.get("precision", "fp32") == "fp32" else 2,
-                                               config.get("recompute", "none"))
+                                               config.get("recompute", "none"), grad_width(config))
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
     if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world

@@ -17,7 +17,9 @@ Two implementations:
   the rest of backward. `wait()` waits for every bucket before the optimizer step. With
   algorithm='ring' each bucket runs our send/recv ring instead (blocking: a teaching path).
 
-Both are `GradSync`s (parallel/grad_sync.py): inside `no_sync()` backward only accumulates.
+Both are `GradSync`s (parallel/grad_sync.py): inside `no_sync()` backward only accumulates. Given a
+`grad_dtype` other than the parameters' (fp32 for a 16-bit model), the gradients accumulate and are
+all-reduced in that dtype, as each parameter's `main_grad` (parallel/main_grad.py).
 """
 
 from __future__ import annotations
@@ -31,29 +33,37 @@ from workbench.comm.ring_allreduce import ring_all_reduce
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.flat import empty_flat, grads_as_views
 from workbench.parallel.grad_sync import SyncToggle
+from workbench.parallel.main_grad import accumulate_main_grad, grad_of, main_grads_as_views, uses_main_grads
 
 
 class NaiveDataParallel(SyncToggle):
     """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back."""
 
-    def __init__(self, model: nn.Module, comm: Communicator) -> None:
+    def __init__(self, model: nn.Module, comm: Communicator, grad_dtype: torch.dtype | None = None) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.comm = comm
         self.n = comm.size("dp")
+        if uses_main_grads(self.params, grad_dtype):
+            for p in self.params:
+                p.main_grad = torch.zeros_like(p, dtype=grad_dtype)
+                p.register_post_accumulate_grad_hook(accumulate_main_grad)
 
     def wait(self) -> None:
         """One all-reduce per parameter, after the whole backward."""
         for i, p in enumerate(self.params):
-            p.grad.div_(self.n)
+            grad = grad_of(p)
+            grad.div_(self.n)
             if self.n > 1:
-                self.comm.all_reduce(p.grad, "dp", label=f"param {i}")
+                self.comm.all_reduce(grad, "dp", label=f"param {i}")
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+            if hasattr(p, "main_grad"):
+                p.main_grad.zero_()
 
     def grad_tensors(self) -> list[torch.Tensor | None]:
-        return [p.grad for p in self.params]
+        return [grad_of(p) for p in self.params]
 
 
 @dataclass
@@ -86,19 +96,22 @@ def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[
 
 class BucketedDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
-                 algorithm: str = "backend") -> None:
+                 algorithm: str = "backend", grad_dtype: torch.dtype | None = None) -> None:
         self.comm = comm
         self.n = comm.size("dp")
         self.algorithm = algorithm
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()  # backward produces the last layers' gradients first
-        plan = plan_buckets([p.numel() for _, p in named], named[0][1].element_size(), bucket_mb)
+        self.main = uses_main_grads([p for _, p in named], grad_dtype)
+        dtype = grad_dtype if self.main else named[0][1].dtype
+        plan = plan_buckets([p.numel() for _, p in named], dtype.itemsize, bucket_mb)
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for b, idxs in enumerate(plan):
             params = [named[i][1] for i in idxs]
-            bucket = Bucket(b, empty_flat(params), params, names=[named[i][0] for i in idxs])
-            grads_as_views(params, bucket.buffer)  # each gradient is a view of its bucket: no copy
+            bucket = Bucket(b, empty_flat(params, dtype=dtype), params, names=[named[i][0] for i in idxs])
+            # each gradient is a view of its bucket: no copy (16-bit model: the fp32 main_grad is)
+            (main_grads_as_views if self.main else grads_as_views)(params, bucket.buffer)
             for p in params:
                 self._bucket_of[p] = bucket
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -106,6 +119,7 @@ class BucketedDataParallel(SyncToggle):
         self._next_launch = 0
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
+        accumulate_main_grad(p)  # a 16-bit gradient goes into its fp32 main_grad (no-op otherwise)
         if not self.enabled:  # an earlier microbatch's backward: keep accumulating, do not sync yet
             return
         bucket = self._bucket_of[p]
@@ -134,7 +148,8 @@ class BucketedDataParallel(SyncToggle):
         """Wait for every bucket's all-reduce; call after backward, before the optimizer step."""
         for bucket in self.buckets:
             if not bucket.launched:
-                missing = [n for n, p in zip(bucket.names, bucket.params, strict=True) if p.grad is None]
+                missing = [n for n, p in zip(bucket.names, bucket.params, strict=True)
+                           if p.grad is None and not self.main]
                 raise RuntimeError(
                     f"bucket {bucket.index} never became ready ({bucket.ready}/{len(bucket.params)} gradients); "
                     f"parameters without gradient this step: {missing or 'unknown'}"

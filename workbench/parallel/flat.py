@@ -35,11 +35,11 @@ def views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
-def empty_flat(tensors: Sequence[torch.Tensor], multiple: int = 1) -> torch.Tensor:
-    """A zeroed buffer big enough for `tensors`, padded to a multiple of `multiple`, with their dtype
-    and device."""
+def empty_flat(tensors: Sequence[torch.Tensor], multiple: int = 1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A zeroed buffer big enough for `tensors`, padded to a multiple of `multiple`, on their device,
+    with their dtype unless `dtype` is given."""
     first = tensors[0]
-    return torch.zeros(padded(numel(tensors), multiple), dtype=first.dtype, device=first.device)
+    return torch.zeros(padded(numel(tensors), multiple), dtype=dtype or first.dtype, device=first.device)
 
 
 def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None, multiple: int = 1) -> torch.Tensor:

@@ -41,6 +41,7 @@ from torch import nn
 
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
+from workbench.parallel.main_grad import grad_of
 from workbench.parallel.tp_communications import (
     TPContext,
     all_reduce_tp,
@@ -263,10 +264,11 @@ class TensorParallelGrads(SyncToggle):
     def wait(self) -> None:
         if not self.params:
             return
-        flat = pack([p.grad for p in self.params])
+        grads = [grad_of(p) for p in self.params]
+        flat = pack(grads)
         self.tp.comm.all_reduce(flat, "tp", label="sequence-parallel grads",
                                 meta={"layer": "layer norms, positions, row biases", "direction": "backward"})
-        unpack(flat, [p.grad for p in self.params])
+        unpack(flat, grads)
 
     def zero_grad(self) -> None:
         return None

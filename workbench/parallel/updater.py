@@ -7,6 +7,8 @@
     state_tensors()      what the `optimizer_state` memory category holds (Adam's moments, fp32 masters)
     counter_tensors()    Adam's per-tensor step counters (counted under `other`)
     loss_scale           what backward multiplies the loss by (1 except for fp16)
+    checkpoint_state()   the live tensors a checkpoint saves and a resume loads into, in place
+    restore(state)       after a load: take back what is not a tensor of the optimizer (the loss scale)
 
 Implemented by `AdamWUpdater` (fp32, replicated or tensor-parallel parameters), `ShardedAdamWUpdater`
 (ZeRO: each rank updates its slices) and `MixedPrecisionUpdater` (engine/mixed_precision.py).
@@ -39,6 +41,10 @@ class Updater(Protocol):
     def metrics(self) -> dict[str, Any]:
         """Extra facts of the last step for the trace and metrics.jsonl (loss scale, skipped)."""
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]: ...
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None: ...
+
 
 def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
     """torch's AdamW, one tensor at a time (foreach=False: the same arithmetic on every layout)."""
@@ -54,6 +60,19 @@ def adam_state(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], li
             if torch.is_tensor(value):
                 (counters if key == "step" else moments).append(value)
     return moments, counters
+
+
+def adam_checkpoint_state(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adam's state of each parameter, keyed by its position. Where the optimizer has not stepped yet it
+    is created as AdamW's first step would (step 0, zero moments), so a load has tensors to fill."""
+    out = {}
+    for i, p in enumerate(params):
+        state = optimizer.state[p]
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                         exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+        out.update({f"{i}.{k}": v for k, v in state.items()})
+    return out
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -131,6 +150,12 @@ class AdamWUpdater:
 
     def metrics(self) -> dict[str, Any]:
         return {}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return adam_checkpoint_state(self.optimizer, self.params)
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        return None
 
 
 class ShardedAdamWUpdater(AdamWUpdater):

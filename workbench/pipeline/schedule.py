@@ -26,7 +26,7 @@ Send actions are asynchronous and receive actions block until the matching send 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 COMPUTE = ("F", "B")
@@ -219,7 +219,8 @@ class Timeline:
 
 
 def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0,
-             cost: Callable[[int, Action], tuple[float, float]] | None = None) -> Timeline:
+             cost: Callable[[int, Action], tuple[float, float]] | None = None,
+             start: Sequence[float] | None = None) -> Timeline:
     """The timeline of a schedule from per-action costs, without starting a process. Raises
     ScheduleError on a deadlock.
 
@@ -227,10 +228,11 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
     transfer t_comm, sends and receives nothing else. `cost(rank, action) -> (advance, busy)` replaces
     them per action — measured costs: a compute action advances the rank's clock by `advance` and is
     busy for `busy` of it; a send advances the clock by its launch cost; a receive, once its send is
-    posted, by the transfer's time."""
+    posted, by the transfer's time. `start`: when each rank begins (measured: ranks do not enter a step
+    at the same instant); all at 0 by default."""
     per = {"F": t_f / s.v, "B": t_b / s.v}
     cost = cost or (lambda r, a: (per.get(a.kind, 0.0), per.get(a.kind, 0.0)))
-    pos, clock = [0] * s.p, [0.0] * s.p
+    pos, clock = [0] * s.p, list(start) if start is not None else [0.0] * s.p
     posted: dict[tuple[str, int, int, int], float] = {}
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(s.p)]
     remaining = sum(len(a) for a in s.actions)

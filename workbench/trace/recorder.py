@@ -68,6 +68,8 @@ class TraceRecorder:
         self.info: dict[str, Any] = {}  # extra facts for the `workbench` block (parameter shapes ...)
         self._partial_path: str | None = None
         self._flushed = 0
+        #: (push, pop) of NVTX ranges on CUDA runs: every span is also a range Nsight Systems shows
+        self.nvtx: tuple[Any, Any] | None = None
 
     # ---- clock -------------------------------------------------------------------------------
     def set_epoch(self, clock_offset_us: float = 0.0) -> None:
@@ -89,9 +91,13 @@ class TraceRecorder:
         """A complete ("X") event around the block. The yielded dict is the span's args: the block
         may add to it (bytes measured inside, for instance)."""
         start = self.now_us()
+        if self.nvtx is not None:
+            self.nvtx[0](name)
         try:
             yield args
         finally:
+            if self.nvtx is not None:
+                self.nvtx[1]()
             self.complete(name, cat, lane, start, self.now_us() - start, args)
 
     def complete(self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]) -> None:
