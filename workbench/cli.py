@@ -16,13 +16,49 @@ import argparse
 import json
 import sys
 
-from workbench.config import ALLREDUCE, BACKENDS, DP_IMPLS, PRECISIONS, RECOMPUTE, SCHEDULES, ConfigError, RunConfig
+from workbench.config import (
+    ALLREDUCE,
+    BACKENDS,
+    DP_IMPLS,
+    FAULTS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    ConfigError,
+    RunConfig,
+)
 
 
 def _model(value: str) -> str | dict:
     if value.startswith("{"):
         return json.loads(value)
     return value
+
+
+def _add_fault_tolerance(run: argparse.ArgumentParser, d: RunConfig) -> None:
+    """Checkpoints, resume, restarts, and the faults that exercise them."""
+    run.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                     help="a DCP checkpoint every N steps (0: never)")
+    run.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default RUN/checkpoints)")
+    run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="keep the newest K (0: all)")
+    run.add_argument("--resume", default=None,
+                     help="a checkpoint, a directory of them, or 'auto' (the newest good one in the checkpoint dir)")
+    run.add_argument("--max-restarts", type=int, default=d.max_restarts,
+                     help="torchrun restarts the group up to R times after a failure; each resumes from the newest "
+                          "checkpoint")
+    run.add_argument("--fault", default=None, choices=FAULTS, help="inject a fault (teaching and tests)")
+    run.add_argument("--fault-rank", type=int, default=d.fault_rank)
+    run.add_argument("--fault-step", type=int, default=d.fault_step)
+
+
+def _add_launch(run: argparse.ArgumentParser) -> None:
+    """Where the run goes and which machines take part."""
+    run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
+    run.add_argument("--name", default=None)
+    run.add_argument("--nnodes", type=int, default=1)
+    run.add_argument("--node-rank", type=int, default=0)
+    run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the first machine")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,12 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record the allocator beside the categories (CPU: torch.profiler memory events; "
                           "CUDA: a snapshot for pytorch.org/memory_viz) until the end of --profile-memory-step")
     run.add_argument("--profile-memory-step", type=int, default=d.profile_memory_step)
-    run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
-    run.add_argument("--name", default=None)
-    run.add_argument("--nnodes", type=int, default=1)
-    run.add_argument("--node-rank", type=int, default=0)
-    run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the first machine")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_fault_tolerance(run, d)
+    _add_launch(run)
 
     cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
     cmp.add_argument("configs", nargs="+",
@@ -81,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("show", "print a run's summary")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir")
+    ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
+    ckpt.add_argument("action", choices=("inspect",))
+    ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
     return parser
 
 
@@ -95,6 +130,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
+        checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
+        resume=a.resume, max_restarts=a.max_restarts, fault=a.fault, fault_rank=a.fault_rank,
+        fault_step=a.fault_step,
     )
 
 
@@ -180,6 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_compare(a)
     if a.command == "show":
         print_summary(a.run_dir)
+        return 0
+    if a.command == "checkpoint":
+        from workbench.checkpoint_files import CheckpointError
+        from workbench.engine.checkpoint import describe
+
+        try:
+            print(describe(a.path))
+        except CheckpointError as e:
+            print(f"workbench: {e}", file=sys.stderr)
+            return 1
         return 0
     return 2
 

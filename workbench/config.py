@@ -15,58 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the bad value and what would be valid."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head)."""
-
-    vocab_size: int = 64
-    seq_len: int = 16
-    hidden: int = 32
-    heads: int = 4
-    layers: int = 2
-    mlp_ratio: int = 4
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def param_count(self) -> int:
-        """Ψ: parameters of the unsharded model (checked against the built model in the tests)."""
-        h, v, s, f = self.hidden, self.vocab_size, self.seq_len, self.mlp_ratio * self.hidden
-        per_layer = (
-            2 * h  # ln_1 weight and bias
-            + h * 3 * h + 3 * h  # qkv projection
-            + h * h + h  # attention output projection
-            + 2 * h  # ln_2
-            + h * f + f  # mlp up
-            + f * h + h  # mlp down
-        )
-        return v * h + s * h + self.layers * per_layer + 2 * h + h * v + v
-
-    def validate(self) -> None:
-        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{name}={value!r}: must be a positive integer")
-        if self.hidden % self.heads:
-            divisors = [a for a in range(1, self.hidden + 1) if self.hidden % a == 0]
-            raise ConfigError(
-                f"model.heads={self.heads} does not divide model.hidden={self.hidden}; "
-                f"valid head counts: {divisors}"
-            )
-
-
-#: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
-#: million parameters (benchmarks); anything else is given as a ModelConfig or dict.
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
-    "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
-}
+from workbench.model_config import PRESETS as PRESETS
+from workbench.model_config import ConfigError as ConfigError
+from workbench.model_config import ModelConfig as ModelConfig
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -74,7 +25,7 @@ RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl")
 ALLREDUCE = ("backend", "ring")
 DP_IMPLS = ("bucketed", "naive")
-FAULTS = ("raise", "hang", "overflow")
+FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad")
 
 
 @dataclass(frozen=True)
@@ -127,7 +78,17 @@ class RunConfig:
     profile_memory_step: int = 1
     timeout_s: float = 120.0
     name: str | None = None
-    #: Fault injection for tests and teaching: a rank that raises, or hangs, at a step.
+    #: a DCP checkpoint every N steps (0: never) into checkpoint_dir (default RUN/checkpoints), keeping the newest
+    #: keep_checkpoints (0: all); resume: a checkpoint, a directory of them, or 'auto' (the newest good one, if any)
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 0
+    resume: str | None = None
+    #: torchrun restarts the whole group up to this many times after a rank fails; each restart resumes from
+    #: the newest good checkpoint (fault tolerance: engine/worker.py)
+    max_restarts: int = 0
+    #: Fault injection for tests and teaching, on fault_rank at fault_step: raise, hang, SIGKILL itself ("kill",
+    #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step).
     fault: str | None = None
     fault_rank: int = 0
     fault_step: int = 0
@@ -190,6 +151,9 @@ class RunConfig:
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")
+        for name in ("checkpoint_every", "keep_checkpoints", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 turns it off)")
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from workbench.checkpoint_files import archive_attempt, check_resume
 from workbench.config import RunConfig
 from workbench.run import Run, load
 from workbench.trace.merge import recover_partials, write_merged
@@ -64,15 +65,20 @@ def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes()) ->
         cmd += ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
                 "--nproc-per-node", str(config.world_size // nodes.nnodes),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", nodes.rdzv_endpoint, "--rdzv-id", nodes.rdzv_id]
-    cmd += ["--max-restarts", "0", "-m", "workbench.engine.worker", "--run-dir", run_dir]
+    cmd += ["--max-restarts", str(config.max_restarts), "-m", "workbench.engine.worker", "--run-dir", run_dir]
     return cmd
 
 
-def _prepare_dir(run_dir: str) -> None:
+def _prepare_dir(run_dir: str, resume_step: int | None = None) -> None:
+    """An empty run directory; resuming (`resume_step` given) in an existing one keeps its checkpoints and
+    moves the earlier attempt aside (checkpoint_files.archive_attempt)."""
     if os.path.isdir(run_dir) and os.listdir(run_dir):
         is_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json"))
         if not is_run:
             raise FileExistsError(f"{run_dir} exists and is not a workbench run directory; choose another out=")
+        if resume_step is not None:
+            archive_attempt(run_dir, resume_step)
+            return
         shutil.rmtree(run_dir)
     os.makedirs(run_dir, exist_ok=True)
 
@@ -82,7 +88,8 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError)."""
     config.validate()
     run_dir = os.path.abspath(out or default_run_dir(config))
-    _prepare_dir(run_dir)
+    _, step = check_resume(config, run_dir)
+    _prepare_dir(run_dir, step if config.resume else None)
     with open(os.path.join(run_dir, "request.json"), "w") as f:
         f.write(config.to_json())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

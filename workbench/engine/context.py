@@ -63,8 +63,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s),
-                            device_id=device if backend == "nccl" else None)
+    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
+                            rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
     groups = ProcessGroups.create(grid, rank, config.timeout_s)
     name = config.name or os.path.basename(os.path.abspath(run_dir))
@@ -78,11 +78,20 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()
+    recorder.info["epoch_unix_us"] = time.time_ns() / 1000.0  # where t = 0 is on the wall clock (restarts)
     walls: list[Any] = [None] * world_size
     dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
     recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
     return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
                        hosts=[w[1] for w in walls])
+
+
+def attempt_store(config: RunConfig) -> dist.Store:
+    """torchrun's store (env://), under a prefix naming the restart attempt. torchrun keeps one store
+    across restarts; without the prefix a restarted rank can read the address a dead rank of the failed
+    attempt published and fail to connect (measured here: gloo's "connectFullMesh … Connection refused")."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=config.timeout_s)))
+    return dist.PrefixStore(f"workbench/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -> None:

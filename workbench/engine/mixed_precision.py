@@ -76,6 +76,12 @@ class MixedPrecisionUpdater:
             return None
         copies = self.master_grads()
         norm = global_grad_norm(self.masters, self.tp, self.pp_comm)
+        if not bool(torch.isfinite(norm)):  # a gradient anomaly (bf16, or fp16 past the overflow check)
+            for m in self.masters:
+                m.grad = None
+            self.count_temporary(-copies)
+            self.skipped = True
+            return None
         scale_grads(self.masters, clip_coefficient(norm, max_norm))
         self.optimizer.step()
         with torch.no_grad():

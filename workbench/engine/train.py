@@ -12,9 +12,11 @@ import os
 import statistics
 from typing import Any
 
+from workbench.engine.checkpoint import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
 from workbench.engine.data import rank_batch
 from workbench.engine.parallelize import Strategy, parallelize
+from workbench.engine.restart import attempt, trim_metrics
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.memory_profile import MemoryProfile
 
@@ -28,16 +30,20 @@ def train(ctx: RankContext) -> dict[str, Any]:
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
     results: list[StepResult] = []
-    for step in range(cfg.steps):
+    start = resume_step(strategy)
+    if ctx.rank == 0:
+        trim_metrics(ctx.run_dir, start)
+    for step in range(start, cfg.steps):
         batch = rank_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size, dp_index, dp_size,
                            ctx.device)
         step_start = ctx.recorder.now_us()
         results.append(train_step(strategy, batch, step))
         if profile is not None and step == cfg.profile_memory_step:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
-        ctx.recorder.flush()
         if ctx.rank == 0:
             append_metrics(ctx, results[-1])
+        maybe_save(strategy, step)
+        ctx.recorder.flush()
     return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
             "loss": results[-1].loss if results else float("nan"),
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count()}
@@ -60,9 +66,8 @@ def describe(strategy: Strategy) -> None:
 def append_metrics(ctx: RankContext, r: StepResult) -> None:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
     row = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_time_s": r.step_time_s,
-           "tokens": tokens, "tokens_per_s": tokens / r.step_time_s}
-    if ctx.config.precision == "fp16":
-        row.update(r.extra)
+           "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt()}
+    row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
 

@@ -9,6 +9,8 @@ Memory counters are taken after forward, after backward and after the optimizer 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ from workbench.config import RunConfig
 from workbench.engine.context import RankContext
 from workbench.engine.lr_schedule import lr_at
 from workbench.engine.parallelize import Strategy
+from workbench.engine.restart import attempt
 from workbench.measure.device import sync_compute
 
 
@@ -27,7 +30,7 @@ class StepResult:
     step: int
     loss: float  # mean over the global batch
     lr: float
-    grad_norm: float | None  # None when the step was skipped (an fp16 overflow)
+    grad_norm: float | None  # None when the step was skipped (an fp16 overflow, a gradient anomaly)
     step_time_s: float
     extra: dict[str, Any] = field(default_factory=dict)  # the updater's facts: loss scale, skipped
 
@@ -60,8 +63,9 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
 
 def loss_scale(cfg: RunConfig, rank: int, step: int, strategy: Strategy) -> float:
     """The updater's loss scale, or inf on the rank and step of an injected overflow."""
-    if cfg.fault == "overflow" and rank == cfg.fault_rank and step == cfg.fault_step:
-        return float("inf")  # this rank's gradients become inf/NaN: every rank must skip the step
+    if cfg.fault in ("overflow", "nan-grad") and rank == cfg.fault_rank and step == cfg.fault_step:
+        # this rank's gradients become inf/NaN: every rank must skip the step
+        return float("inf") if cfg.fault == "overflow" else float("nan")
     return strategy.updater.loss_scale
 
 
@@ -82,4 +86,6 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
     if cfg.fault == "hang":
         time.sleep(10 * cfg.timeout_s)  # the other ranks must time out, not wait forever
+    if cfg.fault == "kill" and attempt() == 0:  # no handler runs: what a lost machine does
+        os.kill(os.getpid(), signal.SIGKILL)
     # "overflow" is injected into the loss scale of that step (see loss_scale)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from workbench.analysis.summary import build_summary
 from workbench.config import RunConfig
 from workbench.engine.context import RankContext, setup
+from workbench.engine.restart import archive_failed_attempt, attempt, restarted_config, write_all_attempts
 from workbench.engine.train import train
 from workbench.trace.merge import merge_traces
 
@@ -62,6 +63,7 @@ def finish(ctx: RankContext) -> None:
             config = json.load(f)
         with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
             json.dump(build_summary(config, gathered), f, indent=2)
+        write_all_attempts(ctx.run_dir, gathered)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config = RunConfig.from_dict(json.load(f)).validate()
+        archive_failed_attempt(args.run_dir, rank)  # after torchrun restarted the group: keep, then resume
+        config = restarted_config(config, args.run_dir)
         ctx = setup(config, args.run_dir)
+        ctx.recorder.info["attempt"] = attempt()
         ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
         train(ctx)
         finish(ctx)

@@ -3,7 +3,8 @@
     step(lr, max_norm)   the norm of the *whole* model's gradient (every shard, every stage), clipping
                          as torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6),
                          at most 1), then AdamW. Returns the norm, or None when the step was skipped
-                         (an fp16 overflow).
+                         (an fp16 overflow, or a gradient anomaly: a norm that is inf or NaN — every rank
+                         computes the same global norm, so every rank skips the same step).
     state_tensors()      what the `optimizer_state` memory category holds (Adam's moments, fp32 masters)
     counter_tensors()    Adam's per-tensor step counters (counted under `other`)
     loss_scale           what backward multiplies the loss by (1 except for fp16)
@@ -129,18 +130,26 @@ class AdamWUpdater:
     """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards)."""
 
     loss_scale = 1.0
+    skipped = False
 
     def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float,
                  tp: TPContext | None = None, pp_comm: Communicator | None = None) -> None:
         self.params, self.tp, self.pp_comm = list(params), tp, pp_comm
         self.optimizer = adamw(self.params, lr, weight_decay)
 
-    def step(self, lr: float, max_norm: float | None) -> float:
+    def step(self, lr: float, max_norm: float | None) -> float | None:
         set_lr(self.optimizer, lr)
         norm = global_grad_norm(self.params, self.tp, self.pp_comm)
+        if self.anomaly(norm):
+            return None
         scale_grads(self.params, clip_coefficient(norm, max_norm))
         self.optimizer.step()
         return float(norm)
+
+    def anomaly(self, norm: torch.Tensor) -> bool:
+        """A non-finite global gradient norm: skip the update (the same on every rank)."""
+        self.skipped = not bool(torch.isfinite(norm))
+        return self.skipped
 
     def state_tensors(self) -> list[torch.Tensor]:
         return adam_state(self.optimizer)[0]
@@ -149,7 +158,7 @@ class AdamWUpdater:
         return adam_state(self.optimizer)[1]
 
     def metrics(self) -> dict[str, Any]:
-        return {}
+        return {"skipped": self.skipped}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return adam_checkpoint_state(self.optimizer, self.params)
@@ -168,9 +177,11 @@ class ShardedAdamWUpdater(AdamWUpdater):
         super().__init__(shards, lr, weight_decay, None, pp_comm)
         self.comm, self.after_step = comm, after_step
 
-    def step(self, lr: float, max_norm: float | None) -> float:
+    def step(self, lr: float, max_norm: float | None) -> float | None:
         set_lr(self.optimizer, lr)
         norm = sharded_grad_norm(self.params, self.comm, self.pp_comm)
+        if self.anomaly(norm):
+            return None
         scale_grads(self.params, clip_coefficient(norm, max_norm))
         self.optimizer.step()
         if self.after_step is not None:

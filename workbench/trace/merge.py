@@ -72,3 +72,34 @@ def write_merged(run_dir: str) -> str | None:
     with open(path, "w") as f:
         json.dump(merge_traces(traces), f)
     return path
+
+
+def merge_attempts(attempts: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every attempt of a restarted run on one timeline: each rank's events shifted by its attempt's
+    wall-clock start (`epoch_unix_us`) against the first attempt's, an instant `restart <n>` where
+    attempt n begins. Async ids get the attempt as a prefix; only the last attempt keeps its flows (the
+    same step's transfers would otherwise join across attempts)."""
+    epochs = [t["workbench"]["epoch_unix_us"] for traces in attempts for t in traces
+              if "epoch_unix_us" in t["workbench"]]
+    base = min(epochs, default=0.0)
+    events: list[dict[str, Any]] = []
+    for n, traces in enumerate(attempts):
+        last = n == len(attempts) - 1
+        starts = []
+        for t in traces:
+            shift = t["workbench"].get("epoch_unix_us", base) - base
+            starts.append(shift)
+            for e in t["traceEvents"]:
+                if e.get("ph") == "M" and not last or e.get("ph") in ("s", "f") and not last:
+                    continue
+                e = {**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else dict(e)
+                if "id2" in e:
+                    e["id2"] = {"local": f"a{n}:{e['id2']['local']}"}
+                events.append(e)
+        if n > 0:
+            events.append({"ph": "i", "s": "g", "name": f"restart {n}", "cat": "step", "pid": 0, "tid": 0,
+                           "ts": round(min(starts), 3), "args": {"attempt": n}})
+    merged = merge_traces(attempts[-1])
+    merged["workbench"]["attempts"] = len(attempts)
+    merged["traceEvents"] = events
+    return merged

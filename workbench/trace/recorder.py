@@ -196,6 +196,7 @@ def recover_partial(path: str) -> dict[str, Any]:
     rec = TraceRecorder(info["rank"], info["world_size"], info["backend"],
                         {k: coords[k] for k in ("dp", "tp", "pp")}, coords["run"])
     rec.clock_offset_us = coords.get("clock_offset_us", 0.0)
+    rec.info = {k: v for k, v in coords.items() if k not in ("run", "rank", "dp", "tp", "pp", "clock_offset_us")}
     rec.events = events
     out = rec.to_dict()
     out["workbench"]["recovered"] = True

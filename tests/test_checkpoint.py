@@ -1,0 +1,139 @@
+"""Checkpoints with DCP: a resumed run continues bit-identically for every strategy; the bytes on disk are
+the sharded states, written once; old checkpoints are pruned; a truncated, incomplete or foreign
+checkpoint is refused with the file and the reason, and `auto` falls back to the previous good one."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from workbench import ConfigError, ModelConfig, RunConfig
+from workbench.checkpoint_files import CheckpointError, complete_steps, resolve_resume, verify
+from workbench.cli import main
+from workbench.trace.validate import validate_run
+
+FOUR = ModelConfig(layers=4)
+STRATEGIES = {
+    "dp2": {"dp": 2},
+    "tp2-sp": {"tp": 2, "sequence_parallel": True},
+    "pp2-1f1b": {"model": FOUR, "pp": 2, "microbatches": 2},
+    "pp2-interleaved": {"model": FOUR, "pp": 2, "microbatches": 2, "schedule": "interleaved", "virtual_stages": 2},
+    "zero1": {"dp": 2, "zero": 1},
+    "zero2": {"dp": 2, "zero": 2},
+    "zero3": {"dp": 2, "zero": 3},
+    "dp2-pp2-zero1": {"model": FOUR, "dp": 2, "pp": 2, "microbatches": 2, "zero": 1},
+    "bf16": {"dp": 2, "precision": "bf16"},
+    "fp16-scaler": {"dp": 2, "precision": "fp16", "loss_scale_growth_interval": 2},
+}
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_resume_continues_bit_identically(launched, name, tmp_path):
+    """fp32 on gloo is deterministic: the state after step k is all a step depends on (parameters, Adam's
+    moments and step, fp32 masters, the loss scaler, the RNG; the data and LR are functions of k), so
+    the resumed losses and gradient norms equal the uninterrupted run's exactly — tolerance 0."""
+    config = STRATEGIES[name]
+    full = launched(steps=6, checkpoint_every=3, **config)
+    assert [os.path.basename(p) for p in complete_steps(os.path.join(full.path, "checkpoints"))] == \
+        ["step_000003", "step_000006"]
+    resumed = launched(steps=6, resume=os.path.join(full.path, "checkpoints", "step_000003"), **config)
+    assert list(resumed.metrics.step) == [3, 4, 5]
+    tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
+    assert list(resumed.metrics.loss) == list(tail.loss), name
+    assert resumed.metrics.grad_norm.reset_index(drop=True).equals(tail.grad_norm), name  # NaN: a skipped step
+    if "fp16" in name:
+        assert list(resumed.metrics.loss_scale) == list(tail.loss_scale)
+    assert validate_run(resumed.path) == []
+    spans = [e for e in resumed.traces[0]["traceEvents"] if e.get("cat") == "checkpoint"]
+    assert [e["name"] for e in spans] == ["checkpoint load step 3"] and spans[0]["args"]["bytes"] > 0
+
+
+def test_checkpoint_bytes_are_the_sharded_states_written_once(launched):
+    """dp2: the replicated model and Adam state are written by one rank (DCP deduplicates equal keys);
+    ZeRO-3: each rank writes its 1/N of parameters and moments. Tensor bytes = 12Ψ (4 parameter + 8
+    moments) + Adam's step counters (4 bytes a tensor) + each rank's RNG state (5,056 bytes); the files
+    add DCP's index and ~1.5 kB of framing per tensor (large against `tiny`'s small tensors)."""
+    for config in ({"dp": 2}, {"dp": 2, "zero": 3}):
+        run = launched(steps=2, checkpoint_every=2, **config)
+        marker = verify(os.path.join(run.path, "checkpoints", "step_000002"))
+        psi = run.config["params"]
+        writers = run.summary["ranks"][:2 if config.get("zero") else 1]  # replicas are written once
+        states = sum(r["peak_bytes"][k] for r in writers for k in ("parameter", "optimizer_state", "other"))
+        assert marker["tensor_bytes"] == states + 2 * 5056, (config, marker["tensor_bytes"] - states)
+        assert marker["tensor_bytes"] == pytest.approx(12 * psi, rel=0.05)
+        assert marker["bytes"] > marker["tensor_bytes"]
+        saved = [e["args"]["bytes"] for t in run.traces for e in t["traceEvents"]
+                 if e.get("cat") == "checkpoint"]
+        assert len(saved) == 2 and sum(saved) <= marker["bytes"]
+        if config.get("zero") == 3:
+            assert min(saved) > 0.4 * sum(saved), "ZeRO-3: both ranks write their half"
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert main(["checkpoint", "inspect", os.path.join(run.path, "checkpoints", "step_000002")]) == 0
+            text = out.getvalue()
+            assert "zero=3" in text and "model/zero3.0@pp0.tp0.dp1" in text and "__1_0.distcp" in text
+
+
+def test_keep_checkpoints_prunes_the_oldest(launched):
+    run = launched(steps=6, checkpoint_every=2, keep_checkpoints=2)
+    assert [os.path.basename(p) for p in complete_steps(os.path.join(run.path, "checkpoints"))] == \
+        ["step_000004", "step_000006"]
+
+
+def test_broken_checkpoints_are_named_and_auto_falls_back(launched, tmp_path):
+    run = launched(steps=6, checkpoint_every=3)
+    root = str(tmp_path / "checkpoints")
+    shutil.copytree(os.path.join(run.path, "checkpoints"), root)
+    config = json.load(open(os.path.join(run.path, "config.json")))
+    newest = os.path.join(root, "step_000006")
+    shard = os.path.join(newest, "__0_0.distcp")
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp has \d+ bytes, the marker recorded \d+"):
+        verify(newest, config)
+    path, skipped = resolve_resume("auto", root, config)
+    assert path == os.path.join(root, "step_000003") and "truncated" in skipped[0]
+    os.remove(os.path.join(root, "step_000003", ".metadata"))
+    with pytest.raises(CheckpointError, match="metadata is missing"):
+        verify(os.path.join(root, "step_000003"), config)
+    path, skipped = resolve_resume("auto", root, config)
+    assert path is None and len(skipped) == 2, "no good checkpoint left: auto starts afresh"
+    os.makedirs(os.path.join(root, "step_000009.partial"))
+    assert [os.path.basename(p) for p in complete_steps(root)] == ["step_000003", "step_000006"], \
+        "a partial directory is never a checkpoint"
+    other = {**config, "model": {**config["model"], "hidden": 64}}
+    with pytest.raises(CheckpointError, match="different model"):
+        verify(os.path.join(run.path, "checkpoints", "step_000003"), other)
+    moved = {**config, "dp": 2, "world_size": 2}
+    with pytest.raises(CheckpointError, match="another layout"):
+        verify(os.path.join(run.path, "checkpoints", "step_000003"), moved)
+
+
+def test_a_bad_resume_path_fails_before_launch(tmp_path):
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        from workbench import launch
+
+        launch(RunConfig(steps=2, resume=str(tmp_path / "nowhere")), out=str(tmp_path / "run"), progress=False)
+    with pytest.raises(ConfigError, match="checkpoint_every=-1"):
+        RunConfig(checkpoint_every=-1).validate()
+
+
+def test_resume_auto_in_the_run_directory_keeps_the_earlier_attempt(launched, tmp_path):
+    """The same command with resume='auto' continues from the newest checkpoint in RUN/checkpoints; the
+    first attempt's files move to attempts/0/ and metrics.jsonl holds the whole run, equal to an
+    uninterrupted one."""
+    from workbench import launch
+
+    out = str(tmp_path / "run")
+    first = list(launch(RunConfig(steps=4, checkpoint_every=2, timeout_s=30), out=out, progress=False).metrics.loss)
+    again = launch(RunConfig(steps=6, checkpoint_every=2, resume="auto", timeout_s=30), out=out, progress=False)
+    whole = launched(steps=6)
+    assert list(again.metrics.step) == list(range(6))
+    assert list(again.metrics.loss) == list(whole.metrics.loss)
+    assert first == list(whole.metrics.loss[:4])
+    assert os.path.exists(os.path.join(out, "attempts", "0", "trace_rank0.json"))
+    assert [os.path.basename(p) for p in complete_steps(os.path.join(out, "checkpoints"))] == \
+        ["step_000002", "step_000004", "step_000006"]

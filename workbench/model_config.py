@@ -1,0 +1,59 @@
+"""The model's dimensions: a decoder-only GPT's shape (`ModelConfig`), its named presets, and the error
+every bad configuration raises. No torch (re-exported by workbench.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the bad value and what would be valid."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head)."""
+
+    vocab_size: int = 64
+    seq_len: int = 16
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    mlp_ratio: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def param_count(self) -> int:
+        """Ψ: parameters of the unsharded model (checked against the built model in the tests)."""
+        h, v, s, f = self.hidden, self.vocab_size, self.seq_len, self.mlp_ratio * self.hidden
+        per_layer = (
+            2 * h  # ln_1 weight and bias
+            + h * 3 * h + 3 * h  # qkv projection
+            + h * h + h  # attention output projection
+            + 2 * h  # ln_2
+            + h * f + f  # mlp up
+            + f * h + h  # mlp down
+        )
+        return v * h + s * h + self.layers * per_layer + 2 * h + h * v + v
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{name}={value!r}: must be a positive integer")
+        if self.hidden % self.heads:
+            divisors = [a for a in range(1, self.hidden + 1) if self.hidden % a == 0]
+            raise ConfigError(
+                f"model.heads={self.heads} does not divide model.hidden={self.hidden}; "
+                f"valid head counts: {divisors}"
+            )
+
+
+#: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
+#: million parameters (benchmarks); anything else is given as a ModelConfig or dict.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
+    "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
+}
