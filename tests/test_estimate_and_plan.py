@@ -69,3 +69,15 @@ def test_compare_from_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "workbench.cli", "compare", '{"dp": 3}', "--out", str(tmp_path / "x")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "dp=3" in bad.stderr
+
+
+def test_young_daly_interval_minimises_the_time_lost():
+    """Young's τ* = √(2δM) is where δ/τ + τ/(2M) is smallest; Daly's subtracts δ."""
+    from workbench import formulas
+
+    delta, mtbf = 30.0, 24 * 3600.0
+    tau = formulas.young_daly_interval(delta, mtbf, daly=False)
+    assert tau == pytest.approx((2 * delta * mtbf) ** 0.5)
+    lost = [formulas.checkpoint_overhead(t, delta, mtbf) for t in (tau * 0.5, tau, tau * 2)]
+    assert lost[1] < lost[0] and lost[1] < lost[2]
+    assert formulas.young_daly_interval(delta, mtbf) == pytest.approx(tau - delta)

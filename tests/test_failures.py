@@ -1,5 +1,6 @@
 """A failing or stuck rank ends the job quickly, says which rank and operation, and keeps the traces."""
 
+import json
 import os
 import time
 
@@ -36,3 +37,13 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     msg = str(e.value)
     assert e.value.rank == 0 and "all_reduce" in msg and "group dp" in msg
     assert len(e.value.run.metrics) == 1
+    # the flight recorder's view: rank 0 is blocked in step 1's first dp collective, rank 1 never started it
+    from workbench.doctor import behind, diagnose
+
+    report = diagnose(e.value.run.path)
+    stuck = behind({r: json.load(open(os.path.join(e.value.run.path, f"error_rank{r}.json"))) for r in (0, 1)})
+    dp = [g for g in stuck if g["group"] == "dp"]
+    assert dp and dp[0]["behind"] == [1], report
+    assert dp[0]["newest"][0]["step"] == 1 and dp[0]["newest"][0]["state"] == "started"
+    assert dp[0]["newest"][1]["step"] == 0 and dp[0]["newest"][1]["state"] == "done"
+    assert "behind: rank 1" in report and "inject_fault" in report, report

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
 
     for name, text in (("validate", "check a run's traces against the run format"),
-                       ("show", "print a run's summary")):
+                       ("show", "print a run's summary"),
+                       ("doctor", "why a run failed: the first cause, and who was behind at which collective")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir")
     ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
@@ -218,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_compare(a)
     if a.command == "show":
         print_summary(a.run_dir)
+        return 0
+    if a.command == "doctor":
+        from workbench.doctor import diagnose
+
+        print(diagnose(a.run_dir))
         return 0
     if a.command == "checkpoint":
         from workbench.checkpoint_files import CheckpointError

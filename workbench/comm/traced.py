@@ -15,9 +15,8 @@ torch.profiler's memory events). The copy is counted under `comm_buffer` from th
 gloo's worker thread may hold it a little longer (until it takes the group's next operation), which
 the allocator then shows as unattributed. NCCL makes no such copy.
 
-On CUDA the completion is not the host's to see: operations are timed on the device and their records
-written when the step ends (comm/device_timing.py); NVTX ranges (trace/recorder.py) name every span
-for Nsight Systems.
+On CUDA, operations are timed on the device and written when the step ends (comm/device_timing.py).
+Every operation also enters the flight recorder (comm/flight_recorder.py): the last 64, per rank.
 
 A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
 the group and the sequence number, so a stuck job ends with a message that says where it stopped.
@@ -33,6 +32,7 @@ import torch.distributed as dist
 
 from workbench.comm.bandwidth import bandwidth, nbytes
 from workbench.comm.device_timing import DeviceClock, Timed
+from workbench.comm.flight_recorder import FlightRecorder
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class Handle:
             if self.launch_event is not None:  # the device's times come when the step ends
                 clock = self.comm.clock
                 clock.pending.append(Timed(self.args["group"], self.launch_event, self.work, clock.mark(), self.record))
+            self.comm.flight.done(self.args)
             # the work owns the backend's buffers, and the future's callback below holds this handle:
             # let go of it now, or the buffers live until Python's garbage collector breaks the cycle
             self.work = None
@@ -126,6 +127,7 @@ class Communicator:
         self.recorder = recorder
         self.memory = memory
         self.clock = clock  # CUDA: operations timed on the device
+        self.flight = FlightRecorder()
         self.rank = groups.rank
         self.step = 0
         self._seq: dict[str, int] = defaultdict(int)
@@ -172,6 +174,7 @@ class Communicator:
         if label is not None:
             args["label"] = label
         rec = self.recorder
+        self.flight.start(args)
         if self.clock is not None:  # CUDA: launch, and let the device say when it ran
             return self._run_on_device(args, fn, async_op, n, name, cat, staged)
         if async_op:
@@ -190,6 +193,7 @@ class Communicator:
         except Exception as e:  # noqa: BLE001
             raise self.error(args, e) from e
         dur = rec.now_us() - start
+        self.flight.done(args)
         algbw, busbw = bandwidth(args["op"], args["bytes"], dur / 1e6, n)
         args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
         rec.complete(name, cat, "comm", start, dur, args)

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
                "traceback": traceback.format_exc(),
                "coords": ctx.grid.coords(rank) if ctx is not None else None,
-               "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError"}
+               "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError",
+               "last_collectives": ctx.comm.flight.to_list() if ctx is not None else []}
         with open(os.path.join(args.run_dir, f"error_rank{rank}.json"), "w") as f:
             json.dump(err, f, indent=2)
         if ctx is not None:

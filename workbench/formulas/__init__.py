@@ -8,6 +8,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     activations.py   what our GPT saves for backward, with recomputation and release in backward
     comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
     run.py           a run's predicted memory and bytes per step, from its config
+    faults.py        how often to checkpoint (Young/Daly) and what failures cost
 """
 
 from workbench.formulas.activations import (
@@ -21,6 +22,7 @@ from workbench.formulas.activations import (
     stage_activation_bytes,
 )
 from workbench.formulas.comm import bubble_fraction, dp_bytes_per_step, tp_comm_bytes_per_step, training_flops_per_token
+from workbench.formulas.faults import checkpoint_overhead, young_daly_interval
 from workbench.formulas.memory import (
     STATE_BYTES,
     ZERO_IN_FLIGHT,
@@ -33,8 +35,9 @@ from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, run_mo
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
-    "bubble_fraction", "buffer_bytes", "dp_bytes_per_step", "embedding_activation_bytes", "head_activation_bytes",
+    "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "embedding_activation_bytes",
+    "head_activation_bytes",
     "korthikanti_activation_bytes_per_layer", "model_state_bytes", "params_per_rank", "predicted_bytes",
     "predicted_comm_bytes", "recompute_activation_bytes", "run_model", "run_schedule", "stage_activation_bytes",
-    "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
+    "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token", "young_daly_interval",
 ]

@@ -1,0 +1,85 @@
+"""`workbench doctor RUN`: why a run failed, from what its ranks left — who failed first, and for a hang,
+which ranks were at which collective (the flight recorder's view: comm/flight_recorder.py).
+
+For each group, the ranks' newest operations are lined up by sequence number: the members blocked in
+seq k are waiting for the member whose newest entry is below k — that one is behind, and its own error
+(or the traceback it was stopped in) says what it was doing instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from typing import Any
+
+
+def _errors(run_dir: str) -> dict[int, dict[str, Any]]:
+    out = {}
+    for path in glob.glob(os.path.join(run_dir, "error_rank*.json")):
+        with open(path) as f:
+            out[int(re.search(r"error_rank(\d+)", path).group(1))] = json.load(f)
+    return out
+
+
+def _describe(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "no operation yet"
+    what = entry["op"] + (f" {entry['label']}" if entry.get("label") else "")
+    return f"seq {entry['seq']} {what} (step {entry['step']}, {entry['state']})"
+
+
+def behind(errors: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per group: each member's newest operation, and the members behind the furthest one."""
+    groups: dict[tuple[str, tuple[int, ...]], dict[int, dict[str, Any]]] = {}
+    for rank, err in errors.items():
+        for entry in err.get("last_collectives", []):
+            key = (entry["group"], tuple(entry["group_ranks"] or ()))
+            newest = groups.setdefault(key, {}).get(rank)
+            if newest is None or (entry["seq"] or 0) >= (newest["seq"] or 0):
+                groups[key][rank] = entry
+    report = []
+    for (name, members), newest in sorted(groups.items()):
+        if name == "world" or entry_op_is_p2p(newest):
+            continue
+        top = max((e["seq"] or 0) for e in newest.values())
+        lagging = [r for r in members if r in errors and (newest.get(r) or {}).get("seq", 0) < top]
+        if lagging:
+            report.append({"group": name, "ranks": list(members), "newest": {r: newest.get(r) for r in members},
+                           "behind": lagging, "blocked_at": top})
+    return report
+
+
+def entry_op_is_p2p(newest: dict[int, dict[str, Any]]) -> bool:
+    return any(e["op"] in ("send", "recv") for e in newest.values())
+
+
+def _last_frame(traceback: str) -> str:
+    """Where the rank was: its traceback's innermost frame, above the signal handler that stopped it."""
+    frames = [f for f in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback or "")
+              if f[2] != "_on_sigterm"]
+    return f"{frames[-1][2]} ({os.path.basename(frames[-1][0])}:{frames[-1][1]})" if frames else "?"
+
+
+def diagnose(run_dir: str) -> str:
+    errors = _errors(run_dir)
+    if not errors:
+        return f"{run_dir}: no rank left an error file: the run did not fail (or died before it could write one)"
+    first = min(errors.values(), key=lambda e: (e.get("secondary", False), e.get("time", 0)))
+    lines = [f"{run_dir}: {len(errors)} rank(s) failed; the first cause: rank {first['rank']}: "
+             f"{first['type']}: {first['message'][:300]}", ""]
+    for rank, err in sorted(errors.items()):
+        newest = err.get("last_collectives", [])[-1:] or [None]
+        lines.append(f"  rank {rank}: {err['type']} at {_last_frame(err.get('traceback', ''))}; "
+                     f"newest collective: {_describe(newest[0])}")
+    for g in behind(errors):
+        lines.append("")
+        lines.append(f"group {g['group']} {g['ranks']}: blocked at seq {g['blocked_at']}; behind: "
+                     f"{', '.join(f'rank {r}' for r in g['behind'])}")
+        for r in g["ranks"]:
+            lines.append(f"  rank {r}: {_describe(g['newest'].get(r))}")
+        for r in g["behind"]:
+            lines.append(f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
+                         f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped")
+    return "\n".join(lines)
