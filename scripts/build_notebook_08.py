@@ -31,7 +31,7 @@ md("""
 ## A checkpoint: every rank writes its own shards
 
 ZeRO-3 on two ranks, a checkpoint every 4 steps. Each rank writes its 1/N of the parameters and of Adam's
-moments; what every data-parallel replica holds the same is written once (DCP deduplicates equal keys).
+moments; what every data-parallel replica holds the same is written once, by the first replica.
 The checkpoint only counts once rank 0 has written `workbench.json` and renamed the directory.
 """),
 code("""
@@ -54,6 +54,21 @@ pd.DataFrame([{"rank": r, "span": e["name"], "time (ms)": e["dur"] / 1e3, "bytes
 code("""
 pd.Series({"tensors in the checkpoint": marker["tensor_bytes"], "12Ψ (formula)": 12 * psi,
            "files on disk": marker["bytes"]}, name="bytes")
+"""),
+md("""
+## The same checkpoint under another layout
+
+The checkpoint names *pieces of the whole model's tensors* (`model/blocks.0.attn.qkv.weight|0+1536`), not
+rank files, so a different layout finds its own pieces in it: here the ZeRO-3 checkpoint saved by two
+ranks continues on one process, and on four ranks with tensor parallelism. The losses continue those of the
+run that saved it, up to fp32 sums taken in another order.
+"""),
+code("""
+half = os.path.join(z3.path, "checkpoints", "step_000004")
+one = run("resharded-dp1", steps=8, resume=half)
+tp = run("resharded-tp2", tp=2, steps=8, resume=half)
+pd.DataFrame({"saved by dp2 ZeRO-3": z3.metrics.loss[4:].values, "resumed on 1 rank": one.metrics.loss.values,
+              "resumed with tp=2": tp.metrics.loss.values}, index=range(4, 8)).rename_axis("step")
 """),
 md("""
 ## How often to checkpoint: Young/Daly

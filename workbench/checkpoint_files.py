@@ -23,8 +23,10 @@ from typing import Any
 from workbench.config import RunConfig
 
 MARKER = "workbench.json"
-#: what must be equal between the run that saved and the run that loads (resharding is not built yet)
+#: the layout a checkpoint was saved under (recorded; another layout loads it: engine/checkpoint_layout.py)
 LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "virtual_stages", "schedule", "precision", "grad_reduce_dtype")
+#: what must be equal between the run that saved and the run that loads: the tensors' dtypes and roles
+SAME = ("precision",)
 
 
 class CheckpointError(RuntimeError):
@@ -89,11 +91,10 @@ def _same_run_shape(path: str, marker: dict[str, Any], config: dict[str, Any]) -
     if marker["model"] != dims:
         diff = {k: (v, dims[k]) for k, v in marker["model"].items() if dims[k] != v}
         raise CheckpointError(f"{path} holds a different model: (saved, this run) {diff}")
-    layout = {k: config.get(k) for k in LAYOUT_KEYS}
-    if marker["layout"] != layout:
-        diff = {k: (marker["layout"].get(k), v) for k, v in layout.items() if marker["layout"].get(k) != v}
-        raise CheckpointError(f"{path} was saved under another layout, (saved, this run) {diff}; loading a "
-                              f"checkpoint under a different layout (resharding) is not built yet")
+    for k in SAME:
+        if marker["layout"].get(k) != config.get(k):
+            raise CheckpointError(f"{path} was saved with {k}={marker['layout'].get(k)!r}, this run has "
+                                  f"{k}={config.get(k)!r}: the saved tensors do not fit")
 
 
 def complete_steps(root: str) -> list[str]:

@@ -1,24 +1,24 @@
-"""Checkpoint and resume with torch.distributed.checkpoint (DCP): every rank writes its own shards of the
+"""Checkpoint and resume with torch.distributed.checkpoint (DCP): every rank writes its own pieces of the
 training state, in parallel; the layout on disk and what makes one complete are `workbench/checkpoint_files.py`.
 
 What a checkpoint holds — everything the next step depends on, so a resumed run's losses are
 bit-identical to the uninterrupted run's:
 
-    model/<name>@pp.tp        the rank's parameters (ZeRO-3: its flat slices, @pp.tp.dp)
-    optim/<i>.<state>@…       Adam's step, exp_avg, exp_avg_sq of each tensor the updater steps (ZeRO:
-                              the rank's slices, @…dp); mixed precision adds the fp32 masters and the
-                              loss scaler (scale, good steps in a row)
-    rng/rank<r>               the CPU generator
+    model/<name>|<start>+<n>      the parameters, as pieces of the whole model's tensors (flattened)
+    exp_avg/…, exp_avg_sq/…       Adam's moments, pieced the same way (ZeRO: the rank's slices)
+    master/…                      16-bit runs: the fp32 master weights
+    optim/step, optim/loss_scaler Adam's step (equal for every tensor), the fp16 loss scaler
+    rng/rank<r>                   each rank's CPU generator
     (the step is in the marker; the data of step k is a function of (seed, k), the LR of k likewise)
 
-Keys: a tensor that every data-parallel replica holds the same (`@pp<p>.tp<t>`) has one key on all of
-them, and DCP writes it once — the bytes on disk are the sharded states, not a copy per rank. What
-differs between dp ranks (ZeRO's partitions) carries the dp coordinate too.
+Pieces (engine/checkpoint_layout.py) name the *global* tensor and the range they cover, so a checkpoint
+saved under one layout loads under another: each rank asks DCP for the saved pieces that overlap its
+own and copies the overlaps in place (resharding). Each piece is written by one rank — the first replica
+— so the bytes on disk are the sharded states, once.
 
 Save: every rank writes into `step_N.partial` (`dcp.save`, a collective over the world), then rank 0
 writes the marker and renames the directory to `step_N`, and prunes to the newest `keep_checkpoints`.
-Load (`dcp.load`) reads into the live tensors, in place. Both are spans (category `checkpoint`) with the
-bytes this rank wrote or read.
+Both saving and loading are spans (category `checkpoint`) with the bytes this rank wrote or read.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from workbench.checkpoint_files import (
     verify,
     write_marker,
 )
+from workbench.engine.checkpoint_layout import pieces
 from workbench.engine.parallelize import Strategy
 
 
@@ -66,21 +67,21 @@ def maybe_save(strategy: Strategy, step: int) -> None:
         save(strategy, step + 1, checkpoint_root(cfg, strategy.ctx.run_dir), run_shape(cfg))
 
 
+def _scalars(strategy: Strategy) -> dict[str, torch.Tensor]:
+    """Adam's step (every tensor's is the same), the loss scaler, this rank's RNG."""
+    state = strategy.updater.checkpoint_state()
+    out = {"optim/step": next(v for k, v in state.items() if k.endswith(".step"))}
+    if "loss_scaler" in state:
+        out["optim/loss_scaler"] = state["loss_scaler"]
+    out[f"rng/rank{strategy.ctx.rank}"] = torch.get_rng_state()
+    return out
+
+
 def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
-    """The live tensors of this rank's training state, under keys equal across replicas."""
-    ctx, cfg = strategy.ctx, strategy.ctx.config
-    c = ctx.grid.coords(ctx.rank)
-    replica = f"@pp{c['pp']}.tp{c['tp']}"
-    shard = f"{replica}.dp{c['dp']}"
-    state: dict[str, torch.Tensor] = {}
-    if cfg.zero == 3:
-        state.update({f"model/zero3.{i}{shard}": p.data for i, p in enumerate(strategy.state_params)})
-    else:
-        state.update({f"model/{name}{replica}": p.data for name, p in strategy.model.named_parameters()})
-    tag = shard if cfg.zero else replica
-    state.update({f"optim/{k}{tag}": t for k, t in strategy.updater.checkpoint_state().items()})
-    state[f"rng/rank{ctx.rank}"] = torch.get_rng_state()
-    return state
+    """What this rank writes: the pieces it owns and the scalars (rank 0's; the RNG of every rank)."""
+    state = {p.key: p.view for p in pieces(strategy) if p.owned}
+    scalars = _scalars(strategy)
+    return state | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
 
 
 def tensor_bytes(metadata: dcp.Metadata) -> int:
@@ -118,20 +119,63 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
 
 
 def load(strategy: Strategy, path: str, config: dict) -> int:
-    """Fill this rank's training state from the checkpoint at `path`; return the step to run next."""
+    """Fill this rank's training state from the checkpoint at `path`, whatever layout saved it; return
+    the step to run next."""
     ctx = strategy.ctx
     marker = verify(path, config)
+    saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
+    meta = dcp.FileSystemReader(path).read_metadata()
+    for key, m in meta.state_dict_metadata.items():
+        if "|" in key:
+            name, _, rng = key.partition("|")
+            start, n = (int(x) for x in rng.split("+"))
+            saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
+    mine = pieces(strategy)
+    wanted: dict[str, torch.Tensor] = {}
+    for p in mine:
+        for start, n, key, dtype in saved.get(p.name, []):
+            if start < p.start + p.view.numel() and p.start < start + n and key not in wanted:
+                wanted[key] = torch.empty(n, dtype=dtype, device=p.view.device)
+    scalars = {k: v for k, v in _scalars(strategy).items() if k in meta.state_dict_metadata}
     with ctx.recorder.span(f"checkpoint load step {marker['step']}", "checkpoint", "compute",
                            step=marker["step"], path=path) as args:
-        state = training_state(strategy)
-        dcp.load(state, checkpoint_id=path)
-        strategy.updater.restore({k.partition("/")[2].partition("@")[0]: v for k, v in state.items()
-                                  if k.startswith("optim/")})
-        torch.set_rng_state(state[f"rng/rank{ctx.rank}"])
-        args["bytes"] = sum(t.numel() * t.element_size() for t in state.values())
+        dcp.load(wanted | scalars, checkpoint_id=path)
+        missing = _copy_overlaps(mine, saved, wanted)
+        if missing:
+            raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
+        _restore_scalars(strategy, scalars)
+        args["bytes"] = sum(t.numel() * t.element_size() for t in wanted.values())
     strategy.count_model_states()  # Adam's state exists now
     ctx.memory.snapshot()
     return int(marker["step"])
+
+
+def _copy_overlaps(mine: list, saved: dict, loaded: dict[str, torch.Tensor]) -> list[str]:
+    """Copy each loaded piece's overlap into the rank's own pieces; return those left incomplete."""
+    missing = []
+    for p in mine:
+        covered = 0
+        lo, hi = p.start, p.start + p.view.numel()
+        for start, n, key, _ in saved.get(p.name, []):
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                p.view[a - lo:b - lo].copy_(loaded[key][a - start:b - start])
+                covered += b - a
+        if covered != hi - lo:
+            missing.append(p.key)
+    return missing
+
+
+def _restore_scalars(strategy: Strategy, scalars: dict[str, torch.Tensor]) -> None:
+    state = strategy.updater.checkpoint_state()
+    for k, v in state.items():
+        if k.endswith(".step"):
+            v.copy_(scalars["optim/step"])
+    if "optim/loss_scaler" in scalars:
+        strategy.updater.restore({"loss_scaler": scalars["optim/loss_scaler"]})
+    rng = f"rng/rank{strategy.ctx.rank}"
+    if rng in scalars:  # a rank the saving run did not have keeps its generator
+        torch.set_rng_state(scalars[rng])
 
 
 def describe(path: str) -> str:
