@@ -45,3 +45,20 @@ def test_a_nan_gradient_skips_the_step_on_every_rank(launched, config):
     for t in run.traces:
         opt = [e["args"]["skipped"] for e in t["traceEvents"] if e.get("name") == "optimizer"]
         assert opt == [False, False, True, False, False], t["workbench"]["rank"]
+
+
+def test_a_loss_spike_is_skipped_like_a_nan_gradient(launched):
+    """Rank 1's loss (and gradients) ×10 at step 4: the global loss jumps ~5.5× above the median of the
+    steps before, every rank sees it (the loss is all-reduced before the update), all skip. The run then
+    goes on exactly as one whose step 4 was skipped for a NaN gradient — the weights and Adam's state are
+    untouched either way."""
+    spike = launched(dp=2, steps=6, loss_spike_factor=2.0, fault="loss-spike", fault_rank=1, fault_step=4)
+    nan = launched(dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=4)
+    m = spike.metrics
+    assert list(m.skipped) == [False] * 4 + [True, False]
+    assert m.anomaly[4] == "loss spike" and nan.metrics.anomaly[4] == "non-finite gradient norm"
+    assert m.loss[4] > 2 * m.loss[:4].median()
+    assert m.loss[5] == nan.metrics.loss[5]
+    for t in spike.traces:
+        opt = [e["args"] for e in t["traceEvents"] if e.get("name") == "optimizer"]
+        assert opt[4]["anomaly"] == "loss spike" and opt[4]["skipped"]

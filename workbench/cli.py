@@ -46,6 +46,8 @@ def _add_fault_tolerance(run: argparse.ArgumentParser, d: RunConfig) -> None:
     run.add_argument("--max-restarts", type=int, default=d.max_restarts,
                      help="torchrun restarts the group up to R times after a failure; each resumes from the newest "
                           "checkpoint")
+    run.add_argument("--loss-spike-factor", type=float, default=d.loss_spike_factor,
+                     help="skip a step whose loss exceeds F × the median of the last 10 (0: off)")
     run.add_argument("--fault", default=None, choices=FAULTS, help="inject a fault (teaching and tests)")
     run.add_argument("--fault-rank", type=int, default=d.fault_rank)
     run.add_argument("--fault-step", type=int, default=d.fault_step)
@@ -132,7 +134,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
-        resume=a.resume, max_restarts=a.max_restarts, fault=a.fault, fault_rank=a.fault_rank,
+        resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
+        fault=a.fault, fault_rank=a.fault_rank,
         fault_step=a.fault_step,
     )
 

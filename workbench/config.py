@@ -25,7 +25,7 @@ RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl")
 ALLREDUCE = ("backend", "ring")
 DP_IMPLS = ("bucketed", "naive")
-FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad")
+FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike")
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,11 @@ class RunConfig:
     #: torchrun restarts the whole group up to this many times after a rank fails; each restart resumes from
     #: the newest good checkpoint (fault tolerance: engine/worker.py)
     max_restarts: int = 0
+    #: skip a step whose global loss exceeds this × the median of the last 10 (0: off; engine/anomaly.py)
+    loss_spike_factor: float = 0.0
     #: Fault injection for tests and teaching, on fault_rank at fault_step: raise, hang, SIGKILL itself ("kill",
-    #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step).
+    #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step), a
+    #: loss (and so gradients) ×10 on that rank ("loss-spike": caught by loss_spike_factor).
     fault: str | None = None
     fault_rank: int = 0
     fault_step: int = 0
@@ -151,7 +154,7 @@ class RunConfig:
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")
-        for name in ("checkpoint_every", "keep_checkpoints", "max_restarts"):
+        for name in ("checkpoint_every", "keep_checkpoints", "max_restarts", "loss_spike_factor"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 turns it off)")
         if self.bucket_mb <= 0:

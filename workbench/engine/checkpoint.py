@@ -139,12 +139,17 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
     scalars = {k: v for k, v in _scalars(strategy).items() if k in meta.state_dict_metadata}
     with ctx.recorder.span(f"checkpoint load step {marker['step']}", "checkpoint", "compute",
                            step=marker["step"], path=path) as args:
+        staged = sum(t.numel() * t.element_size() for t in wanted.values())
+        ctx.memory.add("temporary", staged)  # the saved pieces, read before their overlaps are copied in
         dcp.load(wanted | scalars, checkpoint_id=path)
+        ctx.memory.snapshot()
         missing = _copy_overlaps(mine, saved, wanted)
+        wanted.clear()
+        ctx.memory.add("temporary", -staged)
         if missing:
             raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
         _restore_scalars(strategy, scalars)
-        args["bytes"] = sum(t.numel() * t.element_size() for t in wanted.values())
+        args["bytes"] = staged
     strategy.count_model_states()  # Adam's state exists now
     ctx.memory.snapshot()
     return int(marker["step"])

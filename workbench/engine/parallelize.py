@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from workbench.config import RunConfig
+from workbench.engine.anomaly import LossSpike
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
@@ -51,6 +52,7 @@ class Strategy:
     forward_backward: ForwardBackward
     state_params: list[torch.Tensor]  # what the `parameter` memory category holds
     schedule: Schedule | None = None  # when the step runs a microbatch schedule
+    loss_spike: LossSpike | None = None  # skips a step whose loss jumps (engine/anomaly.py)
 
     def count_model_states(self) -> None:
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
@@ -85,7 +87,8 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         forward_backward = SingleBatch(model, ctx.recorder, ctx.memory, ctx.device)
     state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
     ctx.memory.register_model(model)
-    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule)
+    spike = LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None
+    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike)
 
 
 def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Recompute | None,

@@ -42,23 +42,34 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
     t0 = time.perf_counter()
     with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
         inject_fault(cfg, ctx.rank, step)
-        loss = strategy.forward_backward.run(*batch, step, loss_scale(cfg, ctx.rank, step, strategy))
+        spike = spike_factor(cfg, ctx.rank, step)
+        loss = strategy.forward_backward.run(*batch, step, loss_scale(cfg, ctx.rank, step, strategy) * spike) * spike
         memory.release_activations()  # backward consumed them: normally nothing is left
         strategy.count_model_states()
         memory.snapshot()
         with rec.span("gradient sync", "wait", "wait", step=step):
             strategy.grad_sync.wait()
+        loss_value = global_loss(ctx, loss)  # before the update: the spike check needs it on every rank
         lr = lr_at(step, cfg.lr, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
         with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr) as opt_args:
-            grad_norm = strategy.updater.step(lr, cfg.grad_clip)
-            opt_args.update(strategy.updater.metrics())
+            if strategy.loss_spike is not None and strategy.loss_spike.check(loss_value):
+                grad_norm, facts = None, {"skipped": True, "anomaly": "loss spike"}
+            else:
+                grad_norm = strategy.updater.step(lr, cfg.grad_clip)
+                facts = strategy.updater.metrics()
+                facts["anomaly"] = "non-finite gradient norm" if grad_norm is None and cfg.precision != "fp16" else None
+            opt_args.update(facts)
             strategy.grad_sync.zero_grad()
             sync_compute(ctx.device)
         strategy.count_model_states()
         memory.snapshot()
-        loss_value = global_loss(ctx, loss)
     ctx.comm.end_step()  # CUDA: the step's communication written with its device times
-    return StepResult(step, loss_value, lr, grad_norm, time.perf_counter() - t0, strategy.updater.metrics())
+    return StepResult(step, loss_value, lr, grad_norm, time.perf_counter() - t0, facts)
+
+
+def spike_factor(cfg: RunConfig, rank: int, step: int) -> float:
+    """10 on the rank and step of an injected loss spike (its loss and gradients ×10), else 1."""
+    return 10.0 if cfg.fault == "loss-spike" and rank == cfg.fault_rank and step == cfg.fault_step else 1.0
 
 
 def loss_scale(cfg: RunConfig, rank: int, step: int, strategy: Strategy) -> float:
