@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allreduce", default=d.allreduce, choices=ALLREDUCE)
     run.add_argument("--dp-impl", default=d.dp_impl, choices=DP_IMPLS)
     run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
+    run.add_argument("--grad-compression", default=d.grad_compression, choices=("none", "bf16", "fp16"),
+                     help="cast gradient buckets to 16 bits for the all-reduce (torch DDP's compress hooks)")
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
     run.add_argument("--profile-memory", action="store_true",
@@ -130,7 +132,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         global_batch=a.global_batch,
         steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
         grad_clip=a.grad_clip or None, backend=a.backend,
-        allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, trace=not a.no_trace,
+        allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, grad_compression=a.grad_compression,
+        trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,

@@ -67,6 +67,8 @@ class RunConfig:
     allreduce: str = "backend"
     dp_impl: str = "bucketed"
     bucket_mb: float = 25.0
+    #: 'bf16' | 'fp16': buckets cast to 16 bits for the all-reduce and back (DDP's compress hooks); 'none'
+    grad_compression: str = "none"
     #: ZeRO-3: gather the next layer's parameters while the current one computes
     prefetch: bool = True
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
@@ -131,6 +133,7 @@ class RunConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("allreduce", self.allreduce, ALLREDUCE)
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        _choice("grad_compression", self.grad_compression, ("none", "bf16", "fp16"))
         _choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if self.warmup_steps < 0 or self.warmup_steps >= self.steps and self.warmup_steps > 0:
             raise ConfigError(f"warmup_steps={self.warmup_steps}: must be ≥ 0 and below steps={self.steps}")
@@ -163,6 +166,9 @@ class RunConfig:
             raise ConfigError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
+        if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
+            raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
+                              f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
         if self.allreduce == "ring" and self.dp_impl == "naive":
             raise ConfigError("allreduce='ring' runs on gradient buckets: use dp_impl='bucketed'")
         return self

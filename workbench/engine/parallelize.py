@@ -126,7 +126,8 @@ def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: T
     elif cfg.dp_impl == "naive":
         dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg))
     else:
-        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg))
+        compression = DTYPES.get(cfg.grad_compression)  # None: no compression
+        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), compression)
     return dp if tp is None else ChainedGradSync([dp, TensorParallelGrads(model, tp)])
 
 

@@ -25,6 +25,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
     if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
         states["temporary"] += 4 * params
+    if config.get("grad_compression", "none") != "none" and config["dp"] > 1:  # every bucket's 16-bit copy,
+        states["comm_buffer"] += 2 * params  # in flight until wait() after backward
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     rc = config.get("recompute", "none")
@@ -80,7 +82,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local * scatters},
                                             "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
     else:
-        out = {"all_reduce": {"dp": 4 + (grad_width(config) * local if dp > 1 else 0)}}
+        wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
+        out = {"all_reduce": {"dp": 4 + (wire * local if dp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     mine = list(range(pp_rank, stages, pp))

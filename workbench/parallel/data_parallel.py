@@ -20,6 +20,11 @@ Two implementations:
 Both are `GradSync`s (parallel/grad_sync.py): inside `no_sync()` backward only accumulates. Given a
 `grad_dtype` other than the parameters' (fp32 for a 16-bit model), the gradients accumulate and are
 all-reduced in that dtype, as each parameter's `main_grad` (parallel/main_grad.py).
+
+Gradient compression (`compression=torch.bfloat16 | torch.float16`, as torch DDP's `bf16_compress_hook` /
+`fp16_compress_hook`): each bucket is cast to 16 bits, divided by N there (fp16 needs the division before
+the sum, or it overflows sooner), all-reduced — half the bytes on the wire — and cast back into the fp32
+bucket in `wait()`. The 16-bit copies are `comm_buffer` while they are in flight.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class Bucket:
     params: list[nn.Parameter]
     ready: int = 0
     handle: Handle | None = None
+    wire: torch.Tensor | None = None  # the compressed copy on the wire
     launched: bool = False
     names: list[str] = field(default_factory=list)
 
@@ -96,10 +102,11 @@ def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[
 
 class BucketedDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
-                 algorithm: str = "backend", grad_dtype: torch.dtype | None = None) -> None:
+                 algorithm: str = "backend", grad_dtype: torch.dtype | None = None,
+                 compression: torch.dtype | None = None) -> None:
         self.comm = comm
         self.n = comm.size("dp")
-        self.algorithm = algorithm
+        self.algorithm, self.compression = algorithm, compression
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()  # backward produces the last layers' gradients first
         self.main = uses_main_grads([p for _, p in named], grad_dtype)
@@ -135,14 +142,23 @@ class BucketedDataParallel(SyncToggle):
 
     def _launch(self, bucket: Bucket) -> None:
         bucket.launched = True
-        bucket.buffer.div_(self.n)
+        wire = bucket.buffer
+        if self.compression is not None and self.n > 1:  # cast, then divide in 16 bits (DDP's hooks)
+            wire = bucket.wire = bucket.buffer.to(self.compression)
+            self._count_wire(bucket, +1)
+        wire.div_(self.n)
         if self.n == 1:
             return
         label = f"bucket {bucket.index}"
         if self.algorithm == "ring":
-            ring_all_reduce(self.comm, bucket.buffer, "dp", label=label)
+            ring_all_reduce(self.comm, wire, "dp", label=label)
         else:
-            bucket.handle = self.comm.all_reduce(bucket.buffer, "dp", async_op=True, label=label)
+            bucket.handle = self.comm.all_reduce(wire, "dp", async_op=True, label=label)
+
+    def _count_wire(self, bucket: Bucket, sign: int) -> None:
+        if self.comm.memory is not None:
+            self.comm.memory.add("comm_buffer", sign * bucket.wire.numel() * bucket.wire.element_size())
+            self.comm.memory.snapshot()
 
     def wait(self) -> None:
         """Wait for every bucket's all-reduce; call after backward, before the optimizer step."""
@@ -157,6 +173,10 @@ class BucketedDataParallel(SyncToggle):
             if bucket.handle is not None:
                 bucket.handle.wait()
                 bucket.handle = None
+            if bucket.wire is not None:  # decompress into the fp32 bucket
+                bucket.buffer.copy_(bucket.wire)
+                self._count_wire(bucket, -1)
+                bucket.wire = None
         for bucket in self.buckets:
             bucket.ready, bucket.launched = 0, False
         self._next_launch = 0
