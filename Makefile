@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 
-.PHONY: setup demo test lint notebook benchmark clean
+.PHONY: setup demo test test-all lint notebook benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,9 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check workbench tests benchmarks scripts
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" tests --nbmake notebooks
+
+test-all: setup  # also the `slow` cases: more strategies for behaviours `make test` checks once each
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --nbmake notebooks
 
 lint: setup

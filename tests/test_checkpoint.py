@@ -28,9 +28,11 @@ STRATEGIES = {
     "bf16": {"dp": 2, "precision": "bf16"},
     "fp16-scaler": {"dp": 2, "precision": "fp16", "loss_scale_growth_interval": 2},
 }
+#: `make test` resumes one of each kind (DP, TP, PP, ZeRO, 16-bit); `make test-all` every one
+IN_CI = {"dp2", "tp2-sp", "pp2-interleaved", "zero3", "fp16-scaler"}
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", [n if n in IN_CI else pytest.param(n, marks=pytest.mark.slow) for n in STRATEGIES])
 def test_resume_continues_bit_identically(launched, name, tmp_path):
     """fp32 on gloo is deterministic: the state after step k is all a step depends on (parameters, Adam's
     moments and step, fp32 masters, the loss scaler, the RNG; the data and LR are functions of k), so
@@ -139,7 +141,7 @@ def test_resume_auto_in_the_run_directory_keeps_the_earlier_attempt(launched, tm
 @pytest.mark.parametrize("saved, loaded", [
     ({"dp": 2, "zero": 3}, {"dp": 4, "zero": 1}),
     ({"tp": 2, "sequence_parallel": True}, {"dp": 2}),
-    ({"model": FOUR, "pp": 2, "microbatches": 2}, {"model": FOUR}),
+    pytest.param({"model": FOUR, "pp": 2, "microbatches": 2}, {"model": FOUR}, marks=pytest.mark.slow),
     ({"model": FOUR, "dp": 2}, {"model": FOUR, "pp": 2, "microbatches": 2, "tp": 2}),
 ], ids=["dp2-zero3-to-dp4-zero1", "tp2-to-dp2", "pp2-to-one", "dp2-to-pp2-tp2"])
 def test_a_checkpoint_loads_under_another_layout(launched, saved, loaded):

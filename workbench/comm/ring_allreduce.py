@@ -34,58 +34,76 @@ def ring_chunks(numel: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+class RingCall:
+    """One ring collective being recorded: its args (op, group, seq ...), members and neighbours."""
+
+    def __init__(self, comm: Communicator, op: str, group: str, tensor: torch.Tensor, label: str | None) -> None:
+        self.comm, self.group, self.label = comm, group, label
+        self.members = comm.groups.ranks[group]
+        self.n = len(self.members)
+        self.i = self.members.index(comm.rank)
+        self.nxt, self.prv = self.members[(self.i + 1) % self.n], self.members[(self.i - 1) % self.n]
+        self.args = comm._args(op, group, tensor, nbytes(tensor), algorithm="ring")
+        if label is not None:
+            self.args["label"] = label
+        self.key = (comm.step, group, tuple(self.members), self.args["seq"])
+        self.start = comm.recorder.now_us()
+
+    def exchange(self, phase: str, ring_k: int, send: torch.Tensor | None, recv: torch.Tensor | None,
+                 send_c: int | None = None, recv_c: int | None = None) -> None:
+        """One ring step: send to the next rank and receive from the previous one, posted together (either
+        may be None in a broadcast's chain), as a `ring_step` span with a flow to the receiver."""
+        rec, comm, pg = self.comm.recorder, self.comm, self.comm.groups.groups[self.group]
+        with rec.span("ring_step", "ring_step", "ring", phase=phase, ring_step=ring_k, step=comm.step,
+                      seq=self.args["seq"], group=self.group, send_chunk=send_c, recv_chunk=recv_c, peer=self.nxt,
+                      recv_peer=self.prv, bytes=nbytes(send) if send is not None else 0,
+                      recv_bytes=nbytes(recv) if recv is not None else 0, chunks=self.n):
+            if send is not None:
+                rec.flow("s", flow_id("ring", *self.key, ring_k, comm.rank, self.nxt), "ring", rec.now_us(), "ring")
+            ops = ([dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []) + \
+                  ([dist.P2POp(dist.irecv, recv, self.prv, group=pg)] if recv is not None else [])
+            try:
+                for work in dist.batch_isend_irecv(ops) if ops else []:
+                    work.wait()
+            except Exception as e:  # noqa: BLE001
+                raise comm.error({**self.args, "peer": self.nxt}, e) from e
+            if recv is not None:
+                rec.flow("f", flow_id("ring", *self.key, ring_k, self.prv, comm.rank), "ring", rec.now_us(), "ring")
+
+    def finish(self) -> None:
+        """The whole collective's record on the `comm` lane, with its bandwidth."""
+        rec = self.comm.recorder
+        dur = rec.now_us() - self.start
+        algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], dur / 1e6, self.n)
+        self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
+        name = self.args["op"] if self.label is None else f"{self.args['op']} {self.label}"
+        rec.complete(name, "collective", "comm", self.start, dur, self.args)
+
+
 def ring_all_reduce(comm: Communicator, tensor: torch.Tensor, group: str = "dp", label: str | None = None) -> None:
-    """Sum `tensor` in place over `group` with the ring algorithm (blocking)."""
-    members = comm.groups.ranks[group]
-    n = len(members)
-    rec = comm.recorder
-    args = comm._args("all_reduce", group, tensor, nbytes(tensor), algorithm="ring")
-    if label is not None:
-        args["label"] = label
+    """Sum `tensor` in place over `group` with the ring algorithm (blocking): a reduce-scatter, then an
+    all-gather, over the same n chunks."""
+    call = RingCall(comm, "all_reduce", group, tensor, label)
+    n, i = call.n, call.i
     if n == 1:
         return
     flat = tensor.view(-1)
-    i = members.index(comm.rank)
-    nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
     chunks = [flat[o:o + length] for o, length in ring_chunks(flat.numel(), n)]
     scratch = torch.empty_like(chunks[0])  # the largest chunk: receive buffer for the reduce phase
     if comm.memory is not None:
         comm.memory.add("comm_buffer", nbytes(scratch))
         comm.memory.snapshot()
-    pg = comm.groups.groups[group]
-    key = (comm.step, group, tuple(members), args["seq"])
-    start = rec.now_us()
     try:
-        for phase in ("reduce_scatter", "all_gather"):
-            for k in range(n - 1):
-                if phase == "reduce_scatter":
-                    send_c, recv_c = (i - k) % n, (i - k - 1) % n
-                    incoming = scratch[: chunks[recv_c].numel()]
-                else:
-                    send_c, recv_c = (i + 1 - k) % n, (i - k) % n
-                    incoming = chunks[recv_c]
-                ring_k = k if phase == "reduce_scatter" else n - 1 + k
-                with rec.span("ring_step", "ring_step", "ring", phase=phase, ring_step=ring_k, step=comm.step,
-                              seq=args["seq"], group=group, send_chunk=send_c, recv_chunk=recv_c, peer=nxt,
-                              recv_peer=prv, bytes=nbytes(chunks[send_c]), recv_bytes=nbytes(incoming),
-                              chunks=n):
-                    rec.flow("s", flow_id("ring", *key, ring_k, comm.rank, nxt), "ring", rec.now_us(), "ring")
-                    try:
-                        ops = [dist.P2POp(dist.isend, chunks[send_c], nxt, group=pg),
-                               dist.P2POp(dist.irecv, incoming, prv, group=pg)]
-                        for work in dist.batch_isend_irecv(ops):
-                            work.wait()
-                    except Exception as e:  # noqa: BLE001
-                        raise comm.error({**args, "peer": nxt}, e) from e
-                    if phase == "reduce_scatter":
-                        chunks[recv_c].add_(incoming)
-                    rec.flow("f", flow_id("ring", *key, ring_k, prv, comm.rank), "ring", rec.now_us(), "ring")
+        for k in range(n - 1):
+            send_c, recv_c = (i - k) % n, (i - k - 1) % n
+            incoming = scratch[: chunks[recv_c].numel()]
+            call.exchange("reduce_scatter", k, chunks[send_c], incoming, send_c, recv_c)
+            chunks[recv_c].add_(incoming)
+        for k in range(n - 1):
+            send_c, recv_c = (i + 1 - k) % n, (i - k) % n
+            call.exchange("all_gather", n - 1 + k, chunks[send_c], chunks[recv_c], send_c, recv_c)
     finally:
         if comm.memory is not None:
             comm.memory.add("comm_buffer", -nbytes(scratch))
             comm.memory.snapshot()
-    dur = rec.now_us() - start
-    algbw, busbw = bandwidth("all_reduce", args["bytes"], dur / 1e6, n)
-    args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
-    name = "all_reduce" if label is None else f"all_reduce {label}"
-    rec.complete(name, "collective", "comm", start, dur, args)
+    call.finish()

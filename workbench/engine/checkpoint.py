@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from workbench.checkpoint_files import (
     CheckpointError,
@@ -42,6 +42,17 @@ from workbench.checkpoint_files import (
 )
 from workbench.engine.checkpoint_layout import pieces
 from workbench.engine.parallelize import Strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import Metadata
+
+
+def _dcp():  # noqa: ANN202
+    """torch.distributed.checkpoint, imported when a checkpoint is saved or loaded (it costs every rank
+    ~0.7 s at start-up otherwise)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
 def resume_step(strategy: Strategy) -> int:
@@ -84,7 +95,7 @@ def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
     return state | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
 
 
-def tensor_bytes(metadata: dcp.Metadata) -> int:
+def tensor_bytes(metadata: Metadata) -> int:
     """The bytes of every tensor chunk DCP's index lists (each written once)."""
     return sum(math.prod(c.sizes) * m.properties.dtype.itemsize
                for m in metadata.state_dict_metadata.values() if hasattr(m, "chunks") for c in m.chunks)
@@ -107,7 +118,7 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
         os.makedirs(partial)
     ctx.comm.barrier()
     with ctx.recorder.span(f"checkpoint save step {step}", "checkpoint", "compute", step=step) as args:
-        metadata = dcp.save(training_state(strategy), checkpoint_id=partial)
+        metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
         ctx.comm.barrier()
         args["bytes"] = _file_bytes(partial, ctx.rank)
         if ctx.rank == 0:
@@ -124,7 +135,7 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
     ctx = strategy.ctx
     marker = verify(path, config)
     saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
-    meta = dcp.FileSystemReader(path).read_metadata()
+    meta = _dcp().FileSystemReader(path).read_metadata()
     for key, m in meta.state_dict_metadata.items():
         if "|" in key:
             name, _, rng = key.partition("|")
@@ -141,7 +152,7 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
                            step=marker["step"], path=path) as args:
         staged = sum(t.numel() * t.element_size() for t in wanted.values())
         ctx.memory.add("temporary", staged)  # the saved pieces, read before their overlaps are copied in
-        dcp.load(wanted | scalars, checkpoint_id=path)
+        _dcp().load(wanted | scalars, checkpoint_id=path)
         ctx.memory.snapshot()
         missing = _copy_overlaps(mine, saved, wanted)
         wanted.clear()
@@ -187,7 +198,7 @@ def describe(path: str) -> str:
     """What a checkpoint holds (`workbench checkpoint inspect`): its step and layout, then each tensor —
     its key (whose @pp.tp[.dp] suffix says which shard), shape, dtype, bytes and the file holding it."""
     marker = verify(path)
-    meta = dcp.FileSystemReader(path).read_metadata()
+    meta = _dcp().FileSystemReader(path).read_metadata()
     files = {idx.fqn: info.relative_path for idx, info in meta.storage_data.items()}
     lay = marker["layout"]
     lines = [f"{path}: the state before step {marker['step']}; dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
