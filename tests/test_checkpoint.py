@@ -142,7 +142,8 @@ def test_resume_auto_in_the_run_directory_keeps_the_earlier_attempt(launched, tm
     ({"dp": 2, "zero": 3}, {"dp": 4, "zero": 1}),
     ({"tp": 2, "sequence_parallel": True}, {"dp": 2}),
     pytest.param({"model": FOUR, "pp": 2, "microbatches": 2}, {"model": FOUR}, marks=pytest.mark.slow),
-    ({"model": FOUR, "dp": 2}, {"model": FOUR, "pp": 2, "microbatches": 2, "tp": 2}),
+    pytest.param({"model": FOUR, "dp": 2}, {"model": FOUR, "pp": 2, "microbatches": 2, "tp": 2},
+                 marks=pytest.mark.slow),
 ], ids=["dp2-zero3-to-dp4-zero1", "tp2-to-dp2", "pp2-to-one", "dp2-to-pp2-tp2"])
 def test_a_checkpoint_loads_under_another_layout(launched, saved, loaded):
     """Resharding: the checkpoint names pieces of the whole model's tensors, so another layout finds its

@@ -94,27 +94,21 @@ class Run:
             df = df.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
         return df
 
+    def _counters(self, name: str) -> list[dict]:
+        """Every rank's counter events of `name`, as rows: rank, ts_us and the counter's values."""
+        return [{"rank": t["distributedInfo"]["rank"], "ts_us": e["ts"], **e["args"]}
+                for t in self.traces for e in t["traceEvents"] if e.get("ph") == "C" and e["name"] == name]
+
     @cached_property
     def memory(self) -> pd.DataFrame:
-        rows = []
-        for trace in self.traces:
-            rank = trace["distributedInfo"]["rank"]
-            for e in trace["traceEvents"]:
-                if e.get("ph") == "C" and e["name"] == "memory":
-                    rows.append({"rank": rank, "ts_us": e["ts"], **e["args"]})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(self._counters("memory"))
 
     @cached_property
     def allocator(self) -> pd.DataFrame:
         """What the allocator held at the snapshots it was read (CUDA; CPU with --profile-memory): rank,
         ts_us (the same as the `memory` row it belongs to), allocated (and on CUDA max_allocated,
         reserved)."""
-        rows = []
-        for trace in self.traces:
-            rank = trace["distributedInfo"]["rank"]
-            for e in trace["traceEvents"]:
-                if e.get("ph") == "C" and e["name"] == "allocator":
-                    rows.append({"rank": rank, "ts_us": e["ts"], **e["args"]})
+        rows = self._counters("allocator")
         return pd.DataFrame(rows, columns=None if rows else ["rank", "ts_us", "allocated"])
 
     @cached_property

@@ -139,12 +139,19 @@ class AdamWUpdater:
 
     def step(self, lr: float, max_norm: float | None) -> float | None:
         set_lr(self.optimizer, lr)
-        norm = global_grad_norm(self.params, self.tp, self.pp_comm)
+        norm = self.grad_norm()
         if self.anomaly(norm):
             return None
         scale_grads(self.params, clip_coefficient(norm, max_norm))
         self.optimizer.step()
+        self.after_update()
         return float(norm)
+
+    def grad_norm(self) -> torch.Tensor:
+        return global_grad_norm(self.params, self.tp, self.pp_comm)
+
+    def after_update(self) -> None:
+        return None
 
     def anomaly(self, norm: torch.Tensor) -> bool:
         """A non-finite global gradient norm: skip the update (the same on every rank)."""
@@ -177,13 +184,9 @@ class ShardedAdamWUpdater(AdamWUpdater):
         super().__init__(shards, lr, weight_decay, None, pp_comm)
         self.comm, self.after_step = comm, after_step
 
-    def step(self, lr: float, max_norm: float | None) -> float | None:
-        set_lr(self.optimizer, lr)
-        norm = sharded_grad_norm(self.params, self.comm, self.pp_comm)
-        if self.anomaly(norm):
-            return None
-        scale_grads(self.params, clip_coefficient(norm, max_norm))
-        self.optimizer.step()
+    def grad_norm(self) -> torch.Tensor:
+        return sharded_grad_norm(self.params, self.comm, self.pp_comm)
+
+    def after_update(self) -> None:
         if self.after_step is not None:
             self.after_step()
-        return float(norm)
