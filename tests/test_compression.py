@@ -51,7 +51,7 @@ def _against_ddp(rank, world, dtype_name):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_compressed_buckets_equal_ddp_with_its_compress_hook(dtype):
     run_ranks(_against_ddp, 2, dtype)
 

@@ -32,7 +32,9 @@ def test_a_killed_rank_is_restarted_from_the_last_checkpoint(launched):
     assert sorted(s for ts, s in steps if ts > marker[0]["ts"]) == [2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("config", [{"dp": 2}, {"dp": 2, "zero": 3}, {"tp": 2}, {"dp": 2, "precision": "bf16"}],
+@pytest.mark.parametrize("config", [{"dp": 2}, {"dp": 2, "zero": 3},
+                                    pytest.param({"tp": 2}, marks=pytest.mark.slow),
+                                    pytest.param({"dp": 2, "precision": "bf16"}, marks=pytest.mark.slow)],
                          ids=["dp", "zero3", "tp", "bf16"])
 def test_a_nan_gradient_skips_the_step_on_every_rank(launched, config):
     """A NaN injected into rank 1's gradients at step 2: the global gradient norm (summed over every
