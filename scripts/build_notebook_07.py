@@ -5,7 +5,7 @@ write([
 md("""
 # 7 · Compare strategies, and predict before running
 
-`workbench.estimate` is the analytic model of ../shared/formulas.md: memory per rank by category,
+`workbench.estimate` is the analytic model of docs/formulas.md: memory per rank by category,
 bytes moved per step by group, the pipeline bubble, and step time from a hardware description.
 `workbench.calibrate()` measures this machine (a matmul's FLOP/s, an all-reduce's bandwidth and
 latency, the fixed cost of a step), so that the estimate of each local run can be checked against its

@@ -1,5 +1,5 @@
 """Predict before running: memory per rank, bytes moved per step, the bubble, and step time — from
-the formulas of ../shared/formulas.md and a description of the hardware.
+the formulas of docs/formulas.md and a description of the hardware.
 
     estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank   # 1.875e9
     estimate(RunConfig(dp=2, tp=2), hardware=calibrate())                                 # a local run

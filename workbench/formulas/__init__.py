@@ -1,4 +1,4 @@
-"""The analytic predictions the workbench puts beside every measurement (../shared/formulas.md).
+"""The analytic predictions the workbench puts beside every measurement (docs/formulas.md).
 
 Plain arithmetic, no torch: the notebooks, the summary writer and the estimator all call these.
 Symbols: Ψ parameters, N data-parallel degree, p stages, m microbatches, v chunks per rank,
