@@ -174,6 +174,13 @@ def archive_attempt(run_dir: str, step: int) -> str:
             shutil.move(os.path.join(run_dir, name), os.path.join(dest, name))
     old = os.path.join(dest, "metrics.jsonl")
     if os.path.exists(old):
-        with open(old) as f, open(os.path.join(run_dir, "metrics.jsonl"), "w") as out:
-            out.writelines(line for line in f if line.strip() and json.loads(line)["step"] < step)
+        copy_metrics_before(old, os.path.join(run_dir, "metrics.jsonl"), step)
     return dest
+
+
+def copy_metrics_before(src: str, dst: str, step: int) -> None:
+    """metrics.jsonl's rows of the steps before `step`, from `src` into `dst` (a resume redoes the rest)."""
+    with open(src) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+    with open(dst, "w") as out:
+        out.writelines(rows)

@@ -78,9 +78,8 @@ def maybe_save(strategy: Strategy, step: int) -> None:
         save(strategy, step + 1, checkpoint_root(cfg, strategy.ctx.run_dir), run_shape(cfg))
 
 
-def _scalars(strategy: Strategy) -> dict[str, torch.Tensor]:
+def _scalars(strategy: Strategy, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Adam's step (every tensor's is the same), the loss scaler, this rank's RNG."""
-    state = strategy.updater.checkpoint_state()
     out = {"optim/step": next(v for k, v in state.items() if k.endswith(".step"))}
     if "loss_scaler" in state:
         out["optim/loss_scaler"] = state["loss_scaler"]
@@ -90,9 +89,10 @@ def _scalars(strategy: Strategy) -> dict[str, torch.Tensor]:
 
 def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
     """What this rank writes: the pieces it owns and the scalars (rank 0's; the RNG of every rank)."""
-    state = {p.key: p.view for p in pieces(strategy) if p.owned}
-    scalars = _scalars(strategy)
-    return state | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
+    state = strategy.updater.checkpoint_state()
+    owned = {p.key: p.view for p in pieces(strategy, state) if p.owned}
+    scalars = _scalars(strategy, state)
+    return owned | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
 
 
 def tensor_bytes(metadata: Metadata) -> int:
@@ -141,13 +141,14 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
             name, _, rng = key.partition("|")
             start, n = (int(x) for x in rng.split("+"))
             saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
-    mine = pieces(strategy)
+    state = strategy.updater.checkpoint_state()
+    mine = pieces(strategy, state)
     wanted: dict[str, torch.Tensor] = {}
     for p in mine:
         for start, n, key, dtype in saved.get(p.name, []):
             if start < p.start + p.view.numel() and p.start < start + n and key not in wanted:
                 wanted[key] = torch.empty(n, dtype=dtype, device=p.view.device)
-    scalars = {k: v for k, v in _scalars(strategy).items() if k in meta.state_dict_metadata}
+    scalars = {k: v for k, v in _scalars(strategy, state).items() if k in meta.state_dict_metadata}
     with ctx.recorder.span(f"checkpoint load step {marker['step']}", "checkpoint", "compute",
                            step=marker["step"], path=path) as args:
         staged = sum(t.numel() * t.element_size() for t in wanted.values())
@@ -159,7 +160,7 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
         ctx.memory.add("temporary", -staged)
         if missing:
             raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
-        _restore_scalars(strategy, scalars)
+        _restore_scalars(strategy, state, scalars)
         args["bytes"] = staged
     strategy.count_model_states()  # Adam's state exists now
     ctx.memory.snapshot()
@@ -182,8 +183,7 @@ def _copy_overlaps(mine: list, saved: dict, loaded: dict[str, torch.Tensor]) -> 
     return missing
 
 
-def _restore_scalars(strategy: Strategy, scalars: dict[str, torch.Tensor]) -> None:
-    state = strategy.updater.checkpoint_state()
+def _restore_scalars(strategy: Strategy, state: dict[str, torch.Tensor], scalars: dict[str, torch.Tensor]) -> None:
     for k, v in state.items():
         if k.endswith(".step"):
             v.copy_(scalars["optim/step"])

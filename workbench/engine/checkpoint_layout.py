@@ -27,6 +27,7 @@ from torch import nn
 from workbench.engine.parallelize import Strategy
 from workbench.parallel.zero import ZeroDataParallel
 from workbench.parallel.zero3 import Zero3DataParallel
+from workbench.pipeline.stages import global_name
 
 
 @dataclass
@@ -39,12 +40,6 @@ class Piece:
     @property
     def key(self) -> str:
         return f"{self.name}|{self.start}+{self.view.numel()}"
-
-
-def global_name(name: str) -> str:
-    """A pipeline chunk's parameter name without its ModuleDict key: the whole model's name."""
-    head, _, rest = name.partition(".")
-    return rest if head.isdigit() and rest else name
 
 
 def runs(index: torch.Tensor) -> Iterator[tuple[int, int, int]]:
@@ -81,14 +76,14 @@ def _flat_pieces(prefix: str, names: Sequence[str], params: Sequence[nn.Paramete
         offset += p.numel()
 
 
-def pieces(strategy: Strategy) -> list[Piece]:
-    """Every piece of this rank's training state: parameters, Adam's moments and fp32 masters."""
+def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
+    """Every piece of this rank's training state: parameters, and from the updater's `state`
+    (`checkpoint_state()`) Adam's moments and the fp32 masters."""
     ctx, sync = strategy.ctx, strategy.grad_sync
     dp_rank, tp_rank = ctx.groups.index("dp"), ctx.groups.index("tp")
     names = {p: n for n, p in strategy.model.named_parameters()}
     zero = next((s for s in getattr(sync, "parts", [sync]) if isinstance(s, ZeroDataParallel | Zero3DataParallel)),
                 None)
-    state = strategy.updater.checkpoint_state()
     out: list[Piece] = []
     if isinstance(zero, Zero3DataParallel):
         for i, u in enumerate(zero.units):

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
+from workbench.engine.restart import attempt
 from workbench.grid import ProcessGroups, RankGrid
 from workbench.measure.memory import MemoryTracker
 from workbench.trace.recorder import TraceRecorder
@@ -91,7 +92,7 @@ def attempt_store(config: RunConfig) -> dist.Store:
     across restarts; without the prefix a restarted rank can read the address a dead rank of the failed
     attempt published and fail to connect (measured here: gloo's "connectFullMesh … Connection refused")."""
     store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=config.timeout_s)))
-    return dist.PrefixStore(f"workbench/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"workbench/attempt{attempt()}", store)
 
 
 def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -> None:

@@ -62,6 +62,7 @@ class MixedPrecisionUpdater:
         self.growth_interval = growth_interval
         self.good_steps = 0
         self.skipped = False
+        self.anomaly: str | None = None  # why a step was skipped, other than an fp16 overflow
 
     @property
     def loss_scale(self) -> float:
@@ -80,7 +81,7 @@ class MixedPrecisionUpdater:
             for m in self.masters:
                 m.grad = None
             self.count_temporary(-copies)
-            self.skipped = True
+            self.skipped, self.anomaly = True, "non-finite gradient norm"
             return None
         scale_grads(self.masters, clip_coefficient(norm, max_norm))
         self.optimizer.step()
@@ -122,7 +123,7 @@ class MixedPrecisionUpdater:
         return adam_state(self.optimizer)[1]
 
     def metrics(self) -> dict[str, Any]:
-        return {"loss_scale": self.scale, "skipped": self.skipped}
+        return {"loss_scale": self.scale, "skipped": self.skipped, "anomaly": self.anomaly}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Adam's state, the fp32 masters, and the loss scaler (scale, good steps in a row)."""
@@ -149,7 +150,7 @@ class MixedPrecisionUpdater:
         return bool(bad.item() > 0)
 
     def update_scale(self, overflow: bool) -> None:
-        self.skipped = overflow
+        self.skipped, self.anomaly = overflow, None
         if self.precision != "fp16":
             return
         if overflow:

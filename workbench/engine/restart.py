@@ -25,7 +25,7 @@ import os
 import shutil
 from typing import Any
 
-from workbench.checkpoint_files import checkpoint_root, latest_good, run_shape
+from workbench.checkpoint_files import checkpoint_root, copy_metrics_before, latest_good, run_shape
 from workbench.config import RunConfig
 from workbench.trace.merge import load_traces, merge_attempts, recover_partials
 
@@ -77,8 +77,6 @@ def trim_metrics(run_dir: str, step: int) -> None:
         return
     dest = os.path.join(run_dir, "attempts", f"restart-{attempt() - 1}")
     os.makedirs(dest, exist_ok=True)
-    shutil.copy(path, os.path.join(dest, "metrics.jsonl"))
-    with open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
-    with open(path, "w") as f:
-        f.writelines(rows)
+    kept = os.path.join(dest, "metrics.jsonl")
+    shutil.copy(path, kept)
+    copy_metrics_before(kept, path, step)

@@ -19,6 +19,7 @@ from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.memory_profile import MemoryProfile
+from workbench.pipeline.stages import global_name
 
 
 def train(ctx: RankContext) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def describe(strategy: Strategy) -> None:
     """Before the first step: parameter shapes into the trace, config.json (and schedule.json) from
     rank 0, the model states' first memory snapshot."""
     ctx = strategy.ctx
-    ctx.recorder.info["param_shapes"] = {_full_name(n): list(p.shape) for n, p in strategy.model.named_parameters()}
+    ctx.recorder.info["param_shapes"] = {global_name(n): list(p.shape) for n, p in strategy.model.named_parameters()}
     if ctx.rank == 0:
         write_resolved_config(ctx, ctx.config.model_config.param_count(),
                               sum(p.numel() for p in strategy.model.parameters()))
@@ -72,9 +73,3 @@ def append_metrics(ctx: RankContext, r: StepResult) -> None:
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
 
-
-def _full_name(name: str) -> str:
-    """A pipeline chunk's parameter name without its ModuleDict key ("3.blocks.5.ln_1.weight" →
-    "blocks.5.ln_1.weight"): the whole model's name."""
-    head, _, rest = name.partition(".")
-    return rest if head.isdigit() and rest else name

@@ -57,7 +57,6 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
             else:
                 grad_norm = strategy.updater.step(lr, cfg.grad_clip)
                 facts = strategy.updater.metrics()
-                facts["anomaly"] = "non-finite gradient norm" if grad_norm is None and cfg.precision != "fp16" else None
             opt_args.update(facts)
             strategy.grad_sync.zero_grad()
             sync_compute(ctx.device)

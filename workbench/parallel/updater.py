@@ -40,7 +40,7 @@ class Updater(Protocol):
     def counter_tensors(self) -> list[torch.Tensor]: ...
 
     def metrics(self) -> dict[str, Any]:
-        """Extra facts of the last step for the trace and metrics.jsonl (loss scale, skipped)."""
+        """Extra facts of the last step for the trace and metrics.jsonl (loss scale, skipped, anomaly)."""
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]: ...
 
@@ -165,7 +165,7 @@ class AdamWUpdater:
         return adam_state(self.optimizer)[1]
 
     def metrics(self) -> dict[str, Any]:
-        return {"skipped": self.skipped}
+        return {"skipped": self.skipped, "anomaly": "non-finite gradient norm" if self.skipped else None}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return adam_checkpoint_state(self.optimizer, self.params)

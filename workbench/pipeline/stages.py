@@ -15,6 +15,13 @@ from torch import nn
 from workbench.pipeline.schedule import Schedule
 
 
+def global_name(name: str) -> str:
+    """A chunk's parameter name without its ModuleDict key ("3.blocks.5.ln_1.weight" → "blocks.5.ln_1.weight"):
+    the whole model's name."""
+    head, _, rest = name.partition(".")
+    return rest if head.isdigit() and rest else name
+
+
 def stage_layers(layers: int, stages: int, stage: int) -> range:
     per = layers // stages
     return range(stage * per, (stage + 1) * per)

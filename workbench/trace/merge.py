@@ -90,7 +90,7 @@ def merge_attempts(attempts: list[list[dict[str, Any]]]) -> dict[str, Any]:
             shift = t["workbench"].get("epoch_unix_us", base) - base
             starts.append(shift)
             for e in t["traceEvents"]:
-                if e.get("ph") == "M" and not last or e.get("ph") in ("s", "f") and not last:
+                if not last and e.get("ph") in ("M", "s", "f"):
                     continue
                 e = {**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else dict(e)
                 if "id2" in e:
