@@ -104,15 +104,20 @@ class Handle:
             self.record(self.launch_us, self.completed_us if self.completed_us is not None else rec.now_us())
 
     def record(self, start: float, end: float) -> None:
-        """The operation's record, from its start to its completion (host clock, microseconds)."""
-        rec = self.comm.recorder
-        algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], (end - start) / 1e6, self.n)
-        self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
-        if self.blocking:
-            rec.complete(self.name, self.cat, "comm", start, end - start, self.args)
-            return
-        self.args["in_flight_us"] = round(end - start, 3)
-        rec.async_span(self.name, self.cat, "comm", start, end, self.args, rec.new_async_id())
+        record(self.comm.recorder, self.name, self.cat, self.args, self.n, start, end, self.blocking)
+
+
+def record(rec: TraceRecorder, name: str, cat: str, args: dict[str, Any], n: int, start: float, end: float,
+           blocking: bool) -> None:
+    """An operation's record from its start to its completion (host clock, µs) with its bandwidth: a
+    complete span for a blocking call, an async begin/end pair for one that ran beside other work."""
+    algbw, busbw = bandwidth(args["op"], args["bytes"], (end - start) / 1e6, n)
+    args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
+    if blocking:
+        rec.complete(name, cat, "comm", start, end - start, args)
+        return
+    args["in_flight_us"] = round(end - start, 3)
+    rec.async_span(name, cat, "comm", start, end, args, rec.new_async_id())
 
 
 class Communicator:
@@ -175,45 +180,29 @@ class Communicator:
             args["label"] = label
         rec = self.recorder
         self.flight.start(args)
-        if self.clock is not None:  # CUDA: launch, and let the device say when it ran
-            return self._run_on_device(args, fn, async_op, n, name, cat, staged)
-        if async_op:
+        if async_op or self.clock is not None:  # on CUDA even a blocking call is timed by the device
+            event = self.clock.mark() if self.clock is not None else None
             launch = rec.now_us()
-            with rec.span(f"launch {name}", cat, "comm", **{**args, "async": True}):
+            with rec.span(f"launch {name}", cat, "comm", **{**args, "async": async_op}):
                 if args["op"] == "send":  # the flow to the matching receive starts inside the launch
                     rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
                 try:
                     work = fn(True)
                 except Exception as e:  # noqa: BLE001
                     raise self.error(args, e) from e
-            return Handle(self, work, name, cat, args, launch, n, staged)
+            handle = Handle(self, work, name, cat, args, launch, n, staged, launch_event=event,
+                            blocking=not async_op)
+            if async_op:
+                return handle
+            handle.wait()  # the caller's stream waits for it; the host does not
+            return None
         start = rec.now_us()
         try:
             fn(False)
         except Exception as e:  # noqa: BLE001
             raise self.error(args, e) from e
-        dur = rec.now_us() - start
         self.flight.done(args)
-        algbw, busbw = bandwidth(args["op"], args["bytes"], dur / 1e6, n)
-        args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
-        rec.complete(name, cat, "comm", start, dur, args)
-        return None
-
-    def _run_on_device(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, name: str, cat: str,
-                       staged: int) -> Handle | None:
-        rec = self.recorder
-        launch, event = rec.now_us(), self.clock.mark()
-        with rec.span(f"launch {name}", cat, "comm", **{**args, "async": async_op}):
-            if args["op"] == "send":
-                rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
-            try:
-                work = fn(True)
-            except Exception as e:  # noqa: BLE001
-                raise self.error(args, e) from e
-        handle = Handle(self, work, name, cat, args, launch, n, staged, launch_event=event, blocking=not async_op)
-        if async_op:
-            return handle
-        handle.wait()  # the caller's stream waits for it; the host does not
+        record(rec, name, cat, args, n, start, rec.now_us(), blocking=True)
         return None
 
     # ---- collectives -------------------------------------------------------------------------
