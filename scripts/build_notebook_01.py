@@ -130,7 +130,8 @@ whatever N is. (ZeRO, later, divides it by N.)
 The run below is launched with `profile_memory=True`: torch.profiler's memory events give what the CPU
 allocator really held at each snapshot of step 1. The dotted line is the allocator; the hatched band,
 `unattributed`, is what it held beyond the categories (the input batch, a layer's short-lived
-intermediates, the backend's buffers) — shown, not hidden. The bar chart's black line is the
+intermediates) — shown, not hidden; where the backend's own threads allocated (gloo's all-gather
+buffers, under ZeRO-3) the profile measures that too and a dotted band shows it. The bar chart's black line is the
 simultaneous total: the categories peak at different moments, so what a rank pays at once is less than
 the stack of their peaks.
 """),

@@ -128,12 +128,13 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     """`peak_bytes` (each category's highest counter), `peak_total_bytes` (the highest sum of all
     categories at one snapshot: what the rank really pays) and, where the allocator was read (CUDA, or
     CPU with --profile-memory), `allocator_peak_bytes`, `unattributed_bytes` (what the allocator held
-    beyond the categories at its peak) and `attributed_share_min` (the smallest share of the allocator's
-    bytes the categories explained at any snapshot)."""
+    at its peak beyond the categories and, on CPU, beyond what the backend's own threads had allocated)
+    and `attributed_share_min` (the smallest share of the allocator's bytes so explained at any snapshot)."""
     peaks: dict[str, int] = {}
     totals: dict[float, int] = {}
     allocator: dict[str, int] = {}
     allocated: dict[float, int] = {}
+    backend: dict[float, int] = {}  # CPU profile: live bytes the communication backend's threads allocated
     for e in events:
         if e.get("ph") == "C" and e["name"] == "memory":
             for k, v in e["args"].items():
@@ -143,10 +144,11 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
             for k, v in e["args"].items():
                 allocator[k] = max(allocator.get(k, 0), int(v))
             allocated[e["ts"]] = int(e["args"]["allocated"])
+            backend[e["ts"]] = int(e["args"].get("backend_threads", 0))
     out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0)}
     if allocator:
         out["allocator_peak_bytes"] = allocator
-        matched = {ts: (a, totals[ts]) for ts, a in allocated.items() if ts in totals and a > 0}
+        matched = {ts: (a, totals[ts] + backend[ts]) for ts, a in allocated.items() if ts in totals and a > 0}
         if matched:
             at_peak = max(matched.values())
             out["unattributed_bytes"] = at_peak[0] - at_peak[1]

@@ -160,12 +160,12 @@ class MemoryTracker:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._allocator_counter(alloc, ts)
 
-    def record_allocator(self, allocated_at_marker: dict[int, int], since_us: float = 0.0) -> None:
+    def record_allocator(self, at_marker: dict[int, dict[str, int]], since_us: float = 0.0) -> None:
         """The allocator's live bytes at the marked snapshots from `since_us` on (CPU, --profile-memory:
-        the chosen step), as counters at those snapshots' times."""
-        for marker, allocated in sorted(allocated_at_marker.items()):
+        the chosen step), as counters at those snapshots' times (`allocated`, `backend_threads`)."""
+        for marker, values in sorted(at_marker.items()):
             if self._marker_ts.get(marker, -1.0) >= since_us:
-                self._allocator_counter({"allocated": allocated}, self._marker_ts[marker])
+                self._allocator_counter(values, self._marker_ts[marker])
 
     def _allocator_counter(self, values: dict[str, int], ts: float) -> None:
         for k, v in values.items():

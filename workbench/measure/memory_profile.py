@@ -49,8 +49,9 @@ class MemoryProfile:
         self.markers += 1
         return self.markers - 1
 
-    def stop(self) -> dict[int, int]:
-        """End the profile, keep its file, and return the allocator's live bytes at each marker."""
+    def stop(self) -> dict[int, dict[str, int]]:
+        """End the profile, keep its file, and return the allocator's live bytes at each marker
+        (`allocated_at_markers`)."""
         if not self.active:
             return {}
         self.active = False
@@ -65,16 +66,29 @@ class MemoryProfile:
             return allocated_at_markers(json.load(f)["traceEvents"])
 
 
-def allocated_at_markers(events: list[dict]) -> dict[int, int]:
-    """For each `wb_snapshot#i` marker, the CPU allocator's total after the last memory event before it."""
+def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
+    """For each `wb_snapshot#i` marker, the CPU allocator's live bytes just before it: `allocated` (its
+    running total) and `backend_threads` (the live bytes that threads other than the one that marks the
+    snapshots allocated — the communication backend's workers: gloo gathers an all-gather into a flat
+    buffer of the output's size on its worker thread, which it frees when the operation ends). Each
+    allocation is followed by its address until it is freed, on whichever thread."""
+    markers = [e for e in events if str(e.get("name", "")).startswith(MARKER)]
+    main = markers[0]["tid"] if markers else None
     timeline = sorted(
-        [(e["ts"], 0, int(e["args"]["Total Allocated"])) for e in events
+        [(e["ts"], 0, e) for e in events
          if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-        + [(e["ts"], 1, int(e["name"][len(MARKER):])) for e in events if str(e.get("name", "")).startswith(MARKER)])
-    out, live = {}, 0
-    for _, kind, value in timeline:
-        if kind == 0:
-            live = value
-        else:
-            out[value] = live
+        + [(e["ts"], 1, e) for e in markers], key=lambda x: (x[0], x[1]))
+    out: dict[int, dict[str, int]] = {}
+    total, other, live = 0, 0, {}  # live: address → (bytes, allocated on another thread)
+    for _, kind, e in timeline:
+        if kind == 1:
+            out[int(e["name"][len(MARKER):])] = {"allocated": total, "backend_threads": other}
+            continue
+        a = e["args"]
+        total, size, addr = int(a["Total Allocated"]), int(a["Bytes"]), a.get("Addr")
+        if size > 0:
+            live[addr] = (size, e["tid"] != main)
+            other += size if e["tid"] != main else 0
+        elif (known := live.pop(addr, None)) is not None and known[1]:
+            other -= known[0]
     return out

@@ -47,7 +47,9 @@ def memory_breakdown(run: Run, title: str | None = None) -> go.Figure:
 
 def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
     """Stacked counters of one rank over its first `steps` steps (values held between samples); where the
-    allocator was read, what it held beyond the categories as an `unattributed` band, and its line."""
+    allocator was read: on CPU the bytes the communication backend's own threads allocated (measured by
+    the profile, not booked), what it held beyond those and the categories as an `unattributed` band, and
+    its line."""
     mem = run.memory
     mem = mem[mem["rank"] == rank].sort_values("ts_us")
     ev = run.events
@@ -64,6 +66,11 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
     if not alloc.empty:
         merged = alloc.merge(mem, on=["rank", "ts_us"]).sort_values("ts_us")
         counted = merged[[c for c in CATEGORY_COLORS if c in merged]].sum(axis=1)
+        if "backend_threads" in merged and merged.backend_threads.any():  # CPU profile: gloo's own buffers
+            counted = counted + merged.backend_threads
+            fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=merged.backend_threads / 1e6,
+                                     name="backend threads (measured)", stackgroup="one",
+                                     line={"shape": "hv", "color": "#8c564b"}, fillpattern={"shape": "."}))
         fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=(merged.allocated - counted).clip(lower=0) / 1e6,
                                  name="unattributed", stackgroup="one", line={"shape": "hv", "color": "#222222"},
                                  fillpattern={"shape": "/"}))
