@@ -51,13 +51,17 @@ def _add_fault_tolerance(run: argparse.ArgumentParser, d: RunConfig) -> None:
     run.add_argument("--fault", default=None, choices=FAULTS, help="inject a fault (teaching and tests)")
     run.add_argument("--fault-rank", type=int, default=d.fault_rank)
     run.add_argument("--fault-step", type=int, default=d.fault_step)
+    run.add_argument("--fault-delay-s", type=float, default=d.fault_delay_s,
+                     help="straggle: the seconds the fault rank sleeps in each step")
 
 
 def _add_launch(run: argparse.ArgumentParser) -> None:
     """Where the run goes and which machines take part."""
     run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
     run.add_argument("--name", default=None)
-    run.add_argument("--nnodes", type=int, default=1)
+    run.add_argument("--nnodes", default="1",
+                     help="machines: a count, or MIN:MAX for elastic membership (the run re-forms its group, and dp, "
+                          "when a machine leaves or joins; needs --checkpoint-every and --max-restarts)")
     run.add_argument("--node-rank", type=int, default=0)
     run.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the first machine")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -139,7 +143,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
         resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
         fault=a.fault, fault_rank=a.fault_rank,
-        fault_step=a.fault_step,
+        fault_step=a.fault_step, fault_delay_s=a.fault_delay_s,
     )
 
 

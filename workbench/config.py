@@ -25,7 +25,7 @@ RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl")
 ALLREDUCE = ("backend", "ring")
 DP_IMPLS = ("bucketed", "naive")
-FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike")
+FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "straggle")
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,20 @@ class RunConfig:
     #: torchrun restarts the whole group up to this many times after a rank fails; each restart resumes from
     #: the newest good checkpoint (fault tolerance: engine/worker.py)
     max_restarts: int = 0
+    #: elastic membership (launch with Nodes(nnodes="MIN:MAX")): torchrun re-forms the group when a machine's
+    #: agent leaves or joins; dp follows the world size it forms (dp = WORLD_SIZE / (tp·pp), `dp` above being
+    #: the largest), and each new group resumes from the newest good checkpoint, resharded (engine/restart.py)
+    elastic: bool = False
     #: skip a step whose global loss exceeds this × the median of the last 10 (0: off; engine/anomaly.py)
     loss_spike_factor: float = 0.0
     #: Fault injection for tests and teaching, on fault_rank at fault_step: raise, hang, SIGKILL itself ("kill",
     #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step), a
-    #: loss (and so gradients) ×10 on that rank ("loss-spike": caught by loss_spike_factor).
+    #: loss (and so gradients) ×10 on that rank ("loss-spike": caught by loss_spike_factor), a straggler that
+    #: sleeps fault_delay_s in every step from fault_step on ("straggle": the others wait at the next collective).
     fault: str | None = None
     fault_rank: int = 0
     fault_step: int = 0
+    fault_delay_s: float = 0.25
 
     # ---- derived -----------------------------------------------------------------------------
     @property
@@ -160,6 +166,10 @@ class RunConfig:
         for name in ("checkpoint_every", "keep_checkpoints", "max_restarts", "loss_spike_factor"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 turns it off)")
+        if self.elastic and (self.checkpoint_every < 1 or self.max_restarts < 1):
+            raise ConfigError(f"elastic=True needs checkpoint_every ≥ 1 (got {self.checkpoint_every}) and max_restarts ≥ 1 "
+                              f"(got {self.max_restarts}): a group re-formed after a machine left resumes from the "
+                              f"newest checkpoint, and the leaving counts as one of torchrun's restarts")
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:

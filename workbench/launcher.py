@@ -33,14 +33,58 @@ class RunFailed(RuntimeError):
         self.rank, self.traceback, self.run = rank, traceback, run
 
 
+#: elastic rendezvous: a silent agent is dropped after 5 missed 1-second heartbeats, and a round closes 2 s
+#: after the minimum number of agents arrived (torchrun's defaults, 3 × 5 s and 30 s, suit large clusters)
+ELASTIC_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
+
+
 @dataclass(frozen=True)
 class Nodes:
-    """Multi-machine settings passed to torchrun; the defaults run everything on this machine."""
+    """Multi-machine settings passed to torchrun; the defaults run everything on this machine.
 
-    nnodes: int = 1
+    `nnodes` is a count, or "MIN:MAX" for elastic membership: the run goes on while at least MIN machines'
+    agents take part, re-forming its group (and its dp) when one leaves or joins (RunConfig.elastic)."""
+
+    nnodes: int | str = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the rendezvous (node 0)
     rdzv_id: str = "workbench"
+
+    @property
+    def range(self) -> tuple[int, int]:
+        """(MIN, MAX) machines."""
+        lo, _, hi = str(self.nnodes).partition(":")
+        try:
+            low, high = int(lo), int(hi or lo)
+        except ValueError:
+            low = high = 0
+        if not 1 <= low <= high:
+            from workbench.config import ConfigError
+
+            raise ConfigError(f"nnodes={self.nnodes!r}: a number of machines ≥ 1, or MIN:MAX with 1 ≤ MIN ≤ MAX")
+        return low, high
+
+    @property
+    def elastic(self) -> bool:
+        return self.range[0] < self.range[1]
+
+
+def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
+    """An elastic launch: the config marked elastic, after checking that every world the machines can form
+    (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model."""
+    from workbench.config import ConfigError
+
+    low, high = nodes.range
+    per_node, cell = config.world_size // high, config.tp * config.pp
+    for n in range(low, high + 1):
+        if (n * per_node) % cell:
+            raise ConfigError(f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
+                              f"tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas")
+        try:
+            config.replace(dp=n * per_node // cell, elastic=True).validate()
+        except ConfigError as e:
+            raise ConfigError(f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={n * per_node // cell}): {e}") from e
+    return config.replace(elastic=True)
 
 
 def default_run_dir(config: RunConfig) -> str:
@@ -49,22 +93,22 @@ def default_run_dir(config: RunConfig) -> str:
 
 
 def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes()) -> list[str]:
+    """torchrun's command line; an elastic one (nnodes MIN:MAX) sizes each machine for MAX of them."""
+    from workbench.config import ConfigError
+
     cmd = [sys.executable, "-m", "torch.distributed.run"]
-    if nodes.nnodes == 1 and nodes.rdzv_endpoint is None:
+    low, high = nodes.range
+    if high == 1 and nodes.rdzv_endpoint is None:
         cmd += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(config.world_size)]
     else:
-        if config.world_size % nodes.nnodes:
-            from workbench.config import ConfigError
-
+        if config.world_size % high:
             raise ConfigError(f"world size {config.world_size} (dp×tp×pp) is not divisible by nnodes="
                               f"{nodes.nnodes}: every machine runs the same number of ranks")
         if nodes.rdzv_endpoint is None:
-            from workbench.config import ConfigError
-
             raise ConfigError("nnodes > 1 needs rdzv_endpoint=HOST:PORT (the first machine's address)")
-        cmd += ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
-                "--nproc-per-node", str(config.world_size // nodes.nnodes),
+        cmd += ["--nnodes", str(nodes.nnodes), "--nproc-per-node", str(config.world_size // high),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", nodes.rdzv_endpoint, "--rdzv-id", nodes.rdzv_id]
+        cmd += ["--rdzv-conf", ELASTIC_RDZV_CONF] if nodes.elastic else ["--node-rank", str(nodes.node_rank)]
     cmd += ["--max-restarts", str(config.max_restarts), "-m", "workbench.engine.worker", "--run-dir", run_dir]
     return cmd
 
@@ -83,16 +127,29 @@ def _prepare_dir(run_dir: str, resume_step: int | None = None) -> None:
     os.makedirs(run_dir, exist_ok=True)
 
 
+def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
+    """A multi-machine run whose directory this host already holds with the same request: another agent of
+    it on this host (or one rejoining an elastic run) — keep everything there."""
+    request = os.path.join(run_dir, "request.json")
+    if nodes.range[1] == 1 or not os.path.exists(request):
+        return False
+    with open(request) as f:
+        return f.read() == config.to_json()
+
+
 def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = Nodes(),
            echo: bool = False) -> Run:
     """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError)."""
     config.validate()
+    if nodes.elastic:
+        config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))
-    _, step = check_resume(config, run_dir)
-    _prepare_dir(run_dir, step if config.resume else None)
-    with open(os.path.join(run_dir, "request.json"), "w") as f:
-        f.write(config.to_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if not _joins(run_dir, config, nodes):
+        _, step = check_resume(config, run_dir)
+        _prepare_dir(run_dir, step if config.resume else None)
+        with open(os.path.join(run_dir, "request.json"), "w") as f:
+            f.write(config.to_json())
+    env = rank_env()
     # Make the package importable by the ranks even when it is used from a source checkout.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
@@ -107,6 +164,14 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
     return load(run_dir)
+
+
+def rank_env() -> dict[str, str]:
+    """The environment torchrun and the ranks get: one thread per rank, and every rendezvous round with a
+    store of its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: rank 0 of each group hosts it), so that no rank
+    reads what a dead rank of an earlier round left there."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _follow(proc: subprocess.Popen, run_dir: str, steps: int, progress: bool) -> int:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
-from workbench.engine.restart import attempt
+from workbench.engine.restart import restart_count
 from workbench.grid import ProcessGroups, RankGrid
 from workbench.measure.memory import MemoryTracker
 from workbench.trace.recorder import TraceRecorder
@@ -53,7 +53,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     """Join the process group (with the config's timeout), build the grid, agree on the clock."""
     backend = resolve_backend(config.backend)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world_size != config.world_size:
+    if world_size != config.world_size:  # an elastic run's config already follows WORLD_SIZE (restart.py)
         raise RuntimeError(
             f"torchrun started {world_size} processes but dp×tp×pp = {config.dp}×{config.tp}×{config.pp} "
             f"= {config.world_size}: launch with --nproc-per-node × --nnodes = {config.world_size}"
@@ -88,11 +88,15 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
 
 
 def attempt_store(config: RunConfig) -> dist.Store:
-    """torchrun's store (env://), under a prefix naming the restart attempt. torchrun keeps one store
-    across restarts; without the prefix a restarted rank can read the address a dead rank of the failed
-    attempt published and fail to connect (measured here: gloo's "connectFullMesh … Connection refused")."""
+    """torchrun's store (env://). Where torchrun shares its agents' store with the ranks (its default;
+    the launcher turns it off, launcher.rank_env) that one store outlives restarts, and without a prefix
+    naming the restart a restarted rank can read the address a dead rank of the failed attempt published
+    and fail to connect (measured here: gloo's "connectFullMesh … Connection refused"). Otherwise every
+    rendezvous round has a store of its own and the prefix is constant — it must be: after an elastic
+    re-formation the agents' restart counts differ."""
     store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=config.timeout_s)))
-    return dist.PrefixStore(f"workbench/attempt{attempt()}", store)
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.PrefixStore(f"workbench/attempt{restart_count()}" if shared else "workbench", store)
 
 
 def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -> None:

@@ -2,9 +2,9 @@
 
 With `max_restarts` R, torchrun (`--max-restarts R`) stops every rank when one fails and starts the
 whole group again, up to R times, telling each new process its attempt in TORCHELASTIC_RESTART_COUNT.
-A restarted rank here
+Once the new group is formed, its ranks agree on the attempt number n (`begin_attempt`) and
 
-    1. moves what its failed attempt left (trace, partial trace, error file) to attempts/restart-<n>/ —
+    1. what the failed attempt left (traces, partial traces, error files) moves to attempts/restart-<n-1>/ —
        nothing is lost, and the run directory reads as one run again;
     2. resumes from the newest checkpoint that verifies (`resume='auto'`; a broken newest one is passed
        over for the one before), or from the run's own `resume` if there is none yet;
@@ -15,6 +15,13 @@ A restarted rank here
 
 A fault injected with `fault='kill'` (SIGKILL, the way an out-of-memory killer or a lost machine ends a
 process: no handler runs) fires in the first attempt only, so the restarted group can finish.
+
+Elastic membership (`elastic`, launched with nnodes MIN:MAX): torchrun re-forms the group when a machine's
+agent leaves (after it misses its heartbeats; that counts as a restart) or joins (a new rendezvous round,
+not counted). The new group's world size sets dp (`elastic_world`), the data of each step is the same
+global batch split over the new dp (engine/data.py), and the group resumes from the newest good
+checkpoint resharded to its layout (engine/checkpoint_layout.py). torchrun's restart count is not an
+attempt number any more — an agent that joins late starts at 0 — so the attempt is agreed by the group.
 """
 
 from __future__ import annotations
@@ -25,26 +32,61 @@ import os
 import shutil
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from workbench.checkpoint_files import checkpoint_root, copy_metrics_before, latest_good, run_shape
 from workbench.config import RunConfig
 from workbench.trace.merge import load_traces, merge_attempts, recover_partials
 
 
-def attempt() -> int:
-    """0 for the first attempt, n after torchrun's n-th restart."""
+#: what one attempt's ranks leave in the run directory
+RANK_FILES = ("trace_rank*.json", "trace_rank*.partial.jsonl", "error_rank*.json", "memory_profile_rank*.json")
+
+
+def restart_count() -> int:
+    """torchrun's count of this agent's restarts (TORCHELASTIC_RESTART_COUNT)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def archive_failed_attempt(run_dir: str, rank: int) -> None:
-    """This rank's files from the attempt before this one, into attempts/restart-<n>/."""
-    n = attempt()
-    if n == 0:
-        return
-    dest = os.path.join(run_dir, "attempts", f"restart-{n - 1}")
-    os.makedirs(dest, exist_ok=True)
-    for name in (f"trace_rank{rank}.json", f"trace_rank{rank}.partial.jsonl", f"error_rank{rank}.json"):
-        if os.path.exists(os.path.join(run_dir, name)):
-            shutil.move(os.path.join(run_dir, name), os.path.join(dest, name))
+def attempt() -> int:
+    """0 for the first attempt, n for the n-th group formed after it: the number the group agreed on
+    (`begin_attempt`), or before that torchrun's restart count."""
+    return int(os.environ.get("WORKBENCH_ATTEMPT", restart_count()))
+
+
+def elastic_world(cfg: RunConfig) -> RunConfig:
+    """An elastic run's config for the world torchrun formed: dp = WORLD_SIZE / (tp·pp)."""
+    world = int(os.environ.get("WORLD_SIZE", cfg.world_size))
+    if not cfg.elastic or world == cfg.world_size:
+        return cfg
+    if world % (cfg.tp * cfg.pp):
+        raise RuntimeError(f"torchrun formed a world of {world} ranks, not a multiple of tp×pp = {cfg.tp * cfg.pp}")
+    return cfg.replace(dp=world // (cfg.tp * cfg.pp)).validate()
+
+
+def begin_attempt(run_dir: str, device: torch.device) -> int:
+    """Every rank of a newly formed group, before it traces anything: agree on the attempt number (the
+    attempts/restart-* directories any host has, plus one if any host holds an earlier attempt's rank
+    files), move those files there (one rank per host), and return the number."""
+    def leftovers() -> list[str]:
+        return [p for pattern in RANK_FILES for p in glob.glob(os.path.join(run_dir, pattern))]
+
+    done = len(glob.glob(os.path.join(run_dir, "attempts", "restart-*")))
+    agreed = torch.tensor([done, int(bool(leftovers()))], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    done, left = int(agreed[0]), int(agreed[1])
+    if left and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        dest = os.path.join(run_dir, "attempts", f"restart-{done}")
+        os.makedirs(dest, exist_ok=True)
+        for path in leftovers():
+            try:
+                shutil.move(path, os.path.join(dest, os.path.basename(path)))
+            except FileNotFoundError:  # a shared file system: another host moved it first
+                pass
+    dist.barrier()
+    os.environ["WORKBENCH_ATTEMPT"] = str(done + left)
+    return done + left
 
 
 def write_all_attempts(run_dir: str, current: list[dict[str, Any]]) -> str | None:
@@ -62,8 +104,9 @@ def write_all_attempts(run_dir: str, current: list[dict[str, Any]]) -> str | Non
 
 
 def restarted_config(cfg: RunConfig, run_dir: str) -> RunConfig:
-    """A restarted attempt resumes from the newest good checkpoint, else as the run was asked to."""
-    if attempt() == 0:
+    """A restarted attempt (any group of an elastic run: a late joiner cannot tell) resumes from the newest
+    good checkpoint, else as the run was asked to."""
+    if attempt() == 0 and not cfg.elastic:
         return cfg
     path, _ = latest_good(checkpoint_root(cfg, run_dir), run_shape(cfg))
     return cfg.replace(resume="auto") if path is not None else cfg

@@ -67,7 +67,8 @@ def describe(strategy: Strategy) -> None:
 def append_metrics(ctx: RankContext, r: StepResult) -> None:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
     row = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_time_s": r.step_time_s,
-           "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt()}
+           "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt(),
+           "world_size": ctx.world_size}
     row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
     row["anomaly"] = r.extra.get("anomaly")
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:

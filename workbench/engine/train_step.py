@@ -90,6 +90,8 @@ def global_loss(ctx: RankContext, loss: torch.Tensor) -> float:
 
 
 def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    if cfg.fault == "straggle" and rank == cfg.fault_rank and step >= cfg.fault_step:
+        time.sleep(cfg.fault_delay_s)  # a slow rank: every other one waits for it at the next collective
     if cfg.fault is None or rank != cfg.fault_rank or step != cfg.fault_step:
         return
     if cfg.fault == "raise":

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from workbench.analysis.summary import build_summary
 from workbench.config import RunConfig
 from workbench.engine.context import RankContext, setup
-from workbench.engine.restart import archive_failed_attempt, attempt, restarted_config, write_all_attempts
+from workbench.engine.restart import begin_attempt, elastic_world, restarted_config, write_all_attempts
 from workbench.engine.train import train
 from workbench.trace.merge import merge_traces
 
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config = RunConfig.from_dict(json.load(f)).validate()
-        archive_failed_attempt(args.run_dir, rank)  # after torchrun restarted the group: keep, then resume
-        config = restarted_config(config, args.run_dir)
+        config = restarted_config(elastic_world(config), args.run_dir)
         ctx = setup(config, args.run_dir)
-        ctx.recorder.info["attempt"] = attempt()
+        # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume
+        ctx.recorder.info["attempt"] = begin_attempt(args.run_dir, ctx.device)
         ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
         train(ctx)
         finish(ctx)
