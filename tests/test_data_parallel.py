@@ -39,7 +39,9 @@ def single(launched):
     {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
     {"dp": 2, "dp_impl": "naive"},
     {"dp": 2, "bucket_mb": 0.01},
-], ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets"])
+    {"dp": 4, "allreduce": "hierarchical", "ranks_per_node": 2, "bucket_mb": 0.03,
+     "emulate_link": "inter=0.001,50;intra=2,5"},
+], ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets", "dp4-hierarchical-emulated"])
 def test_data_parallel_matches_single_process(launched, single, config):
     assert_same_training(launched(**config), single)
 

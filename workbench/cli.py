@@ -55,6 +55,22 @@ def _add_fault_tolerance(run: argparse.ArgumentParser, d: RunConfig) -> None:
                      help="straggle: the seconds the fault rank sleeps in each step")
 
 
+def _add_communication(run: argparse.ArgumentParser, d: RunConfig) -> None:
+    """How gradients travel: the all-reduce, buckets, compression, and the emulated network."""
+    run.add_argument("--allreduce", default=d.allreduce, choices=ALLREDUCE,
+                     help="the gradient all-reduce: the backend's, our send/recv ring, or hierarchical (reduce-scatter "
+                          "inside each machine, all-reduce across, all-gather inside)")
+    run.add_argument("--ranks-per-node", type=int, default=d.ranks_per_node,
+                     help="ranks per (emulated) machine, for hierarchical and --emulate-link (0: the real machine's)")
+    run.add_argument("--emulate-link", default=None,
+                     help="a teaching device: hold messages as if sent over 'inter=BW_GBps,LATENCY_us;"
+                          "intra=BW_GBps,LATENCY_us' links between emulated machines")
+    run.add_argument("--dp-impl", default=d.dp_impl, choices=DP_IMPLS)
+    run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
+    run.add_argument("--grad-compression", default=d.grad_compression, choices=("none", "bf16", "fp16"),
+                     help="cast gradient buckets to 16 bits for the all-reduce (torch DDP's compress hooks)")
+
+
 def _add_launch(run: argparse.ArgumentParser) -> None:
     """Where the run goes and which machines take part."""
     run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
@@ -97,11 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
     run.add_argument("--backend", default=d.backend, choices=BACKENDS,
                      help="auto: nccl where CUDA is present, else gloo")
-    run.add_argument("--allreduce", default=d.allreduce, choices=ALLREDUCE)
-    run.add_argument("--dp-impl", default=d.dp_impl, choices=DP_IMPLS)
-    run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
-    run.add_argument("--grad-compression", default=d.grad_compression, choices=("none", "bf16", "fp16"),
-                     help="cast gradient buckets to 16 bits for the all-reduce (torch DDP's compress hooks)")
+    _add_communication(run, d)
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
     run.add_argument("--profile-memory", action="store_true",
@@ -136,7 +148,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         global_batch=a.global_batch,
         steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
         grad_clip=a.grad_clip or None, backend=a.backend,
-        allreduce=a.allreduce, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, grad_compression=a.grad_compression,
+        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, grad_compression=a.grad_compression,
         trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,

@@ -23,7 +23,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl")
-ALLREDUCE = ("backend", "ring")
+ALLREDUCE = ("backend", "ring", "hierarchical")
 DP_IMPLS = ("bucketed", "naive")
 FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "straggle")
 
@@ -69,6 +69,10 @@ class RunConfig:
     bucket_mb: float = 25.0
     #: 'bf16' | 'fp16': buckets cast to 16 bits for the all-reduce and back (DDP's compress hooks); 'none'
     grad_compression: str = "none"
+    #: a teaching device: emulated links 'inter=BW_GBps,LATENCY_us;intra=BW_GBps,LATENCY_us' between emulated
+    #: machines of ranks_per_node ranks (0: LOCAL_WORLD_SIZE, the real machine); comm/emulated_link.py
+    emulate_link: str | None = None
+    ranks_per_node: int = 0
     #: ZeRO-3: gather the next layer's parameters while the current one computes
     prefetch: bool = True
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
@@ -170,6 +174,7 @@ class RunConfig:
             raise ConfigError(f"elastic=True needs checkpoint_every ≥ 1 (got {self.checkpoint_every}) and max_restarts ≥ 1 "
                               f"(got {self.max_restarts}): a group re-formed after a machine left resumes from the "
                               f"newest checkpoint, and the leaving counts as one of torchrun's restarts")
+        self._validate_links()
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -179,9 +184,29 @@ class RunConfig:
         if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
             raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
                               f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
-        if self.allreduce == "ring" and self.dp_impl == "naive":
-            raise ConfigError("allreduce='ring' runs on gradient buckets: use dp_impl='bucketed'")
+        if self.allreduce != "backend" and self.dp_impl == "naive":
+            raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
         return self
+
+    def _validate_links(self) -> None:
+        if self.ranks_per_node < 0 or (self.ranks_per_node and self.world_size % self.ranks_per_node):
+            valid = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+            raise ConfigError(f"ranks_per_node={self.ranks_per_node}: the emulated machines must split the "
+                              f"{self.world_size} ranks evenly; valid: {valid} (0: the real machine's)")
+        if self.allreduce == "hierarchical" and self.ranks_per_node:
+            from workbench.grid import RankGrid, node_groups
+
+            try:
+                node_groups(RankGrid(dp=self.dp, tp=self.tp, pp=self.pp), self.ranks_per_node)
+            except ValueError as e:
+                raise ConfigError(f"allreduce='hierarchical' with ranks_per_node={self.ranks_per_node}: {e}") from None
+        if self.emulate_link is not None:
+            from workbench.comm.emulated_link import parse_links
+
+            try:
+                parse_links(self.emulate_link)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp
@@ -239,7 +264,7 @@ class RunConfig:
         if self.zero >= 2 and self.pp > 1:
             raise ConfigError(f"zero={self.zero} with pp={self.pp} is not supported (gradients would be partitioned "
                               f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
-        if self.zero and self.dp_impl == "naive" or self.zero and self.allreduce == "ring":
+        if self.zero and (self.dp_impl == "naive" or self.allreduce != "backend"):
             raise ConfigError("ZeRO brings its own reduce-scatter and all-gather: use dp_impl='bucketed' and "
                               "allreduce='backend'")
 

@@ -74,8 +74,9 @@ class ProcessGroups:
     ranks: dict[str, list[int]]  # axis -> global ranks in this rank's group
 
     @classmethod
-    def create(cls, grid: RankGrid, rank: int, timeout_s: float) -> ProcessGroups:
-        """Create every axis group (collectively: all ranks call this in the same order)."""
+    def create(cls, grid: RankGrid, rank: int, timeout_s: float, ranks_per_node: int = 0) -> ProcessGroups:
+        """Create every axis group (collectively: all ranks call this in the same order); with
+        `ranks_per_node` also each dp group's split by machine (`node_groups`)."""
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -89,6 +90,11 @@ class ProcessGroups:
                 pg = dist.new_group(members, timeout=timeout)
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
+        if ranks_per_node:
+            for name, members in node_groups(grid, ranks_per_node):
+                pg = dist.new_group(members, timeout=timeout)
+                if rank in members:
+                    groups[name], ranks[name] = pg, members
         return cls(grid=grid, rank=rank, groups=groups, ranks=ranks)
 
     def size(self, axis: str) -> int:
@@ -97,3 +103,21 @@ class ProcessGroups:
     def index(self, axis: str) -> int:
         """This rank's position within its group along `axis`."""
         return self.ranks[axis].index(self.rank)
+
+
+def node_groups(grid: RankGrid, ranks_per_node: int) -> list[tuple[str, list[int]]]:
+    """Each dp group split by machine (rank // ranks_per_node), for the hierarchical all-reduce:
+    `dp_intra` (the group's ranks on one machine) and `dp_inter` (one rank per machine, those at the same
+    place in their machine's share). ValueError where the machines hold unequal shares of a dp group."""
+    out: list[tuple[str, list[int]]] = []
+    for members in grid.all_groups("dp"):
+        by_node: dict[int, list[int]] = {}
+        for r in members:
+            by_node.setdefault(r // ranks_per_node, []).append(r)
+        shares = {len(v) for v in by_node.values()}
+        if len(shares) > 1:
+            raise ValueError(f"dp group {members} is split unevenly over machines of {ranks_per_node} ranks: "
+                             f"{sorted(by_node.values())}")
+        out += [("dp_intra", v) for v in by_node.values()]
+        out += [("dp_inter", [v[j] for v in by_node.values()]) for j in range(shares.pop())]
+    return out

@@ -68,7 +68,7 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     opened: dict[Any, dict[str, Any]] = {}
     for e in events:
         ph = e.get("ph")
-        if ph == "X" and e.get("tid") == LANES["comm"] and not e.get("args", {}).get("async"):
+        if ph == "X" and e.get("cat") in ("collective", "p2p") and not e.get("args", {}).get("async"):
             out.append((e["args"], e["ts"], e["ts"] + e["dur"]))
         elif ph == "b":
             opened[(e["name"], str(e["id2"]))] = e

@@ -48,3 +48,16 @@ def bytes_sent(args: dict[str, Any]) -> float:
 def nbytes(t: Any) -> int:
     """Bytes of a tensor's elements."""
     return t.numel() * t.element_size()
+
+
+def record(rec: Any, name: str, cat: str, args: dict[str, Any], n: int, start: float, end: float,
+           blocking: bool) -> None:
+    """An operation's record from its start to its completion (host clock, µs) with its bandwidth: a
+    complete span for a blocking call, an async begin/end pair for one that ran beside other work."""
+    algbw, busbw = bandwidth(args["op"], args["bytes"], (end - start) / 1e6, n)
+    args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
+    if blocking:
+        rec.complete(name, cat, "comm", start, end - start, args)
+        return
+    args["in_flight_us"] = round(end - start, 3)
+    rec.async_span(name, cat, "comm", start, end, args, rec.new_async_id())

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.comm.bandwidth import bandwidth, nbytes
+from workbench.comm.emulated_link import hold
 from workbench.comm.traced import Communicator
 from workbench.trace.recorder import flow_id
 
@@ -58,6 +59,9 @@ class RingCall:
                       seq=self.args["seq"], group=self.group, send_chunk=send_c, recv_chunk=recv_c, peer=self.nxt,
                       recv_peer=self.prv, bytes=nbytes(send) if send is not None else 0,
                       recv_bytes=nbytes(recv) if recv is not None else 0, chunks=self.n):
+            if send is not None and comm.network is not None:  # held on its emulated link, sender side
+                link, seconds = comm.network.message_seconds(comm.rank, self.nxt, nbytes(send))
+                hold(rec, seconds, "ring", link=link)
             if send is not None:
                 rec.flow("s", flow_id("ring", *self.key, ring_k, comm.rank, self.nxt), "ring", rec.now_us(), "ring")
             ops = ([dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []) + \

@@ -16,6 +16,8 @@ gloo's worker thread may hold it a little longer (until it takes the group's nex
 the allocator then shows as unattributed. NCCL makes no such copy.
 
 On CUDA, operations are timed on the device and written when the step ends (comm/device_timing.py).
+With an emulated network (comm/emulated_link.py, a teaching device) a send is held before it is posted
+and a collective completes no earlier than its emulated time after it finished.
 Every operation also enters the flight recorder (comm/flight_recorder.py): the last 64, per rank.
 
 A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
@@ -30,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from workbench.comm.bandwidth import bandwidth, nbytes
+from workbench.comm.bandwidth import nbytes, record
 from workbench.comm.device_timing import DeviceClock, Timed
+from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
 from workbench.comm.flight_recorder import FlightRecorder
 from workbench.trace.recorder import TraceRecorder, flow_id
 
@@ -88,6 +91,11 @@ class Handle:
                 self.work.wait()
             except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                 raise self.comm.error(self.args, e) from e
+            if self.args.get("emulated_s") and self.args["op"] != "send":  # the emulated network's time
+                link = self.args["emulated_link"]
+                end = self.comm.network.occupy(link, self.launch_us, self.args["emulated_s"])
+                hold(rec, (end - rec.now_us()) / 1e6, "wait", link=link)
+                self.completed_us = max(end, self.completed_us or 0.0)
             if self.launch_event is not None:  # the device's times come when the step ends
                 clock = self.comm.clock
                 clock.pending.append(Timed(self.args["group"], self.launch_event, self.work, clock.mark(), self.record))
@@ -107,19 +115,6 @@ class Handle:
         record(self.comm.recorder, self.name, self.cat, self.args, self.n, start, end, self.blocking)
 
 
-def record(rec: TraceRecorder, name: str, cat: str, args: dict[str, Any], n: int, start: float, end: float,
-           blocking: bool) -> None:
-    """An operation's record from its start to its completion (host clock, µs) with its bandwidth: a
-    complete span for a blocking call, an async begin/end pair for one that ran beside other work."""
-    algbw, busbw = bandwidth(args["op"], args["bytes"], (end - start) / 1e6, n)
-    args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
-    if blocking:
-        rec.complete(name, cat, "comm", start, end - start, args)
-        return
-    args["in_flight_us"] = round(end - start, 3)
-    rec.async_span(name, cat, "comm", start, end, args, rec.new_async_id())
-
-
 class Communicator:
     """Traced collectives over the process groups of one rank.
 
@@ -127,8 +122,10 @@ class Communicator:
     """
 
     def __init__(self, groups: ProcessGroups, recorder: TraceRecorder,
-                 memory: MemoryTracker | None = None, clock: DeviceClock | None = None) -> None:
+                 memory: MemoryTracker | None = None, clock: DeviceClock | None = None,
+                 network: EmulatedNetwork | None = None) -> None:
         self.groups = groups
+        self.network = network  # the emulated links, if any
         self.recorder = recorder
         self.memory = memory
         self.clock = clock  # CUDA: operations timed on the device
@@ -180,11 +177,14 @@ class Communicator:
             args["label"] = label
         rec = self.recorder
         self.flight.start(args)
+        if self.network is not None:
+            args.update(emulate(self.network, self.rank, args))
         if async_op or self.clock is not None:  # on CUDA even a blocking call is timed by the device
             event = self.clock.mark() if self.clock is not None else None
             launch = rec.now_us()
             with rec.span(f"launch {name}", cat, "comm", **{**args, "async": async_op}):
-                if args["op"] == "send":  # the flow to the matching receive starts inside the launch
+                if args["op"] == "send":  # held on the emulated link, then the flow to the receive starts
+                    hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
                     rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
                 try:
                     work = fn(True)
@@ -201,6 +201,7 @@ class Communicator:
             fn(False)
         except Exception as e:  # noqa: BLE001
             raise self.error(args, e) from e
+        hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
         self.flight.done(args)
         record(rec, name, cat, args, n, start, rec.now_us(), blocking=True)
         return None

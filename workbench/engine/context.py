@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
+from workbench.comm.emulated_link import EmulatedNetwork, parse_links
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
 from workbench.engine.restart import restart_count
@@ -67,7 +68,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
                             rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
-    groups = ProcessGroups.create(grid, rank, config.timeout_s)
+    groups = ProcessGroups.create(grid, rank, config.timeout_s,
+                                  ranks_per_node(config) if config.allreduce == "hierarchical" else 0)
     name = config.name or os.path.basename(os.path.abspath(run_dir))
     recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
     memory = MemoryTracker(recorder, device)
@@ -75,7 +77,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     if device.type == "cuda":  # communication on device time; every span an NVTX range for Nsight Systems
         clock = DeviceClock(recorder.now_us)
         recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
-    comm = Communicator(groups, recorder, memory, clock)
+    comm = Communicator(groups, recorder, memory, clock, emulated_network(config))
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()
@@ -85,6 +87,18 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
     return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
                        hosts=[w[1] for w in walls])
+
+
+def emulated_network(config: RunConfig) -> EmulatedNetwork | None:
+    """--emulate-link's machines (a teaching device): ranks_per_node ranks each, or the real machine's."""
+    if config.emulate_link is None:
+        return None
+    return EmulatedNetwork(parse_links(config.emulate_link), ranks_per_node(config))
+
+
+def ranks_per_node(config: RunConfig) -> int:
+    """The machines' size: ranks_per_node (emulated machines), or the real one (LOCAL_WORLD_SIZE)."""
+    return config.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", config.world_size))
 
 
 def attempt_store(config: RunConfig) -> dist.Store:

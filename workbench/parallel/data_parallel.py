@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from workbench.comm.hierarchical import hierarchical_all_reduce
 from workbench.comm.ring_allreduce import ring_all_reduce
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.flat import empty_flat, grads_as_views
@@ -152,6 +153,8 @@ class BucketedDataParallel(SyncToggle):
         label = f"bucket {bucket.index}"
         if self.algorithm == "ring":
             ring_all_reduce(self.comm, wire, "dp", label=label)
+        elif self.algorithm == "hierarchical":
+            hierarchical_all_reduce(self.comm, wire, label=label)
         else:
             bucket.handle = self.comm.all_reduce(wire, "dp", async_op=True, label=label)
 

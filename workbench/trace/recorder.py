@@ -33,7 +33,7 @@ MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "
 
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
-    "ring_step", "wait", "schedule", "checkpoint",
+    "ring_step", "wait", "schedule", "checkpoint", "emulated",
 )
 
 

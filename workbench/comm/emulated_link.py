@@ -1,0 +1,118 @@
+"""An emulated network — a teaching device, labelled as such wherever it shows.
+
+On one machine every link looks alike, so the brief's "data parallelism is bandwidth-sensitive,
+pipeline parallelism latency-sensitive" cannot be seen. `--emulate-link 'inter=BW_GBps,LATENCY_us;
+intra=BW_GBps,LATENCY_us'` (either part may be left out) gives the ranks emulated machines of
+`ranks_per_node` ranks each: a message between two machines crosses the `inter` link, one inside a
+machine the `intra` link. The traced communication layer holds each message for
+
+    latency + bytes / bandwidth
+
+on the sending side (the data and the results are untouched), and marks the held time as an `emulated`
+span. A point-to-point send is held before it is posted. A backend collective (whose messages gloo or
+NCCL send themselves) is held, on every rank, for the time its ring would take on the slowest link it
+crosses: 2(n−1) steps of S/n bytes for an all-reduce, n−1 for an all-gather or reduce-scatter, and a
+pipelined chain of n−1 hops for a broadcast; an asynchronous one holds the link from its launch (or from
+when the one before it on the link is done) for that long, and its wait() returns no earlier. Our own rings (comm/ring_allreduce.py, ring_primitives.py) hold each step's send on its own link.
+No torch here: the configuration validates a spec with `parse_links`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth_GBps: float
+    latency_us: float
+
+    def seconds(self, nbytes: float) -> float:
+        """latency + bytes / bandwidth."""
+        return self.latency_us * 1e-6 + nbytes / (self.bandwidth_GBps * 1e9)
+
+
+def parse_links(spec: str) -> dict[str, Link]:
+    """'inter=12.5,5;intra=100,1' → {'inter': Link(12.5, 5.0), 'intra': Link(100.0, 1.0)}; ValueError
+    naming the bad part and the expected form."""
+    form = "'inter=BW_GBps,LATENCY_us;intra=BW_GBps,LATENCY_us' (either part may be left out)"
+    links: dict[str, Link] = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, values = part.partition("=")
+        try:
+            bw, lat = (float(v) for v in values.split(","))
+        except ValueError:
+            raise ValueError(f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; the whole: {form}") from None
+        if name.strip() not in ("inter", "intra") or bw <= 0 or lat < 0:
+            raise ValueError(f"emulate_link part {part!r}: the links are 'inter' and 'intra', with bandwidth > 0 "
+                             f"and latency ≥ 0; the whole: {form}")
+        links[name.strip()] = Link(bw, lat)
+    if not links:
+        raise ValueError(f"emulate_link={spec!r} names no link; expected {form}")
+    return links
+
+
+#: ring steps of each collective over n ranks, and the fraction of its S bytes one step moves
+_RING = {"all_reduce": (lambda n: 2 * (n - 1), lambda n: 1 / n),
+         "reduce_scatter": (lambda n: n - 1, lambda n: 1 / n),
+         "all_gather": (lambda n: n - 1, lambda n: 1 / n),
+         "broadcast": (lambda n: n - 1, lambda n: 1.0)}
+
+
+@dataclass
+class EmulatedNetwork:
+    """Which emulated machine each rank is on, how long a message takes between two of them, and until
+    when this rank's side of each link is busy (asynchronous collectives queue on it one after another)."""
+
+    links: dict[str, Link]
+    ranks_per_node: int
+    busy_until_us: dict[str, float] = field(default_factory=dict)
+
+    def occupy(self, link: str, start_us: float, seconds: float) -> float:
+        """An asynchronous collective launched at `start_us`: it has the link once the ones before it are
+        done, for `seconds`; returns when it ends (µs)."""
+        start = max(start_us, self.busy_until_us.get(link, 0.0))
+        self.busy_until_us[link] = start + seconds * 1e6
+        return self.busy_until_us[link]
+
+    def node(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def link(self, ranks: list[int]) -> tuple[str, Link | None]:
+        """The slowest link a group of ranks' traffic crosses: 'inter' if they span machines."""
+        name = "inter" if len({self.node(r) for r in ranks}) > 1 else "intra"
+        return name, self.links.get(name)
+
+    def message_seconds(self, src: int, dst: int, nbytes: int) -> tuple[str, float]:
+        name, link = self.link([src, dst])
+        return name, link.seconds(nbytes) if link is not None else 0.0
+
+    def collective_seconds(self, op: str, nbytes: int, members: list[int]) -> tuple[str, float]:
+        name, link = self.link(members)
+        n = len(members)
+        if link is None or n == 1 or op not in _RING:
+            return name, 0.0
+        steps, share = _RING[op]
+        if op == "broadcast":  # a pipelined chain: n−1 latencies, the bytes once
+            return name, steps(n) * link.latency_us * 1e-6 + nbytes / (link.bandwidth_GBps * 1e9)
+        return name, steps(n) * link.seconds(nbytes * share(n))
+
+
+def hold(recorder: object, seconds: float, lane: str, **args: object) -> None:
+    """Hold the calling rank `seconds` inside an `emulated` span on `lane` (a TraceRecorder)."""
+    if seconds <= 0:
+        return
+    with recorder.span("emulated link", "emulated", lane, seconds=round(seconds, 6), **args):  # type: ignore[attr-defined]
+        time.sleep(seconds)
+
+
+def emulate(network: EmulatedNetwork, rank: int, args: dict) -> dict:
+    """The emulated time of one traced operation (its args: op, bytes, peer, group_ranks), as the keys
+    `emulated_s` and `emulated_link` to add to them; nothing for a receive (a message is held where it
+    is sent) or where no emulated link applies."""
+    if args["op"] == "recv":
+        return {}
+    link, seconds = (network.message_seconds(rank, args["peer"], args["bytes"]) if args["op"] == "send"
+                     else network.collective_seconds(args["op"], args["bytes"], args["group_ranks"]))
+    return {"emulated_s": round(seconds, 9), "emulated_link": link} if seconds > 0 else {}
