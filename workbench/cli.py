@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from workbench.config_rules import OPTIMIZERS
 from workbench.config import (
     ALLREDUCE,
     BACKENDS,
@@ -65,6 +66,10 @@ def _add_communication(run: argparse.ArgumentParser, d: RunConfig) -> None:
     run.add_argument("--emulate-link", default=None,
                      help="a teaching device: hold messages as if sent over 'inter=BW_GBps,LATENCY_us;"
                           "intra=BW_GBps,LATENCY_us' links between emulated machines")
+    run.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS,
+                     help="onebit-adam: AdamW for --onebit-warmup-steps, then frozen variance and the momentum "
+                          "all-reduced as signs with error feedback (1/32 of the bytes)")
+    run.add_argument("--onebit-warmup-steps", type=int, default=d.onebit_warmup_steps)
     run.add_argument("--dp-impl", default=d.dp_impl, choices=DP_IMPLS)
     run.add_argument("--bucket-mb", type=float, default=d.bucket_mb)
     run.add_argument("--grad-compression", default=d.grad_compression, choices=("none", "bf16", "fp16"),
@@ -148,7 +153,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         global_batch=a.global_batch,
         steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
         grad_clip=a.grad_clip or None, backend=a.backend,
-        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl, bucket_mb=a.bucket_mb, grad_compression=a.grad_compression,
+        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
+        bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
+        onebit_warmup_steps=a.onebit_warmup_steps,
         trace=not a.no_trace,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.model_config import PRESETS as PRESETS
+from workbench.config_rules import check_communication, check_elastic, check_optimizer
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
 
@@ -73,6 +74,10 @@ class RunConfig:
     #: machines of ranks_per_node ranks (0: LOCAL_WORLD_SIZE, the real machine); comm/emulated_link.py
     emulate_link: str | None = None
     ranks_per_node: int = 0
+    #: 'adamw', or 'onebit-adam' (1-bit Adam: AdamW for onebit_warmup_steps, then frozen variance and a
+    #: momentum all-reduced in signs with error feedback; parallel/onebit_adam.py)
+    optimizer: str = "adamw"
+    onebit_warmup_steps: int = 5
     #: ZeRO-3: gather the next layer's parameters while the current one computes
     prefetch: bool = True
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
@@ -170,11 +175,9 @@ class RunConfig:
         for name in ("checkpoint_every", "keep_checkpoints", "max_restarts", "loss_spike_factor"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 turns it off)")
-        if self.elastic and (self.checkpoint_every < 1 or self.max_restarts < 1):
-            raise ConfigError(f"elastic=True needs checkpoint_every ≥ 1 (got {self.checkpoint_every}) and max_restarts ≥ 1 "
-                              f"(got {self.max_restarts}): a group re-formed after a machine left resumes from the "
-                              f"newest checkpoint, and the leaving counts as one of torchrun's restarts")
-        self._validate_links()
+        check_communication(self)
+        check_optimizer(self)
+        check_elastic(self)
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -187,26 +190,6 @@ class RunConfig:
         if self.allreduce != "backend" and self.dp_impl == "naive":
             raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
         return self
-
-    def _validate_links(self) -> None:
-        if self.ranks_per_node < 0 or (self.ranks_per_node and self.world_size % self.ranks_per_node):
-            valid = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-            raise ConfigError(f"ranks_per_node={self.ranks_per_node}: the emulated machines must split the "
-                              f"{self.world_size} ranks evenly; valid: {valid} (0: the real machine's)")
-        if self.allreduce == "hierarchical" and self.ranks_per_node:
-            from workbench.grid import RankGrid, node_groups
-
-            try:
-                node_groups(RankGrid(dp=self.dp, tp=self.tp, pp=self.pp), self.ranks_per_node)
-            except ValueError as e:
-                raise ConfigError(f"allreduce='hierarchical' with ranks_per_node={self.ranks_per_node}: {e}") from None
-        if self.emulate_link is not None:
-            from workbench.comm.emulated_link import parse_links
-
-            try:
-                parse_links(self.emulate_link)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp

@@ -5,6 +5,7 @@ For an operation on a buffer of S bytes over n ranks, a ring algorithm makes eac
     all_reduce              2(n−1)/n · S     (a reduce-scatter, then an all-gather)
     all_gather              (n−1)/n · S      (S is the gathered output)
     reduce_scatter          (n−1)/n · S      (S is the input)
+    all_to_all              (n−1)/n · S      (S is the input: its n blocks go one to each rank)
     broadcast, send         S
     recv                    nothing (the matching send counts it)
 
@@ -21,12 +22,12 @@ def bus_factor(op: str, n: int) -> float:
     """Bytes each rank sends per byte of the operation's buffer (nccl-tests' bus-bandwidth factor)."""
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     if op in ("broadcast", "send", "recv"):
         return 1.0
     raise ValueError(f"op={op!r}: no bus-bandwidth factor; valid ops: all_reduce, all_gather, "
-                     f"reduce_scatter, broadcast, send, recv")
+                     f"reduce_scatter, all_to_all, broadcast, send, recv")
 
 
 def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
@@ -40,7 +41,7 @@ def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, floa
 def bytes_sent(args: dict[str, Any]) -> float:
     """Bytes this rank sends for one recorded operation (its trace args: op, bytes, group_ranks)."""
     op = args.get("op")
-    if op == "recv" or op not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send"):
+    if op == "recv" or op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send"):
         return 0.0
     return float(args.get("bytes", 0)) * bus_factor(op, len(args.get("group_ranks", ())) or 1)
 

@@ -57,6 +57,7 @@ def parse_links(spec: str) -> dict[str, Link]:
 _RING = {"all_reduce": (lambda n: 2 * (n - 1), lambda n: 1 / n),
          "reduce_scatter": (lambda n: n - 1, lambda n: 1 / n),
          "all_gather": (lambda n: n - 1, lambda n: 1 / n),
+         "all_to_all": (lambda n: n - 1, lambda n: 1 / n),
          "broadcast": (lambda n: n - 1, lambda n: 1.0)}
 
 

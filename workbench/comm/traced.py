@@ -241,6 +241,14 @@ class Communicator:
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         return self._run(args, lambda a: _all_gather(out, inp, group=pg, async_op=a), async_op, n, label)
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp", label: str | None = None,
+                   meta: dict[str, Any] | None = None) -> None:
+        """Block r of every rank's `input` (n equal blocks) goes to rank r: `output` holds them in rank order."""
+        args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
+        pg = self.groups.groups[group]
+        fn = lambda a: dist.all_to_all_single(output.view(-1), input.reshape(-1), group=pg, async_op=a)  # noqa: E731
+        self._run(args, fn, False, self.size(group), label)
+
     def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,
                   label: str | None = None) -> Handle | None:
         """Copy `tensor` from global rank `src` to every member of `group`."""

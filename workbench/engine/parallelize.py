@@ -33,6 +33,7 @@ from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataPara
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
 from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
 from workbench.parallel.tp_communications import TPContext
+from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
 from workbench.parallel.zero import ZeroDataParallel
 from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
@@ -146,6 +147,8 @@ def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync:
     if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
         return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, cfg.weight_decay,
                                      cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm, ctx.memory)
+    if cfg.optimizer == "onebit-adam":  # AdamW during the warm-up, then compressed momentum
+        return OneBitAdamUpdater(params, ctx.comm, cfg.lr, cfg.weight_decay, cfg.onebit_warmup_steps, grad_sync)
     return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm)
 
 

@@ -125,6 +125,8 @@ class BucketedDataParallel(SyncToggle):
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
             self.buckets.append(bucket)
         self._next_launch = 0
+        #: gradients stay on each rank (1-bit Adam after its warm-up reduces the momentum instead)
+        self.local_only = False
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
         accumulate_main_grad(p)  # a 16-bit gradient goes into its fp32 main_grad (no-op otherwise)
@@ -143,6 +145,8 @@ class BucketedDataParallel(SyncToggle):
 
     def _launch(self, bucket: Bucket) -> None:
         bucket.launched = True
+        if self.local_only:
+            return
         wire = bucket.buffer
         if self.compression is not None and self.n > 1:  # cast, then divide in 16 bits (DDP's hooks)
             wire = bucket.wire = bucket.buffer.to(self.compression)
