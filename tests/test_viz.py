@@ -5,7 +5,8 @@ import sys
 
 from workbench import viz
 from workbench.analysis.collectives import bandwidth_by_size, collectives
-from workbench.viz.ring import replay
+from workbench.launcher import ring_demo
+from workbench.viz.ring import SENT, replay, ring_collectives
 
 
 def test_charts_build_from_a_run(launched):
@@ -34,6 +35,30 @@ def test_ring_replay_ends_with_every_chunk_complete_on_every_rank(launched):
     after_rs = states[3]
     assert sorted(max(len(c) for c in row) for row in after_rs) == [4, 4, 4, 4]
     assert all(len(chunk) == 4 for row in states[-1] for chunk in row)
+
+
+def test_every_ring_collective_replays_to_its_result(tmp_path):
+    """The four rings of engine/ring_demo.py (each checked there against the backend's collective),
+    replayed from their spans: all-reduce leaves every chunk summed on every rank, reduce-scatter
+    chunk i summed on rank i, all-gather and broadcast every chunk everywhere; and the bytes the
+    busiest rank sent equal the formula."""
+    run = ring_demo(3, 2, out=str(tmp_path / "ring"))
+    table = ring_collectives(run)
+    assert list(table.op) == ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+    ev = run.events
+    for row in table.itertuples():
+        steps = ev[(ev.cat == "ring_step") & (ev.seq == row.seq)]
+        last = replay(steps, 3, row.op, source=0)[-1]
+        full = {0, 1, 2}
+        if row.op == "reduce_scatter":
+            assert all(last[r][r] == full for r in range(3))
+        elif row.op == "all_reduce":
+            assert all(c == full for rank in last for c in rank)
+        else:
+            assert all(c for rank in last for c in rank)
+        sent = steps.groupby("rank").bytes.sum().max()
+        assert sent == SENT[row.op](3) * row.bytes, (row.op, sent, row.bytes)
+        assert f"{int(sent)} B each (formula)" in viz.ring_steps(run, op=row.op).layout.sliders[0].steps[-1].args[1]["title"]
 
 
 def test_loading_and_charting_does_not_import_torch_distributed(launched):

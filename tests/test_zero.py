@@ -23,7 +23,8 @@ def single(launched):
     {"dp": 2, "zero": 3},
     {"dp": 4, "zero": 3},
     {"dp": 2, "zero": 3, "prefetch": False},
-], ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch"])
+    {"dp": 2, "zero": 1, "allreduce": "ring", "bucket_mb": 0.03},
+], ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch", "zero1-ring"])
 def test_zero_matches_single_process(launched, single, config):
     run = launched(**config)
     assert_same_training(run, single)
@@ -75,7 +76,7 @@ def test_zero1_beside_pipeline_parallelism(launched):
     ({"dp": 2, "zero": 2, "tp": 2}, "zero=2 with tp=2 is not supported"),
     ({"dp": 2, "zero": 3, "microbatches": 2}, "zero=3 with microbatches"),
     ({"offload_optimizer": True}, "needs ZeRO"),
-    ({"dp": 2, "zero": 1, "allreduce": "ring"}, "brings its own"),
+    ({"dp": 2, "zero": 2, "allreduce": "ring"}, "brings its own"),
 ])
 def test_unsupported_combinations_fail_before_launch(change, message):
     with pytest.raises(ConfigError, match=message):

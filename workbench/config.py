@@ -247,9 +247,10 @@ class RunConfig:
         if self.zero >= 2 and self.pp > 1:
             raise ConfigError(f"zero={self.zero} with pp={self.pp} is not supported (gradients would be partitioned "
                               f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
-        if self.zero and (self.dp_impl == "naive" or self.allreduce != "backend"):
+        if self.zero and (self.dp_impl == "naive" or self.allreduce not in ("backend", "ring")
+                          or self.allreduce == "ring" and self.zero != 1):
             raise ConfigError("ZeRO brings its own reduce-scatter and all-gather: use dp_impl='bucketed' and "
-                              "allreduce='backend'")
+                              "allreduce='backend' (or 'ring' with zero=1: our send/recv rings for both)")
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

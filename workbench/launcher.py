@@ -12,6 +12,7 @@ No torch is imported here: launching costs the notebook nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -92,7 +93,8 @@ def default_run_dir(config: RunConfig) -> str:
     return os.path.join("traces", name)
 
 
-def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes()) -> list[str]:
+def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes(),
+                     module: str = "workbench.engine.worker") -> list[str]:
     """torchrun's command line; an elastic one (nnodes MIN:MAX) sizes each machine for MAX of them."""
     from workbench.config import ConfigError
 
@@ -109,7 +111,7 @@ def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes()) ->
         cmd += ["--nnodes", str(nodes.nnodes), "--nproc-per-node", str(config.world_size // high),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", nodes.rdzv_endpoint, "--rdzv-id", nodes.rdzv_id]
         cmd += ["--rdzv-conf", ELASTIC_RDZV_CONF] if nodes.elastic else ["--node-rank", str(nodes.node_rank)]
-    cmd += ["--max-restarts", str(config.max_restarts), "-m", "workbench.engine.worker", "--run-dir", run_dir]
+    cmd += ["--max-restarts", str(config.max_restarts), "-m", module, "--run-dir", run_dir]
     return cmd
 
 
@@ -150,9 +152,6 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
         with open(os.path.join(run_dir, "request.json"), "w") as f:
             f.write(config.to_json())
     env = rank_env()
-    # Make the package importable by the ranks even when it is used from a source checkout.
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     log_path = os.path.join(run_dir, "launcher.log")
     cmd = torchrun_command(config, run_dir, nodes)
     with open(log_path, "w") as log:
@@ -169,9 +168,31 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
 def rank_env() -> dict[str, str]:
     """The environment torchrun and the ranks get: one thread per rank, and every rendezvous round with a
     store of its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: rank 0 of each group hosts it), so that no rank
-    reads what a dead rank of an earlier round left there."""
+    reads what a dead rank of an earlier round left there. The package is importable by the ranks even
+    when it is used from a source checkout."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
+
+
+def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None) -> Run:
+    """Our four ring collectives once each over `ranks` processes on `numel`·ranks values, traced
+    (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them."""
+    config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo").validate()
+    run_dir = os.path.abspath(out or default_run_dir(config))
+    _prepare_dir(run_dir)
+    with open(os.path.join(run_dir, "request.json"), "w") as f:
+        f.write(config.to_json())
+    with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
+        json.dump({"numel": numel}, f)
+    log_path = os.path.join(run_dir, "launcher.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                                stdout=log, stderr=subprocess.STDOUT, env=rank_env())
+        if proc.wait() != 0:
+            raise _failure(run_dir, proc.returncode, log_path)
+    return load(run_dir)
 
 
 def _follow(proc: subprocess.Popen, run_dir: str, steps: int, progress: bool) -> int:

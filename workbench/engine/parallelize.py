@@ -123,7 +123,7 @@ def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: T
     if cfg.zero == 3:
         dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch)
     elif cfg.zero in (1, 2):
-        dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb)
+        dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, ring=cfg.allreduce == "ring")
     elif cfg.dp_impl == "naive":
         dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg))
     else:

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
 
+from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.formulas import ZERO_IN_FLIGHT as MAX_IN_FLIGHT
 from workbench.parallel.data_parallel import plan_buckets
@@ -58,9 +60,13 @@ class ZeroDataParallel(SyncToggle):
     """Stages 1 and 2 as a gradient synchroniser; stage 2 reduces after every backward, so `no_sync()`
     changes nothing (and stage 1 reduces once, in `wait()`)."""
 
-    def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float) -> None:
-        assert stage in (1, 2)
+    def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float,
+                 ring: bool = False) -> None:
+        assert stage in (1, 2) and not (ring and stage == 2)
         self.comm, self.stage = comm, stage
+        # stage 1 with ring=True: our send/recv rings (comm/ring_primitives.py) instead of the backend's
+        self.reduce_scatter = partial(ring_reduce_scatter, comm) if ring else comm.reduce_scatter
+        self.all_gather = partial(ring_all_gather, comm) if ring else comm.all_gather
         self.n, self.r = comm.size("dp"), comm.groups.index("dp")
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()
@@ -132,7 +138,7 @@ class ZeroDataParallel(SyncToggle):
         for bucket in self.buckets:
             if self.stage == 1:
                 bucket.grad.div_(self.n)
-                self.comm.reduce_scatter(bucket.shard.grad, bucket.grad, "dp", label=f"zero1 bucket {bucket.index}")
+                self.reduce_scatter(bucket.shard.grad, bucket.grad, "dp", label=f"zero1 bucket {bucket.index}")
             else:
                 if bucket.ready:
                     raise RuntimeError(f"zero2 bucket {bucket.index}: {bucket.ready}/{len(bucket.params)} gradients "
@@ -142,7 +148,7 @@ class ZeroDataParallel(SyncToggle):
     def gather_params(self) -> None:
         """After the update: all-gather every bucket's slices into the full parameters."""
         for b in self.buckets:
-            self.comm.all_gather(b.flat, b.shard.data, "dp", label=f"zero params bucket {b.index}")
+            self.all_gather(b.flat, b.shard.data, "dp", label=f"zero params bucket {b.index}")
 
     def zero_grad(self) -> None:
         for b in self.buckets:
