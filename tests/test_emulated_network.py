@@ -63,3 +63,25 @@ def test_dp_is_bandwidth_bound_and_pp_latency_bound(launched):
     assert added["dp"]["bandwidth"] > 3 * added["pp"]["bandwidth"], added
     assert added["pp"]["latency"] > 2 * added["dp"]["latency"], added
     assert added["dp"]["bandwidth"] > added["dp"]["latency"] and added["pp"]["latency"] > added["pp"]["bandwidth"], added
+
+
+def test_the_estimator_knows_how_gradients_travel():
+    """Compression halves the dp bytes, 1-bit Adam sends ~1/32 after its warm-up, and the hierarchical
+    all-reduce moves 1/K of the flat ring's bytes across machines; emulated links slow the hardware."""
+    from workbench.estimate import A100_80GB, estimate, with_emulated_links
+
+    base = RunConfig(dp=4, ranks_per_node=2)
+    plain = estimate(base).comm_bytes_per_step["dp"]
+    assert estimate(base.replace(grad_compression="bf16")).comm_bytes_per_step["dp"] == pytest.approx(plain / 2)
+    onebit = estimate(base.replace(optimizer="onebit-adam"))
+    assert onebit.dp_bytes_warmup == pytest.approx(plain)
+    assert onebit.comm_bytes_per_step["dp"] == pytest.approx(plain / 32, rel=0.05)
+    flat, hier = estimate(base.replace(allreduce="ring")), estimate(base.replace(allreduce="hierarchical"))
+    assert flat.dp_link_bytes["inter"] == pytest.approx(plain)
+    s = plain / 1.5  # the all-reduce's S: plain = 2(n−1)/n · S with n = 4
+    assert hier.dp_link_bytes == pytest.approx({"intra": s, "inter": s / 2})  # K = 2 ranks, m = 2 machines
+    slow = with_emulated_links(A100_80GB, base.replace(emulate_link="inter=0.001,100"))
+    assert slow.inter_node_bw < 1e6 and slow.latency_s > 1e-4 and slow.devices_per_node == 2
+    t_flat = estimate(base.replace(allreduce="ring", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
+    t_hier = estimate(base.replace(allreduce="hierarchical", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
+    assert t_flat > 1.5 * t_hier

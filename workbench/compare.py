@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 
 from workbench import formulas
 from workbench.config import RunConfig
-from workbench.estimate import Hardware, estimate
+from workbench.estimate import Hardware, estimate, with_emulated_links
 from workbench.launcher import launch
 from workbench.run import Run
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
@@ -104,7 +104,8 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
     step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
     tokens = c.global_batch * c.model_config.seq_len
     flops = formulas.training_flops_per_token(c.model_config.param_count(), c.model_config) * tokens
-    est = estimate(c, hardware=hw, backend_copies=run.config.get("backend") == "gloo")
+    est = estimate(c, hardware=with_emulated_links(hw, c) if hw else None,
+                   backend_copies=run.config.get("backend") == "gloo")
     measured_mem = r0["peak_total_bytes"]  # the simultaneous peak of every category: what the rank pays
     row = {"strategy": name, "world_size": c.world_size, "step_time_s": step, "tokens_per_s": tokens / step,
            "achieved_flops": flops / step,

@@ -72,9 +72,62 @@ class Estimate:
     fits: bool | None = None
     hardware: str | None = None
     microbatches: int = 1
+    #: the dp all-reduce's bytes each rank sends per link class ('intra', 'inter': formulas.dp_link_bytes)
+    dp_link_bytes: dict[str, float] = field(default_factory=dict)
+    #: 1-bit Adam: the dp bytes of a warm-up step (comm_bytes_per_step['dp'] is the compressed steady state)
+    dp_bytes_warmup: float | None = None
+    ranks_per_node: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
+    """The hardware as a run with --emulate-link sees it: each emulated link's time adds to the real one
+    (1/bw' = 1/bw + 1/bw_link; latency' = latency + the slowest link's), machines of ranks_per_node ranks."""
+    if config.emulate_link is None:
+        return hw
+    from dataclasses import replace
+
+    from workbench.comm.emulated_link import parse_links
+
+    links = parse_links(config.emulate_link)
+
+    def bw(real: float, name: str) -> float:
+        return real if name not in links else 1 / (1 / real + 1 / (links[name].bandwidth_GBps * 1e9))
+
+    slowest = max((link.latency_us for link in links.values()), default=0.0)
+    return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}", intra_node_bw=bw(hw.intra_node_bw, "intra"),
+                   inter_node_bw=bw(hw.inter_node_bw, "inter"), latency_s=hw.latency_s + slowest * 1e-6,
+                   devices_per_node=config.ranks_per_node or hw.devices_per_node)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """How the data-parallel gradients travel: 16-bit compression of the buckets, 1-bit Adam's compressed
+    momentum after its warm-up, the hierarchical all-reduce, and the machines' size (ranks per node; 0:
+    the hardware's devices per node)."""
+
+    grad_compression: str = "none"
+    optimizer: str = "adamw"
+    allreduce: str = "backend"
+    ranks_per_node: int = 0
+
+    @classmethod
+    def of(cls, c: RunConfig) -> Traffic:
+        return cls(c.grad_compression, c.optimizer, c.allreduce, c.ranks_per_node)
+
+    def apply(self, out: Estimate, local: float, grad_bytes: int) -> None:
+        """Set out's dp bytes per step (and per link class, and 1-bit Adam's warm-up bytes)."""
+        wire = 2 if self.grad_compression != "none" else grad_bytes
+        dp_bytes = formulas.dp_bytes_per_step(local, out.dp, out.zero, grad_bytes=wire)
+        out.ranks_per_node = self.ranks_per_node
+        if self.optimizer == "onebit-adam":
+            out.dp_bytes_warmup, dp_bytes = dp_bytes, formulas.onebit_bytes_per_step(local, out.dp)
+        out.comm_bytes_per_step["dp"] = dp_bytes
+        if self.ranks_per_node and out.zero == 0 and self.optimizer != "onebit-adam":
+            out.dp_link_bytes = formulas.dp_link_bytes(local * wire, out.dp, self.ranks_per_node,
+                                                       self.allreduce == "hierarchical")
 
 
 def _width(precision: str) -> int:
@@ -99,16 +152,17 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
-             backend_copies: bool = False, grad_bytes: int | None = None) -> Estimate:
+             backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
-    unless its grad_reduce_dtype says 16 bits)."""
+    unless its grad_reduce_dtype says 16 bits). `traffic`: how gradients travel (compression, 1-bit Adam,
+    hierarchical all-reduce, machines' size)."""
     if config is not None:
         model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
         precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
-        bucket_mb, prefetch = config.bucket_mb, config.prefetch
+        bucket_mb, prefetch, traffic = config.bucket_mb, config.prefetch, Traffic.of(config)
         grad_bytes = 4 if config.grad_reduce_dtype == "fp32" else 2
     if params is None:
         if model is None:
@@ -120,7 +174,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes)
     out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches)
     g = grad_bytes or w
-    out.comm_bytes_per_step["dp"] = formulas.dp_bytes_per_step(local, dp, zero, grad_bytes=g)
+    (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
         return _timed(out, hardware, None)
     micro = global_batch // dp // microbatches
@@ -181,12 +235,13 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Est
     world = out.dp * out.tp * out.pp
     share = max(1.0, world / hw.cores) if hw.cores else 1.0  # oversubscribed CPU cores
     compute = out.flops_per_step / world / (hw.peak_flops * hw.efficiency) * share
-    intra = out.tp * out.dp <= hw.devices_per_node  # does the dp group stay inside a node?
+    intra = out.tp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
     m = out.microbatches
     tp_s = out.comm_bytes_per_step.get("tp", 0.0) / hw.intra_node_bw + \
         collectives_per_step(out, model)["tp"] * hw.latency_s
-    dp_s = out.comm_bytes_per_step.get("dp", 0.0) / (hw.intra_node_bw if intra else hw.inter_node_bw) + \
-        collectives_per_step(out, model)["dp"] * hw.latency_s
+    dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + (
+        out.dp_link_bytes["intra"] / hw.intra_node_bw + out.dp_link_bytes["inter"] / hw.inter_node_bw
+        if out.dp_link_bytes else out.comm_bytes_per_step.get("dp", 0.0) / (hw.intra_node_bw if intra else hw.inter_node_bw))
     pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
     out.compute_s = compute
     out.comm_s = tp_s + dp_s + pp_s

@@ -21,7 +21,8 @@ from workbench.formulas.activations import (
     recompute_activation_bytes,
     stage_activation_bytes,
 )
-from workbench.formulas.comm import bubble_fraction, dp_bytes_per_step, tp_comm_bytes_per_step, training_flops_per_token
+from workbench.formulas.comm import (bubble_fraction, dp_bytes_per_step, dp_link_bytes, onebit_bytes_per_step,
+                                     tp_comm_bytes_per_step, training_flops_per_token)
 from workbench.formulas.faults import checkpoint_overhead, young_daly_interval
 from workbench.formulas.memory import (
     STATE_BYTES,
@@ -35,7 +36,8 @@ from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, run_mo
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
-    "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "embedding_activation_bytes",
+    "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "dp_link_bytes",
+    "onebit_bytes_per_step", "embedding_activation_bytes",
     "head_activation_bytes",
     "korthikanti_activation_bytes_per_layer", "model_state_bytes", "params_per_rank", "predicted_bytes",
     "predicted_comm_bytes", "recompute_activation_bytes", "run_model", "run_schedule", "stage_activation_bytes",

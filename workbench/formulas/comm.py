@@ -54,3 +54,26 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
 
 
 # ---- a run's predictions, from its resolved config (what summary.json puts beside the measurement) ----
+
+
+def onebit_bytes_per_step(params: float, dp: int) -> float:
+    """1-bit Adam after its warm-up: the momentum's signs (Ψ/8 bytes) and n fp32 scales, in an all-to-all
+    and an all-gather: 2(n−1)/n · (Ψ/8 + 4n) bytes each rank sends — 1/32 of the fp32 all-reduce, plus
+    the scales."""
+    return 2 * (dp - 1) / dp * (params / 8 + 4 * dp) if dp > 1 else 0.0
+
+
+def dp_link_bytes(nbytes: float, dp: int, ranks_per_node: int, hierarchical: bool) -> dict[str, float]:
+    """Bytes each rank sends per link class for an all-reduce of `nbytes` over dp ranks packed on machines
+    of `ranks_per_node` (K) — m = dp/K machines. A flat ring that spans machines waits, at every one of
+    its steps, on the pair that crosses: all its 2(n−1)/n · S go at the inter-machine pace. Hierarchical:
+    2(K−1)/K · S inside the machine (reduce-scatter + all-gather), 2(m−1)/m · S/K across it."""
+    k = min(ranks_per_node, dp) if ranks_per_node > 0 else dp
+    m = max(dp // k, 1)
+    if dp <= 1:
+        return {"intra": 0.0, "inter": 0.0}
+    if m == 1:
+        return {"intra": 2 * (dp - 1) / dp * nbytes, "inter": 0.0}
+    if not hierarchical:
+        return {"intra": 0.0, "inter": 2 * (dp - 1) / dp * nbytes}
+    return {"intra": 2 * (k - 1) / k * nbytes, "inter": 2 * (m - 1) / m * nbytes / k}
