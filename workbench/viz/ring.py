@@ -35,7 +35,7 @@ def ring_collectives(run: Run) -> pd.DataFrame:
     out = first[["step", "group", "seq", "op", "bytes"]].merge(counts.reset_index(), on=["step", "group", "seq"])
     out["ranks"] = [ops[(ops.step == r.step) & (ops.group == r.group) & (ops.seq == r.seq)]["rank"].nunique()
                     for r in out.itertuples()]
-    return out[cols].reset_index(drop=True)
+    return out[cols].astype({"step": int, "seq": int, "bytes": int}).reset_index(drop=True)
 
 
 def ring_all_reduces(run: Run) -> pd.DataFrame:
