@@ -70,7 +70,8 @@ def _wait_for(what: str, predicate, agents: list[subprocess.Popen], timeout_s: f
         if time.monotonic() > end or any(a.poll() is not None for a in agents):
             for a in agents:
                 a.kill()
-            raise AssertionError(f"waited for {what}: " + " | ".join((a.communicate()[0] or "")[-1500:] for a in agents))
+            logs = " | ".join((a.communicate()[0] or "")[-1500:] for a in agents)
+            raise AssertionError(f"waited for {what}: {logs}")
         time.sleep(0.1)
 
 

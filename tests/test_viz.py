@@ -58,7 +58,8 @@ def test_every_ring_collective_replays_to_its_result(tmp_path):
             assert all(c for rank in last for c in rank)
         sent = steps.groupby("rank").bytes.sum().max()
         assert sent == SENT[row.op](3) * row.bytes, (row.op, sent, row.bytes)
-        assert f"{int(sent)} B each (formula)" in viz.ring_steps(run, op=row.op).layout.sliders[0].steps[-1].args[1]["title"]
+        last = viz.ring_steps(run, op=row.op).layout.sliders[0].steps[-1]
+        assert f"{int(sent)} B each (formula)" in last.args[1]["title"]
 
 
 def test_loading_and_charting_does_not_import_torch_distributed(launched):

@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 
-from workbench.config_rules import OPTIMIZERS
 from workbench.config import (
     ALLREDUCE,
     BACKENDS,
@@ -28,6 +27,7 @@ from workbench.config import (
     ConfigError,
     RunConfig,
 )
+from workbench.config_rules import OPTIMIZERS
 
 
 def _model(value: str) -> str | dict:

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.model_config import PRESETS as PRESETS
 from workbench.config_rules import check_communication, check_elastic, check_optimizer
+from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
 

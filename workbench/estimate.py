@@ -97,8 +97,9 @@ def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
         return real if name not in links else 1 / (1 / real + 1 / (links[name].bandwidth_GBps * 1e9))
 
     slowest = max((link.latency_us for link in links.values()), default=0.0)
-    return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}", intra_node_bw=bw(hw.intra_node_bw, "intra"),
-                   inter_node_bw=bw(hw.inter_node_bw, "inter"), latency_s=hw.latency_s + slowest * 1e-6,
+    return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}",
+                   intra_node_bw=bw(hw.intra_node_bw, "intra"), inter_node_bw=bw(hw.inter_node_bw, "inter"),
+                   latency_s=hw.latency_s + slowest * 1e-6,
                    devices_per_node=config.ranks_per_node or hw.devices_per_node)
 
 
@@ -239,9 +240,9 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Est
     m = out.microbatches
     tp_s = out.comm_bytes_per_step.get("tp", 0.0) / hw.intra_node_bw + \
         collectives_per_step(out, model)["tp"] * hw.latency_s
-    dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + (
-        out.dp_link_bytes["intra"] / hw.intra_node_bw + out.dp_link_bytes["inter"] / hw.inter_node_bw
-        if out.dp_link_bytes else out.comm_bytes_per_step.get("dp", 0.0) / (hw.intra_node_bw if intra else hw.inter_node_bw))
+    links = out.dp_link_bytes or {"intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)}
+    dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + \
+        links.get("intra", 0.0) / hw.intra_node_bw + links.get("inter", 0.0) / hw.inter_node_bw
     pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
     out.compute_s = compute
     out.comm_s = tp_s + dp_s + pp_s

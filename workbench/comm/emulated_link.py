@@ -13,7 +13,8 @@ span. A point-to-point send is held before it is posted. A backend collective (w
 NCCL send themselves) is held, on every rank, for the time its ring would take on the slowest link it
 crosses: 2(n−1) steps of S/n bytes for an all-reduce, n−1 for an all-gather or reduce-scatter, and a
 pipelined chain of n−1 hops for a broadcast; an asynchronous one holds the link from its launch (or from
-when the one before it on the link is done) for that long, and its wait() returns no earlier. Our own rings (comm/ring_allreduce.py, ring_primitives.py) hold each step's send on its own link.
+when the one before it on the link is done) for that long, and its wait() returns no earlier. Our own
+rings (comm/ring_allreduce.py, ring_primitives.py) hold each step's send on its own link.
 No torch here: the configuration validates a spec with `parse_links`.
 """
 
@@ -43,7 +44,8 @@ def parse_links(spec: str) -> dict[str, Link]:
         try:
             bw, lat = (float(v) for v in values.split(","))
         except ValueError:
-            raise ValueError(f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; the whole: {form}") from None
+            raise ValueError(f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; "
+                             f"the whole: {form}") from None
         if name.strip() not in ("inter", "intra") or bw <= 0 or lat < 0:
             raise ValueError(f"emulate_link part {part!r}: the links are 'inter' and 'intra', with bandwidth > 0 "
                              f"and latency ≥ 0; the whole: {form}")

@@ -31,9 +31,9 @@ from workbench.engine.model import GPT
 from workbench.engine.recompute import Recompute, apply_recompute
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
+from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
 from workbench.parallel.tp_communications import TPContext
-from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
 from workbench.parallel.zero import ZeroDataParallel
 from workbench.parallel.zero3 import Zero3DataParallel, gpt_units

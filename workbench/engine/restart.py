@@ -39,7 +39,6 @@ from workbench.checkpoint_files import checkpoint_root, copy_metrics_before, lat
 from workbench.config import RunConfig
 from workbench.trace.merge import load_traces, merge_attempts, recover_partials
 
-
 #: what one attempt's ranks leave in the run directory
 RANK_FILES = ("trace_rank*.json", "trace_rank*.partial.jsonl", "error_rank*.json", "memory_profile_rank*.json")
 

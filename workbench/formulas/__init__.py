@@ -21,8 +21,14 @@ from workbench.formulas.activations import (
     recompute_activation_bytes,
     stage_activation_bytes,
 )
-from workbench.formulas.comm import (bubble_fraction, dp_bytes_per_step, dp_link_bytes, onebit_bytes_per_step,
-                                     tp_comm_bytes_per_step, training_flops_per_token)
+from workbench.formulas.comm import (
+    bubble_fraction,
+    dp_bytes_per_step,
+    dp_link_bytes,
+    onebit_bytes_per_step,
+    tp_comm_bytes_per_step,
+    training_flops_per_token,
+)
 from workbench.formulas.faults import checkpoint_overhead, young_daly_interval
 from workbench.formulas.memory import (
     STATE_BYTES,
