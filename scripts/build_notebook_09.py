@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 import workbench as wb
 from workbench import viz
 from workbench.comm.bandwidth import bytes_sent
-from workbench.estimate import estimate, with_emulated_links
+from workbench.estimator import estimate, with_emulated_links
 from workbench.launcher import ring_demo
 from workbench.viz.ring import ring_collectives
 

@@ -11,7 +11,7 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
 #: packages that sit below the engine: they may not import it (nor anything above it)
 LOWER = ("workbench.comm", "workbench.parallel", "workbench.pipeline", "workbench.measure", "workbench.trace")
 ABOVE_ENGINE = ("workbench.engine", "workbench.analysis", "workbench.viz", "workbench.launcher", "workbench.run",
-                "workbench.compare", "workbench.cli")
+                "workbench.comparison", "workbench.cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -86,3 +86,13 @@ def test_no_import_cycle():
     for name in sorted(graph):
         cycle = cycle_from(name, [])
         assert cycle is None, " → ".join(cycle)
+
+
+def test_no_public_function_shares_its_name_with_a_submodule():
+    """`import workbench.<name>` sets the package's attribute to the submodule: a function of that name
+    (wb.compare, wb.estimate ...) would then be "module object is not callable"."""
+    import workbench
+
+    modules = {p.stem for p in ROOT.glob("*.py")} | {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    clashes = [name for name in workbench.__all__ if name in modules]
+    assert not clashes, clashes

@@ -3,8 +3,8 @@
 import pytest
 
 import workbench as wb
-from workbench.estimate import A100_80GB, GPT3_175B, estimate
-from workbench.plan import Cluster, plan
+from workbench.estimator import A100_80GB, GPT3_175B, estimate
+from workbench.planner import Cluster, plan
 
 
 def test_the_zero_papers_example():

@@ -9,22 +9,22 @@ without it (the ranks that torchrun starts import it).
 """
 
 from workbench.config import ConfigError, ModelConfig, RunConfig
-from workbench.estimate import Estimate, Hardware, estimate
+from workbench.estimator import Estimate, Hardware, estimate
 from workbench.launcher import Nodes, RunFailed, launch
-from workbench.plan import Cluster, plan
+from workbench.planner import Cluster, plan
 from workbench.run import Run, load
 
 
 def compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - imports plotly only when used
-    """Launch configurations and compare them: see workbench.compare.compare."""
-    from workbench.compare import compare as _compare
+    """Launch configurations and compare them: see workbench.comparison.compare."""
+    from workbench.comparison import compare as _compare
 
     return _compare(*args, **kwargs)
 
 
 def calibrate(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """Measure this machine's rates: see workbench.calibrate.calibrate."""
-    from workbench.calibrate import calibrate as _calibrate
+    """Measure this machine's rates: see workbench.calibration.calibrate."""
+    from workbench.calibration import calibrate as _calibrate
 
     return _calibrate(*args, **kwargs)
 

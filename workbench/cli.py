@@ -191,7 +191,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_compare(a: argparse.Namespace) -> int:
     import os
 
-    from workbench.compare import compare
+    from workbench.comparison import compare
 
     configs = []
     try:
@@ -205,7 +205,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         return 2
     hw = None
     if not a.no_calibrate:
-        from workbench.calibrate import calibrate
+        from workbench.calibration import calibrate
 
         hw = calibrate(configs[0].model)
     result = compare(configs, a.out, hardware=hw)

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from workbench.config import PRESETS, ModelConfig, RunConfig
-from workbench.estimate import Hardware
+from workbench.estimator import Hardware
 
 
 def _matmul_flops(cfg: ModelConfig, rows: int) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from workbench.config import ModelConfig
-from workbench.estimate import Estimate, Hardware, estimate
+from workbench.estimator import Estimate, Hardware, estimate
 
 
 @dataclass(frozen=True)
