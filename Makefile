@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	touch $@
 
 demo: setup
-	$(PY) -m workbench.cli run $(DEMO_ARGS) --name demo --out traces/demo
+	$(PY) -m workbench.cli run $(DEMO_ARGS) --name demo --out traces/demo --force
 	$(PY) -m workbench.cli validate traces/demo
 
 test: setup

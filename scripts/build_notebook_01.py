@@ -28,7 +28,7 @@ STEPS = 10
 
 def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", steps=STEPS, global_batch=16, seed=0, **config),
-                     out=os.path.join(OUT, name))
+                     out=os.path.join(OUT, name), force=True)
 """),
 md("""
 ## 1. The same model on 1, 2 and 4 ranks

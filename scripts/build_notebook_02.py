@@ -35,7 +35,7 @@ STEPS = 6
 
 def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", steps=STEPS, global_batch=16, seed=0, **config),
-                     out=os.path.join(OUT, name))
+                     out=os.path.join(OUT, name), force=True)
 
 runs = {
     "1 process": run("dp1"),

@@ -64,7 +64,7 @@ model = wb.ModelConfig(layers=4)
 
 def run(name, **config):
     return wb.launch(wb.RunConfig(model=model, steps=STEPS, global_batch=16, seed=0, **config),
-                     out=os.path.join(OUT, name))
+                     out=os.path.join(OUT, name), force=True)
 
 runs = {
     "1 process": run("single"),
@@ -112,7 +112,7 @@ measured bubble sits a little above the formula, more so as m grows.
 """),
 code("""
 bubble_runs = [wb.launch(wb.RunConfig(model="small", pp=2, microbatches=m, global_batch=32, steps=4),
-                         out=os.path.join(OUT, f"bubble-m{m}")) for m in (2, 4, 8)]
+                         out=os.path.join(OUT, f"bubble-m{m}"), force=True) for m in (2, 4, 8)]
 pd.DataFrame([{"m": r.config["microbatches"], "measured": r.summary["bubble_fraction"]["measured"],
                "formula": r.summary["bubble_fraction"]["predicted"]} for r in bubble_runs])
 """),

@@ -43,7 +43,7 @@ STEPS = 5
 
 def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", steps=STEPS, global_batch=16, seed=0, **config),
-                     out=os.path.join(OUT, name))
+                     out=os.path.join(OUT, name), force=True)
 
 runs = {
     "1 process": run("single"),
@@ -98,7 +98,8 @@ STATES_DOMINATE = {"vocab_size": 256, "seq_len": 8, "hidden": 64, "heads": 4, "l
 totals = {}
 for name, zero in (("DP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3)):
     r = wb.launch(wb.RunConfig(model=STATES_DOMINATE, dp=2, zero=zero, global_batch=4, bucket_mb=0.05, steps=3,
-                               profile_memory=True, profile_memory_step=1), out=os.path.join(OUT, f"states-{name}"))
+                               profile_memory=True, profile_memory_step=1),
+                  out=os.path.join(OUT, f"states-{name}"), force=True)
     s = r.summary["ranks"][0]
     totals[name] = {"run": r, "measured total (MB)": s["peak_total_bytes"] / 1e6,
                     "allocator peak (MB)": s["allocator_peak_bytes"]["allocated"] / 1e6,

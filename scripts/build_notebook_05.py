@@ -50,7 +50,7 @@ model = wb.ModelConfig(hidden=64, heads=8, layers=4)
 
 def run(name, **config):
     return wb.launch(wb.RunConfig(model=model, steps=STEPS, global_batch=16, seed=0, **config),
-                     out=os.path.join(OUT, name))
+                     out=os.path.join(OUT, name), force=True)
 
 runs = {
     "1 process": run("single"),

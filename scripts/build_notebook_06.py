@@ -20,7 +20,8 @@ OUT = os.path.join("..", "traces", "nb06")
 
 def run(name, **config):
     config.setdefault("steps", 8)
-    return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name))
+    return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name),
+                     force=True)  # re-running the notebook replaces its own runs
 """),
 md("""
 ## Mixed precision: 18Ψ or 16Ψ, measured

@@ -26,7 +26,7 @@ md("## The strategies on this machine, measured beside estimated"),
 code("""
 configs = [wb.RunConfig(dp=2, steps=6), wb.RunConfig(dp=2, zero=3, steps=6), wb.RunConfig(tp=2, steps=6),
            wb.RunConfig(pp=2, microbatches=2, steps=6), wb.RunConfig(dp=2, tp=2, steps=6)]
-cmp = wb.compare(configs, out_dir=os.path.join("..", "traces", "nb07"), hardware=hw)
+cmp = wb.compare(configs, out_dir=os.path.join("..", "traces", "nb07"), hardware=hw, force=True)
 assert (cmp.table.loss_diff_vs_baseline < 1e-5).all()
 cmp.table[["strategy", "world_size", "step_time_s", "predicted_step_time_s", "step_time_error",
            "peak_total_bytes", "predicted_memory_bytes", "memory_error", "bytes_moved_per_step",

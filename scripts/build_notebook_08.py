@@ -25,7 +25,8 @@ from workbench.engine.checkpoint import describe
 OUT = os.path.join("..", "traces", "nb08")
 
 def run(name, **config):
-    return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name))
+    return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name),
+                     force=True)  # re-running the notebook replaces its own runs
 """),
 md("""
 ## A checkpoint: every rank writes its own shards

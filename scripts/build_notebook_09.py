@@ -27,7 +27,7 @@ OUT = os.path.join("..", "traces", "nb09")
 
 def run(name, **config):
     config = {"model": "tiny", "global_batch": 8, "seed": 0, "steps": 6, **config}
-    return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name))
+    return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name), force=True)
 """),
 md("""
 ## The four primitives, as rings
@@ -40,7 +40,7 @@ has arrived. The title compares the bytes the busiest rank sent with the formula
 all-reduce — which *is* a reduce-scatter followed by an all-gather, (N−1)/N·S each — and S for a broadcast.
 """),
 code("""
-demo = ring_demo(ranks=4, numel=3, out=os.path.join(OUT, "ring-demo"))
+demo = ring_demo(ranks=4, numel=3, out=os.path.join(OUT, "ring-demo"), force=True)
 ring_collectives(demo)
 """),
 code("""

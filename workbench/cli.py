@@ -5,6 +5,7 @@
     workbench run --dp 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500   # on each machine
     workbench validate traces/dp2        # check the traces against docs/run-format.md
     workbench show traces/dp2            # the summary: step time, overlap, memory measured vs predicted
+    workbench report traces/dp2          # its charts in one HTML file: traces/dp2/report.html
     workbench compare '{"dp": 2}' '{"dp": 2, "zero": 3}' --out traces/compare   # table.csv + report.html
 
 A bad configuration is reported (exit code 2) before any process starts.
@@ -24,15 +25,18 @@ from workbench.config import (
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
-    ConfigError,
     RunConfig,
 )
 from workbench.config_rules import OPTIMIZERS
 
 
 def _model(value: str) -> str | dict:
-    if value.startswith("{"):
-        return json.loads(value)
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"--model {value!r} is not valid JSON ({e.msg} at character {e.pos}); "
+                                             f"e.g. '{{\"base\": \"small\", \"layers\": 8}}'") from None
     return value
 
 
@@ -78,7 +82,9 @@ def _add_communication(run: argparse.ArgumentParser, d: RunConfig) -> None:
 
 def _add_launch(run: argparse.ArgumentParser) -> None:
     """Where the run goes and which machines take part."""
-    run.add_argument("--out", default=None, help="run directory (default traces/<name>)")
+    run.add_argument("--out", default=None, help="run directory (default traces/<name>, or traces/run-<time>)")
+    run.add_argument("--force", action="store_true",
+                     help="replace an earlier run in --out (without it, an existing run directory is an error)")
     run.add_argument("--name", default=None)
     run.add_argument("--nnodes", default="1",
                      help="machines: a count, or MIN:MAX for elastic membership (the run re-forms its group, and dp, "
@@ -89,16 +95,23 @@ def _add_launch(run: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench import __version__
+
     parser = argparse.ArgumentParser(prog="workbench", description="Run and profile distributed training.")
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="launch a training run with torchrun")
+    run = sub.add_parser("run", help="launch a training run with torchrun",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = RunConfig()
     run.add_argument("--model", type=_model, default=d.model,
-                     help="preset (tiny, small) or JSON dims, e.g. '{\"hidden\": 64, \"layers\": 4}'")
-    for axis in ("dp", "tp", "pp"):
-        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis))
-    run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3))
+                     help="a preset (tiny, small), or JSON changes to one: '{\"base\": \"small\", \"layers\": 8}' "
+                          "(base tiny when left out; the dims that result are printed)")
+    for axis, text in (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks (Megatron)"),
+                       ("pp", "pipeline stages")):
+        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×tp×pp")
+    run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3),
+                     help="ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned")
     run.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states in host memory")
     run.add_argument("--no-prefetch", action="store_true", help="ZeRO-3: do not gather the next layer ahead")
     run.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
@@ -109,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="16-bit runs: accumulate and all-reduce gradients in fp32 (default) or in 16 bits")
     run.add_argument("--recompute", default=d.recompute, choices=RECOMPUTE)
     run.add_argument("--sequence-parallel", action="store_true")
-    run.add_argument("--global-batch", type=int, default=d.global_batch)
-    run.add_argument("--steps", type=int, default=d.steps)
-    run.add_argument("--seed", type=int, default=d.seed)
-    run.add_argument("--lr", type=float, default=d.lr)
+    run.add_argument("--global-batch", type=int, default=d.global_batch,
+                     help="sequences per optimizer step, over all dp ranks and microbatches")
+    run.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
+    run.add_argument("--seed", type=int, default=d.seed, help="model and data seed: equal seeds, equal runs")
+    run.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
     run.add_argument("--lr-schedule", default=d.lr_schedule, choices=("constant", "cosine"))
     run.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     run.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
@@ -121,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_communication(run, d)
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
+    run.add_argument("--warmup-steps-excluded", type=int, default=d.warmup_steps_excluded,
+                     help="summary time figures and charts leave out this many first steps (warm-up)")
     run.add_argument("--profile-memory", action="store_true",
                      help="record the allocator beside the categories (CPU: torch.profiler memory events; "
                           "CUDA: a snapshot for pytorch.org/memory_viz) until the end of --profile-memory-step")
@@ -132,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("configs", nargs="+",
                      help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
     cmp.add_argument("--out", default="traces/compare", help="where the runs, table.csv and report.html go")
+    cmp.add_argument("--force", action="store_true", help="replace the runs of an earlier comparison in --out")
     cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
 
     for name, text in (("validate", "check a run's traces against the run format"),
@@ -139,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("doctor", "why a run failed: the first cause, and who was behind at which collective")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir")
+    rpt = sub.add_parser("report", help="one run's charts in a self-contained HTML file (RUN/report.html)")
+    rpt.add_argument("run_dir")
+    rpt.add_argument("--out", default=None, help="where the HTML goes (default RUN/report.html)")
     ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
     ckpt.add_argument("action", choices=("inspect",))
     ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
@@ -156,7 +176,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
         bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
         onebit_warmup_steps=a.onebit_warmup_steps,
-        trace=not a.no_trace,
+        trace=not a.no_trace, warmup_steps_excluded=a.warmup_steps_excluded,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
@@ -166,73 +186,9 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     )
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    from workbench.launcher import Nodes, RunFailed, launch
-
-    try:
-        config = config_from_args(a).validate()
-    except ConfigError as e:
-        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
-        return 2
-    print("configuration:", json.dumps(config.to_dict()), flush=True)
-    nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
-    try:
-        run = launch(config, a.out, progress=not a.quiet, nodes=nodes)
-    except ConfigError as e:
-        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
-        return 2
-    except RunFailed as e:
-        print(f"workbench: run failed: {e}", file=sys.stderr)
-        return 1
-    print_summary(run.path)
-    return 0
-
-
-def cmd_compare(a: argparse.Namespace) -> int:
-    import os
-
-    from workbench.comparison import compare
-
-    configs = []
-    try:
-        for text in a.configs:
-            if os.path.exists(text):
-                with open(text) as f:
-                    text = f.read()
-            configs.append(RunConfig.from_dict(json.loads(text)).validate())
-    except (ConfigError, json.JSONDecodeError) as e:
-        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
-        return 2
-    hw = None
-    if not a.no_calibrate:
-        from workbench.calibration import calibrate
-
-        hw = calibrate(configs[0].model)
-    result = compare(configs, a.out, hardware=hw)
-    print(result.table.to_string(index=False))
-    print(f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv")
-    return 0
-
-
-def print_summary(run_dir: str) -> None:
-    from workbench.run import load
-
-    run = load(run_dir)
-    m = run.metrics
-    if len(m):
-        print(f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
-              f"median step {m.step_time_s.median() * 1e3:.1f} ms")
-    for r in run.summary.get("ranks", []):
-        pk, pr = r["peak_bytes"], r["predicted_bytes"]
-        mem = ", ".join(f"{k} {pk.get(k, 0) / 1e6:.3f}/{pr[k] / 1e6:.3f} MB" for k in pr)
-        print(f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
-              f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}")
-    print(f"\nresults in {run_dir}/ : metrics.jsonl, summary.json, trace_rank*.json, trace.json")
-    print("open trace.json at https://ui.perfetto.dev (Open trace file), or in Jupyter:")
-    print(f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)")
-
-
 def main(argv: list[str] | None = None) -> int:
+    from workbench.cli_commands import cmd_compare, cmd_report, cmd_run, cmd_show
+
     a = build_parser().parse_args(argv)
     if a.command == "run":
         return cmd_run(a)
@@ -247,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "compare":
         return cmd_compare(a)
     if a.command == "show":
-        print_summary(a.run_dir)
-        return 0
+        return cmd_show(a.run_dir)
+    if a.command == "report":
+        return cmd_report(a.run_dir, a.out)
     if a.command == "doctor":
         from workbench.doctor import diagnose
 

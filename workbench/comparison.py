@@ -84,16 +84,17 @@ class Comparison:
         return fig
 
     def report(self, out_dir: str) -> str:
-        """Write table.csv and report.html (opens without Jupyter); return the report's path."""
+        """Write table.csv and report.html (opens without Jupyter or network: report.html_page); return
+        the report's path."""
+        from workbench.report import html_page
+
         os.makedirs(out_dir, exist_ok=True)
         self.table.to_csv(os.path.join(out_dir, "table.csv"), index=False)
         path = os.path.join(out_dir, "report.html")
-        parts = [f.to_html(full_html=False, include_plotlyjs="cdn" if i else True)
-                 for i, f in enumerate((self.bars(), self.memory(), self.timelines()))]
         with open(path, "w") as f:
-            f.write("<html><head><meta charset='utf-8'><title>workbench comparison</title></head><body>"
-                    "<h1>Strategies side by side</h1>" + self.table.to_html(index=False, float_format="%.4g")
-                    + "".join(parts) + "</body></html>")
+            f.write(html_page("Strategies side by side", [
+                ("measured beside estimated", self.table), ("step time", self.bars()),
+                ("memory per rank", self.memory()), ("timelines", self.timelines())]))
         return path
 
 
@@ -129,19 +130,20 @@ def _request(run: Run) -> dict:
 
 
 def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "compare"),
-            hardware: Hardware | None = None, progress: bool = True) -> Comparison:
-    """Launch each configuration, and one single-process baseline of the first one's model and batch."""
+            hardware: Hardware | None = None, progress: bool = True, force: bool = False) -> Comparison:
+    """Launch each configuration, and one single-process baseline of the first one's model and batch
+    (runs already in `out_dir` are replaced only with `force`)."""
     for c in configs:
         c.validate()
     first = configs[0]
     base_cfg = first.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
                              precision="fp32", recompute="none", name=None)
-    baseline = launch(base_cfg, os.path.join(out_dir, "baseline"), progress=progress)
+    baseline = launch(base_cfg, os.path.join(out_dir, "baseline"), progress=progress, force=force)
     runs: dict[str, Run] = {}
     for i, c in enumerate(configs):
         name = strategy_name(c)
         if name in runs:
             name = f"{name} ({i})"
-        runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress)
+        runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress, force=force)
     table = pd.DataFrame([_row(n, r, baseline, hardware) for n, r in runs.items()])
     return Comparison(runs, baseline, table)

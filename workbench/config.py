@@ -19,6 +19,7 @@ from workbench.config_rules import check_communication, check_elastic, check_opt
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
+from workbench.model_config import model_from_dict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -83,6 +84,9 @@ class RunConfig:
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
     offload_optimizer: bool = False
     trace: bool = True
+    #: summary.json's time figures (step time, compute, comm, overlap, idle) and the charts' default window
+    #: leave out this many first steps: warm-up, where one rank starting later makes the others wait
+    warmup_steps_excluded: int = 1
     #: the allocator beside the categories: CPU, torch.profiler's memory events from the start until the
     #: end of step `profile_memory_step`; CUDA, a memory snapshot for pytorch.org/memory_viz
     profile_memory: bool = False
@@ -123,7 +127,7 @@ class RunConfig:
         if isinstance(self.model, ModelConfig):
             return self.model
         if isinstance(self.model, dict):
-            return ModelConfig(**self.model)
+            return model_from_dict(self.model)
         if self.model not in PRESETS:
             raise ConfigError(f"model={self.model!r}: unknown preset; valid presets: {sorted(PRESETS)}")
         return PRESETS[self.model]
@@ -172,7 +176,8 @@ class RunConfig:
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")
-        for name in ("checkpoint_every", "keep_checkpoints", "max_restarts", "loss_spike_factor"):
+        for name in ("checkpoint_every", "keep_checkpoints", "max_restarts", "loss_spike_factor",
+                     "warmup_steps_excluded"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 0 (0 turns it off)")
         check_communication(self)
@@ -260,15 +265,16 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """From `to_dict()`'s output, a request.json, or a run's config.json (its resolved facts — params,
+        grid, hosts ... — are left out: RESOLVED)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        if d.get("extra") == {}:  # written by runs before `extra` (never used) was removed
-            d = {k: v for k, v in d.items() if k != "extra"}
+        d = {k: v for k, v in d.items() if k not in RESOLVED and not (k == "extra" and v == {})}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {sorted(known)}")
-        d = dict(d)
-        if isinstance(d.get("model"), dict):
-            d["model"] = ModelConfig(**d["model"])
+        model = d.get("model")
+        if isinstance(model, dict) and "preset" in model:  # config.json: the preset's name beside its dims
+            d["model"] = model["preset"] or {k: v for k, v in model.items() if k != "preset"}
         return cls(**d)
 
     def to_json(self) -> str:
@@ -276,6 +282,10 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+#: what config.json adds to the request: facts of the launch, not settings
+RESOLVED = ("params", "params_per_rank", "world_size", "device", "local_batch", "torch_version", "hosts", "grid")
 
 
 def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:

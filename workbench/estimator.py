@@ -24,7 +24,7 @@ from typing import Any
 
 from workbench import formulas
 from workbench.comm.bandwidth import bus_factor
-from workbench.config import ModelConfig, RunConfig
+from workbench.config import ConfigError, ModelConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,28 @@ class Traffic:
                                                        self.allreduce == "hierarchical")
 
 
+def _checked(params: float | None, model: ModelConfig | None, precision: str, dp: int, tp: int, pp: int,
+             zero: int) -> float:
+    """Ψ, after ConfigError for what no run could have: an unknown precision, a ZeRO stage, a grid or a
+    tp / pp that does not divide the model."""
+    if precision not in ("fp32", "bf16", "fp16", "mixed"):
+        raise ConfigError(f"precision={precision!r}: valid are 'fp32', 'bf16', 'fp16' and 'mixed' "
+                          f"(16-bit + fp32 masters)")
+    if zero not in (0, 1, 2, 3) or min(dp, tp, pp) < 1:
+        raise ConfigError(f"zero={zero}, dp={dp}, tp={tp}, pp={pp}: ZeRO stages are 0–3 and the grid sizes ≥ 1")
+    if model is None:
+        if params is None:
+            raise ConfigError("estimate needs a RunConfig, a model, or params=")
+        return params
+    for what, value, by in (("heads", model.heads, tp), ("hidden", model.hidden, tp),
+                            ("vocab_size", model.vocab_size, tp), ("layers", model.layers, pp)):
+        if value % by:
+            valid = [d for d in range(1, value + 1) if value % d == 0]
+            axis = "pp" if what == "layers" else "tp"
+            raise ConfigError(f"{axis}={by} does not divide model.{what}={value}; valid {axis}: {valid}")
+    return params if params is not None else model.param_count()
+
+
 def _width(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
@@ -165,10 +187,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
         bucket_mb, prefetch, traffic = config.bucket_mb, config.prefetch, Traffic.of(config)
         grad_bytes = 4 if config.grad_reduce_dtype == "fp32" else 2
-    if params is None:
-        if model is None:
-            raise ValueError("estimate needs a RunConfig, a model, or params=")
-        params = model.param_count()
+    params = _checked(params, model, precision, dp, tp, pp, zero)
     w = _width(precision)
     # model states: what one rank holds of its tp × pp shard, partitioned over dp by ZeRO
     local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from workbench.checkpoint_files import archive_attempt, check_resume
 from workbench.config import RunConfig
+from workbench.lifetime import die_with_parent, stop
 from workbench.run import Run, load
 from workbench.trace.merge import recover_partials, write_merged
 
@@ -115,9 +116,10 @@ def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes(),
     return cmd
 
 
-def _prepare_dir(run_dir: str, resume_step: int | None = None) -> None:
+def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = False) -> None:
     """An empty run directory; resuming (`resume_step` given) in an existing one keeps its checkpoints and
-    moves the earlier attempt aside (checkpoint_files.archive_attempt)."""
+    moves the earlier attempt aside (checkpoint_files.archive_attempt). An earlier run there is only
+    replaced with `force`."""
     if os.path.isdir(run_dir) and os.listdir(run_dir):
         is_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json"))
         if not is_run:
@@ -125,8 +127,22 @@ def _prepare_dir(run_dir: str, resume_step: int | None = None) -> None:
         if resume_step is not None:
             archive_attempt(run_dir, resume_step)
             return
+        if not force:
+            raise FileExistsError(f"{run_dir} already holds a run: pass force=True (CLI: --force) to replace it, "
+                                  f"or choose another out= (left out, each run gets a new traces/run-<time>)")
         shutil.rmtree(run_dir)
     os.makedirs(run_dir, exist_ok=True)
+
+
+def _check_cuda() -> None:
+    """backend='nccl' needs GPUs: say so before any process starts (torch is imported only for this)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        from workbench.config import ConfigError
+
+        raise ConfigError("backend='nccl' needs CUDA GPUs and torch.cuda.is_available() is False here; "
+                          "use backend='gloo' (or 'auto': nccl where CUDA is present, gloo otherwise)")
 
 
 def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
@@ -140,15 +156,18 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
 
 
 def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = Nodes(),
-           echo: bool = False) -> Run:
-    """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError)."""
+           echo: bool = False, force: bool = False) -> Run:
+    """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError). An
+    earlier run in `out` is replaced only with `force=True` (FileExistsError otherwise)."""
     config.validate()
+    if config.backend == "nccl":
+        _check_cuda()
     if nodes.elastic:
         config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))
     if not _joins(run_dir, config, nodes):
         _, step = check_resume(config, run_dir)
-        _prepare_dir(run_dir, step if config.resume else None)
+        _prepare_dir(run_dir, step if config.resume else None, force)
         with open(os.path.join(run_dir, "request.json"), "w") as f:
             f.write(config.to_json())
     env = rank_env()
@@ -158,7 +177,7 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
         log.write(" ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
-                                env=env)
+                                env=env, preexec_fn=die_with_parent)  # it and its ranks end with us
         rc = _follow(proc, run_dir, config.steps, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
@@ -176,12 +195,12 @@ def rank_env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
 
 
-def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None) -> Run:
+def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: bool = False) -> Run:
     """Our four ring collectives once each over `ranks` processes on `numel`·ranks values, traced
     (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them."""
     config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo").validate()
     run_dir = os.path.abspath(out or default_run_dir(config))
-    _prepare_dir(run_dir)
+    _prepare_dir(run_dir, force=force)
     with open(os.path.join(run_dir, "request.json"), "w") as f:
         f.write(config.to_json())
     with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
@@ -189,7 +208,7 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None) -> Run:
     log_path = os.path.join(run_dir, "launcher.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
-                                stdout=log, stderr=subprocess.STDOUT, env=rank_env())
+                                stdout=log, stderr=subprocess.STDOUT, env=rank_env(), preexec_fn=die_with_parent)
         if proc.wait() != 0:
             raise _failure(run_dir, proc.returncode, log_path)
     return load(run_dir)
@@ -215,9 +234,8 @@ def _follow(proc: subprocess.Popen, run_dir: str, steps: int, progress: bool) ->
             if rc is not None:
                 return rc
             time.sleep(0.1)
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=60)
+    except BaseException:  # Ctrl-C, SIGTERM turned into an exception by the CLI, a failing progress bar
+        stop(proc)
         raise
     finally:
         if bar is not None:

@@ -3,7 +3,9 @@ every bad configuration raises. No torch (re-exported by workbench.config)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -57,3 +59,17 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
     "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
 }
+
+
+def model_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """A model given as changes to a named preset: {"base": "small", "layers": 8} (base: 'tiny' when left
+    out — say it, as the CLI prints the dims that result)."""
+    d = dict(d)
+    base = d.pop("base", "tiny")
+    if base not in PRESETS:
+        raise ConfigError(f"model base={base!r}: unknown preset; valid presets: {sorted(PRESETS)}")
+    valid = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise ConfigError(f"model keys {unknown} are unknown; valid keys: {valid} and 'base' (a preset to start from)")
+    return dataclasses.replace(PRESETS[base], **d)

@@ -15,14 +15,26 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from workbench.config import ModelConfig
+from workbench.config import ConfigError, ModelConfig
 from workbench.estimator import Estimate, Hardware, estimate
 
 
 @dataclass(frozen=True)
 class Cluster:
+    """`nodes` machines of `hardware` (each with hardware.devices_per_node GPUs): Cluster(64, A100_80GB) is
+    64 nodes × 8 = 512 GPUs."""
+
     nodes: int
     hardware: Hardware
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ConfigError(f"Cluster(nodes={self.nodes!r}): a number of machines ≥ 1 (each with "
+                              f"{self.hardware.devices_per_node} devices); for a GPU count g, nodes = g // "
+                              f"{self.hardware.devices_per_node}")
+
+    def __str__(self) -> str:
+        return f"{self.nodes} nodes × {self.hardware.devices_per_node} = {self.gpus} × {self.hardware.name}"
 
     @property
     def gpus(self) -> int:
@@ -44,7 +56,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
          sequence_parallel: bool = False) -> Plan:
     hw, world = cluster.hardware, cluster.gpus
     rows = []
-    for tp in (t for t in range(1, hw.devices_per_node + 1) if hw.devices_per_node % t == 0 and model.heads % t == 0):
+    for tp in (t for t in range(1, hw.devices_per_node + 1) if hw.devices_per_node % t == 0
+               and model.heads % t == 0 and model.hidden % t == 0 and model.vocab_size % t == 0):
         for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
             dp = world // (tp * pp)
             if global_batch % (dp * micro_batch):

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.config import RunConfig
 from workbench.trace.merge import load_traces
 from workbench.trace.recorder import LANES
 
@@ -47,6 +48,12 @@ class Run:
     @cached_property
     def config(self) -> dict[str, Any]:
         return self._json("config.json") or self._json("request.json")
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The RunConfig this run was launched with (config.json's resolved facts left out): relaunch it
+        with `wb.launch(run.run_config.replace(...))`."""
+        return RunConfig.from_dict(self._json("request.json") or self.config)
 
     @cached_property
     def summary(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """summary.json: figures measured from a run's traces, beside the formulas' predictions (which come
 from workbench/formulas.py: this module only measures).
 
-Per rank (all times are totals over the run's optimizer steps):
+Per rank (all times are totals over the run's optimizer steps after the first `warmup_steps_excluded`,
+default 1 — `steps_excluded` says how many were left out —; memory and bytes count every step):
 - `step_time_s`: median `ProfilerStep#` span.
 - `compute_s`: time covered by forward / backward / recompute / optimizer spans.
 - `comm_s`: time covered by communication in flight (blocking collectives, and async ones from launch
@@ -79,16 +80,25 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     return out
 
 
+def timed_steps(steps: list[dict[str, Any]], excluded: int) -> list[dict[str, Any]]:
+    """The step spans the time figures count: all but the first `excluded` (warm-up: one rank starting
+    later makes the others wait, allocators and caches fill), unless that would leave none."""
+    ordered = sorted(steps, key=lambda e: e["ts"])
+    return ordered[excluded:] if len(ordered) > excluded else ordered
+
+
 def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     events = trace["traceEvents"]
     info = trace["workbench"]
     spans = [e for e in events if e.get("ph") == "X"]
     steps = [e for e in spans if e["cat"] == "step"]
+    timed = timed_steps(steps, int(config.get("warmup_steps_excluded", 0)))
+    since = timed[0]["ts"] if timed else 0.0  # the time figures leave the warm-up steps out
     compute = [(e["ts"], e["ts"] + e["dur"]) for e in spans
-               if e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"]]
+               if e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"] and e["ts"] >= since]
     comms = comm_intervals(events)
-    comm_iv = [(a, b) for _, a, b in comms]
-    step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in steps]
+    comm_iv = [(a, b) for _, a, b in comms if a >= since]
+    step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in timed]
     total = sum(b - a for a, b in step_iv)
     compute_us, comm_us = union_length(compute), union_length(comm_iv)
     overlap_us = intersection_length(compute, comm_iv)
@@ -104,7 +114,8 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "rank": trace["distributedInfo"]["rank"],
         "dp": info["dp"], "tp": info["tp"], "pp": info["pp"],
         "steps": len(steps),
-        "step_time_s": statistics.median(e["dur"] for e in steps) / 1e6 if steps else None,
+        "steps_excluded": len(steps) - len(timed),
+        "step_time_s": statistics.median(e["dur"] for e in timed) / 1e6 if timed else None,
         "total_step_s": total / 1e6,
         "compute_s": compute_us / 1e6,
         "comm_s": comm_us / 1e6,

@@ -31,6 +31,7 @@ from workbench.config import RunConfig
 from workbench.engine.context import RankContext, setup
 from workbench.engine.restart import begin_attempt, elastic_world, restarted_config, write_all_attempts
 from workbench.engine.train import train
+from workbench.lifetime import die_with_parent
 from workbench.trace.merge import merge_traces
 
 
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
     signal.signal(signal.SIGTERM, _on_sigterm)
+    die_with_parent()  # a killed torchrun takes its ranks along (workbench/lifetime.py)
     rank = int(os.environ.get("RANK", 0))
     ctx: RankContext | None = None
     try:

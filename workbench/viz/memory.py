@@ -45,8 +45,9 @@ def memory_breakdown(run: Run, title: str | None = None) -> go.Figure:
     return fig
 
 
-def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
-    """Stacked counters of one rank over its first `steps` steps (values held between samples); where the
+def memory_over_time(run: Run, rank: int = 0, steps: int = 2, first: int | None = None) -> go.Figure:
+    """Stacked counters of one rank over `steps` steps from step `first` (default: the first after the
+    run's warm-up steps, `warmup_steps_excluded`; values held between samples); where the
     allocator was read: on CPU the bytes the communication backend's own threads allocated (measured by
     the profile, not booked), what it held beyond those and the categories as an `unattributed` band, and
     its line."""
@@ -54,8 +55,11 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
     mem = mem[mem["rank"] == rank].sort_values("ts_us")
     ev = run.events
     step_spans = ev[(ev["rank"] == rank) & (ev.cat == "step")].sort_values("start_us")
-    if len(step_spans) > steps:
-        mem = mem[mem.ts_us <= step_spans.end_us.iloc[steps - 1]]
+    first = int(run.config.get("warmup_steps_excluded", 0)) if first is None else first
+    first = min(first, max(len(step_spans) - 1, 0))
+    if len(step_spans):
+        last = step_spans.end_us.iloc[min(first + steps, len(step_spans)) - 1]
+        mem = mem[(mem.ts_us >= step_spans.start_us.iloc[first]) & (mem.ts_us <= last)]
     fig = go.Figure()
     for cat, color in CATEGORY_COLORS.items():
         if cat in mem and mem[cat].any():
@@ -76,5 +80,7 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2) -> go.Figure:
                                  fillpattern={"shape": "/"}))
         fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=merged.allocated / 1e6, name="allocator (measured)",
                                  mode="lines", line={"shape": "hv", "color": "black", "dash": "dot"}))
-    fig.update_layout(title=f"memory over time — rank {rank}", xaxis_title="time (ms)", yaxis_title="MB")
+    note = f" (steps before {first} left out: warm-up)" if first else ""
+    fig.update_layout(title=f"memory over time — rank {rank}, {steps} step(s) from step {first}{note}",
+                      xaxis_title="time (ms)", yaxis_title="MB")
     return fig

@@ -1,0 +1,151 @@
+"""What the `workbench` subcommands do (cli.py parses): run, compare, show, report.
+
+Exit codes: 0 done, 1 a run failed (or `show` found an unfinished run), 2 bad input (a configuration, a
+directory that is not a run, an earlier run that --force would replace), 130 interrupted (Ctrl-C,
+SIGTERM or SIGHUP: torchrun and its ranks are stopped, and what they wrote stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from workbench.config import ConfigError, RunConfig
+
+
+def shown_config(config: RunConfig) -> dict[str, Any]:
+    """The configuration as printed: fault-injection fields only when a fault is injected."""
+    d = config.to_dict()
+    if config.fault is None:
+        d = {k: v for k, v in d.items() if not k.startswith("fault")}
+    return d
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: handled like Ctrl-C (the launcher stops torchrun and its ranks)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from workbench.cli import config_from_args
+    from workbench.launcher import Nodes, RunFailed, default_run_dir, launch
+
+    try:
+        config = config_from_args(a).validate()
+    except ConfigError as e:
+        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    print("configuration:", json.dumps(shown_config(config)), flush=True)
+    if isinstance(config.model, dict):
+        print(f"model: {config.model_config} (from preset {config.model.get('base', 'tiny')!r})", flush=True)
+    nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
+    out = a.out or default_run_dir(config)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    try:
+        run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force)
+    except (ConfigError, FileExistsError) as e:
+        print(f"workbench: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print(f"workbench: run failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        why = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
+        print(f"\nworkbench: {why} — torchrun and its ranks were stopped; partial results in {out}/ "
+              f"(workbench show {out})", file=sys.stderr)
+        return 130
+    print_summary(run.path)
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from workbench.comparison import compare
+
+    configs = []
+    try:
+        for text in a.configs:
+            if os.path.exists(text):
+                with open(text) as f:
+                    text = f.read()
+            configs.append(RunConfig.from_dict(json.loads(text)).validate())
+    except (ConfigError, json.JSONDecodeError) as e:
+        print(f"workbench: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    hw = None
+    if not a.no_calibrate:
+        from workbench.calibration import calibrate
+
+        hw = calibrate(configs[0].model)
+    try:
+        result = compare(configs, a.out, hardware=hw, force=a.force)
+    except FileExistsError as e:
+        print(f"workbench: {e}", file=sys.stderr)
+        return 2
+    print(result.table.to_string(index=False))
+    print(f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv")
+    return 0
+
+
+def cmd_show(run_dir: str) -> int:
+    """A finished run's summary (0); an unfinished one's steps, errors and files (1); no run (2)."""
+    from workbench.run import load
+
+    if not os.path.isdir(run_dir):
+        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
+        return 2
+    if not any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json")):
+        print(f"workbench: {run_dir} is not a workbench run (no request.json)", file=sys.stderr)
+        return 2
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        print_summary(run_dir)
+        return 0
+    run = load(run_dir)
+    m = run.metrics
+    print(f"{run_dir}: this run did not finish (no summary.json); {len(m)} step(s) recorded"
+          + (f", loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}" if len(m) else ""))
+    for e in sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))[:3]:
+        print(f"  rank {e['rank']}: {e['type']}: {e['message'][:300]}")
+    print("files: " + ", ".join(sorted(os.listdir(run_dir))))
+    print(f"why it stopped: workbench doctor {run_dir}")
+    return 1
+
+
+def cmd_report(run_dir: str, out: str | None) -> int:
+    if not os.path.isdir(run_dir):
+        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
+        return 2
+    from workbench.report import write_run_report
+
+    print(f"report: {write_run_report(run_dir, out)}  (one file, opens in any browser)")
+    return 0
+
+
+def print_summary(run_dir: str) -> None:
+    from workbench.run import load
+
+    run = load(run_dir)
+    m = run.metrics
+    if len(m):
+        print(f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
+              f"median step {m.step_time_s.median() * 1e3:.1f} ms")
+    excluded = max((r.get("steps_excluded", 0) for r in run.summary.get("ranks", [])), default=0)
+    if excluded:
+        print(f"(times below leave out the first {excluded} step(s): warm-up — --warmup-steps-excluded)")
+    for r in run.summary.get("ranks", []):
+        pk, pr = r["peak_bytes"], r["predicted_bytes"]
+        mem = ", ".join(f"{k} {pk.get(k, 0) / 1e6:.3f}/{pr[k] / 1e6:.3f} MB" for k in pr)
+        print(f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
+              f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}")
+    files = [f for f in ("metrics.jsonl", "summary.json", "trace.json") if os.path.exists(os.path.join(run_dir, f))]
+    files += ["trace_rank*.json"] if any(f.startswith("trace_rank") for f in os.listdir(run_dir)) else []
+    print(f"\nresults in {run_dir}/ : {', '.join(files)}")
+    print("open trace.json at https://ui.perfetto.dev (Open trace file), or in Jupyter:")
+    print(f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)")
