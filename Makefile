@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 
-.PHONY: setup demo test test-all lint notebook benchmark clean
+.PHONY: setup demo test test-all test-browser lint notebook benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -16,11 +16,15 @@ demo: setup
 	$(PY) -m workbench.cli validate traces/demo
 
 test: setup
-	$(PY) -m ruff check workbench tests benchmarks scripts
+	$(PY) -m ruff check workbench tests tests_browser benchmarks scripts
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" tests --nbmake notebooks
 
 test-all: setup  # also the `slow` cases: more strategies for behaviours `make test` checks once each
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --nbmake notebooks
+
+test-browser: setup  # notebooks 01, 03, 04 in JupyterLab in a real chromium (installs it); screenshots in traces/browser/
+	bash scripts/browser_setup.sh $(VENV)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
 lint: setup
 	$(PY) -m ruff check workbench tests benchmarks scripts

@@ -94,6 +94,28 @@ def _add_launch(run: argparse.ArgumentParser) -> None:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _add_other_commands(sub: argparse._SubParsersAction) -> None:
+    """compare, validate, show, doctor, report, checkpoint."""
+    cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
+    cmp.add_argument("configs", nargs="+",
+                     help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
+    cmp.add_argument("--out", default="traces/compare", help="where the runs, table.csv and report.html go")
+    cmp.add_argument("--force", action="store_true", help="replace the runs of an earlier comparison in --out")
+    cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
+
+    for name, text in (("validate", "check a run's traces against the run format"),
+                       ("show", "print a run's summary"),
+                       ("doctor", "why a run failed: the first cause, and who was behind at which collective")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run_dir")
+    rpt = sub.add_parser("report", help="one run's charts in a self-contained HTML file (RUN/report.html)")
+    rpt.add_argument("run_dir")
+    rpt.add_argument("--out", default=None, help="where the HTML goes (default RUN/report.html)")
+    ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
+    ckpt.add_argument("action", choices=("inspect",))
+    ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
@@ -144,46 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fault_tolerance(run, d)
     _add_launch(run)
 
-    cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
-    cmp.add_argument("configs", nargs="+",
-                     help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
-    cmp.add_argument("--out", default="traces/compare", help="where the runs, table.csv and report.html go")
-    cmp.add_argument("--force", action="store_true", help="replace the runs of an earlier comparison in --out")
-    cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
-
-    for name, text in (("validate", "check a run's traces against the run format"),
-                       ("show", "print a run's summary"),
-                       ("doctor", "why a run failed: the first cause, and who was behind at which collective")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("run_dir")
-    rpt = sub.add_parser("report", help="one run's charts in a self-contained HTML file (RUN/report.html)")
-    rpt.add_argument("run_dir")
-    rpt.add_argument("--out", default=None, help="where the HTML goes (default RUN/report.html)")
-    ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
-    ckpt.add_argument("action", choices=("inspect",))
-    ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
+    _add_other_commands(sub)
     return parser
-
-
-def config_from_args(a: argparse.Namespace) -> RunConfig:
-    return RunConfig(
-        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
-        microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
-        grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
-        global_batch=a.global_batch,
-        steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
-        grad_clip=a.grad_clip or None, backend=a.backend,
-        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
-        bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
-        onebit_warmup_steps=a.onebit_warmup_steps,
-        trace=not a.no_trace, warmup_steps_excluded=a.warmup_steps_excluded,
-        timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
-        profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
-        checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
-        resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
-        fault=a.fault, fault_rank=a.fault_rank,
-        fault_step=a.fault_step, fault_delay_s=a.fault_delay_s,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,27 @@ def shown_config(config: RunConfig) -> dict[str, Any]:
     return d
 
 
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
+        microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
+        grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
+        global_batch=a.global_batch,
+        steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
+        grad_clip=a.grad_clip or None, backend=a.backend,
+        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
+        bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
+        onebit_warmup_steps=a.onebit_warmup_steps,
+        trace=not a.no_trace, warmup_steps_excluded=a.warmup_steps_excluded,
+        timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
+        profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
+        checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
+        resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
+        fault=a.fault, fault_rank=a.fault_rank,
+        fault_step=a.fault_step, fault_delay_s=a.fault_delay_s,
+    )
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP: handled like Ctrl-C (the launcher stops torchrun and its ranks)."""
 
@@ -34,7 +55,6 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from workbench.cli import config_from_args
     from workbench.launcher import Nodes, RunFailed, default_run_dir, launch
 
     try:

@@ -1,0 +1,149 @@
+"""The notebooks as a learner sees them: JupyterLab in a real browser (Debian's chromium, driven by
+Playwright), every cell run, the charts and widgets rendered, a slider that changes its chart.
+
+`make test-browser` installs chromium (apt-get) and Playwright's Python package, then runs this file;
+`.ci/run` calls it after `make test`. Screenshots are kept under traces/browser/ for people to look at.
+Playwright cannot download its own browsers here: the system chromium is launched by its path
+(WORKBENCH_CHROMIUM, default /usr/bin/chromium).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "traces" / "browser"
+TOKEN = "workbench-browser-test"
+#: the notebooks opened, and whether each has a slider whose chart must follow it
+NOTEBOOKS = {"01_data_parallel.ipynb": True, "03_pipeline_parallel.ipynb": True, "04_zero.ipynb": True}
+#: JupyterLab settings for a quiet, fully rendered notebook: every cell in the DOM, no news pop-up
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                        "checkForUpdates": False},
+}
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 (a free port), serving notebooks/; its URL."""
+    from workbench.lifetime import die_with_parent, stop
+
+    tmp = tmp_path_factory.mktemp("lab")
+    for name, value in SETTINGS.items():
+        path = tmp / "settings" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    port = _free_port()
+    log = open(tmp / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={ROOT / 'notebooks'}",
+         f"--LabApp.user_settings_dir={tmp / 'settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                stop(proc)
+                raise AssertionError("JupyterLab did not start: " + (tmp / "lab.log").read_text()[-3000:]) from None
+            time.sleep(0.5)
+    yield url
+    stop(proc, grace_s=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+def _run_all(page, timeout_s: float) -> None:
+    """Run ▸ Run All Cells, then wait until every code cell has an execution count."""
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator('.lm-Menu-item[data-command="notebook:run-all-cells"]').click()
+    done = """() => { const ps = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+                        .map(p => p.textContent.trim());
+                      return ps.length > 0 && ps.every(t => /^\\[\\d+\\]:$/.test(t)); }"""
+    page.wait_for_function(done, timeout=timeout_s * 1000, polling=1000)
+
+
+def _chart_svg(output) -> str:
+    return output.locator(".js-plotly-plot .main-svg").first.inner_html()
+
+
+@pytest.mark.parametrize("notebook", list(NOTEBOOKS))
+def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    stem = notebook.removesuffix(".ipynb")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.goto(f"{lab}/lab/tree/{notebook}?token={TOKEN}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
+    _run_all(page, timeout_s=600)
+    page.wait_for_timeout(2000)  # the last widgets draw
+    page.screenshot(path=str(SHOTS / f"{stem}.png"))
+    errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]', has_text="Traceback")
+    assert page.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0, "a cell raised"
+    assert errors.count() == 0
+    assert "Error displaying widget" not in page.content()
+    assert page.locator(".js-plotly-plot").count() >= 2, "plotly charts rendered"
+    if NOTEBOOKS[notebook]:
+        _a_slider_moves_its_chart(page, stem)
+    assert not [e for e in console_errors if "favicon" not in e], console_errors
+
+
+def _a_slider_moves_its_chart(page, stem: str) -> None:
+    """The first ipywidgets slider whose output also holds a chart: move it, and the chart changes."""
+    sliders = page.locator(".jp-OutputArea-output:has(.widget-slider):has(.js-plotly-plot)")
+    assert sliders.count() >= 1, "an ipywidgets slider beside a plotly chart"
+    output = sliders.first
+    output.scroll_into_view_if_needed()
+    before = _chart_svg(output)
+    output.screenshot(path=str(SHOTS / f"{stem}-slider-before.png"))
+    handle = output.locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    for _ in range(3):
+        handle.press("ArrowLeft")
+    page.wait_for_timeout(3000)
+    output.screenshot(path=str(SHOTS / f"{stem}-slider-after.png"))
+    assert _chart_svg(output) != before, "moving the slider changed the chart"
+
+
+def test_figures_export_as_images():
+    """plotly's write_image (kaleido, driving this chromium) works: figures can leave the notebook."""
+    import plotly.graph_objects as go
+
+    os.environ.setdefault("BROWSER_PATH", CHROMIUM)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / "export.png"
+    go.Figure(go.Bar(x=["DP", "ZeRO-3"], y=[16, 2])).write_image(str(path))
+    assert path.stat().st_size > 1000
