@@ -273,8 +273,9 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {sorted(known)}")
         model = d.get("model")
-        if isinstance(model, dict) and "preset" in model:  # config.json: the preset's name beside its dims
-            d["model"] = model["preset"] or {k: v for k, v in model.items() if k != "preset"}
+        if isinstance(model, dict):  # config.json names the preset beside its dims
+            dims = {k: v for k, v in model.items() if k != "preset"}
+            d["model"] = model.get("preset") or model_from_dict(dims)
         return cls(**d)
 
     def to_json(self) -> str:
