@@ -56,6 +56,7 @@ def test_compare_tabulates_runs_with_estimates(tmp_path):
     assert open(report).read().count("plotly") > 0 and (tmp_path / "table.csv").exists()
 
 
+@pytest.mark.slow  # the same compare() as the test above, through the command line's parsing
 def test_compare_from_the_command_line(tmp_path):
     import subprocess
     import sys

@@ -23,7 +23,7 @@ def single(launched):
     {"tp": 2},
     {"dp": 2, "tp": 2},
     {"tp": 2, "sequence_parallel": True},
-    {"tp": 4},
+    pytest.param({"tp": 4}, marks=pytest.mark.slow),
     {"dp": 2, "tp": 2, "sequence_parallel": True, "bucket_mb": 0.01},
 ], ids=["tp2", "dp2-tp2", "tp2-sp", "tp4", "dp2-tp2-sp"])
 def test_tensor_parallel_matches_single_process(launched, single, config):

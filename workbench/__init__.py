@@ -5,28 +5,35 @@
     run.metrics, run.events, run.memory, run.summary
 
 Importing the package does not import torch: configs, the launcher, run loading and the charts work
-without it (the ranks that torchrun starts import it).
+without it (the ranks that torchrun starts import it). Only the configuration is imported eagerly; the
+rest (the launcher, runs, the estimator — pandas and plotly behind them) on first use, so that every
+rank torchrun starts does not pay for them.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from workbench.config import ConfigError, ModelConfig, RunConfig
-from workbench.estimator import Estimate, Hardware, estimate
-from workbench.launcher import Nodes, RunFailed, launch
-from workbench.planner import Cluster, plan
-from workbench.run import Run, load
+
+#: public name → the module that defines it (imported on first use)
+_LAZY = {"Estimate": "workbench.estimator", "Hardware": "workbench.estimator", "estimate": "workbench.estimator",
+         "Nodes": "workbench.launcher", "RunFailed": "workbench.launcher", "launch": "workbench.launcher",
+         "Cluster": "workbench.planner", "plan": "workbench.planner", "Run": "workbench.run", "load": "workbench.run",
+         "compare": "workbench.comparison", "calibrate": "workbench.calibration"}
 
 
-def compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - imports plotly only when used
-    """Launch configurations and compare them: see workbench.comparison.compare."""
-    from workbench.comparison import compare as _compare
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
-    return _compare(*args, **kwargs)
 
-
-def calibrate(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """Measure this machine's rates: see workbench.calibration.calibrate."""
-    from workbench.calibration import calibrate as _calibrate
-
-    return _calibrate(*args, **kwargs)
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 __all__ = ["Cluster", "ConfigError", "Estimate", "Hardware", "ModelConfig", "Nodes", "Run", "RunConfig", "RunFailed",
