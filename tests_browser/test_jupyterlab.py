@@ -111,7 +111,8 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     _run_all(page, timeout_s=600)
     page.wait_for_timeout(2000)  # the last widgets draw
     page.screenshot(path=str(SHOTS / f"{stem}.png"))
-    errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]', has_text="Traceback")
+    stderr = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+    errors = page.locator(stderr, has_text="Traceback")
     assert page.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0, "a cell raised"
     assert errors.count() == 0
     assert "Error displaying widget" not in page.content()
