@@ -57,7 +57,8 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={ROOT / 'notebooks'}",
-         f"--LabApp.user_settings_dir={tmp / 'settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"],
+         f"--LabApp.user_settings_dir={tmp / 'settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -87,7 +88,7 @@ def browser():
 def _run_all(page, timeout_s: float) -> None:
     """Run ▸ Run All Cells, then wait until every code cell has an execution count."""
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator('.lm-Menu-item[data-command="notebook:run-all-cells"]').click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
     done = """() => { const ps = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
                         .map(p => p.textContent.trim());
                       return ps.length > 0 && ps.every(t => /^\\[\\d+\\]:$/.test(t)); }"""
