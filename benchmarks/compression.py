@@ -24,12 +24,12 @@ from harness import check_same_losses, common_arguments, entry, interleaved_medi
 
 def _sent(comm) -> float:
     """Bytes this rank sent in the collectives its communicator recorded (then forgets them)."""
+    from workbench.analysis.summary import comm_intervals
     from workbench.comm.bandwidth import bytes_sent
 
-    events = [e["args"] for e in comm.recorder.events if e.get("cat") == "collective"
-              and (e.get("ph") == "b" or e.get("ph") == "X" and not e["args"].get("async"))]
+    sent = sum(bytes_sent(a) for a, _, _ in comm_intervals(comm.recorder.events))
     comm.recorder.events.clear()
-    return sum(bytes_sent(a) for a in events)
+    return sent
 
 
 def worker(args: argparse.Namespace) -> None:

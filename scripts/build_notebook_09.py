@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import workbench as wb
 from workbench import viz
+from workbench.analysis.summary import comm_intervals
 from workbench.comm.bandwidth import bytes_sent
 from workbench.estimator import estimate, with_emulated_links
 from workbench.launcher import ring_demo
@@ -63,8 +64,7 @@ onebit = run("onebit", dp=2, steps=STEPS, optimizer="onebit-adam", onebit_warmup
 
 def gradient_bytes(r, step):
     trace = next(t for t in r.traces if t["distributedInfo"]["rank"] == 0)
-    ops = [e["args"] for e in trace["traceEvents"] if e.get("cat") == "collective"
-           and (e.get("ph") == "b" or e.get("ph") == "X" and not e["args"].get("async"))]
+    ops = [a for a, _, _ in comm_intervals(trace["traceEvents"])]  # each operation once
     return sum(bytes_sent(a) for a in ops if a.get("step") == step
                and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales")))
 

@@ -6,6 +6,7 @@ import torch
 
 from tests.distributed import make_comm, run_ranks
 from workbench import ConfigError, RunConfig
+from workbench.analysis.summary import comm_intervals
 from workbench.comm.bandwidth import bytes_sent
 from workbench.parallel.onebit_adam import pack_signs, unpack_signs
 
@@ -56,8 +57,7 @@ def test_onebit_adam_sends_a_32nd_and_the_loss_still_falls(launched):
 def _gradient_bytes(run, step: int) -> float:
     """Bytes rank 0 sent for the gradients (buckets) or the momentum (signs and scales) in one step."""
     trace = next(t for t in run.traces if t["distributedInfo"]["rank"] == 0)
-    ops = [e["args"] for e in trace["traceEvents"] if e.get("cat") == "collective"  # each operation once:
-           and (e.get("ph") == "b" or e.get("ph") == "X" and not e["args"].get("async"))]  # not its launch span
+    ops = [a for a, _, _ in comm_intervals(trace["traceEvents"])]  # each operation once
     return sum(bytes_sent(a) for a in ops if a.get("step") == step
                and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales")))
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from workbench.comm.bandwidth import bus_factor
+
 
 @dataclass(frozen=True)
 class Link:
@@ -55,12 +57,10 @@ def parse_links(spec: str) -> dict[str, Link]:
     return links
 
 
-#: ring steps of each collective over n ranks, and the fraction of its S bytes one step moves
-_RING = {"all_reduce": (lambda n: 2 * (n - 1), lambda n: 1 / n),
-         "reduce_scatter": (lambda n: n - 1, lambda n: 1 / n),
-         "all_gather": (lambda n: n - 1, lambda n: 1 / n),
-         "all_to_all": (lambda n: n - 1, lambda n: 1 / n),
-         "broadcast": (lambda n: n - 1, lambda n: 1.0)}
+#: ring steps of each collective over n ranks (each pays the latency); the bytes each rank sends in all
+#: are the bus-bandwidth factor's (comm/bandwidth.py)
+_RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
+               "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1}
 
 
 @dataclass
@@ -94,12 +94,11 @@ class EmulatedNetwork:
     def collective_seconds(self, op: str, nbytes: int, members: list[int]) -> tuple[str, float]:
         name, link = self.link(members)
         n = len(members)
-        if link is None or n == 1 or op not in _RING:
+        if link is None or n == 1 or op not in _RING_STEPS:
             return name, 0.0
-        steps, share = _RING[op]
-        if op == "broadcast":  # a pipelined chain: n−1 latencies, the bytes once
-            return name, steps(n) * link.latency_us * 1e-6 + nbytes / (link.bandwidth_GBps * 1e9)
-        return name, steps(n) * link.seconds(nbytes * share(n))
+        # a broadcast is a pipelined chain: n−1 latencies, the bytes once (its bus factor is 1)
+        sent = bus_factor(op, n) * nbytes
+        return name, _RING_STEPS[op](n) * link.latency_us * 1e-6 + sent / (link.bandwidth_GBps * 1e9)
 
 
 def hold(recorder: object, seconds: float, lane: str, **args: object) -> None:
