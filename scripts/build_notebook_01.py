@@ -70,7 +70,8 @@ Rows per rank: `compute` (forward, backward, optimizer), `comm` (launches and bl
 code("""
 one_bucket = run("dp2-one-bucket", dp=2, bucket_mb=25)
 small_buckets = runs["2 ranks"]
-viz.timeline(one_bucket, title="one bucket: the all-reduce starts after backward").show()
+viz.timeline(one_bucket, title="one bucket: its all-reduce starts only when the last gradient is ready, "
+                                "at the very end of backward — little left to hide it under").show()
 viz.timeline(small_buckets, title="small buckets: all-reduces launched during backward").show()
 """),
 code("""

@@ -110,8 +110,10 @@ mem
 """),
 code("""
 import plotly.express as px
-long = mem.melt(id_vars=["run"], value_vars=["activation MB measured", "activation MB predicted"])
-px.bar(long, x="run", y="value", color="variable", barmode="group",
+long = mem.melt(id_vars=["run"], value_vars=["activation MB measured", "activation MB predicted"],
+                var_name="source", value_name="MB")
+px.bar(long, x="run", y="MB", color="source", barmode="group",
+       labels={"MB": "activation memory per rank (MB)", "run": "run", "source": ""},
        title="activation memory per rank: measured beside predicted").show()
 """),
 md("""

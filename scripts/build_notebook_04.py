@@ -20,6 +20,7 @@ The paper's example: Ψ = 7.5 billion on N = 64 GPUs — 120 GB, 31.4 GB, 16.6 G
 code("""
 import os
 import pandas as pd
+import plotly.express as px
 import workbench as wb
 from workbench import viz, formulas
 from workbench.viz.zero import formula_explorer
@@ -51,7 +52,6 @@ runs = {
     "ZeRO-1": run("zero1", dp=2, zero=1),
     "ZeRO-2": run("zero2", dp=2, zero=2, bucket_mb=0.02),
     "ZeRO-3": run("zero3", dp=2, zero=3),
-    "ZeRO-3, dp=4": run("zero3-dp4", dp=4, zero=3),
 }
 losses = viz.compare_losses(runs, baseline="1 process")
 assert (losses.max_abs_diff <= 1e-5 * losses.final_loss).all(), losses
@@ -71,17 +71,6 @@ states = pd.DataFrame(rows)
 states["error %"] = 100 * (states.measured - states.predicted) / states.predicted
 assert (states["error %"].abs() <= 3).all()
 states.pivot(index="run", columns="category", values="measured")
-"""),
-md("""
-## ZeRO-3 over one step: the saw-tooth
-
-Each layer's parameters are all-gathered just before its forward (the next one prefetched while it
-computes), freed after, gathered again before its backward, and freed once its gradients are
-reduce-scattered. `temporary` is the gathered layers; `parameter` stays at this rank's 1/N.
-"""),
-code("""
-viz.memory_over_time(runs["ZeRO-3"], rank=0, steps=1).show()
-viz.timeline(runs["ZeRO-3"], steps=[STEPS - 1], ranks=[0]).show()
 """),
 md("""
 ## What a rank really pays: the simultaneous total, on a model whose states dominate
@@ -118,11 +107,31 @@ table.round(3)
 """),
 md("""
 The measured saving is smaller than the model-state formula's: activations are not partitioned, and
-ZeRO-2/3 pay for the gradient copies in flight and ZeRO-3 for the gathered layers. Over one step of
-ZeRO-3, with the allocator's line:
+ZeRO-2/3 pay for the gradient copies in flight and ZeRO-3 for the gathered layers.
+
+## ZeRO-3 over one step: the saw-tooth
+
+Each layer's parameters are all-gathered just before its forward (the next one prefetched while it
+computes), freed after, gathered again before its backward, and freed once its gradients are
+reduce-scattered. `temporary` is the gathered layers; `parameter` stays at this rank's 1/N. On this
+model the states dominate, so the stack shows it — and beneath it the gathered layers alone, one tooth
+per layer in forward and again in backward:
 """),
 code("""
-viz.memory_over_time(totals["ZeRO-3"]["run"], rank=0, steps=2).show()
+zero3 = totals["ZeRO-3"]["run"]
+viz.memory_over_time(zero3, rank=0, steps=1).show()
+"""),
+code("""
+mem = zero3.memory[zero3.memory["rank"] == 0]
+spans = zero3.events[(zero3.events["rank"] == 0) & (zero3.events.cat == "step")].sort_values("start_us")
+one = mem[(mem.ts_us >= spans.start_us.iloc[1]) & (mem.ts_us <= spans.end_us.iloc[1])]
+fig = px.line(one.assign(ms=(one.ts_us - one.ts_us.min()) / 1e3, MB=one.temporary / 1e6), x="ms", y="MB",
+              line_shape="hv", labels={"ms": "time in step 1 (ms)", "MB": "gathered layers, 'temporary' (MB)"},
+              title="ZeRO-3, rank 0: the full layers it holds for a moment — gathered, used, freed")
+fig.show()
+teeth = int(((one.temporary.diff() > 0)).sum())
+layers = STATES_DOMINATE["layers"]
+print(f"{teeth} rises of the gathered-layer memory in one step ({layers} layers, forward and backward)")
 """),
 md("""
 ## Communication: ZeRO-1 and 2 move what data parallelism moves, ZeRO-3 1.5 ×

@@ -75,9 +75,14 @@ def explore(nodes=96, global_batch=1536, zero=False, recompute="selective"):
                 zero_stages=(0, 1) if zero else (0,), recompute=recompute)
     print(q)
     c = q.candidates.assign(
-        layout=lambda d: "tp" + d.tp.astype(str) + " pp" + d.pp.astype(str) + " dp" + d.dp.astype(str))
-    px.scatter(c, x="memory_GB", y="step_time_s", color="fits", hover_name="layout", symbol="zero",
-               title="every layout: memory per GPU against estimated step time").show()
+        layout=lambda d: "tp" + d.tp.astype(str) + " pp" + d.pp.astype(str) + " dp" + d.dp.astype(str),
+        verdict=lambda d: d.fits.map({True: "fits in 80 GB", False: "does not fit"}) + ", ZeRO-" + d.zero.astype(str))
+    fig = px.scatter(c, x="memory_GB", y="step_time_s", color="verdict", hover_name="layout",
+                     labels={"memory_GB": "memory per GPU (GB)", "step_time_s": "estimated step time (s)",
+                             "verdict": "layout"},
+                     title="every layout: memory per GPU against estimated step time")
+    fig.add_vline(x=80, line_dash="dot", annotation_text="80 GB per GPU")
+    fig.show()
 
 widgets.interact(explore, nodes=widgets.IntSlider(96, 16, 256, 16),
                  global_batch=widgets.IntSlider(1536, 256, 4096, 256), zero=False,

@@ -32,5 +32,9 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 "${PIP[@]}" -e ".[dev]"
+# JupyterLab saves the widgets' state with the notebook: a saved notebook reopens with its sliders and charts
+# instead of "Error displaying widget: model not found" (the setting's default is off).
+mkdir -p "$VENV/share/jupyter/lab/settings"
+echo '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > "$VENV/share/jupyter/lab/settings/overrides.json"
 "$VENV/bin/python" -m ipykernel install --user --name workbench --display-name "Python (workbench)" >/dev/null 2>&1 || true
 "$VENV/bin/python" -c "import torch, workbench; print(f'[setup] ready: torch {torch.__version__}, workbench {workbench.__version__}, CUDA available: {torch.cuda.is_available()}')"

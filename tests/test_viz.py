@@ -59,7 +59,8 @@ def test_every_ring_collective_replays_to_its_result(tmp_path):
         sent = steps.groupby("rank").bytes.sum().max()
         assert sent == SENT[row.op](3) * row.bytes, (row.op, sent, row.bytes)
         last = viz.ring_steps(run, op=row.op).layout.sliders[0].steps[-1]
-        assert f"{int(sent)} B each (formula)" in last.args[1]["title"]
+        # {"title": {"text": …}}: the form plotly.js accepts from a slider (a bare string removed the title)
+        assert f"{int(sent)} B each (formula)" in last.args[1]["title"]["text"]
 
 
 def test_loading_and_charting_does_not_import_torch_distributed(launched):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,10 +45,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """JupyterLab on 127.0.0.1 (a free port), serving notebooks/; its URL."""
+    """JupyterLab on 127.0.0.1 (a free port), serving a copy of notebooks/ (so that its autosave never
+    writes outputs into the checkout; their runs go to the copy's ../traces); its URL."""
     from workbench.lifetime import die_with_parent, stop
 
     tmp = tmp_path_factory.mktemp("lab")
+    shutil.copytree(ROOT / "notebooks", tmp / "notebooks")
     for name, value in SETTINGS.items():
         path = tmp / "settings" / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,8 +59,9 @@ def lab(tmp_path_factory):
     log = open(tmp / "lab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={ROOT / 'notebooks'}",
-         f"--LabApp.user_settings_dir={tmp / 'settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"]
+         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={tmp / 'notebooks'}",
+         f"--LabApp.user_settings_dir={tmp / 'settings'}",
+         "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"]
         + (["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
@@ -85,14 +89,28 @@ def browser():
         b.close()
 
 
+KERNEL_READY = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                           const s = w && w.sessionContext && w.sessionContext.session;
+                           const k = s && s.kernel;
+                           return !!k && k.connectionStatus === 'connected' && k.status === 'idle'; }"""
+ALL_RAN = """() => { const nb = window.jupyterapp.shell.currentWidget.node;
+                   const ps = [...nb.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+                     .map(p => p.textContent.trim());
+                   return ps.length > 0 && ps.every(t => /^\\[\\d+\\]:$/.test(t)); }"""
+
+
 def _run_all(page, timeout_s: float) -> None:
-    """Run ▸ Run All Cells, then wait until every code cell has an execution count."""
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-    done = """() => { const ps = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
-                        .map(p => p.textContent.trim());
-                      return ps.length > 0 && ps.every(t => /^\\[\\d+\\]:$/.test(t)); }"""
-    page.wait_for_function(done, timeout=timeout_s * 1000, polling=1000)
+    """Run all cells once the kernel is connected and idle (JupyterLab's own command, through the app the
+    server exposes), then wait until every code cell has an execution count. Clicking Run ▸ Run All while
+    the kernel was still connecting ran nothing: the cells stayed `[ ]`."""
+    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=500)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    try:
+        page.wait_for_function(ALL_RAN, timeout=timeout_s * 1000, polling=1000)
+    except Exception:
+        page.screenshot(path=str(SHOTS / "timeout.png"), full_page=True)
+        prompts = page.eval_on_selector_all(".jp-CodeCell .jp-InputArea-prompt", "ps => ps.map(p => p.textContent)")
+        raise AssertionError(f"Run All did not finish in {timeout_s:.0f} s; prompts: {prompts}") from None
 
 
 def _chart_svg(output) -> str:
@@ -105,11 +123,11 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     stem = notebook.removesuffix(".ipynb")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     console_errors: list[str] = []
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    page.goto(f"{lab}/lab/tree/{notebook}?token={TOKEN}")
+    page.on("console", lambda m: console_errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None)
+    # a workspace of its own, reset: only this notebook open (a shared one reopened the previous tab)
+    page.goto(f"{lab}/lab/workspaces/{stem}/tree/{notebook}?reset&token={TOKEN}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
-    _run_all(page, timeout_s=600)
+    _run_all(page, timeout_s=float(os.environ.get('WORKBENCH_RUN_ALL_S', 600)))
     page.wait_for_timeout(2000)  # the last widgets draw
     page.screenshot(path=str(SHOTS / f"{stem}.png"))
     stderr = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
@@ -120,7 +138,30 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     assert page.locator(".js-plotly-plot").count() >= 2, "plotly charts rendered"
     if NOTEBOOKS[notebook]:
         _a_slider_moves_its_chart(page, stem)
+    (SHOTS / f"{stem}-console.txt").write_text("\n\n".join(console_errors))
     assert not [e for e in console_errors if "favicon" not in e], console_errors
+    _saved_notebook_reopens_clean(page, browser, lab, notebook)
+
+
+def _saved_notebook_reopens_clean(page, browser, lab: str, notebook: str) -> None:
+    """Save, shut the kernel down, open the notebook again: its outputs (progress lines, charts, widgets
+    from their saved state) show without "Error displaying widget" or console errors."""
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+    page.close()
+    stem = notebook.removesuffix(".ipynb")
+    again = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    again.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    again.goto(f"{lab}/lab/workspaces/{stem}-reopened/tree/{notebook}?reset&token={TOKEN}")
+    again.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    again.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    again.wait_for_timeout(3000)
+    again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))
+    assert "Error displaying widget" not in again.content(), "a saved widget did not come back"
+    assert not [e for e in errors if "favicon" not in e], errors
+    again.close()
 
 
 def _a_slider_moves_its_chart(page, stem: str) -> None:

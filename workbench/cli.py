@@ -27,7 +27,7 @@ from workbench.config import (
     SCHEDULES,
     RunConfig,
 )
-from workbench.config_rules import OPTIMIZERS
+from workbench.config_rules import ATTENTION, OPTIMIZERS
 
 
 def _model(value: str) -> str | dict:
@@ -80,6 +80,20 @@ def _add_communication(run: argparse.ArgumentParser, d: RunConfig) -> None:
                      help="cast gradient buckets to 16 bits for the all-reduce (torch DDP's compress hooks)")
 
 
+def _add_data_and_tools(run: argparse.ArgumentParser, d: RunConfig) -> None:
+    """The tokens, the attention kernel, and the tools people watch training with."""
+    run.add_argument("--data", default=d.data,
+                     help="'synthetic' (a learnable Markov chain), a nanoGPT .bin file (uint16 token ids), or "
+                          "'text:FILE' (the file's bytes as tokens: vocab 256, no tokenizer)")
+    run.add_argument("--attention", default=d.attention, choices=ATTENTION,
+                     help="eager: written out (what the activation formula counts); sdpa: torch's fused kernel")
+    run.add_argument("--tensorboard", action="store_true",
+                     help="write loss, lr, grad norm, tokens/s, time split and memory per step into RUN/tb")
+    run.add_argument("--profile-steps", default=None,
+                     help="'A:B': a torch.profiler (Kineto) trace of steps A..B-1 per rank into RUN/profile "
+                          "(Perfetto, TensorBoard's profiler, Holistic Trace Analysis)")
+
+
 def _add_launch(run: argparse.ArgumentParser) -> None:
     """Where the run goes and which machines take part."""
     run.add_argument("--out", default=None, help="run directory (default traces/<name>, or traces/run-<time>)")
@@ -127,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = RunConfig()
     run.add_argument("--model", type=_model, default=d.model,
-                     help="a preset (tiny, small), or JSON changes to one: '{\"base\": \"small\", \"layers\": 8}' "
+                     help="a preset (tiny, small, gpt2-small, gpt2-medium, gpt-1.3b), or JSON changes to one: "
+                          "'{\"base\": \"small\", \"layers\": 8}' "
                           "(base tiny when left out; the dims that result are printed)")
     for axis, text in (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks (Megatron)"),
                        ("pp", "pipeline stages")):
@@ -163,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record the allocator beside the categories (CPU: torch.profiler memory events; "
                           "CUDA: a snapshot for pytorch.org/memory_viz) until the end of --profile-memory-step")
     run.add_argument("--profile-memory-step", type=int, default=d.profile_memory_step)
+    _add_data_and_tools(run, d)
     _add_fault_tolerance(run, d)
     _add_launch(run)
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config_rules import check_communication, check_elastic, check_optimizer
+from workbench.config_rules import check_communication, check_data_and_tools, check_elastic, check_optimizer, check_zero
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
@@ -84,6 +84,14 @@ class RunConfig:
     #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
     offload_optimizer: bool = False
     trace: bool = True
+    #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (data_source.py)
+    data: str = "synthetic"
+    #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
+    attention: str = "eager"
+    #: rank 0 writes loss, lr, time split and memory per step into RUN/tb (engine/tensorboard.py)
+    tensorboard: bool = False
+    #: 'A:B': a torch.profiler (Kineto) trace of steps A..B−1 per rank in RUN/profile (measure/torch_profile.py)
+    profile_steps: str | None = None
     #: summary.json's time figures (step time, compute, comm, overlap, idle) and the charts' default window
     #: leave out this many first steps: warm-up, where one rank starting later makes the others wait
     warmup_steps_excluded: int = 1
@@ -172,7 +180,7 @@ class RunConfig:
             )
         self._validate_tensor_parallel()
         self._validate_pipeline()
-        self._validate_zero()
+        check_zero(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")
@@ -183,6 +191,7 @@ class RunConfig:
         check_communication(self)
         check_optimizer(self)
         check_elastic(self)
+        check_data_and_tools(self)
         if self.bucket_mb <= 0:
             raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
         if self.timeout_s <= 0:
@@ -233,29 +242,6 @@ class RunConfig:
         if self.schedule == "interleaved" and p > 1 and mb % p:
             raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
                               f"microbatches={mb} must be a multiple of pp={p}")
-
-    def _validate_zero(self) -> None:
-        if self.offload_optimizer and self.zero == 0:
-            raise ConfigError("offload_optimizer=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned "
-                              "optimizer states")
-        if self.zero and self.precision != "fp32":
-            raise ConfigError(f"zero={self.zero} with precision={self.precision!r} is not supported yet: ZeRO runs "
-                              f"in fp32 here (use precision='fp32', or zero=0 for mixed precision)")
-        if self.zero == 0:
-            return
-        if self.tp > 1:
-            raise ConfigError(f"zero={self.zero} with tp={self.tp} is not supported yet: ZeRO partitions over the "
-                              f"data-parallel ranks of a model without tensor parallelism (use tp=1)")
-        if self.zero == 3 and self.microbatches > 1:
-            raise ConfigError("zero=3 with microbatches > 1 is not supported: parameters would be gathered per "
-                              "microbatch; use zero=1 or 2 for gradient accumulation")
-        if self.zero >= 2 and self.pp > 1:
-            raise ConfigError(f"zero={self.zero} with pp={self.pp} is not supported (gradients would be partitioned "
-                              f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
-        if self.zero and (self.dp_impl == "naive" or self.allreduce not in ("backend", "ring")
-                          or self.allreduce == "ring" and self.zero != 1):
-            raise ConfigError("ZeRO brings its own reduce-scatter and all-gather: use dp_impl='bucketed' and "
-                              "allreduce='backend' (or 'ring' with zero=1: our send/recv rings for both)")
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Rules of RunConfig that span several of its fields: communication (hierarchical all-reduce, emulated
-links), the optimizer (1-bit Adam's conditions) and elastic membership. `RunConfig.validate` calls them;
+links), the optimizer (1-bit Adam's conditions), elastic membership, ZeRO's combinations, the data and the
+profiling tools. `RunConfig.validate` calls them;
 each raises ConfigError naming the bad value and what would be valid."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 from workbench.model_config import ConfigError
 
 OPTIMIZERS = ("adamw", "onebit-adam")
+ATTENTION = ("eager", "sdpa")
 
 
 def check_communication(cfg: Any) -> None:
@@ -54,3 +56,59 @@ def check_elastic(cfg: Any) -> None:
         raise ConfigError(f"elastic=True needs checkpoint_every ≥ 1 (got {cfg.checkpoint_every}) and max_restarts ≥ 1 "
                           f"(got {cfg.max_restarts}): a group re-formed after a machine left resumes from the newest "
                           f"checkpoint, and the leaving counts as one of torchrun's restarts")
+
+
+def check_zero(cfg: Any) -> None:
+    if cfg.offload_optimizer and cfg.zero == 0:
+        raise ConfigError("offload_optimizer=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned "
+                          "optimizer states")
+    if cfg.zero and cfg.precision != "fp32":
+        raise ConfigError(f"zero={cfg.zero} with precision={cfg.precision!r} is not supported yet: ZeRO runs "
+                          f"in fp32 here (use precision='fp32', or zero=0 for mixed precision)")
+    if cfg.zero == 0:
+        return
+    if cfg.tp > 1:
+        raise ConfigError(f"zero={cfg.zero} with tp={cfg.tp} is not supported yet: ZeRO partitions over the "
+                          f"data-parallel ranks of a model without tensor parallelism (use tp=1)")
+    if cfg.zero == 3 and cfg.microbatches > 1:
+        raise ConfigError("zero=3 with microbatches > 1 is not supported: parameters would be gathered per "
+                          "microbatch; use zero=1 or 2 for gradient accumulation")
+    if cfg.zero >= 2 and cfg.pp > 1:
+        raise ConfigError(f"zero={cfg.zero} with pp={cfg.pp} is not supported (gradients would be partitioned "
+                          f"once per microbatch); ZeRO-1 composes with pipeline parallelism: use zero=1")
+    if cfg.zero and (cfg.dp_impl == "naive" or cfg.allreduce not in ("backend", "ring")
+                      or cfg.allreduce == "ring" and cfg.zero != 1):
+        raise ConfigError("ZeRO brings its own reduce-scatter and all-gather: use dp_impl='bucketed' and "
+                          "allreduce='backend' (or 'ring' with zero=1: our send/recv rings for both)")
+
+
+def check_data_and_tools(cfg: Any) -> None:
+    """The data file (data_source.py), the attention kernel, and torch.profiler's step range."""
+    from workbench.data_source import check_data
+
+    if cfg.attention not in ATTENTION:
+        raise ConfigError(f"attention={cfg.attention!r}: valid are {list(ATTENTION)}")
+    if cfg.attention == "sdpa" and cfg.recompute != "none":
+        raise ConfigError(f"attention='sdpa' with recompute={cfg.recompute!r}: the fused kernel already recomputes "
+                          f"the attention core in its backward (no s×s probabilities kept); its memory with "
+                          f"recomputation is not modelled yet — use recompute='none'")
+    m = cfg.model_config
+    check_data(cfg.data, m.vocab_size, m.seq_len)
+    if cfg.profile_steps is None:
+        return
+    first, stop = profile_range(cfg.profile_steps)
+    if not 0 <= first < stop <= cfg.steps:
+        raise ConfigError(f"profile_steps={cfg.profile_steps!r}: steps A..B−1 with 0 ≤ A < B ≤ steps={cfg.steps}, "
+                          f"e.g. '2:4'")
+    if cfg.profile_memory:
+        raise ConfigError("profile_steps and profile_memory both run torch.profiler: choose one per run")
+
+
+def profile_range(spec: str) -> tuple[int, int]:
+    """'A:B' → (A, B); ConfigError when it is not two integers."""
+    try:
+        first, stop = (int(x) for x in str(spec).split(":"))
+    except ValueError:
+        raise ConfigError(f"profile_steps={spec!r}: give 'A:B', the first profiled step and the one after the "
+                          f"last, e.g. '2:4'") from None
+    return first, stop

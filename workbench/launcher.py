@@ -18,11 +18,14 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 from workbench.checkpoint_files import archive_attempt, check_resume
-from workbench.config import RunConfig
+from workbench.config import ConfigError, RunConfig
 from workbench.lifetime import die_with_parent, stop
+from workbench.model_config import lr_warning
+from workbench.progress import Progress
 from workbench.run import Run, load
 from workbench.trace.merge import recover_partials, write_merged
 
@@ -61,8 +64,6 @@ class Nodes:
         except ValueError:
             low = high = 0
         if not 1 <= low <= high:
-            from workbench.config import ConfigError
-
             raise ConfigError(f"nnodes={self.nnodes!r}: a number of machines ≥ 1, or MIN:MAX with 1 ≤ MIN ≤ MAX")
         return low, high
 
@@ -159,6 +160,7 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
            echo: bool = False, force: bool = False) -> Run:
     """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError). An
     earlier run in `out` is replaced only with `force=True` (FileExistsError otherwise)."""
+    _warn_lr(config)
     config.validate()
     if config.backend == "nccl":
         _check_cuda()
@@ -178,10 +180,21 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
         log.flush()
         proc = subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
                                 env=env, preexec_fn=die_with_parent)  # it and its ranks end with us
-        rc = _follow(proc, run_dir, config.steps, progress)
+        rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
     return load(run_dir)
+
+
+def _warn_lr(config: RunConfig) -> None:
+    """A learning rate far above what the model's width trains with: said, not refused (before validation,
+    so that it is seen even when another value stops the launch)."""
+    try:
+        high = lr_warning(config.model_config, config.lr)
+    except ConfigError:
+        return
+    if high:
+        warnings.warn(high, stacklevel=3)
 
 
 def rank_env() -> dict[str, str]:
@@ -214,32 +227,25 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
     return load(run_dir)
 
 
-def _follow(proc: subprocess.Popen, run_dir: str, steps: int, progress: bool) -> int:
+def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: bool) -> int:
+    """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: progress.py)."""
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc=os.path.basename(run_dir), unit="step", leave=False)
-    done = 0
+    shown = Progress(os.path.basename(run_dir), config.steps, config.world_size, enabled=progress)
+    rc = None
     try:
-        while True:
+        while rc is None:
             rc = proc.poll()
-            if bar is not None and os.path.exists(metrics):
+            if progress and os.path.exists(metrics):
                 with open(metrics) as f:
-                    n = sum(1 for _ in f)
-                if n > done:
-                    bar.update(n - done)
-                    done = n
-            if rc is not None:
-                return rc
-            time.sleep(0.1)
-    except BaseException:  # Ctrl-C, SIGTERM turned into an exception by the CLI, a failing progress bar
+                    shown.update(sum(1 for _ in f))
+            if rc is None:
+                time.sleep(0.1)
+        return rc
+    except BaseException:  # Ctrl-C, SIGTERM turned into an exception by the CLI
         stop(proc)
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        shown.close(ok=rc == 0)
 
 
 def _failure(run_dir: str, rc: int, log_path: str) -> RunFailed:

@@ -54,11 +54,29 @@ class ModelConfig:
 
 
 #: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
-#: million parameters (benchmarks); anything else is given as a ModelConfig or dict.
+#: million parameters (benchmarks); the GPT-2 shapes are for GPUs (GPT-2's BPE vocabulary padded to 50304, a
+#: multiple of 64, as nanoGPT does; sequence 1024). Their Ψ counts an untied head: GPT-2's published 124 M ties
+#: the head to the embedding — see `param_count` and the README. Anything else is a ModelConfig or a dict.
+GPT2_VOCAB, GPT2_SEQ = 50304, 1024
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
     "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
+    "gpt2-small": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12),
+    "gpt2-medium": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=1024, heads=16, layers=24),
+    "gpt-1.3b": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=2048, heads=16, layers=24),
 }
+
+
+def lr_warning(model: ModelConfig, lr: float) -> str | None:
+    """A warning when the learning rate is far above what models of this width train with. Adam's stable
+    rate falls roughly as 1/width (μP; GPT-2/3's published rates: 6e-4 at 768, 3e-4 at 1024, 2e-4 at
+    2048): take 3e-3 at width 256 — this project's `small` — as the reference and warn above 1.5× of
+    3e-3·256/width."""
+    safe = 3e-3 * 256 / model.hidden
+    if lr > 1.5 * safe:
+        return (f"lr={lr:g} is high for hidden={model.hidden}: Adam's stable rate falls about as 1/width; "
+                f"try lr ≈ {safe:.1g} (3e-3 × 256 / hidden)")
+    return None
 
 
 def model_from_dict(d: dict[str, Any]) -> ModelConfig:

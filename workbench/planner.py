@@ -89,8 +89,9 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
                    f"bubble {best['bubble']:.1%}, about {best['step_time_s']:.1f} s per step.")
         why.append(f"tp {best['tp']}: tensor parallelism moves activations in every layer, so it stays inside a "
                    f"node's {hw.devices_per_node} GPUs; pp {best['pp']}: of the layouts that fit, the one with the "
-                   f"shortest estimated step (fewer stages: less bubble, more memory); dp takes the remaining "
-                   f"factor of {world}.")
+                   f"shortest estimated step (fewer stages: less bubble, more memory); "
+                   + (f"dp {best['dp']} = {world} GPUs / (tp {best['tp']} × pp {best['pp']})." if best["dp"] > 1 else
+                      f"tp × pp uses all {world} GPUs: no data parallelism is left."))
         smaller = table[(table.tp == best["tp"]) & (table.pp < best["pp"]) & (table.zero == best["zero"])]
         if len(smaller):
             s = smaller.sort_values("pp").iloc[-1]

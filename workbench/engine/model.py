@@ -46,6 +46,9 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
 class CausalSelfAttention(nn.Module):
     #: set by engine/recompute.py for selective recomputation: rerun the attention core in backward
     recompute: Any = None
+    #: set by engine/parallelize.py for attention='sdpa': torch's fused scaled_dot_product_attention (flash
+    #: attention where the device has it) — saves no s×s probabilities, faster on GPUs
+    fused: bool = False
 
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
@@ -67,6 +70,8 @@ class CausalSelfAttention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) inputs, returned as (b, s, heads·d)."""
         b, heads, s, d = q.shape
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         probs = scores.masked_fill(self.mask[:s, :s], float("-inf")).softmax(dim=-1)
         return (probs @ v).transpose(1, 2).reshape(b, s, heads * d)

@@ -27,7 +27,7 @@ from workbench.engine.anomaly import LossSpike
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
-from workbench.engine.model import GPT
+from workbench.engine.model import GPT, CausalSelfAttention
 from workbench.engine.recompute import Recompute, apply_recompute
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
@@ -104,6 +104,8 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Reco
     chunk.init_weights(cfg.seed)
     if rc is not None:
         apply_recompute(chunk, rc)
+    for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
+        attn.fused = cfg.attention == "sdpa"
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
     return chunk

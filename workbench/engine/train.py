@@ -10,15 +10,21 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Callable
 from typing import Any
 
+from workbench.config import RunConfig
+from workbench.config_rules import profile_range
+from workbench.data_source import TokenFile
 from workbench.engine.checkpoint import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
-from workbench.engine.data import rank_batch
+from workbench.engine.data import rank_batch, shard_rows
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
+from workbench.engine.tensorboard import TensorBoard
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.memory_profile import MemoryProfile
+from workbench.measure.torch_profile import TorchProfile
 from workbench.pipeline.stages import global_name
 
 
@@ -34,20 +40,46 @@ def train(ctx: RankContext) -> dict[str, Any]:
     start = resume_step(strategy)
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
+    source = batches(cfg, ctx.device, dp_index, dp_size)
+    tb = TensorBoard(ctx.run_dir, ctx.recorder, ctx.memory) if cfg.tensorboard and ctx.rank == 0 else None
+    kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
+              if cfg.profile_steps else None)
     for step in range(start, cfg.steps):
-        batch = rank_batch(cfg.seed, step, cfg.global_batch, mcfg.seq_len, mcfg.vocab_size, dp_index, dp_size,
-                           ctx.device)
         step_start = ctx.recorder.now_us()
-        results.append(train_step(strategy, batch, step))
+        if kineto is not None:
+            kineto.before(step)
+        results.append(train_step(strategy, source(step), step))
+        if kineto is not None:
+            kineto.after(step)
         if profile is not None and step == cfg.profile_memory_step:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
         if ctx.rank == 0:
-            append_metrics(ctx, results[-1])
+            row = append_metrics(ctx, results[-1])
+            if tb is not None:
+                tb.write(row, since_us=step_start)
         maybe_save(strategy, step)
         ctx.recorder.flush()
+    if tb is not None:
+        tb.close()
     return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
             "loss": results[-1].loss if results else float("nan"),
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count()}
+
+
+def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int) -> Callable[[int], tuple[Any, Any]]:
+    """step → this data-parallel rank's (inputs, targets): the synthetic chain, or windows of a data file
+    (data_source.py) — either way a function of (seed, step), sliced by dp index."""
+    m = cfg.model_config
+    if cfg.data == "synthetic":
+        return lambda step: rank_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, dp_index,
+                                       dp_size, device)
+    tokens = TokenFile(cfg.data)
+
+    def from_file(step: int) -> tuple[Any, Any]:
+        x, y = tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len)
+        return shard_rows(x, dp_index, dp_size).to(device), shard_rows(y, dp_index, dp_size).to(device)
+
+    return from_file
 
 
 def describe(strategy: Strategy) -> None:
@@ -64,7 +96,7 @@ def describe(strategy: Strategy) -> None:
     ctx.memory.snapshot()
 
 
-def append_metrics(ctx: RankContext, r: StepResult) -> None:
+def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
     row = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_time_s": r.step_time_s,
            "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt(),
@@ -73,4 +105,5 @@ def append_metrics(ctx: RankContext, r: StepResult) -> None:
     row["anomaly"] = r.extra.get("anomaly")
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
+    return row
 

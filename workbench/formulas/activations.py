@@ -37,6 +37,9 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
     selective:  keeps all but the attention core's tensors: the softmax probabilities (a·s²·b/t) are
                 dropped; rerunning the core rebuilds them, plus contiguous copies of q, k, v (3·sbh/t)
                 that the batched matmuls save.
+    fused:      attention='sdpa' (flash attention) without recomputation: no probabilities are saved, the
+                kernel keeps its log-sum-exp instead (a·s·b/t values, fp32) and recomputes the rest in its
+                backward — measured equal on CPU (tests/test_models.py).
     """
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
     whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
@@ -46,6 +49,8 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
     if recompute == "selective":
         probs = w * a * s * s * b / t
         return whole - probs, probs + w * 3 * s * b * h / t
+    if recompute == "fused":
+        return whole - w * a * s * s * b / t + 4 * a * s * b / t, 0.0
     return whole, 0.0
 
 
@@ -97,7 +102,7 @@ def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_p
                 recompute node its q, k, v: ln_1's input, output and statistics remain, and the rerun
                 adds the probabilities and the contiguous q, k, v copies its matmuls save.
     """
-    if recompute == "none":
+    if recompute in ("none", "fused"):
         return 0.0
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
     kept, _ = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute)

@@ -30,6 +30,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     rc = config.get("recompute", "none")
+    if config.get("attention", "eager") == "sdpa":  # the fused kernel keeps no probabilities (validated: rc none)
+        rc = "fused"
     if config.get("pp", 1) == 1 and m == 1:
         return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc)}
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and

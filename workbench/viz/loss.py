@@ -10,21 +10,31 @@ from workbench.run import Run
 
 
 def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
-    """Left: loss per step of each run. Right (with a baseline): |loss − baseline loss| per step."""
+    """Left: loss per step of each run, the baseline drawn wide underneath (runs that equal it would
+    otherwise hide it). Right (with a baseline): |loss − baseline loss| per step on a log axis; a step where
+    the two are bit-identical (difference 0) has no log value: it is left out and counted in the title."""
     cols = 2 if baseline else 1
-    titles = ["loss"] + ([f"|loss − {baseline}|"] if baseline else [])
-    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
     base = runs[baseline].metrics.set_index("step").loss if baseline else None
-    for name, run in runs.items():
+    diffs = {name: (run.metrics.set_index("step").loss - base).abs() for name, run in runs.items()
+             if base is not None and name != baseline}
+    zeros = sum(int((d == 0).sum()) for d in diffs.values())
+    titles = ["loss per step"] + ([f"|loss − {baseline}|" + (f" ({zeros} bit-identical steps: 0, not drawn)"
+                                                               if zeros else "")] if baseline else [])
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles, horizontal_spacing=0.12)
+    for name, run in sorted(runs.items(), key=lambda kv: kv[0] != baseline):  # the baseline first: underneath
         m = run.metrics
-        fig.add_trace(go.Scatter(x=m.step, y=m.loss, name=name, mode="lines+markers", legendgroup=name), 1, 1)
-        if base is not None and name != baseline:
-            diff = (m.set_index("step").loss - base).abs()
-            fig.add_trace(go.Scatter(x=diff.index, y=diff.values, name=name, mode="lines+markers",
+        wide = {"width": 7, "color": "rgba(120,120,120,0.45)"} if name == baseline else {"width": 2}
+        fig.add_trace(go.Scatter(x=m.step, y=m.loss, name=name, mode="lines" if name == baseline else "lines+markers",
+                                 line=wide, legendgroup=name), 1, 1)
+        if name in diffs:
+            d = diffs[name]
+            fig.add_trace(go.Scatter(x=d.index, y=d.where(d > 0).values, name=name, mode="markers",
                                      legendgroup=name, showlegend=False), 1, 2)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="loss (nats per token)", row=1, col=1)
     if baseline:
-        fig.update_yaxes(type="log", exponentformat="e", row=1, col=2)
-    fig.update_layout(xaxis_title="step", height=380)
+        fig.update_yaxes(type="log", exponentformat="e", title_text="|Δ loss| (nats)", row=1, col=2)
+    fig.update_layout(height=400, legend_title_text="run")
     return fig
 
 

@@ -46,7 +46,8 @@ def planned(name: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float 
     tl = simulate(s, t_f, t_b)
     fig = go.Figure()
     _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans])
-    fig.update_layout(barmode="overlay", xaxis_title="time (forward = 1)", yaxis={"autorange": "reversed"},
+    fig.update_layout(barmode="overlay", xaxis_title="time (one forward = 1)",
+                      yaxis={"autorange": "reversed", "title": "rank"}, uniformtext={"minsize": 9, "mode": "hide"},
                       title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} "
                             f"(formula (p−1)/(v·m+p−1) = {formulas.bubble_fraction(p, m, v):.3f})",
                       height=140 + 45 * p)
@@ -74,7 +75,7 @@ def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
     s = build_schedule(c["schedule"] if c["pp"] > 1 else "1f1b", c["pp"], c["microbatches"], v)
     tl = simulate(s, sum(f) / len(f) * v, sum(bw) / len(bw) * v)
     bubble = run.summary.get("bubble_fraction", {})
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=[
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.2, subplot_titles=[
         f"planned (simulated with measured costs): bubble {tl.bubble_fraction():.3f}",
         f"measured, step {step}: bubble {bubble.get('measured') or 0:.3f} "
         f"(formula {formulas.bubble_fraction(s.p, s.m, s.v):.3f})"])
@@ -82,8 +83,10 @@ def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
           row=1)
     _bars(fig, rows, row=2, legend=False)
     fig.update_layout(barmode="overlay", height=260 + 90 * s.p, title=f"{c['schedule']} p={s.p} m={s.m} v={s.v}")
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title_text="ms", row=2, col=1)
+    fig.update_yaxes(autorange="reversed", title_text="rank")
+    fig.update_xaxes(title_text="ms (simulated from the measured mean forward and backward)", row=1, col=1)
+    fig.update_xaxes(title_text="ms (recorded)", row=2, col=1, showticklabels=True)
+    fig.update_layout(uniformtext={"minsize": 9, "mode": "hide"})
     return fig
 
 
@@ -108,27 +111,34 @@ def bubble_vs_m(runs: list[Run]) -> go.Figure:
 
 
 def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
-    """Sliders for p, m, v and the schedule, driving the simulator (no processes)."""
+    """Sliders for p, m, v and the schedule, driving the simulator (no processes). A control the chosen
+    schedule ignores is disabled (v for gpipe and 1f1b), and interleaved's rule — m a multiple of p — is
+    the m slider's own step, so the slider always shows the m that is drawn."""
     import ipywidgets as widgets
 
-    out = widgets.Output()
-    schedule = widgets.Dropdown(options=["gpipe", "1f1b", "interleaved"], value="1f1b", description="schedule")
-    p = widgets.IntSlider(value=4, min=2, max=8, description="p (stages)")
-    m = widgets.IntSlider(value=8, min=1, max=32, description="m (microbatches)")
-    v = widgets.IntSlider(value=2, min=1, max=4, description="v (chunks)")
-    ratio = widgets.FloatSlider(value=2.0, min=0.5, max=4.0, step=0.5, description="t_b / t_f")
+    out = widgets.Output(layout={"width": "100%"})
+    wide = {"style": {"description_width": "initial"}, "layout": {"width": "32%"}}
+    schedule = widgets.Dropdown(options=["gpipe", "1f1b", "interleaved"], value="1f1b", description="schedule",
+                                **wide)
+    p = widgets.IntSlider(value=4, min=2, max=8, description="p (stages)", **wide)
+    m = widgets.IntSlider(value=8, min=1, max=32, description="m (microbatches)", **wide)
+    v = widgets.IntSlider(value=2, min=1, max=4, description="v (chunks per rank)", **wide)
+    ratio = widgets.FloatSlider(value=2.0, min=0.5, max=4.0, step=0.5, description="t_b / t_f", **wide)
 
     def draw(_: object = None) -> None:
-        name, vv, mm = schedule.value, v.value, m.value
-        if name != "interleaved":
-            vv = 1
-        elif mm % p.value:
-            mm = max(p.value, mm - mm % p.value)  # interleaving needs m to be a multiple of p
+        interleaved = schedule.value == "interleaved"
+        v.disabled = not interleaved
+        v.description = "v (chunks per rank)" if interleaved else "v (interleaved only)"
+        step = p.value if interleaved else 1
+        if m.step != step:  # interleaving needs m to be a multiple of p: the slider moves in steps of p
+            m.value = max(step, m.value - m.value % step)
+            m.min, m.step = step, step
         out.clear_output(wait=True)
         with out:
-            planned(name, p.value, mm, vv, 1.0, ratio.value).show()
+            planned(schedule.value, p.value, m.value, v.value if interleaved else 1, 1.0, ratio.value).show()
 
     for w in (schedule, p, m, v, ratio):
         w.observe(draw, names="value")
     draw()
-    return widgets.VBox([widgets.HBox([schedule, ratio]), widgets.HBox([p, m, v]), out])
+    return widgets.VBox([widgets.HBox([schedule, ratio]), widgets.HBox([p, m, v]), out],
+                        layout={"width": "100%"})

@@ -117,7 +117,9 @@ def _figure(one: pd.DataFrame, states: list, ranks: list[int], op: str, size: in
                  f"{formula:.0f} B each (formula)" if k else f"{name} — before the first step")
         slider_steps.append({"label": label, "method": "update",
                              "args": [{"visible": [i == k for i in range(len(states))]},
-                                      {"annotations": notes, "title": title}]})
-    fig.update_layout(title=slider_steps[0]["args"][1]["title"], height=260 + 40 * n, yaxis={"autorange": "reversed"},
+                                      {"annotations": notes, "title": {"text": title}}]})
+    # the slider sets {"title": {"text": …}}: plotly.js no longer accepts a bare string there (the title vanished)
+    fig.update_layout(title=slider_steps[0]["args"][1]["title"], height=260 + 40 * n,
+                      yaxis={"autorange": "reversed", "title": "rank"}, xaxis_title="chunk of the buffer",
                       sliders=[{"active": 0, "steps": slider_steps, "currentvalue": {"prefix": "ring step "}}])
     return fig

@@ -47,26 +47,28 @@ def tp_shards(run: Run) -> go.Figure:
             "blocks.0.mlp.fc.weight": (r * h, h), "blocks.0.mlp.proj.weight": (h, r * h), "head.weight": (v, h)}
     # one rank per tp index (dp replicas hold the same shards)
     reps = table[table["rank"].isin(table.groupby("tp")["rank"].min())]
-    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.04)
-    for col, (name, _, kind) in enumerate(PANELS, start=1):
+    # two rows of three: six titles side by side overlapped at a notebook's width
+    fig = make_subplots(rows=2, cols=3, subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.08,
+                        vertical_spacing=0.2)
+    for i, (name, _, kind) in enumerate(PANELS):
+        at = {"row": i // 3 + 1, "col": i % 3 + 1}
         out_f, in_f = full[name]
         for _, row in reps[reps.parameter == name].iterrows():
             j = int(row.tp)
             color = RANK_COLORS[j % len(RANK_COLORS)]
             for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f):
                 fig.add_shape(type="rect", x0=x0, x1=x1, y0=y0, y1=y1, fillcolor=color, opacity=0.75,
-                              line={"color": "white", "width": 1}, row=1, col=col)
+                              line={"color": "white", "width": 1}, **at)
             label = f"tp {j}<br>{row['shape'][0]}×{row['shape'][1]}"
             x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f)[0]
             # qkv stripes are too thin to write in: its labels show on hover only
             fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers" if kind == "qkv" else "text",
                                      text=[label], marker={"size": 1, "color": color}, showlegend=False,
-                                     hovertemplate=f"{name}: {label}<extra></extra>"), row=1, col=col)
-        fig.update_xaxes(range=[0, in_f], title_text=f"in {in_f}", showgrid=False, row=1, col=col)
-        fig.update_yaxes(range=[out_f, 0], title_text=f"out {out_f}" if col == 1 else None, showgrid=False,
-                         row=1, col=col)
+                                     hovertemplate=f"{name}: {label}<extra></extra>"), **at)
+        fig.update_xaxes(range=[0, in_f], title_text=f"in features ({in_f})", showgrid=False, **at)
+        fig.update_yaxes(range=[out_f, 0], title_text=f"out features ({out_f})", showgrid=False, **at)
     fig.update_layout(title=f"weight shards on tp={tp_size} ranks (block 0, embedding, head), from the recorded "
-                            f"shapes", height=420)
+                            f"shapes", height=700)
     return fig
 
 

@@ -17,9 +17,9 @@ from workbench.run import Run
 COLORS = {
     "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "optimizer": "#54A24B",
     "collective": "#E45756", "p2p": "#9D755D", "wait": "#BAB0AC", "ring_step": "#72B7B2",
-    "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD",
+    "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD", "torch op": "#9ecae9",
 }
-LANE_ORDER = ["compute", "comm", "comm in flight", "wait", "schedule", "ring"]
+LANE_ORDER = ["compute", "torch ops", "comm", "comm in flight", "wait", "schedule", "ring"]
 
 
 def _rows(events: pd.DataFrame) -> pd.DataFrame:
@@ -31,8 +31,9 @@ def _rows(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None = None,
-             title: str | None = None) -> go.Figure:
-    """Gantt of the given steps (default: the last two) on the given ranks (default: all)."""
+             title: str | None = None, torch_ops: bool = False) -> go.Figure:
+    """Gantt of the given steps (default: the last two) on the given ranks (default: all). torch_ops: a
+    `torch ops` row per rank from its torch.profiler trace (--profile-steps), placed on our clock."""
     ev = run.events
     if ev.empty:
         return go.Figure(layout={"title": "no events recorded"})
@@ -41,6 +42,8 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
     ev = ev[ev.step.isin(steps)]
     if ranks is not None:
         ev = ev[ev["rank"].isin(ranks)]
+    if torch_ops:
+        ev = pd.concat([ev, _torch_ops(run, ev)], ignore_index=True)
     ev = _rows(ev)
     t0 = ev.start_us.min()
     order = [f"rank {r} · {lane}" for r in sorted(ev["rank"].unique()) for lane in LANE_ORDER
@@ -56,10 +59,28 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
         barmode="overlay", title=title or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, "
                                           f"steps {steps}",
         xaxis_title="time (ms)", height=max(300, 28 * len(order) + 120),
-        yaxis={"categoryorder": "array", "categoryarray": list(reversed(order))},
-        legend={"orientation": "h", "y": -0.2}, margin={"l": 150},
+        yaxis={"categoryorder": "array", "categoryarray": list(reversed(order)), "title": "rank · lane"},
+        legend={"title": {"text": "span"}}, margin={"l": 150},
     )
     return fig
+
+
+def _torch_ops(run: Run, ev: pd.DataFrame) -> pd.DataFrame:
+    """Each shown rank's profiled ops inside the shown window, as events of lane `torch ops`."""
+    from workbench.measure.torch_profile import load_ops
+
+    rows = []
+    lo, hi = ev.start_us.min(), ev.end_us.max()
+    for t in run.traces:
+        info = t["workbench"]
+        if info["rank"] not in set(ev["rank"]):
+            continue
+        for op in load_ops(run.path, info):
+            if lo <= op["start_us"] <= hi:
+                rows.append({"rank": info["rank"], "lane": "torch ops", "kind": "complete", "cat": "torch op",
+                             "name": op["name"], "start_us": op["start_us"], "dur_us": op["dur_us"],
+                             "end_us": op["start_us"] + op["dur_us"]})
+    return pd.DataFrame(rows)
 
 
 def _hover(group: pd.DataFrame) -> list[str]:

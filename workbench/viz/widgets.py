@@ -13,7 +13,9 @@ def timeline_explorer(run: Run) -> widgets.VBox:
     """A step slider over the run's timeline."""
     steps = sorted(int(s) for s in run.events.step.dropna().unique())
     fig = go.FigureWidget(timeline(run, steps=[steps[-1]]))
-    slider = widgets.IntSlider(value=steps[-1], min=steps[0], max=steps[-1], description="step")
+    fig.layout.autosize = True  # as wide as the notebook, like the charts around it
+    slider = widgets.IntSlider(value=steps[-1], min=steps[0], max=steps[-1], description="step",
+                               layout={"width": "60%"})
 
     def show(change: dict) -> None:
         new = timeline(run, steps=[change["new"]])
@@ -23,4 +25,4 @@ def timeline_explorer(run: Run) -> widgets.VBox:
             fig.layout.title = new.layout.title
 
     slider.observe(show, names="value")
-    return widgets.VBox([slider, fig])
+    return widgets.VBox([slider, fig], layout={"width": "100%"})

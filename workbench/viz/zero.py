@@ -10,6 +10,10 @@ from workbench.run import Run
 from workbench.viz.memory import CATEGORY_COLORS
 
 STATES = ("parameter", "gradient", "optimizer_state")
+#: the explorer's Ψ choices: published model sizes (the paper's 7.5 B example among them)
+MODEL_SIZES = {"124 M (GPT-2)": 124e6, "350 M": 350e6, "1.3 B": 1.3e9, "2.7 B": 2.7e9, "6.7 B": 6.7e9,
+               "7.5 B (the paper)": 7.5e9, "13 B": 13e9, "30 B": 30e9, "70 B": 70e9, "175 B (GPT-3)": 175e9,
+               "530 B": 530e9, "1 T": 1e12}
 
 
 def stages_side_by_side(runs: dict[str, Run], rank: int = 0) -> go.Figure:
@@ -41,11 +45,14 @@ def formula_figure(params: float, n: int, precision: str = "mixed", highlight: i
                              marker_color=CATEGORY_COLORS[cat]))
     totals = [sum(s.values()) / 1e9 for s in per_stage]
     fig.add_trace(go.Scatter(x=names, y=totals, mode="text", text=[f"{t:.1f} GB" for t in totals],
-                             textposition="top center", showlegend=False))
+                             textposition="top center", name="total per GPU",
+                             hovertemplate="%{x}: %{y:.2f} GB in all<extra>total per GPU</extra>"))
     if highlight is not None:
         fig.add_vrect(x0=highlight - 0.45, x1=highlight + 0.45, line_width=2, line_color="black",
                       fillcolor="rgba(0,0,0,0)")
-    fig.update_layout(barmode="stack", yaxis_title="GB of model states per GPU",
+    fig.update_layout(barmode="stack", yaxis_title="GB of model states per GPU", xaxis_title="ZeRO stage",
+                      yaxis_range=[0, max(totals) * 1.18],  # room for the top bar's label
+                      legend_title_text="model state",
                       title=f"Ψ = {params / 1e9:g} B parameters on N = {n} GPUs ({precision})")
     return fig
 
@@ -54,7 +61,11 @@ def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed
     """Sliders for Ψ (billions), N and the stage; the chart and the per-GPU total follow."""
     import ipywidgets as widgets
 
-    psi = widgets.FloatLogSlider(value=params / 1e9, base=10, min=-1, max=3, step=0.01, description="Ψ (B)")
+    # named sizes, not a log slider: a log slider's steps snapped the paper's 7.5 B to 7.59 B
+    extra = {} if params in MODEL_SIZES.values() else {f"{params / 1e9:g} B": params}
+    sizes = sorted({**MODEL_SIZES, **extra}.items(), key=lambda kv: kv[1])
+    psi = widgets.SelectionSlider(options=sizes, value=params, description="Ψ", style={"description_width": "initial"},
+                                  layout={"width": "45%"})
     gpus = widgets.IntSlider(value=n, min=1, max=1024, description="N (GPUs)")
     stage = widgets.IntSlider(value=3, min=0, max=3, description="stage")
     prec = widgets.Dropdown(options=["mixed", "fp32"], value=precision, description="precision")
@@ -62,11 +73,11 @@ def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed
     text = widgets.HTML()
 
     def draw(_: object = None) -> None:
-        states = formulas.model_state_bytes(psi.value * 1e9, gpus.value, stage.value, prec.value)
+        states = formulas.model_state_bytes(psi.value, gpus.value, stage.value, prec.value)
         text.value = f"<b>ZeRO-{stage.value}: {sum(states.values()) / 1e9:.2f} GB of model states per GPU</b>"
         out.clear_output(wait=True)
         with out:
-            formula_figure(psi.value * 1e9, gpus.value, prec.value, stage.value).show()
+            formula_figure(psi.value, gpus.value, prec.value, stage.value).show()
 
     for w in (psi, gpus, stage, prec):
         w.observe(draw, names="value")

@@ -1,0 +1,94 @@
+"""Where the tokens come from: the synthetic Markov chain (the default), nanoGPT's `train.bin`, or any text
+file read as bytes.
+
+    data = "synthetic"          engine/data.py's chain: learnable, no file
+    data = "PATH.bin"           nanoGPT's format: a flat array of uint16 token ids (np.memmap), e.g. what
+                                nanoGPT's data/openwebtext/prepare.py writes (GPT-2 BPE, ids < 50257)
+    data = "text:FILE"          the file's bytes are the tokens (vocab 256): your own text, no tokenizer
+
+A file's global batch of step k is `batch` windows of seq_len + 1 tokens at offsets drawn from a generator
+seeded by (seed, k) — a function of (seed, step) only, as for the synthetic data, so every strategy and every
+world size sees the same rows and the equality tests hold (engine/data.py's `shard_rows` splits them).
+
+This module checks a data spec before any process starts (`check_data`, numpy only); `TokenFile` opens it
+in a rank (torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+
+from workbench.model_config import ConfigError
+
+#: how many tokens of a .bin file `check_data` reads for the largest id (the whole file when smaller)
+CHECK_TOKENS = 64 * 1024 * 1024
+
+
+def parse_data(spec: str) -> tuple[str, str | None]:
+    """('synthetic', None), ('bin', path) or ('text', path)."""
+    if spec == "synthetic":
+        return "synthetic", None
+    if spec.startswith("text:"):
+        return "text", spec[len("text:"):]
+    return "bin", spec
+
+
+def _tokens(kind: str, path: str) -> np.ndarray:
+    return np.memmap(path, dtype=np.uint16 if kind == "bin" else np.uint8, mode="r")
+
+
+def check_data(spec: str, vocab_size: int, seq_len: int) -> None:
+    """ConfigError unless the data exists, holds at least one window of seq_len + 1 tokens, and its token
+    ids fit the model's vocabulary (byte text needs vocab_size ≥ 256; a .bin file its largest id + 1, or the
+    vocab_size of nanoGPT's meta.pkl beside it)."""
+    kind, path = parse_data(spec)
+    if kind == "synthetic":
+        return
+    if not path or not os.path.isfile(path):
+        raise ConfigError(f"data={spec!r}: no such file; valid: 'synthetic', a nanoGPT .bin file (uint16 tokens) "
+                          f"or 'text:FILE' (a text file read as bytes)")
+    size = os.path.getsize(path)
+    if kind == "bin" and size % 2:
+        raise ConfigError(f"data={spec!r}: {size} bytes is not a whole number of uint16 tokens (nanoGPT's format)")
+    tokens = _tokens(kind, path) if size else np.zeros(0, np.uint8)
+    if len(tokens) < seq_len + 2:
+        raise ConfigError(f"data={spec!r} holds {len(tokens)} tokens: a window needs seq_len + 1 = {seq_len + 1} "
+                          f"(and a choice of offsets); use more data or a shorter model.seq_len")
+    needed = 256 if kind == "text" else _meta_vocab(path) or int(tokens[:CHECK_TOKENS].max()) + 1
+    if vocab_size < needed:
+        what = "byte-level text has 256 token ids" if kind == "text" else f"its token ids reach {needed - 1}"
+        example = json.dumps({"base": "small", "vocab_size": needed})
+        raise ConfigError(f"data={spec!r}: {what} but model.vocab_size={vocab_size}; use a model with vocab_size ≥ "
+                          f"{needed} (e.g. --model '{example}', or a gpt2 preset)")
+
+
+def _meta_vocab(path: str) -> int | None:
+    """nanoGPT's character-level datasets keep their vocab_size in meta.pkl beside train.bin."""
+    meta = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
+    if not os.path.exists(meta):
+        return None
+    with open(meta, "rb") as f:
+        return int(pickle.load(f).get("vocab_size", 0)) or None
+
+
+class TokenFile:
+    """A data file opened once in a rank; `global_batch(seed, step, batch, seq_len)` as engine/data.py's."""
+
+    def __init__(self, spec: str) -> None:
+        self.kind, self.path = parse_data(spec)
+        self.tokens = _tokens(self.kind, self.path)
+
+    def global_batch(self, seed: int, step: int, batch: int, seq_len: int) -> tuple[Any, Any]:
+        """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step)."""
+        import torch
+
+        g = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
+        offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
+        rows = np.stack([np.asarray(self.tokens[o:o + seq_len + 1], dtype=np.int64) for o in offsets])
+        window = torch.from_numpy(rows)
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
