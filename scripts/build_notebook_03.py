@@ -87,6 +87,21 @@ viz.planned_vs_measured(runs["GPipe p=2 m=4"]).show()
 viz.planned_vs_measured(runs["interleaved p=2 v=2 m=4"]).show()
 """),
 md("""
+Three bubbles stand in each chart, and they differ for reasons you can name:
+
+- **the formula** (p−1)/(v·m+p−1) assumes every forward takes the same time, every backward the same time,
+  and communication is free;
+- **planned** simulates the schedule with the forward and backward times this run *measured* (their
+  means): it keeps the schedule's dependencies and the real ratio t_b/t_f, so it moves away from the
+  formula when backward is not twice forward;
+- **measured** is what the ranks recorded. Each microbatch boundary is a gloo send/recv (a few hundred
+  µs on this CPU) on the critical path, and on a tiny model that is as long as the compute itself; the
+  actions are uneven (the first stage embeds, the last computes the loss), and the two ranks share two
+  cores with gloo's threads. Interleaving multiplies the boundaries by v — so here its measured bubble is
+  far above its formula, the opposite of what it buys on a GPU, where a microbatch's compute dwarfs the
+  p2p latency.
+"""),
+md("""
 ## Activation memory per stage: GPipe holds m, 1F1B at most p
 
 Measured peaks (saved-tensor hooks) beside the schedule's prediction: walk each rank's action list,

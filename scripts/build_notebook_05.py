@@ -38,10 +38,11 @@ fig.update_traces(marker_size=40, textfont_color="white")
 fig.show()
 """),
 md("""
-## The same model, eight ways on eight ranks
+## The same model, split four ways
 
-A 4-layer model with 8 heads (so that t = 8 divides them), global batch 16. Every run must equal the
-single process step by step.
+A 4-layer model with 8 heads (so that t = 8 divides them), global batch 16: all tensor-parallel on 8
+ranks, pipeline × data on 8, and the 3D layout on 8 — every run must equal the single process step by
+step. (Pure data parallelism and ZeRO are notebooks 01 and 04.)
 """),
 code("""
 OUT = os.path.join("..", "traces", "nb05")
@@ -54,10 +55,8 @@ def run(name, **config):
 
 runs = {
     "1 process": run("single"),
-    "DP: dp=8": run("dp8", dp=8),
     "TP: tp=8": run("tp8", tp=8),
     "PP: pp=4 × dp=2": run("pp4dp2", pp=4, dp=2, microbatches=4),
-    "ZeRO-3: dp=8": run("zero3", dp=8, zero=3),
     "3D: dp=2 × tp=2 × pp=2": run("3d", dp=2, tp=2, pp=2, microbatches=2),
 }
 losses = viz.compare_losses(runs, baseline="1 process")

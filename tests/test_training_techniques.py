@@ -82,6 +82,7 @@ def test_warm_up_then_cosine_decay(launched):
     assert lrs[-1] == pytest.approx(1e-4) and all(a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False))
 
 
+@pytest.mark.slow  # make test runs it through notebook 05, which asserts the same equality on dp2 × tp2 × pp2
 def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     four = ModelConfig(layers=4)
     run = launched(model=four, dp=2, tp=2, pp=2, microbatches=2, bucket_mb=0.05)
@@ -97,7 +98,8 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     {"dp": 2, "precision": "bf16", "steps": 20},
     {"dp": 2, "precision": "fp16", "steps": 20},
     {"dp": 2, "tp": 2, "sequence_parallel": True, "precision": "bf16", "grad_reduce_dtype": "bf16"},
-    {"model": ModelConfig(layers=4), "dp": 2, "tp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.05},
+    pytest.param({"model": ModelConfig(layers=4), "dp": 2, "tp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.05},
+                 marks=pytest.mark.slow),  # 8 ranks: tp and pp bytes are each checked above and in their own tests
 ], ids=["recompute-tp-sp", "bf16", "fp16", "bf16-reduce-tp-sp", "3d"])
 def test_communication_per_step_equals_the_prediction(launched, config):
     """Every collective and transfer the step issues, by op and group, as the formulas count them."""

@@ -138,6 +138,8 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     assert page.locator(".js-plotly-plot").count() >= 2, "plotly charts rendered"
     if NOTEBOOKS[notebook]:
         _a_slider_moves_its_chart(page, stem)
+    for check in EXTRA_CHECKS.get(notebook, ()):
+        check(page, stem)
     (SHOTS / f"{stem}-console.txt").write_text("\n\n".join(console_errors))
     assert not [e for e in console_errors if "favicon" not in e], console_errors
     _saved_notebook_reopens_clean(page, browser, lab, notebook)
@@ -179,6 +181,47 @@ def _a_slider_moves_its_chart(page, stem: str) -> None:
     page.wait_for_timeout(3000)
     output.screenshot(path=str(SHOTS / f"{stem}-slider-after.png"))
     assert _chart_svg(output) != before, "moving the slider changed the chart"
+
+
+def _ring_slider_keeps_its_title(page, stem: str) -> None:
+    """Notebook 01's ring chart: its plotly slider moved to the last step, the title still says what each
+    rank sent (a bare-string title in the slider's update used to remove it)."""
+    index = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].findIndex(g =>
+        g.layout && g.layout.sliders && g.layout.sliders.length && JSON.stringify(g.layout.title).includes('ring'))""")
+    assert index >= 0, "a ring chart with a slider"
+    chart = page.locator(".js-plotly-plot").nth(index)
+    chart.scroll_into_view_if_needed()
+    rail = chart.locator(".slider-rail-rect").first.bounding_box()
+    page.mouse.click(rail["x"] + rail["width"] - 2, rail["y"] + rail["height"] / 2)
+    page.wait_for_timeout(1500)
+    chart.screenshot(path=str(SHOTS / f"{stem}-ring-last-step.png"))
+    title = chart.locator(".gtitle").first.text_content()
+    assert "busiest rank has sent" in title, title
+
+
+def _interleaved_controls_agree_with_the_chart(page, stem: str) -> None:
+    """Notebook 03's bubble explorer: choosing interleaved, the m slider shows the m drawn (a multiple of p);
+    choosing 1f1b, v is marked as unused and the chart draws v = 1."""
+    box = page.locator(".jp-OutputArea-output:has(select):has(.js-plotly-plot)").first
+    box.scroll_into_view_if_needed()
+    readouts = box.locator(".widget-readout")
+
+    def shown() -> tuple[str, list[str]]:
+        page.wait_for_timeout(1500)
+        return box.locator(".gtitle").first.text_content(), [readouts.nth(i).text_content() for i in range(4)]
+
+    box.locator("select").first.select_option("interleaved")
+    title, (_, p, m, v) = shown()
+    assert f"p={p}, m={m}, v={v}" in title and int(m) % int(p) == 0, (title, p, m, v)
+    box.screenshot(path=str(SHOTS / f"{stem}-interleaved.png"))
+    box.locator("select").first.select_option("1f1b")
+    title, (_, p, m, v) = shown()
+    assert f"p={p}, m={m}, v=1" in title, title
+    assert "interleaved only" in box.text_content()
+
+
+EXTRA_CHECKS = {"01_data_parallel.ipynb": (_ring_slider_keeps_its_title,),
+                "03_pipeline_parallel.ipynb": (_interleaved_controls_agree_with_the_chart,)}
 
 
 def test_figures_export_as_images():
