@@ -113,13 +113,14 @@ def _figure(one: pd.DataFrame, states: list, ranks: list[int], op: str, size: in
                       "yref": "y", "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowwidth": 2,
                       "arrowcolor": "#E45756" if s.phase == "reduce_scatter" else "#54A24B", "text": ""}
                      for _, s in moved.iterrows()]
-        title = (f"{name} — after {label}: the busiest rank has sent {int(sent.max())} B; the whole operation: "
-                 f"{formula:.0f} B each (formula)" if k else f"{name} — before the first step")
+        # two lines: one ran past a notebook's width and was clipped
+        title = (f"{name}<br>after {label}: the busiest rank has sent {int(sent.max())} B; the whole operation: "
+                 f"{formula:.0f} B each (formula)" if k else f"{name}<br>before the first step")
         slider_steps.append({"label": label, "method": "update",
                              "args": [{"visible": [i == k for i in range(len(states))]},
                                       {"annotations": notes, "title": {"text": title}}]})
     # the slider sets {"title": {"text": …}}: plotly.js no longer accepts a bare string there (the title vanished)
-    fig.update_layout(title=slider_steps[0]["args"][1]["title"], height=260 + 40 * n,
+    fig.update_layout(title=slider_steps[0]["args"][1]["title"], height=280 + 40 * n, margin={"t": 90},
                       yaxis={"autorange": "reversed", "title": "rank"}, xaxis_title="chunk of the buffer",
                       sliders=[{"active": 0, "steps": slider_steps, "currentvalue": {"prefix": "ring step "}}])
     return fig
