@@ -15,8 +15,7 @@ demo: setup
 	$(PY) -m workbench.cli run $(DEMO_ARGS) --name demo --out traces/demo --force
 	$(PY) -m workbench.cli validate traces/demo
 
-test: setup
-	$(PY) -m ruff check workbench tests tests_browser benchmarks scripts
+test: lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" tests --nbmake notebooks
 
 test-all: setup  # also the `slow` cases: more strategies for behaviours `make test` checks once each
@@ -27,7 +26,7 @@ test-browser: setup  # notebooks 01, 03, 04 in JupyterLab in a real chromium (in
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
 lint: setup
-	$(PY) -m ruff check workbench tests benchmarks scripts
+	$(PY) -m ruff check workbench tests tests_browser benchmarks scripts
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks

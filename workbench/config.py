@@ -19,7 +19,7 @@ from workbench.config_rules import check_communication, check_data_and_tools, ch
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
-from workbench.model_config import model_from_dict
+from workbench.model_config import check_tensor_parallel, model_from_dict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -212,11 +212,7 @@ class RunConfig:
                               "tensor-parallel ranks")
         if t == 1:
             return
-        for what, value in (("heads", m.heads), ("hidden", m.hidden), ("vocab_size", m.vocab_size)):
-            if value % t:
-                valid = [d for d in range(1, value + 1) if value % d == 0]
-                raise ConfigError(f"tp={t} does not divide model.{what}={value}: each tensor-parallel rank needs "
-                                  f"an equal share. Valid tp for this model's {what}: {valid}")
+        check_tensor_parallel(m, t)
         if self.sequence_parallel and m.seq_len % t:
             valid = [d for d in range(1, m.seq_len + 1) if m.seq_len % d == 0]
             raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "

@@ -16,6 +16,7 @@ in a rank (torch).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -59,12 +60,19 @@ def check_data(spec: str, vocab_size: int, seq_len: int) -> None:
     if len(tokens) < seq_len + 2:
         raise ConfigError(f"data={spec!r} holds {len(tokens)} tokens: a window needs seq_len + 1 = {seq_len + 1} "
                           f"(and a choice of offsets); use more data or a shorter model.seq_len")
-    needed = 256 if kind == "text" else _meta_vocab(path) or int(tokens[:CHECK_TOKENS].max()) + 1
+    needed = 256 if kind == "text" else _meta_vocab(path) or _largest_id(path, size, os.path.getmtime(path)) + 1
     if vocab_size < needed:
         what = "byte-level text has 256 token ids" if kind == "text" else f"its token ids reach {needed - 1}"
         example = json.dumps({"base": "small", "vocab_size": needed})
         raise ConfigError(f"data={spec!r}: {what} but model.vocab_size={vocab_size}; use a model with vocab_size ≥ "
                           f"{needed} (e.g. --model '{example}', or a gpt2 preset)")
+
+
+@functools.lru_cache(maxsize=8)
+def _largest_id(path: str, size: int, mtime: float) -> int:
+    """The largest token id in a .bin file's first CHECK_TOKENS tokens — read once per file version in a
+    process (validation runs in the CLI, in launch() and in every rank)."""
+    return int(_tokens("bin", path)[:CHECK_TOKENS].max())
 
 
 def _meta_vocab(path: str) -> int | None:
@@ -87,7 +95,9 @@ class TokenFile:
         """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step)."""
         import torch
 
-        g = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
+        from workbench.engine.data import step_generator
+
+        g = step_generator(seed, step)
         offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
         rows = np.stack([np.asarray(self.tokens[o:o + seq_len + 1], dtype=np.int64) for o in offsets])
         window = torch.from_numpy(rows)

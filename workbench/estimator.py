@@ -25,6 +25,7 @@ from typing import Any
 from workbench import formulas
 from workbench.comm.bandwidth import bus_factor
 from workbench.config import ConfigError, ModelConfig, RunConfig
+from workbench.model_config import check_tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,10 @@ def _checked(params: float | None, model: ModelConfig | None, precision: str, dp
         if params is None:
             raise ConfigError("estimate needs a RunConfig, a model, or params=")
         return params
-    for what, value, by in (("heads", model.heads, tp), ("hidden", model.hidden, tp),
-                            ("vocab_size", model.vocab_size, tp), ("layers", model.layers, pp)):
-        if value % by:
-            valid = [d for d in range(1, value + 1) if value % d == 0]
-            axis = "pp" if what == "layers" else "tp"
-            raise ConfigError(f"{axis}={by} does not divide model.{what}={value}; valid {axis}: {valid}")
+    check_tensor_parallel(model, tp)
+    if model.layers % pp:
+        valid = [d for d in range(1, model.layers + 1) if model.layers % d == 0]
+        raise ConfigError(f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}")
     return params if params is not None else model.param_count()
 
 

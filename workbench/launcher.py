@@ -140,8 +140,6 @@ def _check_cuda() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        from workbench.config import ConfigError
-
         raise ConfigError("backend='nccl' needs CUDA GPUs and torch.cuda.is_available() is False here; "
                           "use backend='gloo' (or 'auto': nccl where CUDA is present, gloo otherwise)")
 
@@ -231,13 +229,18 @@ def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: b
     """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: progress.py)."""
     metrics = os.path.join(run_dir, "metrics.jsonl")
     shown = Progress(os.path.basename(run_dir), config.steps, config.world_size, enabled=progress)
-    rc = None
+    rc, read, rows = None, 0, 0  # metrics.jsonl: bytes read so far, and the rows in them
     try:
         while rc is None:
             rc = proc.poll()
             if progress and os.path.exists(metrics):
-                with open(metrics) as f:
-                    shown.update(sum(1 for _ in f))
+                if os.path.getsize(metrics) < read:  # a restart trimmed it: count again
+                    read = rows = 0
+                with open(metrics, "rb") as f:
+                    f.seek(read)
+                    new = f.read()
+                read, rows = read + len(new), rows + new.count(b"\n")
+                shown.update(rows)
             if rc is None:
                 time.sleep(0.1)
         return rc

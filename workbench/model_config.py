@@ -67,6 +67,20 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def tp_indivisible(model: ModelConfig, tp: int) -> list[tuple[str, int]]:
+    """The model's (dimension, size) pairs that tp ranks cannot share equally: heads, hidden, vocab_size."""
+    return [(what, value) for what, value in (("heads", model.heads), ("hidden", model.hidden),
+                                              ("vocab_size", model.vocab_size)) if value % tp]
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """ConfigError naming the first dimension tp does not divide, and the tp that would."""
+    for what, value in tp_indivisible(model, tp)[:1]:
+        valid = [d for d in range(1, value + 1) if value % d == 0]
+        raise ConfigError(f"tp={tp} does not divide model.{what}={value}: each tensor-parallel rank needs "
+                          f"an equal share. Valid tp for this model's {what}: {valid}")
+
+
 def lr_warning(model: ModelConfig, lr: float) -> str | None:
     """A warning when the learning rate is far above what models of this width train with. Adam's stable
     rate falls roughly as 1/width (μP; GPT-2/3's published rates: 6e-4 at 768, 3e-4 at 1024, 2e-4 at

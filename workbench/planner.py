@@ -17,6 +17,7 @@ import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
 from workbench.estimator import Estimate, Hardware, estimate
+from workbench.model_config import tp_indivisible
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
          sequence_parallel: bool = False) -> Plan:
     hw, world = cluster.hardware, cluster.gpus
     rows = []
-    for tp in (t for t in range(1, hw.devices_per_node + 1) if hw.devices_per_node % t == 0
-               and model.heads % t == 0 and model.hidden % t == 0 and model.vocab_size % t == 0):
+    for tp in (t for t in range(1, hw.devices_per_node + 1)
+               if hw.devices_per_node % t == 0 and not tp_indivisible(model, t)):
         for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
             dp = world // (tp * pp)
             if global_batch % (dp * micro_batch):

@@ -80,6 +80,13 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     return out
 
 
+def compute_intervals(events: list[dict[str, Any]], since: float = 0.0) -> list[tuple[float, float]]:
+    """(start_us, end_us) of the forward / backward / recompute / optimizer spans on the compute lane that
+    start at or after `since`."""
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("ph") == "X" and e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"] and e["ts"] >= since]
+
+
 def timed_steps(steps: list[dict[str, Any]], excluded: int) -> list[dict[str, Any]]:
     """The step spans the time figures count: all but the first `excluded` (warm-up: one rank starting
     later makes the others wait, allocators and caches fill), unless that would leave none."""
@@ -94,8 +101,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     steps = [e for e in spans if e["cat"] == "step"]
     timed = timed_steps(steps, int(config.get("warmup_steps_excluded", 0)))
     since = timed[0]["ts"] if timed else 0.0  # the time figures leave the warm-up steps out
-    compute = [(e["ts"], e["ts"] + e["dur"]) for e in spans
-               if e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"] and e["ts"] >= since]
+    compute = compute_intervals(spans, since)
     comms = comm_intervals(events)
     comm_iv = [(a, b) for _, a, b in comms if a >= since]
     step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in timed]

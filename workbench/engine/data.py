@@ -6,7 +6,8 @@ learns the chain reaches a loss of ln(BRANCHES) ≈ 1.39 from ln(V) at initialis
 visibly within a few dozen steps.
 
 The global batch of step k depends only on (seed, k): every strategy and every world size sees the
-same samples, and a data-parallel rank takes its contiguous slice of rows (`shard_rows`).
+same samples, and a data-parallel rank takes its contiguous slice of rows (`shard_rows`; engine/train.py's
+`batches` does it for this data and for data files alike).
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ def transition_table(seed: int, vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (vocab_size, BRANCHES), generator=g)
 
 
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator a step's samples are drawn from: a function of (seed, step) only (data_source.py's
+    file windows draw their offsets from it too)."""
+    return torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
+
+
 def global_batch(seed: int, step: int, batch: int, seq_len: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), both (batch, seq_len) int64; targets are inputs shifted by one."""
     table = transition_table(seed, vocab_size)
-    g = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step)
+    g = step_generator(seed, step)
     tokens = torch.empty(batch, seq_len + 1, dtype=torch.long)
     tokens[:, 0] = torch.randint(0, vocab_size, (batch,), generator=g)
     choice = torch.randint(0, BRANCHES, (batch, seq_len), generator=g)
@@ -39,10 +46,3 @@ def shard_rows(x: torch.Tensor, index: int, count: int) -> torch.Tensor:
     memory accounting sees only this rank's share)."""
     per = x.size(0) // count
     return x[index * per:(index + 1) * per].clone()
-
-
-def rank_batch(seed: int, step: int, global_batch_size: int, seq_len: int, vocab_size: int, dp_index: int,
-               dp_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """This data-parallel rank's (inputs, targets) of step `step`, on its device."""
-    x, y = global_batch(seed, step, global_batch_size, seq_len, vocab_size)
-    return shard_rows(x, dp_index, dp_size).to(device), shard_rows(y, dp_index, dp_size).to(device)

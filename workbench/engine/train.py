@@ -18,7 +18,7 @@ from workbench.config_rules import profile_range
 from workbench.data_source import TokenFile
 from workbench.engine.checkpoint import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
-from workbench.engine.data import rank_batch, shard_rows
+from workbench.engine.data import global_batch, shard_rows
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
 from workbench.engine.tensorboard import TensorBoard
@@ -66,20 +66,20 @@ def train(ctx: RankContext) -> dict[str, Any]:
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count()}
 
 
-def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int) -> Callable[[int], tuple[Any, Any]]:
-    """step → this data-parallel rank's (inputs, targets): the synthetic chain, or windows of a data file
-    (data_source.py) — either way a function of (seed, step), sliced by dp index."""
+def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int) -> Callable[[int], tuple[Any, ...]]:
+    """step → this data-parallel rank's (inputs, targets): its rows of the step's global batch — the synthetic
+    chain's, or a data file's windows (data_source.py); either way a function of (seed, step)."""
     m = cfg.model_config
     if cfg.data == "synthetic":
-        return lambda step: rank_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, dp_index,
-                                       dp_size, device)
-    tokens = TokenFile(cfg.data)
+        def whole(step: int) -> tuple[Any, Any]:
+            return global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size)
+    else:
+        tokens = TokenFile(cfg.data)
 
-    def from_file(step: int) -> tuple[Any, Any]:
-        x, y = tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len)
-        return shard_rows(x, dp_index, dp_size).to(device), shard_rows(y, dp_index, dp_size).to(device)
+        def whole(step: int) -> tuple[Any, Any]:
+            return tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len)
 
-    return from_file
+    return lambda step: tuple(shard_rows(t, dp_index, dp_size).to(device) for t in whole(step))
 
 
 def describe(strategy: Strategy) -> None:

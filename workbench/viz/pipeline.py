@@ -82,11 +82,11 @@ def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
     _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans],
           row=1)
     _bars(fig, rows, row=2, legend=False)
-    fig.update_layout(barmode="overlay", height=260 + 90 * s.p, title=f"{c['schedule']} p={s.p} m={s.m} v={s.v}")
+    fig.update_layout(barmode="overlay", height=260 + 90 * s.p, title=f"{c['schedule']} p={s.p} m={s.m} v={s.v}",
+                      uniformtext={"minsize": 9, "mode": "hide"})
     fig.update_yaxes(autorange="reversed", title_text="rank")
     fig.update_xaxes(title_text="ms (simulated from the measured mean forward and backward)", row=1, col=1)
     fig.update_xaxes(title_text="ms (recorded)", row=2, col=1, showticklabels=True)
-    fig.update_layout(uniformtext={"minsize": 9, "mode": "hide"})
     return fig
 
 

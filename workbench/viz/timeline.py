@@ -70,14 +70,14 @@ def _torch_ops(run: Run, ev: pd.DataFrame) -> pd.DataFrame:
     from workbench.measure.torch_profile import load_ops
 
     rows = []
-    lo, hi = ev.start_us.min(), ev.end_us.max()
+    lo, hi, shown = ev.start_us.min(), ev.end_us.max(), set(ev["rank"])
     for t in run.traces:
         info = t["workbench"]
-        if info["rank"] not in set(ev["rank"]):
+        if info["rank"] not in shown:
             continue
         for op in load_ops(run.path, info):
             if lo <= op["start_us"] <= hi:
-                rows.append({"rank": info["rank"], "lane": "torch ops", "kind": "complete", "cat": "torch op",
+                rows.append({"rank": info["rank"], "lane": "torch ops", "kind": "span", "cat": "torch op",
                              "name": op["name"], "start_us": op["start_us"], "dur_us": op["dur_us"],
                              "end_us": op["start_us"] + op["dur_us"]})
     return pd.DataFrame(rows)
