@@ -78,8 +78,10 @@ class CausalSelfAttention(nn.Module):
 
 
 def causal_mask(seq_len: int) -> torch.Tensor:
-    """True above the diagonal: the positions a token may not attend to."""
-    return torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
+    """True above the diagonal: the positions a token may not attend to. Built on the CPU, then moved to
+    the default device: `triu` on the meta device runs torch's Python reference, which imports
+    torch._dynamo (~1 s of every rank's start-up, measured)."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device="cpu").triu(1).to(torch.get_default_device())
 
 
 class MLP(nn.Module):
@@ -121,6 +123,13 @@ class CrossEntropy(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def uninitialised_embedding(rows: int, dim: int) -> nn.Embedding:
+    """An embedding whose weight `init_weights` fills. nn.Embedding's own normal_ draw would be thrown
+    away, and on the meta device it runs torch's Python reference, which imports torch._dynamo (~1 s of
+    every rank's start-up, measured)."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
 class GPT(nn.Module):
     """The whole model, or — with `layers`, `first` and `last` — one pipeline stage of it: the first
     stage owns the embeddings, the last the final layer norm, the head and the loss. Parameter names
@@ -136,8 +145,8 @@ class GPT(nn.Module):
         self.cfg, self.first, self.last = cfg, first, last
         layers = range(cfg.layers) if layers is None else layers
         if first:
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
-            self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+            self.wte = uninitialised_embedding(cfg.vocab_size, cfg.hidden)
+            self.wpe = uninitialised_embedding(cfg.seq_len, cfg.hidden)
         self.blocks = nn.ModuleDict({str(i): Block(cfg, f"blocks.{i}") for i in layers})
         if last:
             self.ln_f = nn.LayerNorm(cfg.hidden)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.parallel.adamw import AdamW
 from workbench.parallel.tp_communications import TPContext, all_reduce_tp
 
 
@@ -47,12 +48,12 @@ class Updater(Protocol):
     def restore(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
-def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """torch's AdamW, one tensor at a time (foreach=False: the same arithmetic on every layout)."""
-    return torch.optim.AdamW(list(params), lr=lr, weight_decay=weight_decay, foreach=False)
+def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> AdamW:
+    """torch's AdamW arithmetic, one tensor at a time (the same on every layout): parallel/adamw.py."""
+    return AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
-def adam_state(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def adam_state(optimizer: AdamW) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(moments, step counters) of an Adam-family optimizer."""
     moments: list[torch.Tensor] = []
     counters: list[torch.Tensor] = []
@@ -63,7 +64,7 @@ def adam_state(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], li
     return moments, counters
 
 
-def adam_checkpoint_state(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def adam_checkpoint_state(optimizer: AdamW, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Adam's state of each parameter, keyed by its position. Where the optimizer has not stepped yet it
     is created as AdamW's first step would (step 0, zero moments), so a load has tensors to fill."""
     out = {}
@@ -76,7 +77,7 @@ def adam_checkpoint_state(optimizer: torch.optim.Optimizer, params: Sequence[tor
     return out
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer: AdamW, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
