@@ -137,7 +137,7 @@ code("""
 FOUR = {"layers": 4}
 STRATEGIES = {"DP (dp=2)": dict(dp=2), "PP (pp=2, m=8)": dict(pp=2, microbatches=8)}
 BANDWIDTHS = [None, 0.005]                # GB/s; None: no emulation (kept to two points each: every one
-LATENCIES = [None, 3000]                  # µs   is two launches, and the notebooks run in CI)
+LATENCIES = [None, 5000]                  # µs   is two launches, and the notebooks run in CI)
 sweep, measured = [], {}
 for name, base in STRATEGIES.items():
     for kind, values in (("bandwidth", BANDWIDTHS), ("latency", LATENCIES)):
@@ -174,6 +174,10 @@ def added(name, kind):
     d = sweep[(sweep.strategy == name) & (sweep.kind == kind)].set_index("value")["measured (ms)"]
     return d.iloc[-1] - d.iloc[0] if kind == "latency" else d.loc[min(d.index)] - d.loc[max(d.index)]
 
+DP, PP = STRATEGIES
+# the brief's rule of thumb, measured (make test checks it here; tests/test_emulated_network.py in make test-all)
+assert added(DP, "bandwidth") > 3 * added(PP, "bandwidth") and added(DP, "bandwidth") > added(DP, "latency"), sweep
+assert added(PP, "latency") > 2 * added(DP, "latency") and added(PP, "latency") > added(PP, "bandwidth"), sweep
 pd.DataFrame({kind: {name: f"{added(name, kind):+.1f} ms" for name in STRATEGIES} for kind in ("bandwidth", "latency")})
 """),
 md("""

@@ -51,6 +51,7 @@ def test_hierarchical_beats_the_flat_ring_on_a_slow_inter_link(launched):
     assert not emulated.empty and set(emulated.link) >= {"inter", "intra"}, "held time is marked emulated"
 
 
+@pytest.mark.slow  # make test checks the same four relations on the same links in notebook 09's sweep
 def test_dp_is_bandwidth_bound_and_pp_latency_bound(launched):
     """Each strategy on two emulated machines, its step time with the link as fast as this machine, with
     the bandwidth cut and with the latency raised. DP moves 4Ψ of gradients in a few all-reduces per step;
