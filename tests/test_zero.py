@@ -94,6 +94,7 @@ def test_offload_on_a_cpu_run_is_a_no_op_that_says_so(launched):
 STATES_DOMINATE = {"vocab_size": 256, "seq_len": 8, "hidden": 64, "heads": 4, "layers": 16}
 
 
+@pytest.mark.slow  # make test asserts the same on the same model in notebook 04 (with the allocator's view)
 def test_the_total_peak_falls_stage_by_stage(launched):
     """The simultaneous peak of every category (what a rank really pays), not one category: DP > ZeRO-1 >
     ZeRO-2 > ZeRO-3, and ZeRO-2/3's total stays within the prediction: model states + activations + the
