@@ -36,21 +36,25 @@ md("""
 ## Measured: the same model with stages 0–3 on this machine
 
 fp32 here (the CPU has no fast 16-bit matmul), where the same accounting is parameters 4Ψ,
-gradients 4Ψ, Adam's moments 8Ψ. Each run must equal one process step by step.
+gradients 4Ψ, Adam's moments 8Ψ. A model whose **states dominate** — 16 small layers (Ψ ≈ 0.83 M:
+16Ψ ≈ 13 MB of states against ≈ 1 MB of activations), so that the saving is what the total shows —
+with 0.05 MB buckets, as one process, data parallelism and ZeRO-1/2/3 on 2 ranks, with
+`profile_memory=True` (the allocator's view beside ours). Each run must equal one process step by step.
 """),
 code("""
 OUT = os.path.join("..", "traces", "nb04")
-STEPS = 5
+STATES_DOMINATE = {"vocab_size": 256, "seq_len": 8, "hidden": 64, "heads": 4, "layers": 16}
 
 def run(name, **config):
-    return wb.launch(wb.RunConfig(model="tiny", steps=STEPS, global_batch=16, seed=0, **config),
+    return wb.launch(wb.RunConfig(model=STATES_DOMINATE, steps=4, global_batch=4, bucket_mb=0.05, seed=0,
+                                  profile_memory=True, profile_memory_step=1, **config),
                      out=os.path.join(OUT, name), force=True)
 
 runs = {
     "1 process": run("single"),
     "dp=2": run("dp2", dp=2),
     "ZeRO-1": run("zero1", dp=2, zero=1),
-    "ZeRO-2": run("zero2", dp=2, zero=2, bucket_mb=0.02),
+    "ZeRO-2": run("zero2", dp=2, zero=2),
     "ZeRO-3": run("zero3", dp=2, zero=3),
 }
 losses = viz.compare_losses(runs, baseline="1 process")
@@ -73,22 +77,16 @@ assert (states["error %"].abs() <= 3).all()
 states.pivot(index="run", columns="category", values="measured")
 """),
 md("""
-## What a rank really pays: the simultaneous total, on a model whose states dominate
+## What a rank really pays: the simultaneous total
 
-On `tiny` the activations outweigh the model states, so the saving is hard to see. Here a model of
-16 small layers (Ψ ≈ 0.83 M: 16Ψ ≈ 13 MB of states against ≈ 1 MB of activations), with 0.05 MB
-buckets, runs as data parallelism and ZeRO-1/2/3 on 2 ranks with `profile_memory=True`. The figure that
-counts is `peak_total_bytes` — every category at the same instant, including the gradient copies ZeRO-2/3
-keep in flight (at most two buckets or layers) and the layers ZeRO-3 gathers — checked against what
-the allocator held.
+Model states are not all a rank holds. The figure that counts is `peak_total_bytes` — every category
+at the same instant, including the gradient copies ZeRO-2/3 keep in flight (at most two buckets or
+layers) and the layers ZeRO-3 gathers — checked against what the allocator held.
 """),
 code("""
-STATES_DOMINATE = {"vocab_size": 256, "seq_len": 8, "hidden": 64, "heads": 4, "layers": 16}
 totals = {}
-for name, zero in (("DP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3)):
-    r = wb.launch(wb.RunConfig(model=STATES_DOMINATE, dp=2, zero=zero, global_batch=4, bucket_mb=0.05, steps=3,
-                               profile_memory=True, profile_memory_step=1),
-                  out=os.path.join(OUT, f"states-{name}"), force=True)
+for name, key in (("DP", "dp=2"), ("ZeRO-1", "ZeRO-1"), ("ZeRO-2", "ZeRO-2"), ("ZeRO-3", "ZeRO-3")):
+    r = runs[key]
     s = r.summary["ranks"][0]
     totals[name] = {"run": r, "measured total (MB)": s["peak_total_bytes"] / 1e6,
                     "allocator peak (MB)": s["allocator_peak_bytes"]["allocated"] / 1e6,

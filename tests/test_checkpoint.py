@@ -59,20 +59,20 @@ def test_checkpoint_bytes_are_the_sharded_states_written_once(launched):
     ZeRO-3: each rank writes its 1/N of parameters and moments. Tensor bytes = 12Ψ (4 parameter + 8
     moments) + Adam's step (4 bytes) + each rank's RNG state (5,056 bytes); the files add DCP's index and
     ~1.5 kB of framing per piece (large against `tiny`'s small tensors)."""
-    for config in ({"dp": 2}, {"dp": 2, "zero": 3}):
-        run = launched(steps=2, checkpoint_every=2, **config)
-        marker = verify(os.path.join(run.path, "checkpoints", "step_000002"))
+    for config in ({"dp": 2}, {"dp": 2, "zero": 3}):  # the resume test's runs (checkpoints at steps 3 and 6)
+        run = launched(steps=6, checkpoint_every=3, **config)
+        marker = verify(os.path.join(run.path, "checkpoints", "step_000003"))
         psi = run.config["params"]
         assert marker["tensor_bytes"] == 12 * psi + 4 + 2 * 5056, (config, marker["tensor_bytes"] - 12 * psi)
         assert marker["bytes"] > marker["tensor_bytes"]
         saved = [e["args"]["bytes"] for t in run.traces for e in t["traceEvents"]
-                 if e.get("cat") == "checkpoint"]
+                 if e.get("cat") == "checkpoint" and e["args"]["step"] == 3]
         assert len(saved) == 2 and sum(saved) <= marker["bytes"]
         if config.get("zero") == 3:
             assert min(saved) > 0.4 * sum(saved), "ZeRO-3: both ranks write their half"
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                assert main(["checkpoint", "inspect", os.path.join(run.path, "checkpoints", "step_000002")]) == 0
+                assert main(["checkpoint", "inspect", os.path.join(run.path, "checkpoints", "step_000003")]) == 0
             text = out.getvalue()
             assert "zero=3" in text and "model/blocks.0.attn.qkv.weight|" in text and "__1_0.distcp" in text
 
