@@ -35,6 +35,7 @@ def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
     assert p.best is not None and p.best["fits"]
 
 
+@pytest.mark.slow  # make test: notebook 07's compare() of the same strategies asserts the same errors and ratio
 def test_compare_tabulates_runs_with_estimates(tmp_path):
     cmp = wb.compare([wb.RunConfig(dp=2, model="tiny", steps=4), wb.RunConfig(dp=2, zero=3, model="tiny", steps=4)],
                      out_dir=str(tmp_path), progress=False)

@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
         return 0
     except BaseException as e:
+        # torchrun's SIGTERM to a rank already failing (its peer died first) must not cut this record short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
                "traceback": traceback.format_exc(),
                "coords": ctx.grid.coords(rank) if ctx is not None else None,
