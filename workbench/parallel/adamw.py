@@ -33,17 +33,21 @@ class AdamW:
             {"params": self.params, "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
+    def state_of(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """p's state, created as torch's AdamW creates it at the first step: step 0, zero moments."""
+        state = self.state[p]
+        if not state:
+            zeros = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state.update(step=torch.tensor(0.0), exp_avg=zeros, exp_avg_sq=zeros.clone())
+        return state
+
     @torch.no_grad()
     def step(self) -> None:
         """One update of every tensor that has a gradient; its state is created at its first step
         (step 0, zero moments), as torch's AdamW does."""
         group = self.param_groups[0]
         params = [p for p in self.params if p.grad is not None]
-        for p in params:
-            if not self.state[p]:
-                zeros = torch.zeros_like(p, memory_format=torch.preserve_format)
-                self.state[p].update(step=torch.tensor(0.0), exp_avg=zeros, exp_avg_sq=zeros.clone())
-        states = [self.state[p] for p in params]
+        states = [self.state_of(p) for p in params]
         beta1, beta2 = group["betas"]
         adamw_kernel(params, [p.grad for p in params], [s["exp_avg"] for s in states],
                      [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states],

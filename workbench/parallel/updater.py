@@ -69,11 +69,7 @@ def adam_checkpoint_state(optimizer: AdamW, params: Sequence[torch.Tensor]) -> d
     is created as AdamW's first step would (step 0, zero moments), so a load has tensors to fill."""
     out = {}
     for i, p in enumerate(params):
-        state = optimizer.state[p]
-        if not state:
-            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                         exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
-        out.update({f"{i}.{k}": v for k, v in state.items()})
+        out.update({f"{i}.{k}": v for k, v in optimizer.state_of(p).items()})
     return out
 
 
