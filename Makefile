@@ -26,7 +26,7 @@ test-browser: setup  # notebooks 01, 03, 04 in JupyterLab in a real chromium (in
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
 lint: setup
-	$(PY) -m ruff check workbench tests tests_browser benchmarks scripts
+	$(PY) -m ruff check conftest.py workbench tests tests_browser benchmarks scripts
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks
