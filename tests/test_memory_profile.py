@@ -35,10 +35,11 @@ def test_the_categories_explain_what_the_allocator_holds(launched, zero):
     for rank in range(2):
         pairs = _paired(run, rank)
         assert len(pairs) >= 10, "the profiled step's snapshots carry the allocator's figure"
-        # gloo copies a reduce-scatter's input (booked as comm_buffer until the wait), but its worker can let
-        # go of the copy well after the wait returns: in about 1 run in 8 here one rank still held one such
-        # copy at the step's end (the profile shows the block, allocated inside c10d::_reduce_scatter_base_).
-        # At most that one copy, the largest reduce-scatter input, may go unexplained.
+        # gloo's reduce-scatter all-reduces a clone of its input on a worker thread and keeps our slice of it
+        # (the clone is booked as comm_buffer until the wait); the inner all-reduce can hold the clone well
+        # after the wait returns: in about 1 run in 8 here one rank still held one at the step's end (the
+        # profile shows the block, allocated inside c10d::_reduce_scatter_base_). At most that one copy, the
+        # largest reduce-scatter input, may go unexplained.
         rs = run.events[(run.events["rank"] == rank) & (run.events.op == "reduce_scatter")]
         straggler = 0 if rs.empty else rs.bytes.max()
         for categories, allocated in pairs:
