@@ -29,8 +29,8 @@ async def _get_msg_polling_in_slices(self: AsyncZMQSocketChannel, timeout: float
     waits for ever), polling at most POLL_SLICE_S at a time."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        left = POLL_SLICE_S if deadline is None else max(0.0, deadline - time.monotonic())
-        if await self.socket.poll(int(1000 * min(POLL_SLICE_S, left))):
+        wait_s = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, max(0.0, deadline - time.monotonic()))
+        if await self.socket.poll(int(1000 * wait_s)):
             return await self._recv()
         if deadline is not None and time.monotonic() >= deadline:
             raise Empty
