@@ -2,8 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
+# NCCL where the machine has a GPU for each of the demo's 2 ranks, else gloo (auto would refuse 2 ranks on 1 GPU)
+DEMO_BACKEND = $(shell $(PY) -c "import torch; print('nccl' if torch.cuda.device_count() >= 2 else 'gloo')" 2>/dev/null || echo gloo)
 
-.PHONY: setup demo test test-all test-browser lint notebook benchmark clean
+.PHONY: setup demo test test-all test-gpu test-browser lint notebook benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -12,14 +14,17 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	touch $@
 
 demo: setup
-	$(PY) -m workbench.cli run $(DEMO_ARGS) --name demo --out traces/demo --force
+	$(PY) -m workbench.cli run $(DEMO_ARGS) --backend $(DEMO_BACKEND) --name demo --out traces/demo --force
 	$(PY) -m workbench.cli validate traces/demo
 
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" tests --nbmake notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu" tests --nbmake notebooks
 
 test-all: setup  # also the `slow` cases: more strategies for behaviours `make test` checks once each
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --nbmake notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu" tests --nbmake notebooks
+
+test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); each case skips without its GPUs
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m gpu tests/gpu
 
 test-browser: setup  # notebooks 01, 03, 04 in JupyterLab in a real chromium (installs it); screenshots in traces/browser/
 	bash scripts/browser_setup.sh $(VENV)

@@ -1,4 +1,5 @@
-"""pytest, for `tests/` and the notebooks (`--nbmake`): a fix for a stall in jupyter_client's async channels.
+"""pytest, for `tests/` and the notebooks (`--nbmake`): strict communication checks everywhere, and a fix for a
+stall in jupyter_client's async channels.
 
 nbmake runs each notebook with nbclient, which waits for a cell's reply with
 `AsyncZMQSocketChannel.get_msg(timeout)` — one `socket.poll(timeout)` on the shell socket. nbclient
@@ -15,6 +16,7 @@ The fix: poll in short slices, so a reply that is already there is read within a
 
 from __future__ import annotations
 
+import os
 import time
 from queue import Empty
 
@@ -37,3 +39,9 @@ async def _get_msg_polling_in_slices(self: AsyncZMQSocketChannel, timeout: float
 
 
 AsyncZMQSocketChannel.get_msg = _get_msg_polling_in_slices
+
+# Strict mode for the whole suite, notebooks included (their kernels and every rank inherit it): every tensor
+# handed to a collective or a transfer is checked as NCCL would check it (workbench/comm/strict.py).
+os.environ["WORKBENCH_STRICT_COMM"] = "1"
+# The CPU suite runs every backend='auto' launch on gloo, also on a machine with GPUs (make test-gpu asks for nccl).
+os.environ["WORKBENCH_BACKEND"] = "gloo"

@@ -14,6 +14,10 @@ import pytest
 import workbench as wb
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+#: the CPU suite: every backend='auto' launch runs on gloo, on a machine with GPUs too (make test-gpu asks for
+#: nccl by name); every tensor handed to communication is checked as NCCL would check it (comm/strict.py)
+os.environ["WORKBENCH_BACKEND"] = "gloo"
+os.environ["WORKBENCH_STRICT_COMM"] = "1"
 
 #: Short runs keep the suite fast; 6 steps are enough for Adam's state to matter in the comparison.
 STEPS = 6

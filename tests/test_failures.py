@@ -47,3 +47,12 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     assert dp[0]["newest"][0]["step"] == 1 and dp[0]["newest"][0]["state"] == "started"
     assert dp[0]["newest"][1]["step"] == 0 and dp[0]["newest"][1]["state"] == "done"
     assert "behind: rank 1" in report and "inject_fault" in report, report
+    # torch's own flight recorder, dumped by both ranks, says the same
+    from workbench.comm.torch_flight_recorder import behind as torch_behind
+    from workbench.comm.torch_flight_recorder import read_dumps
+
+    dumps = read_dumps(e.value.run.path)
+    assert sorted(dumps) == [0, 1]
+    dp_torch = [g for g in torch_behind(dumps) if g["group"] == "dp [0, 1]"]
+    assert dp_torch and dp_torch[0]["behind"] == [1], report
+    assert "torch's flight recorder (2 dump(s)" in report and "group dp [0, 1]: blocked at seq" in report, report

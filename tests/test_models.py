@@ -88,3 +88,20 @@ def test_sdpa_trains_the_same_model_and_saves_what_the_formula_says(launched):
     assert m["peak_bytes"]["activation"] < e["peak_bytes"]["activation"]
     with pytest.raises(wb.ConfigError, match="sdpa"):
         wb.RunConfig(attention="sdpa", recompute="selective").validate()
+
+
+def test_the_activation_formula_has_a_cuda_case():
+    """What CUDA's kernels save differently, as the formula counts it (the GPU suite measures it):
+    LayerNorm keeps fp32 statistics (4 per layer and token, 2 for the final norm) where a 16-bit CPU run
+    keeps them in 16 bits; the fused attention kernel of an fp32 run is CUDA's memory-efficient one, whose
+    log-sum-exp pads the sequence to a multiple of 32."""
+    from workbench.config import ModelConfig
+    from workbench.formulas import activation_bytes
+
+    cfg = ModelConfig(seq_len=100, hidden=64, heads=4, layers=2, vocab_size=128)
+    b = 2
+    stats = (4 * cfg.layers + 2) * cfg.seq_len * b  # two norms per layer, mean and 1/σ each; ln_f's
+    assert activation_bytes(cfg, b, 2, device="cuda") - activation_bytes(cfg, b, 2) == (4 - 2) * stats
+    assert activation_bytes(cfg, b, 4, device="cuda") == activation_bytes(cfg, b, 4), "fp32: the same"
+    fused = {d: activation_bytes(cfg, b, 4, recompute="fused", device=d) for d in ("cpu", "cuda")}
+    assert fused["cuda"] - fused["cpu"] == 4 * cfg.heads * (128 - 100) * b * cfg.layers

@@ -50,7 +50,9 @@ def test_every_action_is_a_span_and_every_send_reaches_its_receive(launched):
         planned = json.load(f)
     for rank in (0, 1):
         executed = list(sched[sched["rank"] == rank].sort_values("start_us")["name"])
-        assert executed == [a["label"] for a in planned["actions"][rank]], "the executor ran the planned list"
+        assert executed == planned["program"][rank], "the executor ran the planned program"
+        assert [a["label"] for a in planned["actions"][rank]] == \
+            [x for item in executed for x in item.split(" + ")], "every planned action, in order"
     flows = run.flows[run.flows.cat == "p2p"]
     starts, ends = flows[flows.ph == "s"], flows[flows.ph == "f"]
     joined = starts.merge(ends, on="id", suffixes=("_send", "_recv"))
@@ -79,15 +81,18 @@ def test_memory_and_communication_match_the_schedule(launched):
     ({"schedule": "interleaved", "virtual_stages": 2}, 1 / 9),
 ], ids=["1f1b", "gpipe", "interleaved"])
 def test_the_measured_bubble_is_explained_by_the_measured_costs(launched, config, formula):
-    """The simulator replaying the schedule with each action's measured duration, each transfer's
-    measured time and each rank's measured start lands within 10 % (relative) of the measured bubble. On
-    the tiny model both sit far above the formula — a microbatch's compute is as short as the Python and
-    gloo costs around it — and this says the gap comes from those costs, not from the schedule. (10 %:
-    a rank descheduled while it waits inside an action is not replayed; on a quiet machine within 1 %.)"""
+    """The simulator running the schedule with this run's measured compute costs (each action's time to
+    the rank's next one, its waits left out), its median transfer time and each rank's measured start
+    lands within 25 % (relative) of the measured bubble. On the tiny model both sit far above the formula —
+    a microbatch's compute is as short as the Python and gloo costs around it — and this says the gap
+    comes from those costs, not from the schedule. It is a model, not a replay of the timeline (the
+    simulator decides every wait): on this 2-core machine, nine runs of the three schedules came out
+    between −17 % and +8 %; 25 % leaves room for a busier machine, while a schedule the simulator got
+    wrong (or the formula's 1/5 and 1/9) would fall far outside it."""
     b = launched(model=FOUR_LAYERS, pp=2, microbatches=4, **config).summary["bubble_fraction"]
     assert b["predicted"] == pytest.approx(formula)
     assert b["simulated_with_measured_costs"] > b["predicted"], "this machine's costs are not uniform"
-    assert abs(b["measured"] - b["simulated_with_measured_costs"]) <= 0.10 * b["simulated_with_measured_costs"], b
+    assert abs(b["measured"] - b["simulated_with_measured_costs"]) <= 0.25 * b["measured"], b
 
 
 def test_a_compute_bound_pipeline_approaches_the_formula(launched):

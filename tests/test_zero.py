@@ -83,11 +83,6 @@ def test_unsupported_combinations_fail_before_launch(change, message):
         RunConfig(**change).validate()
 
 
-def test_offload_on_a_cpu_run_is_a_no_op_that_says_so(launched):
-    run = launched(dp=2, zero=1, offload_optimizer=True)
-    assert "no-op" in run.traces[0]["workbench"]["offload_optimizer"]
-
-
 #: A model whose states outweigh its activations (Ψ = 0.83 M: 16Ψ = 13.3 MB against 1.1 MB of activations
 #: for 2 sequences of 8 tokens per rank), in many small layers (a ZeRO-3 unit is 6 % of the model), so that
 #: the saving ZeRO makes is what the total shows.

@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×tp×pp")
     run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3),
                      help="ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned")
-    run.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states in host memory")
+    run.add_argument("--offload-optimizer", action="store_true",
+                     help="ZeRO-Offload (zero 1, 2 or 3): master weights, gradient slices and Adam's moments in host "
+                          "memory, the update on the CPU (torch's AdamW), each gradient slice copied once reduced")
     run.add_argument("--no-prefetch", action="store_true", help="ZeRO-3: do not gather the next layer ahead")
     run.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
     run.add_argument("--microbatches", type=int, default=d.microbatches)

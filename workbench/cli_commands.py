@@ -104,7 +104,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if not a.no_calibrate:
         from workbench.calibration import calibrate
 
-        hw = calibrate(configs[0].model)
+        hw = calibrate(configs[0].model, backend=configs[0].backend)  # the runs' own backend and device
     try:
         result = compare(configs, a.out, hardware=hw, force=a.force)
     except FileExistsError as e:

@@ -81,7 +81,8 @@ class RunConfig:
     onebit_warmup_steps: int = 5
     #: ZeRO-3: gather the next layer's parameters while the current one computes
     prefetch: bool = True
-    #: keep optimizer states and the update in host memory (a no-op, said so, where there is no GPU)
+    #: ZeRO-Offload (zero ≥ 1): this rank's slices of the master weights, gradients and Adam's moments in host
+    #: memory, the update on the CPU (parallel/offload.py); on a CPU run the same code keeps separate host copies
     offload_optimizer: bool = False
     trace: bool = True
     #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (data_source.py)

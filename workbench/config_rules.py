@@ -5,6 +5,7 @@ each raises ConfigError naming the bad value and what would be valid."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from workbench.model_config import ConfigError
@@ -112,3 +113,29 @@ def profile_range(spec: str) -> tuple[int, int]:
         raise ConfigError(f"profile_steps={spec!r}: give 'A:B', the first profiled step and the one after the "
                           f"last, e.g. '2:4'") from None
     return first, stop
+
+
+#: set by a test suite (or a user) to run every `backend='auto'` launch on one backend: `make test` is the CPU
+#: suite and sets gloo, so that it runs the same on a machine with GPUs
+BACKEND_ENV = "WORKBENCH_BACKEND"
+#: the backend the launcher chose, handed to the ranks (engine/context.py)
+RESOLVED_BACKEND = "WORKBENCH_RESOLVED_BACKEND"
+
+
+def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
+    """The backend a launch runs on: 'gloo' as asked; 'nccl' as asked where every rank of a machine has a
+    GPU of its own; 'auto' → NCCL when every rank has a GPU, gloo on a machine without any. Anything
+    else is a ConfigError naming both counts — before any process starts (an NCCL rank without a GPU of
+    its own fails later with "invalid device ordinal")."""
+    if requested == "auto" and os.environ.get(BACKEND_ENV) in ("gloo", "nccl"):
+        requested = os.environ[BACKEND_ENV]
+    if requested == "gloo" or (requested == "auto" and gpus == 0):
+        return "gloo"
+    if gpus == 0:
+        raise ConfigError("backend='nccl' needs CUDA GPUs, and none is visible here (torch.cuda.device_count() = 0): "
+                          "run on the CPU with --backend gloo (backend='gloo'), or 'auto'")
+    if ranks_per_machine > gpus:
+        raise ConfigError(f"backend={requested!r}: {ranks_per_machine} ranks per machine, but {gpus} GPU(s) visible "
+                          f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
+                          f"(backend='gloo'), or use at most {gpus} rank(s) per machine")
+    return "nccl"

@@ -1,5 +1,7 @@
 """`workbench doctor RUN`: why a run failed, from what its ranks left — who failed first, and for a hang,
-which ranks were at which collective (the flight recorder's view: comm/flight_recorder.py).
+which ranks were at which collective: our flight recorder's view (comm/flight_recorder.py, in each error
+file) and torch's own (`fr_trace_rank{r}`, written by NCCL's watchdog on a timeout or by the failing rank:
+comm/torch_flight_recorder.py), side by side.
 
 For each group, the ranks' newest operations are lined up by sequence number: the members blocked in
 seq k are waiting for the member whose newest entry is below k — that one is behind, and its own error
@@ -13,6 +15,8 @@ import json
 import os
 import re
 from typing import Any
+
+from workbench.comm import torch_flight_recorder
 
 
 def _errors(run_dir: str) -> dict[int, dict[str, Any]]:
@@ -82,4 +86,21 @@ def diagnose(run_dir: str) -> str:
         for r in g["behind"]:
             lines.append(f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
                          f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped")
-    return "\n".join(lines)
+    return "\n".join(lines + torch_view(run_dir))
+
+
+def torch_view(run_dir: str) -> list[str]:
+    """What torch's flight recorder dumps say: per process group, who is behind."""
+    dumps = torch_flight_recorder.read_dumps(run_dir)
+    if not dumps:
+        return []
+    lines = ["", f"torch's flight recorder ({len(dumps)} dump(s), {torch_flight_recorder.PREFIX}<rank>):"]
+    stuck = torch_flight_recorder.behind(dumps)
+    if not stuck:
+        lines.append("  every group's members reached the same collective")
+    for g in stuck:
+        lines.append(f"  group {g['group']}: blocked at seq {g['blocked_at']}; behind: "
+                     f"{', '.join(f'rank {r}' for r in g['behind'])}")
+        for r, entry in sorted(g["newest"].items()):
+            lines.append(f"    rank {r}: {torch_flight_recorder.describe(entry)}")
+    return lines

@@ -41,10 +41,11 @@ class Hardware:
     usable_memory: float = 0.85  # headroom for the allocator, workspaces and the CUDA context
     step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
     cores: int | None = None  # CPUs: ranks beyond the core count share them
+    host_link_bw: float = 25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
 
 
 A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8)
-H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8)
+H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9)  # PCIe 5.0
 
 #: GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, sequence 2048.
 GPT3_175B = ModelConfig(vocab_size=51200, seq_len=2048, hidden=12288, heads=96, layers=96)
@@ -78,6 +79,9 @@ class Estimate:
     #: 1-bit Adam: the dp bytes of a warm-up step (comm_bytes_per_step['dp'] is the compressed steady state)
     dp_bytes_warmup: float | None = None
     ranks_per_node: int = 0
+    #: ZeRO-Offload: the optimizer on the host; `host_bytes` what the host holds per rank (16Ψ/N)
+    offload: bool = False
+    host_bytes: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,44 +178,42 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
-             backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None) -> Estimate:
+             backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
+             offload: bool = False) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
     unless its grad_reduce_dtype says 16 bits). `traffic`: how gradients travel (compression, 1-bit Adam,
-    hierarchical all-reduce, machines' size)."""
+    hierarchical all-reduce, machines' size). `offload`: ZeRO-Offload — the optimizer states leave the
+    device for the host (`host_bytes`), and each step copies the gradient slice out and the parameters'
+    back over the host link (the CPU's update time itself is not modelled)."""
     if config is not None:
         model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
         precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
         bucket_mb, prefetch, traffic = config.bucket_mb, config.prefetch, Traffic.of(config)
-        grad_bytes = 4 if config.grad_reduce_dtype == "fp32" else 2
+        grad_bytes, offload = 4 if config.grad_reduce_dtype == "fp32" else 2, config.offload_optimizer
     params = _checked(params, model, precision, dp, tp, pp, zero)
+    if offload and zero == 0:
+        raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
     w = _width(precision)
     # model states: what one rank holds of its tp × pp shard, partitioned over dp by ZeRO
     local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
-    states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes)
-    out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches)
+    states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes, offload)
+    out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches,
+                   offload=offload, host_bytes=formulas.offload_host_bytes(local, dp) if offload else {})
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
         return _timed(out, hardware, None)
     micro = global_batch // dp // microbatches
-    # activations: the first stage holds the most microbatches (1F1B: min(p, m); GPipe would hold m)
-    in_flight = min(pp, microbatches) if pp > 1 else 1
-    layers = model.layers // pp
-    if activations == "megatron":
-        act = in_flight * layers * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
-    else:
-        stages = pp * virtual_stages
-        kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
-        act = in_flight * virtual_stages * kept + \
-            formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
+    act = _activations(model, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
+                       activations)
     out.activation_bytes_per_rank = act
     out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch, backend_copies)
     # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
     # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
-    masters = 4 * local if g == 2 else 0
+    masters = 4 * local if g == 2 and not offload else 0
     out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
@@ -225,6 +227,18 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         seq = model.seq_len // (tp if sequence_parallel else 1)
         out.comm_bytes_per_step["pp"] = 2 * microbatches * micro * seq * model.hidden * w
     return _timed(out, hardware, model)
+
+
+def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,
+                 sequence_parallel: bool, recompute: str, activations: str) -> float:
+    """The first stage's activations: it holds the most microbatches (1F1B: min(p, m); GPipe would hold m)."""
+    in_flight = min(pp, microbatches) if pp > 1 else 1
+    if activations == "megatron":
+        return in_flight * (model.layers // pp) * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
+    stages = pp * virtual_stages
+    kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
+    return in_flight * virtual_stages * kept + \
+        formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
 
 
 def collectives_per_step(e: Estimate, model: ModelConfig) -> dict[str, int]:
@@ -262,7 +276,9 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Est
     dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + \
         links.get("intra", 0.0) / hw.intra_node_bw + links.get("inter", 0.0) / hw.inter_node_bw
     pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
+    local = sum(out.host_bytes.values()) / 16  # offload: Ψ/N, this rank's slice
+    host_s = local * (4 + _width(out.precision)) / hw.host_link_bw if out.offload else 0.0  # grads out, params back
     out.compute_s = compute
-    out.comm_s = tp_s + dp_s + pp_s
+    out.comm_s = tp_s + dp_s + pp_s + host_s
     out.step_time_s = compute / (1 - out.bubble_fraction) + out.comm_s + hw.step_overhead_s * share
     return out

@@ -87,12 +87,12 @@ class ProcessGroups:
         for axis in AXES:
             for members in grid.all_groups(axis):
                 # new_group is collective over the whole world, even for ranks outside `members`.
-                pg = dist.new_group(members, timeout=timeout)
+                pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")  # named in torch's dumps
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
         if ranks_per_node:
             for name, members in node_groups(grid, ranks_per_node):
-                pg = dist.new_group(members, timeout=timeout)
+                pg = dist.new_group(members, timeout=timeout, group_desc=f"{name} {members}")
                 if rank in members:
                     groups[name], ranks[name] = pg, members
         return cls(grid=grid, rank=rank, groups=groups, ranks=ranks)

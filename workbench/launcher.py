@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from workbench.checkpoint_files import archive_attempt, check_resume
 from workbench.config import ConfigError, RunConfig
+from workbench.config_rules import RESOLVED_BACKEND, backend_for
 from workbench.lifetime import die_with_parent, stop
 from workbench.model_config import lr_warning
 from workbench.progress import Progress
@@ -135,13 +136,21 @@ def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = Fal
     os.makedirs(run_dir, exist_ok=True)
 
 
-def _check_cuda() -> None:
-    """backend='nccl' needs GPUs: say so before any process starts (torch is imported only for this)."""
+def visible_gpus() -> int:
+    """CUDA devices this process sees. torch is imported only where a GPU may exist (or it already is):
+    launching from a notebook on a CPU machine costs nothing."""
+    if "torch" not in sys.modules and not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
-        raise ConfigError("backend='nccl' needs CUDA GPUs and torch.cuda.is_available() is False here; "
-                          "use backend='gloo' (or 'auto': nccl where CUDA is present, gloo otherwise)")
+    return torch.cuda.device_count()
+
+
+def choose_backend(config: RunConfig, nodes: Nodes = Nodes()) -> str:
+    """The backend the ranks will use (config_rules.backend_for): NCCL only where every rank of a machine
+    has a GPU; a ConfigError naming both counts otherwise — before any process starts."""
+    return backend_for(config.backend, config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo"
+                       else 0)
 
 
 def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
@@ -160,8 +169,7 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     earlier run in `out` is replaced only with `force=True` (FileExistsError otherwise)."""
     _warn_lr(config)
     config.validate()
-    if config.backend == "nccl":
-        _check_cuda()
+    backend = choose_backend(config, nodes)
     if nodes.elastic:
         config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))
@@ -170,7 +178,7 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
         _prepare_dir(run_dir, step if config.resume else None, force)
         with open(os.path.join(run_dir, "request.json"), "w") as f:
             f.write(config.to_json())
-    env = rank_env()
+    env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
     cmd = torchrun_command(config, run_dir, nodes)
     with open(log_path, "w") as log:
@@ -195,21 +203,27 @@ def _warn_lr(config: RunConfig) -> None:
         warnings.warn(high, stacklevel=3)
 
 
-def rank_env() -> dict[str, str]:
-    """The environment torchrun and the ranks get: one thread per rank, and every rendezvous round with a
-    store of its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: rank 0 of each group hosts it), so that no rank
-    reads what a dead rank of an earlier round left there. The package is importable by the ranks even
-    when it is used from a source checkout."""
+def rank_env(backend: str | None = None) -> dict[str, str]:
+    """The environment torchrun and the ranks get: one thread per rank, the backend chosen here
+    (RESOLVED_BACKEND), and every rendezvous round with a store of its own
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: rank 0 of each group hosts it), so that no rank reads what a dead
+    rank of an earlier round left there. The package is importable by the ranks even when it is used
+    from a source checkout."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    chosen = {RESOLVED_BACKEND: backend} if backend is not None else {}
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **chosen,
             "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
 
 
-def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: bool = False) -> Run:
+def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: bool = False,
+              backend: str = "gloo") -> Run:
     """Our four ring collectives once each over `ranks` processes on `numel`·ranks values, traced
-    (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them."""
-    config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo").validate()
+    (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them. On the CPU with gloo unless asked
+    otherwise: a teaching demo of a few numbers runs on any machine (backend='nccl' puts its buffers on
+    the GPUs, one per rank)."""
+    config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend).validate()
+    chosen = choose_backend(config)
     run_dir = os.path.abspath(out or default_run_dir(config))
     _prepare_dir(run_dir, force=force)
     with open(os.path.join(run_dir, "request.json"), "w") as f:
@@ -219,7 +233,7 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
     log_path = os.path.join(run_dir, "launcher.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
-                                stdout=log, stderr=subprocess.STDOUT, env=rank_env(), preexec_fn=die_with_parent)
+                                stdout=log, stderr=subprocess.STDOUT, env=rank_env(chosen), preexec_fn=die_with_parent)
         if proc.wait() != 0:
             raise _failure(run_dir, proc.returncode, log_path)
     return load(run_dir)

@@ -54,7 +54,7 @@ class Plan:
 
 def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
          zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
-         sequence_parallel: bool = False) -> Plan:
+         sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,)) -> Plan:
     hw, world = cluster.hardware, cluster.gpus
     rows = []
     for tp in (t for t in range(1, hw.devices_per_node + 1)
@@ -64,13 +64,15 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
             if global_batch % (dp * micro_batch):
                 continue
             m = global_batch // (dp * micro_batch)
-            for zero in zero_stages:
+            for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
                 if zero >= 2 and pp > 1:
                     continue  # partitioned gradients and parameters per microbatch: not with pipelines
                 e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
                                        global_batch=global_batch, microbatches=m, recompute=recompute,
-                                       sequence_parallel=sequence_parallel, activations="megatron", hardware=hw)
-                rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m,
+                                       sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,
+                                       offload=off)
+                rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "offload": off, "microbatches": m,
+                             "host_GB": sum(e.host_bytes.values()) / 1e9,
                              "model_states_GB": e.model_state_bytes_per_rank / 1e9,
                              "activations_GB": e.activation_bytes_per_rank / 1e9,
                              "memory_GB": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
@@ -84,7 +86,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
            f"{len(table)} layouts tried, {len(fitting)} fit in {usable:.0f} GB per GPU "
            f"({hw.usable_memory:.0%} of {hw.memory_bytes / 1e9:.0f} GB)."]
     if best is not None:
-        why.append(f"best: tp {best['tp']} × pp {best['pp']} × dp {best['dp']}, ZeRO-{best['zero']}, "
+        why.append(f"best: tp {best['tp']} × pp {best['pp']} × dp {best['dp']}, ZeRO-{best['zero']}"
+                   f"{' with the optimizer offloaded to the host' if best['offload'] else ''}, "
                    f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "
                    f"({best['model_states_GB']:.1f} model states + {best['activations_GB']:.1f} activations), "
                    f"bubble {best['bubble']:.1%}, about {best['step_time_s']:.1f} s per step.")

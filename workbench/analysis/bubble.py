@@ -5,10 +5,10 @@
                                     over the steps after the first (which pays one-off costs)
     predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers
     simulated_with_measured_costs   the schedule replayed by the simulator with this run's own costs, per
-                                    step: each action's measured duration (plus the gap before the rank's
-                                    next action), the compute part of forwards and backwards, each send's
-                                    launch, each transfer's time from the moment both sides were ready,
-                                    and when each rank entered the step (ranks do not start together)
+                                    step: each compute action's measured time to the rank's next one (the
+                                    time it spent waiting left out: the simulator decides the waits), the
+                                    compute part of forwards and backwards, and when each rank entered the
+                                    step (ranks do not start together); transfers are free
 
 The gap between `predicted` and `simulated_with_measured_costs` is what this machine's uneven costs do to
 the formula's ideal (slower first and last stages, per-microbatch transfers on the critical path, ranks
@@ -22,7 +22,7 @@ import statistics
 from typing import Any
 
 from workbench import formulas
-from workbench.pipeline.schedule import Schedule, matching_send, simulate
+from workbench.pipeline.schedule import Action, Schedule, simulate
 from workbench.trace.recorder import LANES
 
 Intervals = list[tuple[float, float]]
@@ -50,25 +50,26 @@ def measured_per_step(traces: list[dict[str, Any]]) -> dict[int, float]:
     return {step: idle_fraction(list(ranks.values())) for step, ranks in sorted(per_step.items())}
 
 
-def _step_costs(sched: Schedule, schedule_spans: dict[int, list[dict]], compute: dict[int, dict]
-                ) -> dict[tuple[int, str], tuple[float, float]]:
-    """(advance, busy) of every action of one step, keyed by (pipeline rank, action label)."""
-    pairs = {r: list(zip(sched.actions[r], spans, strict=True)) for r, spans in schedule_spans.items()}
-    send_start = {(a.kind, a.stage, a.peer, a.microbatch): e["ts"]
-                  for acts in pairs.values() for a, e in acts if a.kind.startswith("SEND")}
+def _step_costs(sched: Schedule, schedule_spans: dict[int, list[dict]], compute: dict[int, dict],
+                waits: dict[int, Intervals]) -> dict[tuple[int, str], tuple[float, float]]:
+    """(advance, busy) of every program item of one step, keyed by (pipeline rank, item label): a compute
+    action advances the rank's clock from its start to the next compute action's, less the time the rank
+    spent waiting in between (the simulator makes its own waits), and is busy for its measured forward or
+    backward; posting a batch of transfers costs nothing of its own (its time is in that advance)."""
     costs: dict[tuple[int, str], tuple[float, float]] = {}
-    for r, acts in pairs.items():
-        for i, (a, e) in enumerate(acts):
-            end = e["ts"] + e["dur"]
-            gap = max(acts[i + 1][1]["ts"] - end, 0.0) if i + 1 < len(acts) else 0.0
-            if a.kind in ("F", "B"):
-                busy = compute.get(r, {}).get((a.stage, a.microbatch, a.kind), e["dur"])
-                costs[(r, str(a))] = (e["dur"] + gap, busy)
-            elif a.kind.startswith("SEND"):
-                costs[(r, str(a))] = (e["dur"] + gap, 0.0)
-            else:  # a receive: its time once the matching send was launched (the wait before is the bubble)
-                ready = max(e["ts"], send_start.get(matching_send(a), e["ts"]))
-                costs[(r, str(a))] = (max(end - ready, 0.0) + gap, 0.0)
+    for r, spans in schedule_spans.items():
+        items = list(zip(sched.program(r), spans, strict=True))
+        starts = [e["ts"] for item, e in items if isinstance(item, Action)] + [spans[-1]["ts"] + spans[-1]["dur"]]
+        k = 0
+        for item, e in items:
+            if not isinstance(item, Action):
+                costs[(r, str(item))] = (0.0, 0.0)
+                continue
+            end = max(starts[k + 1], e["ts"] + e["dur"])
+            waited = sum(max(0.0, min(b, end) - max(a, e["ts"])) for a, b in waits.get(r, []))
+            busy = compute.get(r, {}).get((item.stage, item.microbatch, item.kind), e["dur"])
+            costs[(r, str(item))] = (max(end - e["ts"] - waited, busy), busy)
+            k += 1
     return costs
 
 
@@ -90,25 +91,56 @@ def simulated_per_step(sched: Schedule, traces: list[dict[str, Any]]) -> dict[in
 def _simulate_replica(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, float]:
     spans: dict[int, dict[int, list[dict]]] = {}
     compute: dict[int, dict[int, dict]] = {}
+    waits: dict[int, dict[int, Intervals]] = {}
     for r, t in replica.items():
         for e in t["traceEvents"]:
             if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]:
                 spans.setdefault(e["args"]["step"], {}).setdefault(r, []).append(e)
+            elif e.get("ph") == "X" and e.get("tid") == LANES["wait"] and e.get("cat") == "wait":
+                waits.setdefault(e["args"].get("step", -1), {}).setdefault(r, []).append((e["ts"], e["ts"] + e["dur"]))
         for e in _compute_spans(t):
             kind = "F" if e["cat"] == "forward" else "B"
             key = (e["args"].get("stage", 0), e["args"].get("microbatch", 0), kind)
             compute.setdefault(e["args"].get("step", 0), {}).setdefault(r, {})[key] = e["dur"]
+    transfer_us = transfer_time(list(replica.values()))
     out = {}
     for step, by_rank in sorted(spans.items()):
-        if len(by_rank) != sched.p or any(len(v) != len(sched.actions[r]) for r, v in by_rank.items()):
+        if len(by_rank) != sched.p or any(len(v) != len(sched.program(r)) for r, v in by_rank.items()):
             continue  # an interrupted step
         ordered = {r: sorted(v, key=lambda e: e["ts"]) for r, v in by_rank.items()}
-        costs = _step_costs(sched, ordered, compute.get(step, {}))
+        costs = _step_costs(sched, ordered, compute.get(step, {}), waits.get(step, {}))
         first = min(v[0]["ts"] for v in ordered.values())
         start = [ordered[r][0]["ts"] - first for r in range(sched.p)]
-        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))], start=start)
+        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))], start=start,
+                            t_comm=transfer_us.get(step, 0.0))
         out[step] = idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
     return out
+
+
+def transfer_time(traces: list[dict[str, Any]]) -> dict[int, float]:
+    """Per step, what a transfer between pipeline ranks costs the rank that waits for it: the median, over
+    the step's transfers, of the receiving wait's end less the later of the wait's start and the send's
+    posting (a receiver that came late waited less than the transfer took; one that came early waited for
+    the send to be posted, then for the transfer). Clamped at 0: ranks' clocks agree to a few hundred µs."""
+    posted: dict[int, float] = {}
+    arrived: dict[int, tuple[int, float, float]] = {}  # flow → (step, its wait's start and end)
+    for t in traces:
+        waits = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("step", -1)) for e in t["traceEvents"]
+                       if e.get("ph") == "X" and e.get("cat") == "wait" and e.get("tid") == LANES["wait"])
+        for e in t["traceEvents"]:
+            if e.get("cat") != "p2p" or e.get("ph") not in ("s", "f"):
+                continue
+            if e["ph"] == "s":
+                posted[e["id"]] = e["ts"]
+                continue
+            around = [w for w in waits if w[0] <= e["ts"] <= w[1]]
+            if around:
+                arrived[e["id"]] = (around[-1][2], around[-1][0], around[-1][1])
+    per_step: dict[int, list[float]] = {}
+    for flow, (step, start, end) in arrived.items():
+        if flow in posted:
+            per_step.setdefault(step, []).append(max(end - max(start, posted[flow]), 0.0))
+    return {step: statistics.median(v) for step, v in per_step.items()}
 
 
 def _after_first(per_step: dict[int, float]) -> list[float]:

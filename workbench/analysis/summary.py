@@ -9,7 +9,9 @@ default 1 — `steps_excluded` says how many were left out —; memory and bytes
   to completion); `overlap_s`: the part of it hidden under compute; `exposed_comm_s` the rest.
 - `idle_s`: step time covered by neither (waiting on peers, Python overhead).
 - `peak_bytes` / `predicted_bytes`: per memory category, the highest counter value and the formula.
-- `comm_bytes`: bytes by op and group (S as nccl-tests counts it), in total and per step.
+- `comm_bytes`: bytes by op and group (S as nccl-tests counts it), in total and per step: each operation
+  once (the host's launch spans, category `launch`, are not operations).
+- ZeRO-Offload: `host_peak_bytes` / `predicted_host_bytes`, what the host holds for the optimizer.
 
 No torch here: it runs in the rank that writes the summary, in the launcher after a failure, and in
 any notebook.
@@ -130,6 +132,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "idle_s": max(total - busy_us, 0.0) / 1e6,
         **memory_figures(events),
         "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
+        **({"predicted_host_bytes": host} if (host := formulas.predicted_host_bytes(config, info["pp"])) else {}),
         "predicted_comm_bytes_per_step": formulas.predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
         "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
@@ -149,6 +152,7 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     and `attributed_share_min` (the smallest share of the allocator's bytes so explained at any snapshot)."""
     peaks: dict[str, int] = {}
     totals: dict[float, int] = {}
+    host: dict[str, int] = {}  # ZeRO-Offload's host side
     allocator: dict[str, int] = {}
     allocated: dict[float, int] = {}
     backend: dict[float, int] = {}  # CPU profile: live bytes the communication backend's threads allocated
@@ -157,12 +161,17 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
             for k, v in e["args"].items():
                 peaks[k] = max(peaks.get(k, 0), int(v))
             totals[e["ts"]] = int(sum(e["args"].values()))
+        elif e.get("ph") == "C" and e["name"] == "host_memory":
+            for k, v in e["args"].items():
+                host[k] = max(host.get(k, 0), int(v))
         elif e.get("ph") == "C" and e["name"] == "allocator":
             for k, v in e["args"].items():
                 allocator[k] = max(allocator.get(k, 0), int(v))
             allocated[e["ts"]] = int(e["args"]["allocated"])
             backend[e["ts"]] = int(e["args"].get("backend_threads", 0))
     out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0)}
+    if host:
+        out["host_peak_bytes"] = host
     if allocator:
         out["allocator_peak_bytes"] = allocator
         matched = {ts: (a, totals[ts] + backend[ts]) for ts, a in allocated.items() if ts in totals and a > 0}

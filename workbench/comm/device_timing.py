@@ -1,31 +1,42 @@
-"""Communication timed on the GPU, not at launch.
+"""Communication timed on the GPU, and waits that block as they do on gloo.
 
-On NCCL a collective returns — and its future completes — once its kernel is *queued* on NCCL's
-stream; timing it on the host would measure the launch and let compute spans absorb the transfer. So
-on CUDA the traced layer (comm/traced.py) records, per operation:
+On NCCL a collective returns — and `Work.wait()` returns — once its kernel is *queued*: the host runs
+on while the GPU communicates. Timed on the host, a transfer would look instant, the time a rank waits
+for its peers would land inside the next forward or backward, and a pipeline's bubble would be counted
+as compute. So on CUDA the traced layer (comm/traced.py, comm/handle.py):
 
-    launch      a CUDA event on the caller's stream: the collective cannot start before the work queued
-                ahead of it, and NCCL's stream waits for exactly that
-    duration    the kernel's own time, from NCCL's start/end events (`Work._get_duration()`, which needs
-                TORCH_NCCL_ENABLE_TIMING=1: the worker sets it on CUDA runs before the process group
-                exists); without it, the time until an event recorded after `wait()` on the caller's
-                stream (an upper bound)
+    at launch   records a CUDA event on the caller's stream and enters the operation in `pending`, in
+                launch order (the device runs a stream's work in that order)
+    at wait     makes the caller's stream wait for the operation (`Work.wait()`), records an event after
+                it and **blocks the host until that event has passed** — polling, with the operation's
+                deadline (its launch + the process-group timeout), so that a hung peer ends in a
+                `CommError` on this rank, with its error file, instead of a silent wait. The blocked time
+                is a `wait` span, as on gloo. NCCL's own kernel time (`Work._get_duration()`, which needs
+                TORCH_NCCL_ENABLE_TIMING=1, set before the process group exists) is read then, and the
+                Work is let go — it holds the operation's tensors (about 600 MB per step of gpt2-small
+                bf16's TP clones, pipeline buffers and reduce-scatter outputs if kept to the step's end).
+    at step end one synchronisation, then every operation's device span: it starts at its launch event,
+                or when the previous operation on its stream ends, and lasts NCCL's duration (or until
+                the event after its wait, an upper bound, where timing is off). Streams: one per group
+                for collectives, one per group and set of peers for point-to-point (NCCL runs p2p on
+                per-peer communicators).
 
-and resolves them when the step ends, after one device synchronisation: a span starts at its launch
-event, or when the previous operation of the same group ends (one NCCL stream per group runs them in
-order), and lasts its duration. Overlap, `comm_s` and bus bandwidth are then device time.
+The cost of blocking: one host–device round trip per waited operation, and the launch gap after it
+(the GPU idles while the host queues the next kernels) — the same synchronisation that every compute
+span already makes (`measure/device.sync_compute`), so a trace's times are what the GPU did.
 
 Host and device clocks: a reference event recorded right after a synchronisation at the step's start is
 taken to be at that host instant; every event's host time is the reference's plus its elapsed time.
-`DeviceClock(now_us, backend=...)` takes the event type as a parameter so that the arithmetic is
-tested on a CPU with a fake clock.
+`DeviceClock(now_us, synchronize=..., event=...)` takes the event type as a parameter so that the
+arithmetic, the ordering and the deadline are tested on a CPU with a fake clock.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,21 +49,27 @@ def enable_nccl_timing() -> None:
 
 @dataclass
 class Timed:
-    """One operation waiting for its device times: `emit(start_us, end_us)` writes its record."""
+    """One launched operation (or batch) waiting for its device times: `emits` write its records."""
 
-    group: str
+    stream: Hashable  # where it queues on the device: ("collective", group) or ("p2p", group, peers)
     launch: Any  # an event on the caller's stream at the launch
-    work: Any  # the backend's Work, kept until the step ends for its duration
-    after_wait: Any  # an event on the caller's stream after wait(): the fallback end
-    emit: Callable[[float, float], None]
+    emits: list[Callable[[float, float], None]] = field(default_factory=list)
+    end: Any = None  # an event on the caller's stream after wait(): the fallback end
+    duration_us: float | None = None  # NCCL's kernel time, read at the wait
+    waited: bool = False
+
+
+class DeviceTimeout(TimeoutError):
+    """The device did not finish an operation before its deadline (a peer is stuck or gone)."""
 
 
 class DeviceClock:
     def __init__(self, now_us: Callable[[], float], synchronize: Callable[[], None] | None = None,
-                 event: Callable[[], Any] | None = None) -> None:
+                 event: Callable[[], Any] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.now_us = now_us
         self.synchronize = synchronize or torch.cuda.synchronize
         self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.sleep = sleep
         self.pending: list[Timed] = []
         self.ref: Any = None
         self.ref_us = 0.0
@@ -68,23 +85,54 @@ class DeviceClock:
         e.record()
         return e
 
+    def launched(self, stream: Hashable, emits: list[Callable[[float, float], None]]) -> Timed:
+        """At a launch: the event, and the operation's place in launch order."""
+        timed = Timed(stream, self.mark(), emits)
+        self.pending.append(timed)
+        return timed
+
+    def waited(self, timed: Timed, works: list[Any], deadline_us: float) -> None:
+        """At a wait (after Work.wait()): block the host until the operation is done on the device, or
+        raise DeviceTimeout at `deadline_us` (host clock); then read NCCL's duration."""
+        timed.end = self.mark()
+        self.block_until(timed.end, deadline_us)
+        durations = [d for d in (device_duration_us(w) for w in works) if d is not None]
+        timed.duration_us = max(durations) if durations else None
+        timed.waited = True
+
+    def block_until(self, event: Any, deadline_us: float) -> None:
+        """Poll `event` until the device has passed it (sleeping 50 µs, then 1 ms, between looks)."""
+        first = self.now_us()
+        while not event.query():
+            now = self.now_us()
+            if now > deadline_us:
+                raise DeviceTimeout(f"timed out: the device had not finished the operation {(now - first) / 1e6:.1f} s "
+                                    f"after this rank began waiting (the process-group timeout has passed)")
+            self.sleep(5e-5 if now - first < 10_000 else 1e-3)
+
     def host_us(self, event: Any) -> float:
         return self.ref_us + self.ref.elapsed_time(event) * 1000.0
 
     def end_step(self) -> int:
-        """Synchronise, give every pending operation its device span, in launch order. Returns how many."""
+        """Synchronise, give every waited operation its device span in launch order; returns how many.
+        One not yet waited for stays for the next step."""
         if self.ref is None:
             self.pending.clear()
             return 0
         self.synchronize()
-        free: dict[str, float] = {}  # when each group's stream is next free
+        free: dict[Hashable, float] = {}  # when each stream is next free
+        kept, done = [], 0
         for t in self.pending:
-            start = max(self.host_us(t.launch), free.get(t.group, 0.0))
-            dur = device_duration_us(t.work)
-            end = start + dur if dur is not None else self.host_us(t.after_wait)
-            free[t.group] = max(end, start)
-            t.emit(start, max(end, start))
-        done, self.pending = len(self.pending), []
+            if not t.waited:
+                kept.append(t)
+                continue
+            start = max(self.host_us(t.launch), free.get(t.stream, float("-inf")))
+            end = start + t.duration_us if t.duration_us is not None else max(self.host_us(t.end), start)
+            free[t.stream] = end
+            for emit in t.emits:
+                emit(start, end)
+            done += 1
+        self.pending = kept
         return done
 
 
@@ -92,5 +140,5 @@ def device_duration_us(work: Any) -> float | None:
     """The kernel's time from NCCL's own events (milliseconds there), or None where it was not timed."""
     try:
         return float(work._get_duration()) * 1000.0
-    except (RuntimeError, AttributeError, ValueError):
+    except (RuntimeError, AttributeError, ValueError, TypeError):
         return None

@@ -10,7 +10,9 @@ not divide it). Rank i sends to i+1 and receives from i−1 (mod n), 2(n−1) st
 
 Every rank sends 2(n−1)·S/n bytes, which is why the ring's time hardly grows with n. Each step is a
 `ring_step` span on the `ring` lane (phase, step, chunks, peers, bytes) with a flow to the rank that
-receives it. The send and receive of a step are posted together, so no step can deadlock.
+receives it. The send and receive of a step are posted together, so no step can deadlock. On CUDA each
+step blocks the host until the device has done it (comm/device_timing.py): the span is the step's time on
+the GPU, not its launch, and `device_us` is the device's own measure of it.
 """
 
 from __future__ import annotations
@@ -58,17 +60,24 @@ class RingCall:
         with rec.span("ring_step", "ring_step", "ring", phase=phase, ring_step=ring_k, step=comm.step,
                       seq=self.args["seq"], group=self.group, send_chunk=send_c, recv_chunk=recv_c, peer=self.nxt,
                       recv_peer=self.prv, bytes=nbytes(send) if send is not None else 0,
-                      recv_bytes=nbytes(recv) if recv is not None else 0, chunks=self.n):
+                      recv_bytes=nbytes(recv) if recv is not None else 0, chunks=self.n) as step_args:
             if send is not None and comm.network is not None:  # held on its emulated link, sender side
                 link, seconds = comm.network.message_seconds(comm.rank, self.nxt, nbytes(send))
                 hold(rec, seconds, "ring", link=link)
             if send is not None:
                 rec.flow("s", flow_id("ring", *self.key, ring_k, comm.rank, self.nxt), "ring", rec.now_us(), "ring")
+            comm.check([t for t in (send, recv) if t is not None], f"ring step {ring_k}")
             ops = ([dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []) + \
                   ([dist.P2POp(dist.irecv, recv, self.prv, group=pg)] if recv is not None else [])
+            start = comm.clock.mark() if comm.clock is not None else None
             try:
-                for work in dist.batch_isend_irecv(ops) if ops else []:
+                works = dist.batch_isend_irecv(ops) if ops else []
+                for work in works:
                     work.wait()
+                if comm.clock is not None:  # CUDA: the step is over when the device says so, not at launch
+                    end = comm.clock.mark()
+                    comm.clock.block_until(end, rec.now_us() + comm.timeout_s * 1e6)
+                    step_args["device_us"] = round(start.elapsed_time(end) * 1000.0, 3)
             except Exception as e:  # noqa: BLE001
                 raise comm.error({**self.args, "peer": self.nxt}, e) from e
             if recv is not None:

@@ -1,24 +1,31 @@
 """The traced communication layer: every collective and point-to-point operation goes through here.
 
-Each operation is recorded on the `comm` lane with the keys of docs/run-format.md: `op`, `group`,
+Each operation is recorded once, on the `comm` lane, with the keys of docs/run-format.md: `op`, `group`,
 `group_ranks`, `seq` (a per-group counter that is the same on every member, so one collective can be
-joined across ranks), `bytes`, `dtype`, `peer` for point-to-point, and `algbw_GBps` / `busbw_GBps`
-as nccl-tests defines them (algbw = S / t; busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for
-all-gather and reduce-scatter, 1 for broadcast and send/recv).
+joined across ranks), `bytes`, `dtype`, `peer` for point-to-point, and `algbw_GBps` / `busbw_GBps` as
+nccl-tests defines them (algbw = S / t; busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for all-gather
+and reduce-scatter, 1 for broadcast and send/recv): a complete span for a blocking call on gloo, an async
+begin/end pair from launch to completion otherwise (on CUDA from the device's times, at the step's end:
+comm/device_timing.py).
 
-An asynchronous operation is recorded twice: its launch (a short span on `comm` plus an async
-begin/end pair from launch to completion, the completion time taken from the backend's future where
-it has one) and, separately, the time the caller spent blocked in `wait()` (a span on the `wait` lane).
+Beside that record, where a call returns before the operation is done (every call on CUDA, async ones on
+gloo), the host's *launch* is a short span on the `launch` lane, category `launch`, without bytes — the
+summary never counts it — and the time the caller spent blocked in `wait()` is a span on the `wait` lane
+(comm/handle.py).
+
+Point-to-point transfers are posted as batches (`batch_isend_irecv`: one NCCL group), without tags:
+NCCL has none, so the transfers between two ranks are matched in the order they are posted, which the
+pipeline's validator checks. Before anything is posted, each tensor is checked against what NCCL accepts
+(comm/strict.py: always its device on CUDA, every rule in strict mode).
 
 Memory: gloo runs a reduce-scatter as an all-reduce of a full-size copy of its input (measured with
 torch.profiler's memory events). The copy is counted under `comm_buffer` from the launch to `wait()`;
 gloo's worker thread may hold it a little longer (until it takes the group's next operation), which
 the allocator then shows as unattributed. NCCL makes no such copy.
 
-On CUDA, operations are timed on the device and written when the step ends (comm/device_timing.py).
 With an emulated network (comm/emulated_link.py, a teaching device) a send is held before it is posted
-and a collective completes no earlier than its emulated time after it finished.
-Every operation also enters the flight recorder (comm/flight_recorder.py): the last 64, per rank.
+and a collective completes no earlier than its emulated time after it finished. Every operation also
+enters the flight recorder (comm/flight_recorder.py): the last 64, per rank.
 
 A failure (a timeout, a peer that died) is re-raised as `CommError` naming this rank, the operation,
 the group and the sequence number, so a stuck job ends with a message that says where it stopped.
@@ -32,16 +39,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from workbench.comm import strict
 from workbench.comm.bandwidth import nbytes, record
-from workbench.comm.device_timing import DeviceClock, Timed
+from workbench.comm.device_timing import DeviceClock
 from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
 from workbench.comm.flight_recorder import FlightRecorder
+from workbench.comm.handle import Handle, Op, device_record
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
     from workbench.grid import ProcessGroups
     from workbench.measure.memory import MemoryTracker
 
+__all__ = ["CommError", "Communicator", "Handle"]
 
 # torch 2.13 renamed the tensor forms of all-gather and reduce-scatter; older releases have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -52,90 +62,33 @@ class CommError(RuntimeError):
     """A communication operation failed or timed out; the message says which rank and operation."""
 
 
-class Handle:
-    """An operation in flight. `wait()` blocks, records the blocked time, and closes the async span."""
-
-    def __init__(self, comm: Communicator, work: Any, name: str, cat: str, args: dict[str, Any],
-                 launch_us: float, n: int, staged: int = 0, launch_event: Any = None, blocking: bool = False) -> None:
-        self.comm, self.work, self.name, self.cat, self.args = comm, work, name, cat, args
-        self.launch_us, self.n, self.launch_event, self.blocking = launch_us, n, launch_event, blocking
-        self.staged = staged if comm.memory is not None else 0  # the backend's own copy (comm_buffer)
-        if self.staged:
-            comm.memory.add("comm_buffer", self.staged)
-        self.completed_us: float | None = None
-        self._waited = False
-        rec = comm.recorder
-        if launch_event is not None:
-            return  # device-timed: the step's end resolves it
-        try:  # collectives on gloo expose a future that completes with the work: the completion time
-            work.get_future().then(lambda _f: self._mark_done(rec.now_us()))
-        except (RuntimeError, AttributeError):
-            pass  # point-to-point work has no future on gloo: completion is known at wait()
-
-    def _mark_done(self, ts: float) -> None:
-        if self.completed_us is None:
-            self.completed_us = ts
-
-    def _release_staged(self) -> None:
-        staged, self.staged = self.staged, 0
-        if staged and self.comm.memory is not None:
-            self.comm.memory.add("comm_buffer", -staged)
-
-    def wait(self) -> None:
-        if self._waited:
-            return
-        rec = self.comm.recorder
-        with rec.span(f"wait {self.name}", "wait", "wait", op=self.args["op"], group=self.args["group"],
-                      seq=self.args.get("seq")):
-            try:
-                self.work.wait()
-            except Exception as e:  # noqa: BLE001 - re-raised with where it happened
-                raise self.comm.error(self.args, e) from e
-            if self.args.get("emulated_s") and self.args["op"] != "send":  # the emulated network's time
-                link = self.args["emulated_link"]
-                end = self.comm.network.occupy(link, self.launch_us, self.args["emulated_s"])
-                hold(rec, (end - rec.now_us()) / 1e6, "wait", link=link)
-                self.completed_us = max(end, self.completed_us or 0.0)
-            if self.launch_event is not None:  # the device's times come when the step ends
-                clock = self.comm.clock
-                clock.pending.append(Timed(self.args["group"], self.launch_event, self.work, clock.mark(), self.record))
-            self.comm.flight.done(self.args)
-            # the work owns the backend's buffers, and the future's callback below holds this handle:
-            # let go of it now, or the buffers live until Python's garbage collector breaks the cycle
-            self.work = None
-            self._release_staged()
-            if self.args["op"] == "recv":  # the flow from the matching send ends inside this wait
-                rec.flow("f", self.args["flow"], "wait", rec.now_us(), "p2p")
-        self._waited = True
-        if self.launch_event is None:
-            self._mark_done(rec.now_us())
-            self.record(self.launch_us, self.completed_us if self.completed_us is not None else rec.now_us())
-
-    def record(self, start: float, end: float) -> None:
-        record(self.comm.recorder, self.name, self.cat, self.args, self.n, start, end, self.blocking)
-
-
 class Communicator:
     """Traced collectives over the process groups of one rank.
 
-    `step` is set by the training loop so that every record (and every flow id) carries it.
+    `step` is set by the training loop so that every record (and every flow id) carries it. `device` is
+    the rank's (its tensors are checked against it); `timeout_s` the process groups' timeout, which also
+    bounds a CUDA wait; `strict` checks every tensor as NCCL would (default: WORKBENCH_STRICT_COMM).
     """
 
     def __init__(self, groups: ProcessGroups, recorder: TraceRecorder,
                  memory: MemoryTracker | None = None, clock: DeviceClock | None = None,
-                 network: EmulatedNetwork | None = None) -> None:
+                 network: EmulatedNetwork | None = None, device: torch.device | None = None,
+                 timeout_s: float = 1800.0, strict_mode: bool | None = None) -> None:
         self.groups = groups
         self.network = network  # the emulated links, if any
         self.recorder = recorder
         self.memory = memory
         self.clock = clock  # CUDA: operations timed on the device
+        self.device = device or torch.device("cpu")
+        self.timeout_s = timeout_s
+        self.strict = strict.enabled() if strict_mode is None else strict_mode
         self.flight = FlightRecorder()
         self.rank = groups.rank
         self.step = 0
         self._seq: dict[str, int] = defaultdict(int)
         #: gloo copies a reduce-scatter's input (see the module's docstring)
         self.backend_copies = dist.is_initialized() and dist.get_backend() == "gloo"
-        self._p2p_seq: dict[tuple[str, int, int, int], int] = defaultdict(int)
+        self._p2p_seq: dict[tuple[str, int, int], int] = defaultdict(int)
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def start_step(self, step: int) -> None:
@@ -151,6 +104,10 @@ class Communicator:
     def size(self, group: str) -> int:
         return self.groups.size(group)
 
+    def check(self, tensors: list[torch.Tensor], op: str) -> None:
+        """NCCL's rules for the tensors of `op` (comm/strict.py)."""
+        strict.check(tensors, self.device, op, self.strict)
+
     def _args(self, op: str, group: str, tensor: torch.Tensor, total_bytes: int, **extra: Any) -> dict[str, Any]:
         self._seq[group] += 1
         return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": self._seq[group],
@@ -160,41 +117,45 @@ class Communicator:
         op = f"{args['op']} {args['label']}" if args.get("label") else args["op"]
         where = f"{op} on group {args['group']} {args['group_ranks']}"
         if "seq" in args:
-            where += f" (seq {args['seq']}, step {args['step']}, {args['bytes']} bytes)"
+            where += f" (seq {args['seq']}, step {args['step']}, {args.get('bytes', 0)} bytes)"
         if "peer" in args:
             where += f" with peer rank {args['peer']}"
         hint = ""
-        if "timed out" in str(e).lower():
+        if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
             hint = (" — a peer did not reach this operation within the process-group timeout "
                     "(RunConfig.timeout_s): it is stuck or slower than the timeout allows")
         return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
 
-    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, label: str | None = None,
-             staged: int = 0) -> Handle | None:
+    def _launch_args(self, args: dict[str, Any], async_op: bool) -> dict[str, Any]:
+        """What the host's launch span says: which operation, never its bytes (the record has them)."""
+        keep = ("op", "group", "seq", "step", "label", "peer")
+        return {**{k: args[k] for k in keep if k in args}, "async": async_op}
+
+    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, tensors: list[torch.Tensor],
+             label: str | None = None, staged: int = 0) -> Handle | None:
         cat = "p2p" if args["op"] in ("send", "recv") else "collective"
         name = args["op"] if label is None else f"{args['op']} {label}"
         if label is not None:
             args["label"] = label
+        self.check(tensors, name)
         rec = self.recorder
         self.flight.start(args)
         if self.network is not None:
             args.update(emulate(self.network, self.rank, args))
-        if async_op or self.clock is not None:  # on CUDA even a blocking call is timed by the device
-            event = self.clock.mark() if self.clock is not None else None
+        if async_op or self.clock is not None:  # on CUDA even a blocking call returns before it is done
+            op = Op(name, cat, args, n)
+            timed = None if self.clock is None else \
+                self.clock.launched(("collective", args["group"]), [device_record(rec, op, not async_op)])
             launch = rec.now_us()
-            with rec.span(f"launch {name}", cat, "comm", **{**args, "async": async_op}):
-                if args["op"] == "send":  # held on the emulated link, then the flow to the receive starts
-                    hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
-                    rec.flow("s", args["flow"], "comm", rec.now_us(), "p2p")
+            with rec.span(f"launch {name}", "launch", "launch", **self._launch_args(args, async_op)):
                 try:
                     work = fn(True)
                 except Exception as e:  # noqa: BLE001
                     raise self.error(args, e) from e
-            handle = Handle(self, work, name, cat, args, launch, n, staged, launch_event=event,
-                            blocking=not async_op)
+            handle = Handle(self, [work], [op], launch, staged, timed, blocking=not async_op)
             if async_op:
                 return handle
-            handle.wait()  # the caller's stream waits for it; the host does not
+            handle.wait()  # CUDA: the host waits for the device, as gloo's blocking call does
             return None
         start = rec.now_us()
         try:
@@ -218,7 +179,8 @@ class Communicator:
             args["reduce_op"] = reduce_op
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[reduce_op]
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a), async_op, n, label)
+        return self._run(args, lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a), async_op, n,
+                         [tensor], label)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
                        async_op: bool = False, label: str | None = None,
@@ -229,7 +191,8 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n, label, staged)
+        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n,
+                         [output, input], label, staged)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
                    async_op: bool = False, label: str | None = None,
@@ -239,7 +202,8 @@ class Communicator:
         args = self._args("all_gather", group, output, nbytes(output), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
-        return self._run(args, lambda a: _all_gather(out, inp, group=pg, async_op=a), async_op, n, label)
+        return self._run(args, lambda a: _all_gather(out, inp, group=pg, async_op=a), async_op, n,
+                         [output, input], label)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp", label: str | None = None,
                    meta: dict[str, Any] | None = None) -> None:
@@ -247,7 +211,7 @@ class Communicator:
         args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         fn = lambda a: dist.all_to_all_single(output.view(-1), input.reshape(-1), group=pg, async_op=a)  # noqa: E731
-        self._run(args, fn, False, self.size(group), label)
+        self._run(args, fn, False, self.size(group), [output, input], label)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,
                   label: str | None = None) -> Handle | None:
@@ -255,7 +219,8 @@ class Communicator:
         n = self.size(group)
         args = self._args("broadcast", group, tensor, nbytes(tensor), peer=src)
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a), async_op, n, label)
+        return self._run(args, lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a), async_op, n,
+                         [tensor], label)
 
     def barrier(self, group: str = "world") -> None:
         pg = self.groups.groups[group]
@@ -265,34 +230,61 @@ class Communicator:
         except Exception as e:  # noqa: BLE001
             raise self.error(args, e) from e
 
+
     # ---- point to point ----------------------------------------------------------------------
-    def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str, tag: int = 0) -> dict[str, Any]:
+    def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str) -> dict[str, Any]:
         src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
-        self._p2p_seq[(group, src, dst, tag)] += 1
-        seq = self._p2p_seq[(group, src, dst, tag)]
+        self._p2p_seq[(group, src, dst)] += 1
+        seq = self._p2p_seq[(group, src, dst)]
         return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": seq,
                 "step": self.step, "peer": peer, "bytes": nbytes(tensor),
                 "dtype": str(tensor.dtype).replace("torch.", ""),
-                "tag": tag,
-                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), tag, seq, src, dst)}
+                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst)}
+
+    def batch_isend_irecv(self, transfers: list[tuple[str, torch.Tensor, int, str | None]],
+                          group: str = "pp") -> Handle:
+        """Post `transfers` — ("send" | "recv", tensor, global peer rank, label) — together, as one
+        `torch.distributed.batch_isend_irecv` (one NCCL group: its sends and receives cannot block each
+        other). No tags: between two ranks, transfers are matched in the order both post them. Each
+        transfer is recorded on its own (flows from each send to its receive); `wait()` waits for all."""
+        rec, pg = self.recorder, self.groups.groups[group]
+        ops, p2p = [], []
+        for kind, tensor, peer, label in transfers:
+            args = self._p2p_args(kind, tensor, peer, group)
+            if label is not None:
+                args["label"] = label
+            self.check([tensor], f"{kind} {label or ''}".strip())
+            self.flight.start(args)
+            if self.network is not None:
+                args.update(emulate(self.network, self.rank, args))
+            ops.append(Op(kind if label is None else f"{kind} {label}", "p2p", args, 2))
+            p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=pg))
+        peers = tuple(sorted({op.args["peer"] for op in ops}))
+        timed = None if self.clock is None else \
+            self.clock.launched(("p2p", group, peers), [device_record(rec, op, False) for op in ops])
+        launch = rec.now_us()
+        with rec.span(f"launch p2p batch of {len(ops)}" if len(ops) > 1 else f"launch {ops[0].name}", "launch",
+                      "launch", op="p2p batch", group=group, step=self.step, peers=list(peers), transfers=len(ops)):
+            for op in ops:
+                if op.args["op"] == "send":  # held on the emulated link, then the flow to the receive starts
+                    hold(rec, op.args.get("emulated_s", 0.0), "launch", link=op.args.get("emulated_link"))
+                    rec.flow("s", op.args["flow"], "launch", rec.now_us(), "p2p")
+            try:
+                works = dist.batch_isend_irecv(p2p)
+            except Exception as e:  # noqa: BLE001
+                raise self.error(ops[0].args, e) from e
+        return Handle(self, list(works), ops, launch, timed=timed)
 
     def send(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> None:
-        self.isend(tensor, dst, group, label).wait()
+        self.batch_isend_irecv([("send", tensor, dst, label)], group).wait()
 
     def recv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> None:
-        self.irecv(tensor, src, group, label).wait()
+        self.batch_isend_irecv([("recv", tensor, src, label)], group).wait()
 
-    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None,
-              tag: int = 0) -> Handle:
-        """Send to global rank `dst`; the flow to the matching receive starts at the launch. Transfers
-        between the same two ranks are matched in order within each `tag`."""
-        args = self._p2p_args("send", tensor, dst, group, tag)
-        pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.isend(tensor, dst, group=pg, tag=tag), True, 2, label)
+    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> Handle:
+        """Send to global rank `dst` (a batch of one); the flow to the matching receive starts at the launch."""
+        return self.batch_isend_irecv([("send", tensor, dst, label)], group)
 
-    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None,
-              tag: int = 0) -> Handle:
-        """Receive from global rank `src`; the flow ends when the receive is waited for."""
-        args = self._p2p_args("recv", tensor, src, group, tag)
-        pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.irecv(tensor, src, group=pg, tag=tag), True, 2, label)
+    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> Handle:
+        """Receive from global rank `src` (a batch of one); the flow ends when the receive is waited for."""
+        return self.batch_isend_irecv([("recv", tensor, src, label)], group)

@@ -16,10 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.comm import torch_flight_recorder
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.emulated_link import EmulatedNetwork, parse_links
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
+from workbench.config_rules import RESOLVED_BACKEND, backend_for
 from workbench.engine.restart import restart_count
 from workbench.grid import ProcessGroups, RankGrid
 from workbench.measure.memory import MemoryTracker
@@ -45,9 +47,13 @@ class RankContext:
 
 
 def resolve_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """The launcher's choice (RESOLVED_BACKEND); where torchrun was started by hand (Slurm, Kubernetes), the
+    same rule on this machine: NCCL only where each of its LOCAL_WORLD_SIZE ranks has a GPU."""
+    chosen = os.environ.get(RESOLVED_BACKEND)
+    if chosen:
+        return chosen
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    return backend_for(requested, per_machine, torch.cuda.device_count() if requested != "gloo" else 0)
 
 
 def setup(config: RunConfig, run_dir: str) -> RankContext:
@@ -59,6 +65,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
             f"torchrun started {world_size} processes but dp×tp×pp = {config.dp}×{config.tp}×{config.pp} "
             f"= {config.world_size}: launch with --nproc-per-node × --nnodes = {config.world_size}"
         )
+    torch_flight_recorder.enable(run_dir, backend)  # torch's record of its collectives, dumped on failure
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -77,7 +84,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     if device.type == "cuda":  # communication on device time; every span an NVTX range for Nsight Systems
         clock = DeviceClock(recorder.now_us)
         recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
-    comm = Communicator(groups, recorder, memory, clock, emulated_network(config))
+    comm = Communicator(groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s)
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()

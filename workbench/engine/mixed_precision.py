@@ -140,12 +140,10 @@ class MixedPrecisionUpdater:
         fp16 checks: bf16 has fp32's exponent range and is not scaled."""
         if self.precision != "fp16":
             return False
-        bad = torch.zeros(1, device=self.params[0].device)
-        for p in self.params:
-            g = grad_of(p)
-            if g is not None and not torch.isfinite(g).all():
-                bad.fill_(1.0)
-                break
+        # one flag per gradient, combined on the device: the host waits once (for the agreed answer), not
+        # once per parameter as `if not torch.isfinite(g).all()` would make it
+        flags = [torch.isfinite(g).all().logical_not() for p in self.params if (g := grad_of(p)) is not None]
+        bad = torch.stack(flags).any().float().reshape(1) if flags else torch.zeros(1, device=self.params[0].device)
         self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")
         return bool(bad.item() > 0)
 

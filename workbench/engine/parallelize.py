@@ -8,7 +8,7 @@
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
         (a 16-bit model's gradients in fp32 main_grad buckets unless grad_reduce_dtype says 16 bits)
-      → updater: sharded AdamW (ZeRO) | mixed precision | AdamW                           an Updater
+      → updater: sharded AdamW (ZeRO; on the host with offload) | mixed precision | AdamW  an Updater
       → forward/backward: the pipeline executor running the schedule, or one batch
 
 The training step (`engine/train_step.py`) then only calls the pieces: forward_backward.run →
@@ -31,6 +31,7 @@ from workbench.engine.model import GPT, CausalSelfAttention
 from workbench.engine.recompute import Recompute, apply_recompute
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
+from workbench.parallel.offload import OffloadedAdamWUpdater
 from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
 from workbench.parallel.tp_communications import TPContext
@@ -58,6 +59,8 @@ class Strategy:
     def count_model_states(self) -> None:
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
                                            self.updater.state_tensors(), self.updater.counter_tensors())
+        if hasattr(self.updater, "host_tensors"):  # ZeRO-Offload: what the host holds
+            self.ctx.memory.count_host(self.updater.host_tensors())
 
 
 def runs_schedule(cfg: RunConfig) -> bool:
@@ -67,7 +70,6 @@ def runs_schedule(cfg: RunConfig) -> bool:
 
 def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     torch.manual_seed(cfg.seed)
-    note_offload(cfg, ctx)
     tp = TPContext(ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel) \
         if cfg.tp > 1 else None
     rc = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
@@ -146,6 +148,10 @@ def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync:
     pp_comm = ctx.comm if cfg.pp > 1 else None  # the gradient norm sums every stage's share
     if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel):  # each rank updates its partition
         after = grad_sync.gather_params if isinstance(grad_sync, ZeroDataParallel) else None
+        if cfg.offload_optimizer:  # ZeRO-Offload: the update on the host, each slice's gradient copied as it is final
+            updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after)
+            grad_sync.on_reduced = updater.offload_grad
+            return updater
         return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after)
     params = list(model.parameters())
     if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
@@ -164,14 +170,3 @@ def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chun
     return PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, ctx.comm, ctx.memory,
                             (micro, seq, mcfg.hidden), ctx.device, grad_sync, DTYPES.get(cfg.precision, torch.float32))
 
-
-def note_offload(cfg: RunConfig, ctx: RankContext) -> None:
-    if not cfg.offload_optimizer:
-        return
-    if ctx.device.type != "cuda":
-        note = "optimizer offload is a no-op here: on a CPU run the optimizer already lives in host memory"
-        ctx.recorder.info["offload_optimizer"] = note
-        if ctx.rank == 0:
-            print(f"[workbench] {note}", flush=True)
-    else:
-        raise NotImplementedError("optimizer offload to host memory is not built yet for CUDA runs")

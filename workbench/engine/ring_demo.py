@@ -3,7 +3,8 @@ our ring collectives once over every rank — an all-reduce, a reduce-scatter, a
 from rank 0 — on a buffer of `numel` values, each checked against the backend's own collective and
 traced exactly as in training (a `ring_step` span per step, flows between ranks), so that
 `viz.ring_steps(run, op=...)` replays each one chunk by chunk. The dp group is the whole world;
-`numel` comes from DIR/ring_demo.json (no model is built)."""
+`numel` comes from DIR/ring_demo.json (no model is built). `launcher.ring_demo` runs it on gloo (the CPU)
+unless asked for NCCL; its buffers are on the rank's device either way."""
 
 from __future__ import annotations
 
@@ -21,25 +22,27 @@ from workbench.engine.context import RankContext, setup
 
 
 def run_each(ctx: RankContext, numel: int) -> None:
-    """The four ring collectives, each then compared with the backend's (a RuntimeError if one differs)."""
-    comm, n, r = ctx.comm, ctx.world_size, ctx.rank
+    """The four ring collectives, each then compared with the backend's (a RuntimeError if one differs).
+    Every buffer lives on the rank's device (the CPU on gloo, its GPU on NCCL)."""
+    comm, n, r, dev = ctx.comm, ctx.world_size, ctx.rank, ctx.device
     g = torch.Generator().manual_seed(r)
-    x = torch.randn(n * numel, generator=g)
+    x = torch.randn(n * numel, generator=g).to(dev)
     ours, ref = x.clone(), x.clone()
     ring_all_reduce(comm, ours, "dp", label="demo")
     dist.all_reduce(ref)
     checks = {"all_reduce": torch.allclose(ours, ref, rtol=1e-5, atol=1e-6)}
-    out, ref_out = torch.empty(numel), torch.empty(numel)
+    out, ref_out = torch.empty(numel, device=dev), torch.empty(numel, device=dev)
     ring_reduce_scatter(comm, out, x, "dp", label="demo")
     dist.reduce_scatter_tensor(ref_out, x.clone())
     checks["reduce_scatter"] = torch.allclose(out, ref_out, rtol=1e-5, atol=1e-6)
-    gathered, ref_gathered = torch.empty(n * numel), torch.empty(n * numel)
+    gathered, ref_gathered = torch.empty(n * numel, device=dev), torch.empty(n * numel, device=dev)
     ring_all_gather(comm, gathered, x[:numel], "dp", label="demo")
     dist.all_gather_into_tensor(ref_gathered, x[:numel].clone())
     checks["all_gather"] = torch.equal(gathered, ref_gathered)
-    b = torch.arange(float(n * numel)) if r == 0 else torch.zeros(n * numel)
+    want = torch.arange(float(n * numel), device=dev)
+    b = want.clone() if r == 0 else torch.zeros(n * numel, device=dev)
     ring_broadcast(comm, b, 0, "dp", label="demo")
-    checks["broadcast"] = torch.equal(b, torch.arange(float(n * numel)))
+    checks["broadcast"] = torch.equal(b, want)
     if not all(checks.values()):
         raise RuntimeError(f"rank {r}: our ring differs from the backend's: {checks}")
 
@@ -56,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     with ctx.recorder.span("ProfilerStep#0", "step", "compute", step=0):
         with open(os.path.join(run_dir, "ring_demo.json")) as f:
             run_each(ctx, json.load(f)["numel"])
+    ctx.comm.end_step()  # CUDA: the records with their device times
     ctx.recorder.write(os.path.join(run_dir, f"trace_rank{ctx.rank}.json"))
     ctx.comm.barrier()
     dist.destroy_process_group()

@@ -39,6 +39,7 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
     ctx, cfg = strategy.ctx, strategy.ctx.config
     rec, memory = ctx.recorder, ctx.memory
     ctx.comm.start_step(step)
+    memory.start_step()
     t0 = time.perf_counter()
     with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
         inject_fault(cfg, ctx.rank, step)

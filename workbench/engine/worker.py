@@ -9,7 +9,9 @@ docs/run-format.md. Failure handling, so that nothing is lost and nothing hangs:
   non-zero; torchrun then stops the other ranks (SIGTERM, which we turn into an exception so they too
   write what they have);
 - every process group has the config's timeout, so a stuck peer ends in a `CommError` naming the
-  operation instead of a silent wait.
+  operation instead of a silent wait — on NCCL too, where the rank's own wait has that deadline
+  (comm/device_timing.py);
+- a failing rank also writes torch's flight recorder (`fr_trace_rank{r}`: comm/torch_flight_recorder.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.analysis.summary import build_summary
+from workbench.comm import torch_flight_recorder
 from workbench.config import RunConfig
 from workbench.engine.context import RankContext, setup
 from workbench.engine.restart import begin_attempt, elastic_world, restarted_config, write_all_attempts
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                "last_collectives": ctx.comm.flight.to_list() if ctx is not None else []}
         with open(os.path.join(args.run_dir, f"error_rank{rank}.json"), "w") as f:
             json.dump(err, f, indent=2)
+        try:  # torch's own record of its collectives, beside ours (workbench doctor reads both)
+            torch_flight_recorder.dump(args.run_dir, rank)
+        except Exception:  # noqa: BLE001 - never let the record of a failure fail the failure's report
+            pass
         if ctx is not None:
             ctx.recorder.write(os.path.join(args.run_dir, f"trace_rank{rank}.json"))
         print(f"[workbench] rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

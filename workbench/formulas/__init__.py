@@ -35,17 +35,18 @@ from workbench.formulas.memory import (
     ZERO_IN_FLIGHT,
     buffer_bytes,
     model_state_bytes,
+    offload_host_bytes,
     params_per_rank,
     stage_params,
 )
-from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, run_model, run_schedule
+from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, predicted_host_bytes, run_model, run_schedule
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
     "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "dp_link_bytes",
-    "onebit_bytes_per_step", "embedding_activation_bytes",
-    "head_activation_bytes",
-    "korthikanti_activation_bytes_per_layer", "model_state_bytes", "params_per_rank", "predicted_bytes",
-    "predicted_comm_bytes", "recompute_activation_bytes", "run_model", "run_schedule", "stage_activation_bytes",
-    "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token", "young_daly_interval",
+    "embedding_activation_bytes", "head_activation_bytes", "korthikanti_activation_bytes_per_layer",
+    "model_state_bytes", "offload_host_bytes", "onebit_bytes_per_step", "params_per_rank", "predicted_bytes",
+    "predicted_comm_bytes", "predicted_host_bytes", "recompute_activation_bytes", "run_model", "run_schedule",
+    "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
+    "young_daly_interval",
 ]

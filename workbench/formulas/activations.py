@@ -7,7 +7,7 @@ from workbench.config import ModelConfig
 
 
 def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                               sequence_parallel: bool = False) -> float:
+                               sequence_parallel: bool = False, device: str = "cpu") -> float:
     """Bytes one transformer block of *our* GPT saves for backward, counted from its code the way
     Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
 
@@ -19,17 +19,36 @@ def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_val
         layer-norm mean and 1/σ      two per layer norm                           →   4·sb values
 
     (r = mlp_ratio, 4: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and
-    the layer-norm statistics t ways too, so everything is divided by t.
+    the layer-norm statistics t ways too, so everything is divided by t. On CUDA (`device='cuda'`) the
+    layer norm keeps its statistics in fp32 whatever the activations' precision (`stats_width`).
     """
     s, b, h, a, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, cfg.mlp_ratio, tp
     replicated, stats = 4 * s * b * h, 4 * s * b
     if sequence_parallel:
         replicated, stats = replicated / t, stats / t
-    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t + stats)
+    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t) + \
+        stats_width(bytes_per_value, device) * stats
+
+
+def stats_width(bytes_per_value: int, device: str) -> int:
+    """Bytes per layer-norm statistic (mean, 1/σ): the activations' own width on the CPU, fp32 on CUDA
+    (its kernel accumulates and saves them in fp32)."""
+    return 4 if device == "cuda" else bytes_per_value
+
+
+def lse_values(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int, device: str) -> float:
+    """Values of the log-sum-exp the fused attention kernel keeps (fp32), per layer: a·s·b/t — flash
+    attention's (CPU, and CUDA in 16 bits); CUDA's memory-efficient kernel (what fp32 gets there) pads the
+    sequence to a multiple of 32."""
+    s = cfg.seq_len
+    if device == "cuda" and bytes_per_value == 4:
+        s = -(-s // 32) * 32
+    return cfg.heads * s * micro_batch / tp
 
 
 def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none") -> tuple[float, float]:
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               device: str = "cpu") -> tuple[float, float]:
     """(bytes a block keeps after forward, bytes held on top while one block is recomputed in backward).
 
     full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
@@ -38,11 +57,11 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
                 dropped; rerunning the core rebuilds them, plus contiguous copies of q, k, v (3·sbh/t)
                 that the batched matmuls save.
     fused:      attention='sdpa' (flash attention) without recomputation: no probabilities are saved, the
-                kernel keeps its log-sum-exp instead (a·s·b/t values, fp32) and recomputes the rest in its
-                backward — measured equal on CPU (tests/test_models.py).
+                kernel keeps its log-sum-exp instead (a·s·b/t values, fp32: `lse_values`) and recomputes the
+                rest in its backward — measured equal on CPU (tests/test_models.py).
     """
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
-    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device)
     if recompute == "full":
         kept = w * s * b * h / (t if sequence_parallel else 1)
         return kept, whole - kept
@@ -50,7 +69,7 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
         probs = w * a * s * s * b / t
         return whole - probs, probs + w * 3 * s * b * h / t
     if recompute == "fused":
-        return whole - w * a * s * s * b / t + 4 * a * s * b / t, 0.0
+        return whole - w * a * s * s * b / t + 4 * lse_values(cfg, micro_batch, w, t, device), 0.0
     return whole, 0.0
 
 
@@ -65,33 +84,35 @@ def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
 
 
 def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                          sequence_parallel: bool = False) -> float:
+                          sequence_parallel: bool = False, device: str = "cpu") -> float:
     """What the last stage saves besides its blocks: the final layer norm's input, output (the head's
     input) and statistics, and the loss's saved tensors — the log-softmax output, targets and the
     total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
     targets and their mask."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
+    ln_f = w * 2 * s * b * h + stats_width(w, device) * 2 * s * b  # input, output; statistics
     # the loss runs in fp32 whatever the activations' precision: its saved softmax is 4 bytes a value
     if t == 1:
-        return w * (2 * s * b * h + 2 * s * b) + 4 * s * b * v + 8 * s * b + 4
+        return ln_f + 4 * s * b * v + 8 * s * b + 4
     split = t if sequence_parallel else 1
-    return w * (2 * s * b * h + 2 * s * b) / split + 4 * s * b * v / t + 8 * s * b + s * b
+    return ln_f / split + 4 * s * b * v / t + 8 * s * b + s * b
 
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
-                           tp: int = 1, sequence_parallel: bool = False, recompute: str = "none") -> float:
+                           tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+                           device: str = "cpu") -> float:
     """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
-    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute)
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device)
     out = cfg.layers // stages * kept
     if stage == 0:
         out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
     if stage == stages - 1:
-        out += head_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel)
+        out += head_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device)
     return out
 
 
 def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_per_value: int = 4, tp: int = 1,
-                         sequence_parallel: bool = False, recompute: str = "none") -> float:
+                         sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu") -> float:
     """How far a stage's activations rise, during its backward, above what its forward left saved (0
     without recomputation: backward only releases). Backward releases each tensor once it has used it,
     so the rise happens at the stage's last block, after the head's tensors (last stage) are gone:
@@ -105,22 +126,26 @@ def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_p
     if recompute in ("none", "fused"):
         return 0.0
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
-    kept, _ = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute)
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute, device)
     if recompute == "full":
-        during = activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel) - kept
+        during = activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel, device) - kept
     else:
         split = t if sequence_parallel else 1
-        during = w * (2 * s * b * h + 2 * s * b) / split + w * (a * s * s * b + 3 * s * b * h) / t - kept
-    head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel) if last else 0.0
+        ln_1 = w * 2 * s * b * h + stats_width(w, device) * 2 * s * b
+        during = ln_1 / split + w * (a * s * s * b + 3 * s * b * h) / t - kept
+    head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
     return max(0.0, during - head)
 
 
 def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                     sequence_parallel: bool = False, recompute: str = "none") -> float:
+                     sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu") -> float:
     """Peak bytes saved for backward by one micro-batch through the whole model on one rank: what the
-    forward keeps, or — with recomputation — more while the last block reruns (`backward_extra_bytes`)."""
-    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute)
-    return kept + backward_extra_bytes(cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute)
+    forward keeps, or — with recomputation — more while the last block reruns (`backward_extra_bytes`).
+    `device`: 'cuda' counts the CUDA kernels' own saves (fp32 layer-norm statistics, sdpa's padded
+    log-sum-exp)."""
+    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device)
+    return kept + backward_extra_bytes(cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute,
+                                       device)
 
 
 def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:

@@ -11,12 +11,14 @@ STATE_BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12), "bf16": (2, 2, 12), "fp16
 
 
 def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32",
-                      grad_bytes: int | None = None) -> dict[str, float]:
-    """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020).
+                      grad_bytes: int | None = None, offload: bool = False) -> dict[str, float]:
+    """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020) on the device.
 
     Stage 0 keeps everything on every rank (16Ψ); stage 1 divides the optimizer states by N, stage 2
     the gradients too, stage 3 the parameters too (16Ψ/N). The same accounting holds for fp32 with the
     split 4 + 4 + 8. `grad_bytes=4` with 16-bit parameters: fp32 main gradients (Megatron's 18Ψ).
+    `offload` (ZeRO-Offload, Ren et al. 2021): the optimizer states leave the device (`offload_host_bytes`
+    says what the host holds instead): ZeRO-2 in mixed precision keeps (2 + 2/N)Ψ.
     """
     p_b, g_b, o_b = STATE_BYTES[precision]
     g_b = g_b if grad_bytes is None else grad_bytes
@@ -24,8 +26,15 @@ def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str 
     return {
         "parameter": params * p_b / (n if zero >= 3 else 1),
         "gradient": params * g_b / (n if zero >= 2 else 1),
-        "optimizer_state": params * o_b / (n if zero >= 1 else 1),
+        "optimizer_state": 0.0 if offload else params * o_b / (n if zero >= 1 else 1),
     }
+
+
+def offload_host_bytes(params: float, dp: int = 1) -> dict[str, float]:
+    """ZeRO-Offload's host memory per rank: its 1/N slice of the fp32 master weights (4Ψ/N), of the fp32
+    gradient the update reads (4Ψ/N) and of Adam's two moments (8Ψ/N) — 16Ψ/N in all, whatever the
+    device's precision."""
+    return {"parameter": 4 * params / dp, "gradient": 4 * params / dp, "optimizer_state": 8 * params / dp}
 
 
 def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1) -> int:
@@ -45,9 +54,6 @@ def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: 
     """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, …) share under tensor parallelism."""
     stages = pp * virtual_stages
     return sum(stage_params(cfg, k, stages, tp) for k in range(pp_rank, stages, pp))
-
-
-#: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)
 
 
 #: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)

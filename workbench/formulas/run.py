@@ -8,7 +8,7 @@ from typing import Any
 from workbench.config import ModelConfig
 from workbench.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.formulas.comm import tp_comm_bytes_per_step
-from workbench.formulas.memory import buffer_bytes, model_state_bytes, params_per_rank
+from workbench.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
 from workbench.pipeline.schedule import Schedule, build_schedule
 
 
@@ -20,7 +20,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
     width = 4 if precision == "fp32" else 2
-    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision, grad_width(config)),
+    offload = bool(config.get("offload_optimizer")) and config.get("zero", 0) > 0
+    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision, grad_width(config), offload),
               **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
     if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
@@ -32,15 +33,16 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     rc = config.get("recompute", "none")
     if config.get("attention", "eager") == "sdpa":  # the fused kernel keeps no probabilities (validated: rc none)
         rc = "fused"
+    device = config.get("device", "cpu")  # config.json's resolved device: CUDA's kernels save other extras
     if config.get("pp", 1) == 1 and m == 1:
-        return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc)}
+        return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc, device)}
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
     sched = run_schedule(config)
-    stage_bytes = {k: stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc)
+    stage_bytes = {k: stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc, device)
                    for k in range(sched.stages)}
-    extra = {k: backward_extra_bytes(model, micro, k == sched.stages - 1, width, tp, sp, rc)
+    extra = {k: backward_extra_bytes(model, micro, k == sched.stages - 1, width, tp, sp, rc, device)
              for k in range(sched.stages)}
     live = peak = 0.0
     for a in sched.actions[pp_rank]:
@@ -51,6 +53,16 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
             peak = max(peak, live + extra[a.stage])
             live -= stage_bytes[a.stage]
     return {**states, "activation": peak}
+
+
+def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
+    """ZeRO-Offload's host memory per rank by category (empty without offload): formulas.offload_host_bytes
+    of the rank's parameters."""
+    if not config.get("offload_optimizer") or not config.get("zero", 0):
+        return {}
+    model = run_model(config)
+    params = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
+    return offload_host_bytes(params, config["dp"])
 
 
 def grad_width(config: dict[str, Any]) -> int:

@@ -15,8 +15,13 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
   a recomputed block's rerun as they happen.
 - comm_buffer / temporary: reported by whoever allocates them (the ring's receive buffer ...).
 
+These are the device's (on a CPU run, the rank's) bytes. With ZeRO-Offload the optimizer lives in host
+memory: a second counter, `host_memory`, holds its parameter (fp32 master slices), gradient and
+optimizer_state bytes there.
+
 `snapshot()` emits a `memory` counter event with every category (and on CUDA an `allocator` counter
-with torch.cuda.memory_allocated / memory_reserved) and keeps the peak of each category. Activations
+with torch.cuda.memory_allocated / memory_reserved and the allocator's peak since the step began) and
+keeps the peak of each category. Activations
 emit one themselves each time they have moved by 1/16 of their peak since the last.
 """
 
@@ -62,6 +67,9 @@ class MemoryTracker:
         #: --profile-memory: the profile the snapshots mark (measure/memory_profile.py), and when each was
         self.profile: MemoryProfile | None = None
         self._marker_ts: dict[int, float] = {}
+        #: ZeRO-Offload: what the host holds for the optimizer, by category (None: nothing offloaded)
+        self.host: dict[str, int] | None = None
+        self.host_peak: dict[str, int] = {}
 
     def not_activation(self, t: torch.Tensor) -> None:
         """Storage that autograd may save but that is not an activation (re-gathered ZeRO-3 parameters)."""
@@ -101,6 +109,12 @@ class MemoryTracker:
         self.current["optimizer_state"] = storage_bytes(states)
         self.current["other"] = storage_bytes(counters)
         self._update_peaks()
+
+    def count_host(self, tensors: dict[str, list[torch.Tensor]]) -> None:
+        """ZeRO-Offload's host side: bytes of the master, gradient and moment slices kept in host memory."""
+        self.host = {k: storage_bytes(v) for k, v in tensors.items()}
+        for k, v in self.host.items():
+            self.host_peak[k] = max(self.host_peak.get(k, 0), v)
 
     # ---- activations -------------------------------------------------------------------------
     @contextmanager
@@ -151,14 +165,21 @@ class MemoryTracker:
         self._activation_at_snapshot = self.current["activation"]
         ts = self.recorder.now_us()
         self.recorder.counter("memory", self.current, ts=ts)
+        if self.host is not None:  # ZeRO-Offload: the host's side, at the same instant
+            self.recorder.counter("host_memory", self.host, ts=ts)
         if self.profile is not None and (marker := self.profile.marker()) is not None:
             self._marker_ts[marker] = ts
-        if self.device.type == "cuda":  # the caching allocator's figures, and its peak since the last snapshot
+        if self.device.type == "cuda":  # the caching allocator's figures, and its peak since the step began
             alloc = {"allocated": torch.cuda.memory_allocated(self.device),
                      "max_allocated": torch.cuda.max_memory_allocated(self.device),
                      "reserved": torch.cuda.memory_reserved(self.device)}
-            torch.cuda.reset_peak_memory_stats(self.device)
             self._allocator_counter(alloc, ts)
+
+    def start_step(self) -> None:
+        """CUDA: the allocator's peak restarts with each step (once per step, not at every snapshot: the
+        reset is a call into the allocator, and a user's own peak readings would be wiped each time)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def record_allocator(self, at_marker: dict[int, dict[str, int]], since_us: float = 0.0) -> None:
         """The allocator's live bytes at the marked snapshots from `since_us` on (CPU, --profile-memory:

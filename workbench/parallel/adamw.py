@@ -27,8 +27,11 @@ class AdamW:
     """AdamW on a fixed list of tensors (the parameters, shards or masters this rank updates)."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+                 eps: float = 1e-8, weight_decay: float = 1e-2, foreach: bool = False) -> None:
         self.params = list(params)
+        #: torch's multi-tensor kernel (one op over all tensors: ZeRO-Offload's update on the host); on the CPU
+        #: it computes exactly what the one-tensor-at-a-time kernel does (tests/test_adamw.py)
+        self.foreach = foreach
         self.param_groups: list[dict[str, Any]] = [
             {"params": self.params, "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
@@ -51,6 +54,6 @@ class AdamW:
         beta1, beta2 = group["betas"]
         adamw_kernel(params, [p.grad for p in params], [s["exp_avg"] for s in states],
                      [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states],
-                     foreach=False, has_complex=any(torch.is_complex(p) for p in params), amsgrad=False,
+                     foreach=self.foreach, has_complex=any(torch.is_complex(p) for p in params), amsgrad=False,
                      beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
                      maximize=False)

@@ -28,6 +28,7 @@ all-gather), with the optimizer states divided by N.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -74,6 +75,9 @@ class ZeroDataParallel(SyncToggle):
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
         self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
         self._in_flight: deque[ZeroBucket] = deque()
+        #: called with a bucket's index once this rank's slice of its gradient is final (ZeRO-Offload copies
+        #: it to the host then: parallel/offload.py)
+        self.on_reduced: Callable[[int], None] | None = None
 
     def _bucket(self, index: int, members: list[tuple[str, nn.Parameter]]) -> ZeroBucket:
         params = [p for _, p in members]
@@ -144,6 +148,8 @@ class ZeroDataParallel(SyncToggle):
                     raise RuntimeError(f"zero2 bucket {bucket.index}: {bucket.ready}/{len(bucket.params)} gradients "
                                        f"arrived; every parameter must receive a gradient each step")
                 self._finish_bucket(bucket)
+            if self.on_reduced is not None:
+                self.on_reduced(bucket.index)
 
     def gather_params(self) -> None:
         """After the update: all-gather every bucket's slices into the full parameters."""

@@ -27,6 +27,7 @@ the step. Each unit reduce-scatters after every backward, so `no_sync()` changes
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,8 @@ class Zero3DataParallel(SyncToggle):
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
         self._in_flight: deque[_ReduceScatter] = deque()
+        #: called with a unit's index once this rank's slice of its gradient is final (ZeRO-Offload)
+        self.on_reduced: Callable[[int], None] | None = None
         for i, (name, module) in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad]
             flat = flatten_params(params, multiple=self.n)
@@ -171,6 +174,8 @@ class Zero3DataParallel(SyncToggle):
         rs = self._in_flight.popleft()
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
+        if self.on_reduced is not None:  # final: ZeRO-3 reduce-scatters once per step (no accumulation)
+            self.on_reduced(rs.unit.index)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot
         if self.memory is not None:

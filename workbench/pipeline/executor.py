@@ -1,17 +1,19 @@
-"""Runs one rank's schedule — exactly the action list `build_schedule` produced and `validate` checked.
+"""Runs one rank's schedule — exactly the program `Schedule.program(rank)` gives, which `validate` checked.
 
-    RECV_F  post a receive of the stage input from the previous stage's rank, wait for it
-    F       run the chunk forward (the last stage computes the loss, scaled by 1/m)
-    SEND_F  post the output to the next stage's rank (asynchronous: waited for at the end of the step)
-    RECV_B  receive the gradient of the output from the next stage
-    B       backward through the chunk (the earlier backwards of a chunk run inside the gradient
-            sync's `no_sync()`, so only its last one lets the buckets launch their all-reduces)
-    SEND_B  post the gradient of the input to the previous stage
+    P2P batch   post the round's transfers together (one batch_isend_irecv, no tags): sends of what this
+                rank computed, receives of what its neighbours computed for it; nothing is waited for here
+    F           wait for the batch that brought its input, then run the chunk forward (the last stage
+                computes the loss, scaled by 1/m)
+    B           wait for the batch that brought the output's gradient, then backward through the chunk
+                (the earlier backwards of a chunk run inside the gradient sync's `no_sync()`, so only its
+                last one lets the buckets launch their all-reduces)
+    (step end)  wait for every batch still in flight
 
-Point-to-point operations go through the traced Communicator on the `pp` group, so each send is
-linked to its receive by a flow in the trace. A tag per (direction, receiving stage) keeps the
-channels apart, so gloo matches every receive with its own send whatever the interleaving. Each action
-is a span on the `schedule` lane (stage, chunk, microbatch); forwards and backwards also on `compute`.
+A rank blocks only where it needs data: each wait is a span on the `wait` lane (a pipeline's bubble, as
+the clock saw it, on gloo and on CUDA alike: comm/handle.py). Point-to-point operations go through the
+traced Communicator on the `pp` group, so each send is linked to its receive by a flow in the trace. Each
+program item is a span on the `schedule` lane (stage, chunk, microbatch; a batch lists its transfers);
+forwards and backwards are also on `compute`.
 
 Activations are counted as each forward saves them and released as its backward consumes them
 (measure/memory.py), so the memory counter shows GPipe holding m microbatches and 1F1B at most p.
@@ -29,12 +31,7 @@ from workbench.comm.traced import Communicator, Handle
 from workbench.measure.device import sync_compute
 from workbench.measure.memory import MemoryTracker
 from workbench.parallel.grad_sync import GradSync
-from workbench.pipeline.schedule import Action, Schedule
-
-
-def tag(kind: str, stage: int) -> int:
-    """The channel of a transfer: activations into `stage` or gradients into `stage`."""
-    return 2 * stage + (0 if kind.endswith("_F") else 1)
+from workbench.pipeline.actions import Action, P2PBatch, Schedule
 
 
 class PipelineExecutor:
@@ -44,12 +41,12 @@ class PipelineExecutor:
         self.schedule, self.rank, self.chunks, self.comm = schedule, rank, chunks, comm
         self.memory, self.hidden_shape, self.device, self.grad_sync = memory, hidden_shape, device, grad_sync
         self.dtype = dtype  # of the activations and gradients that travel between stages
-        self.actions = schedule.actions[rank]
+        self.program = schedule.program(rank)
         self.pp_ranks = comm.groups.ranks["pp"]
         last_b: dict[int, int] = {}
-        for i, a in enumerate(self.actions):
-            if a.kind == "B":
-                last_b[a.stage] = i
+        for i, item in enumerate(self.program):
+            if isinstance(item, Action) and item.kind == "B":
+                last_b[item.stage] = i
         self.last_backward = set(last_b.values())
 
     def _peer(self, stage: int) -> int:
@@ -62,37 +59,55 @@ class PipelineExecutor:
         # each microbatch a tensor of its own, so a forward keeps only its own ids alive
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
         st = _StepState(inputs, targets, loss_scale, torch.zeros((), device=self.device))
-        handlers = {"RECV_F": self._recv_f, "F": self._forward, "SEND_F": self._send_f,
-                    "RECV_B": self._recv_b, "B": self._backward, "SEND_B": self._send_b}
-        for i, a in enumerate(self.actions):
-            args = {"step": step, "stage": a.stage, "chunk": self.schedule.chunk_of(a.stage),
-                    "microbatch": a.microbatch, "action": a.kind}
-            with self.comm.recorder.span(str(a), "schedule", "schedule", **args):
-                handlers[a.kind](st, a, (a.stage, a.microbatch), args, i)
-        for handle in st.sends:
+        rec = self.comm.recorder
+        for i, item in enumerate(self.program):
+            if isinstance(item, P2PBatch):
+                with rec.span(str(item), "schedule", "schedule", step=step, action="P2P",
+                              transfers=[str(a) for a in item.actions]):
+                    self._post(st, item)
+                continue
+            key = (item.stage, item.microbatch)
+            self._await(st, ("F" if item.kind == "F" else "B", key))  # outside the action: a `wait` span
+            args = {"step": step, "stage": item.stage, "chunk": self.schedule.chunk_of(item.stage),
+                    "microbatch": item.microbatch, "action": item.kind}
+            with rec.span(str(item), "schedule", "schedule", **args):
+                (self._forward if item.kind == "F" else self._backward)(st, item, key, args, i)
+        for handle, _ in st.posted:
             handle.wait()
+        st.posted.clear()
         return st.loss_sum
 
-    def _receive(self, a: Action, key: tuple[int, int]) -> torch.Tensor:
-        buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
-        self.comm.irecv(buf, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.stage)).wait()
-        return buf
+    # ---- transfers ---------------------------------------------------------------------------------
+    def _post(self, st: _StepState, batch: P2PBatch) -> None:
+        """Post the batch's transfers; remember which batch brings each received tensor."""
+        transfers, keep = [], []
+        for a in batch.actions:
+            key = (a.stage, a.microbatch)
+            if a.is_recv:
+                buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
+                (st.stage_in if a.kind == "RECV_F" else st.grad_out)[key] = buf
+                transfers.append(("recv", buf, self._peer(a.peer), str(a)))
+            else:
+                t = st.stage_out[key].detach() if a.kind == "SEND_F" else st.stage_in.pop(key).grad
+                transfers.append(("send", t, self._peer(a.peer), str(a)))
+            keep.append(transfers[-1][1])
+        handle = self.comm.batch_isend_irecv(transfers, "pp")
+        for a in batch.actions:
+            if a.is_recv:
+                st.arriving[(a.kind[-1], (a.stage, a.microbatch))] = handle
+        st.posted.append((handle, keep))  # the tensors stay alive until the batch is done
+        _let_go(st)
 
-    def _send(self, st: _StepState, a: Action, t: torch.Tensor) -> None:
-        st.sends.append(self.comm.isend(t, self._peer(a.peer), "pp", label=str(a), tag=tag(a.kind, a.peer)))
+    def _await(self, st: _StepState, what: tuple[str, tuple[int, int]]) -> None:
+        handle = st.arriving.pop(what, None)
+        if handle is not None:
+            handle.wait()
+            if what[0] == "F":
+                st.stage_in[what[1]].requires_grad_()
+        _let_go(st)
 
-    def _recv_f(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
-        st.stage_in[key] = self._receive(a, key).requires_grad_()
 
-    def _recv_b(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
-        st.grad_out[key] = self._receive(a, key)
-
-    def _send_f(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
-        self._send(st, a, st.stage_out[key].detach())
-
-    def _send_b(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
-        self._send(st, a, st.stage_in.pop(key).grad)
-
+    # ---- compute -----------------------------------------------------------------------------------
     def _forward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
         chunk = self.chunks[a.stage]
         x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
@@ -123,8 +138,8 @@ class PipelineExecutor:
 
 @dataclass
 class _StepState:
-    """What one step's actions hand each other: stage inputs and outputs by (stage, microbatch), the
-    gradients received, the sends in flight."""
+    """What one step's program hands from item to item: stage inputs and outputs by (stage, microbatch),
+    the gradients received, the batches that bring them, and every batch in flight."""
 
     inputs: list[torch.Tensor]
     targets: list[torch.Tensor]
@@ -133,4 +148,15 @@ class _StepState:
     stage_in: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     stage_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     grad_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    sends: list[Handle] = field(default_factory=list)
+    arriving: dict[tuple[str, tuple[int, int]], Handle] = field(default_factory=dict)
+    posted: list[tuple[Handle, list[torch.Tensor]]] = field(default_factory=list)
+
+
+def _let_go(st: _StepState) -> None:
+    """Drop the batches that are done (waited for, or finished on their own: a batch of sends), and with
+    them the tensors they sent: a send's activation is not kept to the step's end."""
+    for entry in list(st.posted):
+        handle = entry[0]
+        if handle.waited or handle.finished():
+            handle.wait()
+            st.posted.remove(entry)

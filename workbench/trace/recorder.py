@@ -23,17 +23,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-SCHEMA_VERSION = 1
+#: 2: host launch spans moved from `comm` to their own lane `launch` (category `launch`, no bytes), so that
+#: each operation has exactly one record with bytes; `host_memory` counter (ZeRO-Offload)
+SCHEMA_VERSION = 2
 
 #: lane name -> tid, in display order
-LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4}
+LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4, "launch": 5, "offload": 6}
 
 #: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
 MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary", "other")
 
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
-    "ring_step", "wait", "schedule", "checkpoint", "emulated",
+    "ring_step", "wait", "schedule", "checkpoint", "emulated", "launch", "offload",
 )
 
 

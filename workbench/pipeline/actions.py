@@ -1,0 +1,139 @@
+"""A pipeline schedule as data (the shape of torch.distributed.pipelining and DeepSpeed's pipe schedules):
+per rank, a list of actions, which the validator checks, the simulator replays, the charts draw and the
+executor runs.
+
+Stages: the model is cut into S = p·v stages; stage k lives on rank k mod p as its chunk k // p
+(Megatron-LM's interleaving; v = 1 is the usual one stage per rank). An action is
+
+    F  / B               forward / backward of `microbatch` on `stage`
+    SEND_F / RECV_F      the activation from `stage` to `peer` (= stage + 1)
+    SEND_B / RECV_B      the gradient from `stage` to `peer` (= stage − 1)
+
+written as torch pipelining does: "2F5" is stage 2's forward of microbatch 5.
+
+**Posting.** The transfers a rank meets between two compute actions are posted together, as one
+`P2PBatch` (one `torch.distributed.batch_isend_irecv`, one NCCL group), and the rank goes on once all of
+them are done. That is what makes 1F1B safe on NCCL: a rank's "send F1" and "receive B0" are one batch,
+its neighbour's "send B0" and "receive F1" another, and each batch's sends meet the other's receives.
+Posted one by one, the two sends would each wait for a receive queued behind the other
+(`Schedule.program(rank, batched=False)` gives that posting, so the validator can show it deadlock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+COMPUTE = ("F", "B")
+KINDS = ("F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    stage: int
+    microbatch: int
+    peer: int | None = None  # the other stage of a send or receive
+    batch: int | None = None  # transfers: the round they are posted in (one P2PBatch per round and rank)
+
+    def __str__(self) -> str:
+        if self.kind in COMPUTE:
+            return f"{self.stage}{self.kind}{self.microbatch}"
+        return f"{self.kind} {self.stage}→{self.peer} mb{self.microbatch}" if self.kind.startswith("SEND") else \
+            f"{self.kind} {self.peer}→{self.stage} mb{self.microbatch}"
+
+    @property
+    def is_send(self) -> bool:
+        return self.kind.startswith("SEND")
+
+    @property
+    def is_recv(self) -> bool:
+        return self.kind.startswith("RECV")
+
+    def transfer(self) -> tuple[str, int, int, int]:
+        """The transfer a send or receive takes part in: (F or B, from stage, to stage, microbatch) — the
+        same on both sides."""
+        src, dst = (self.stage, self.peer) if self.is_send else (self.peer, self.stage)
+        return (self.kind[-1], src, dst, self.microbatch)
+
+
+@dataclass(frozen=True)
+class P2PBatch:
+    """Transfers posted together (one batch_isend_irecv): the rank waits until every one of them is done."""
+
+    actions: tuple[Action, ...]
+    kind = "P2P"
+
+    def __str__(self) -> str:
+        return " + ".join(str(a) for a in self.actions)
+
+
+Item = Action | P2PBatch
+
+
+@dataclass
+class Schedule:
+    name: str
+    p: int
+    m: int
+    v: int
+    actions: list[list[Action]] = field(default_factory=list)  # per rank
+
+    @property
+    def stages(self) -> int:
+        return self.p * self.v
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.p
+
+    def chunk_of(self, stage: int) -> int:
+        return stage // self.p
+
+    def program(self, rank: int, batched: bool = True) -> list[Item]:
+        """What the rank executes, in order: each compute action alone, and the transfers of each round
+        (`Action.batch`) as one P2PBatch (batched=False: every transfer a batch of its own, the
+        per-operation posting NCCL can deadlock on)."""
+        out: list[Item] = []
+        run: list[Action] = []
+        for a in self.actions[rank]:
+            if run and (a.kind in COMPUTE or not batched or a.batch != run[-1].batch):
+                out.append(P2PBatch(tuple(run)))
+                run = []
+            if a.kind in COMPUTE:
+                out.append(a)
+            else:
+                run.append(a)
+        if run:
+            out.append(P2PBatch(tuple(run)))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "p": self.p, "m": self.m, "v": self.v,
+                "actions": [[{**asdict(a), "label": str(a)} for a in rank] for rank in self.actions],
+                "program": [[str(item) for item in self.program(r)] for r in range(self.p)]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Schedule:
+        acts = [[Action(a["kind"], a["stage"], a["microbatch"], a.get("peer"), a.get("batch")) for a in rank]
+                for rank in d["actions"]]
+        return cls(d["name"], d["p"], d["m"], d["v"], acts)
+
+    def grid(self) -> str:
+        """The compute actions as text, one line per rank (torch pipelining's printout)."""
+        return "\n".join(f"rank {r}: " + " ".join(str(a) for a in acts if a.kind in COMPUTE)
+                         for r, acts in enumerate(self.actions))
+
+
+def peak_in_flight(s: Schedule) -> list[int]:
+    """Per rank, the most (stage, microbatch) forwards whose backward has not run yet: the activations
+    the schedule makes a rank hold at once."""
+    out = []
+    for acts in s.actions:
+        live = peak = 0
+        for a in acts:
+            if a.kind == "F":
+                live += 1
+                peak = max(peak, live)
+            elif a.kind == "B":
+                live -= 1
+        out.append(peak)
+    return out

@@ -1,0 +1,105 @@
+"""Is a schedule safe to run? `validate(schedule)` lists its problems (empty = valid):
+
+- every (stage, microbatch) forwarded and backwarded exactly once, on the rank its stage lives on,
+  forward first;
+- every send matched by exactly one receive, and the reverse;
+- **order between two ranks**: NCCL ignores tags, so the transfers from rank A to rank B are matched
+  in the order they are posted — A's sends to B must come in the order B posts its receives from A, or
+  a receive gets another transfer's tensor (of the same shape: silently wrong). The executor posts no
+  tags on either backend, so gloo matches the same way;
+- **no deadlock under NCCL's rule** (simulator.py): with the rank's transfers posted in batches, a
+  send may block until its receive is posted. Passing this implies passing gloo's rule too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from workbench.pipeline.actions import COMPUTE, KINDS, Action, Schedule
+from workbench.pipeline.simulator import ScheduleError, simulate
+
+
+def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]:
+    """Problems with a schedule (empty = valid): coverage, placement and order of compute, matched
+    transfers, the same order of transfers on both ranks of a pair, and no deadlock under `rule`."""
+    if len(s.actions) != s.p:
+        return [f"{len(s.actions)} action lists for {s.p} ranks"]
+    errors = _coverage(s)
+    sends, recvs = defaultdict(int), defaultdict(int)
+    for acts in s.actions:
+        for a in acts:
+            if a.is_send:
+                sends[a.transfer()] += 1
+            elif a.is_recv:
+                recvs[a.transfer()] += 1
+    for t in sorted(set(sends) | set(recvs)):
+        if sends[t] != 1 or recvs[t] != 1:
+            errors.append(f"transfer {_name(t)} is sent {sends[t]} time(s) and received {recvs[t]} time(s) "
+                          f"(want once each)" + (": never received" if sends[t] and not recvs[t] else "")
+                          + (": a receive waits for a send that never comes" if recvs[t] and not sends[t] else ""))
+    if not errors:
+        errors += pair_order(s)
+    if not errors:
+        try:
+            simulate(s, rule=rule, batched=batched)
+        except ScheduleError as e:
+            errors.append(str(e))
+    return errors
+
+
+def _coverage(s: Schedule) -> list[str]:
+    errors: list[str] = []
+    seen: dict[tuple[str, int, int], int] = defaultdict(int)
+    for rank, acts in enumerate(s.actions):
+        done_f: set[tuple[int, int]] = set()
+        for a in acts:
+            if a.kind not in KINDS:
+                errors.append(f"rank {rank}: unknown action kind {a.kind!r}")
+                continue
+            if s.rank_of(a.stage) != rank:
+                errors.append(f"rank {rank}: {a} belongs to stage {a.stage}, which lives on rank {s.rank_of(a.stage)}")
+            if a.kind in COMPUTE:
+                seen[(a.kind, a.stage, a.microbatch)] += 1
+                if a.kind == "F":
+                    done_f.add((a.stage, a.microbatch))
+                elif (a.stage, a.microbatch) not in done_f:
+                    errors.append(f"rank {rank}: {a} runs before its forward")
+    for kind in COMPUTE:
+        for stage in range(s.stages):
+            for mb in range(s.m):
+                n = seen.get((kind, stage, mb), 0)
+                if n != 1:
+                    errors.append(f"{stage}{kind}{mb} appears {n} times (want 1)")
+    return errors
+
+
+def pair_order(s: Schedule) -> list[str]:
+    """Transfers between two ranks posted in different orders by the sender and the receiver (NCCL,
+    without tags, would match them by position)."""
+    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    received: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    for rank, acts in enumerate(s.actions):
+        for a in acts:
+            if a.is_send:
+                sent[(rank, s.rank_of(a.peer))].append(a.transfer())
+            elif a.is_recv:
+                received[(s.rank_of(a.peer), rank)].append(a.transfer())
+    errors = []
+    for (src, dst), order in sorted(sent.items()):
+        theirs = received.get((src, dst), [])
+        for i, (x, y) in enumerate(zip(order, theirs, strict=False)):
+            if x != y:
+                errors.append(f"rank {src} → rank {dst}: transfer #{i} is {_name(x)} on the sender but {_name(y)} "
+                              f"on the receiver (without tags they are matched by position)")
+                break
+    return errors
+
+
+def _name(t: tuple[str, int, int, int]) -> str:
+    kind, src, dst, mb = t
+    return f"{'activation' if kind == 'F' else 'gradient'} {src}→{dst} mb{mb}"
+
+
+def matching_send(a: Action) -> tuple[str, int, int, int]:
+    """The transfer a receive waits for (the same tuple on the sending side: Action.transfer())."""
+    return a.transfer()
