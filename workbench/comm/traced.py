@@ -248,12 +248,13 @@ class Communicator:
         other). No tags: between two ranks, transfers are matched in the order both post them. Each
         transfer is recorded on its own (flows from each send to its receive); `wait()` waits for all."""
         rec, pg = self.recorder, self.groups.groups[group]
+        self.check([t for _, t, _, _ in transfers], "p2p batch (" + ", ".join(f"{k} {lbl or ''}".strip()
+                                                                           for k, _, _, lbl in transfers) + ")")
         ops, p2p = [], []
         for kind, tensor, peer, label in transfers:
             args = self._p2p_args(kind, tensor, peer, group)
             if label is not None:
                 args["label"] = label
-            self.check([tensor], f"{kind} {label or ''}".strip())
             self.flight.start(args)
             if self.network is not None:
                 args.update(emulate(self.network, self.rank, args))

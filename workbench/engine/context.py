@@ -85,6 +85,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         clock = DeviceClock(recorder.now_us)
         recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
     comm = Communicator(groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s)
+    recorder.info["strict_comm"] = comm.strict  # every tensor checked as NCCL would (comm/strict.py)
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()

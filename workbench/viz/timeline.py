@@ -18,8 +18,11 @@ COLORS = {
     "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "optimizer": "#54A24B",
     "collective": "#E45756", "p2p": "#9D755D", "wait": "#BAB0AC", "ring_step": "#72B7B2",
     "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD", "torch op": "#9ecae9",
+    "launch": "#D3D3D3", "offload": "#8CD17D", "emulated": "#C9C9C9",
 }
-LANE_ORDER = ["compute", "torch ops", "comm", "comm in flight", "wait", "schedule", "ring"]
+#: `launch`: the host queueing an operation (on CUDA every operation; on gloo the asynchronous ones);
+#: `offload`: ZeRO-Offload's copies between device and host
+LANE_ORDER = ["compute", "torch ops", "launch", "comm", "comm in flight", "wait", "offload", "schedule", "ring"]
 
 
 def _rows(events: pd.DataFrame) -> pd.DataFrame:
