@@ -17,7 +17,8 @@ HERE = os.path.basename(__file__)
 def _violations(rank, world):
     comm = make_comm(rank, world, dp=2)
     assert comm.strict, "the ranks of the test suite run strict"
-    with pytest.raises(StrictCommError, match=rf"the tensor of all_reduce at .*{HERE}:\d+ in _violations: .*not contiguous"):
+    where = rf"the tensor of all_reduce at .*{HERE}:\d+ in _violations: .*not contiguous"
+    with pytest.raises(StrictCommError, match=where):
         comm.all_reduce(torch.ones(4, 3).t(), "dp")
     with pytest.raises(StrictCommError, match="layout is torch.sparse_coo"):
         comm.broadcast(torch.ones(3).to_sparse(), 0, "dp")
