@@ -2,6 +2,7 @@
 
     python benchmarks/dp_vs_ddp.py                 # 2 ranks, `small` model, 4 MB buckets
     python benchmarks/dp_vs_ddp.py --ranks 4 --bucket-mb 25 --rounds 30
+    python benchmarks/dp_vs_ddp.py --backend nccl --ranks 8 --model gpt2-small --global-batch 16   # GPUs
 
 Prints, on rank 0:
 1. median step time (forward + backward + gradient sync + AdamW) of ours and of DDP on the same
@@ -21,7 +22,7 @@ import statistics
 import sys
 import time
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_medians, join, rank_device
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -37,30 +38,34 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.engine.model import GPT
     from workbench.parallel.data_parallel import BucketedDataParallel
 
-    rank, world, make_comm = join("dp")
+    rank, world, make_comm = join("dp", args.backend)
     cfg = PRESETS[args.model]
+    device = rank_device()
 
     def make(trace: bool):
-        model = GPT(cfg, seed=0)
+        model = GPT(cfg, seed=0).to(device)
         comm = make_comm(trace)
         sync = BucketedDataParallel(model, comm, args.bucket_mb)
         return model, sync, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     ours, ours_sync, ours_opt = make(trace=True)
     quiet, quiet_sync, quiet_opt = make(trace=False)
-    ddp_model = GPT(cfg, seed=0)
-    ddp = DDP(ddp_model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True, broadcast_buffers=False)
+    ddp_model = GPT(cfg, seed=0).to(device)
+    ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_mb,
+              gradient_as_bucket_view=True, broadcast_buffers=False)
     ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
     x, y = global_batch(0, 0, args.global_batch, cfg.seq_len, cfg.vocab_size)
-    x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)
+    x, y = shard_rows(x, rank, world).to(device), shard_rows(y, rank, world).to(device)
 
     def step_ours(model, sync, opt):
+        sync.comm.start_step(0)
         loss = model(x, y)
         loss.backward()
         sync.wait()
         opt.step()
         sync.zero_grad()
+        sync.comm.end_step()  # CUDA: the step's device records written
         return loss.detach()
 
     def step_ddp():
@@ -82,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
     comm = make_comm(False)
     bw_rows = []
     for numel in (2**10, 2**14, 2**18, 2**21):
-        buf = torch.randn(numel)
+        buf = torch.randn(numel, device=device)
         row = {}
         for algo in ("backend", "ring"):
             ts = []
@@ -93,8 +98,11 @@ def worker(args: argparse.Namespace) -> None:
                     ring_all_reduce(comm, buf, "dp")
                 else:
                     comm.all_reduce(buf, "dp")
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t)
-            t_med = torch.tensor([statistics.median(ts)])
+            comm.end_step()
+            t_med = torch.tensor([statistics.median(ts)], device=device)
             dist.all_reduce(t_med, op=dist.ReduceOp.MAX)
             row[algo] = numel * 4 / t_med.item() / 1e9 * bus_factor("all_reduce", world)
         bw_rows.append((numel * 4, row))
@@ -103,7 +111,7 @@ def worker(args: argparse.Namespace) -> None:
         n_params = sum(p.numel() for p in ours.parameters())
         print(f"\nworkbench DP vs torch DDP — model {args.model} ({n_params / 1e6:.2f} M params), {world} ranks, "
               f"global batch {args.global_batch}, buckets {args.bucket_mb} MB, {args.rounds} rounds interleaved "
-              f"(torch {torch.__version__}, gloo)")
+              f"(torch {torch.__version__}, {args.backend})")
         print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DDP {med['ddp'] * 1e3:8.2f} ms   "
               f"ratio ours/DDP = {med['ours'] / med['ddp']:.3f}")
         print(f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms   "

@@ -28,6 +28,8 @@ def common_arguments(doc: str | None, **defaults: object) -> argparse.ArgumentPa
     p.add_argument("--rounds", type=int, default=defaults.get("rounds", 20))
     p.add_argument("--warmup", type=int, default=defaults.get("warmup", 3))
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--backend", default=defaults.get("backend", "gloo"), choices=("gloo", "nccl"),
+                   help="nccl: one GPU per rank (timing synchronises the device)")
     return p
 
 
@@ -38,16 +40,19 @@ def interleaved_medians(candidates: dict[str, Callable[[], None]], rounds: int, 
     import torch.distributed as dist
 
     times: dict[str, list[float]] = {k: [] for k in candidates}
+    sync = torch.cuda.synchronize if dist.get_backend() == "nccl" else (lambda: None)
     for i in range(rounds + warmup):
         for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
             dist.barrier()
+            sync()
             t = time.perf_counter()
             candidates[name]()
+            sync()
             if i >= warmup:
                 times[name].append(time.perf_counter() - t)
     out = {}
     for name, ts in times.items():
-        med = torch.tensor([statistics.median(ts)])
+        med = torch.tensor([statistics.median(ts)], device=rank_device())
         dist.all_reduce(med, op=dist.ReduceOp.MAX)
         out[name] = med.item()
     return out
@@ -66,26 +71,44 @@ def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker:
     return rc
 
 
-def join(axis: str) -> tuple[int, int, Callable[[bool], object]]:
-    """Join the world (gloo, one thread per rank, 120 s timeout) as a one-axis grid along `axis`;
-    returns (rank, world, make_comm) where make_comm(trace) builds a traced Communicator on it."""
+def rank_device() -> object:
+    """This rank's device: its GPU under NCCL (LOCAL_RANK), else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def join(axis: str, backend: str = "gloo") -> tuple[int, int, Callable[[bool], object]]:
+    """Join the world (one thread per rank, 120 s timeout; NCCL: one GPU per rank) as a one-axis grid along
+    `axis`; returns (rank, world, make_comm) where make_comm(trace) builds a traced Communicator on it
+    (device-timed on CUDA, as a run's)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
+    from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
     from workbench.comm.traced import Communicator
     from workbench.grid import ProcessGroups, RankGrid
     from workbench.trace.recorder import TraceRecorder
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        enable_nccl_timing()
+    dist.init_process_group(backend, timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     grid = RankGrid(**{axis: world})
     groups = ProcessGroups.create(grid, rank, 120)
+    device = rank_device()
 
     def make_comm(trace: bool) -> Communicator:
-        return Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), "bench", enabled=trace))
+        rec = TraceRecorder(rank, world, backend, grid.coords(rank), "bench", enabled=trace)
+        clock = DeviceClock(rec.now_us) if backend == "nccl" else None
+        return Communicator(groups, rec, clock=clock, device=device, timeout_s=120)
 
     return rank, world, make_comm
 
@@ -103,9 +126,10 @@ def check_same_losses(ours: tuple[str, Callable[[], object]], ref: tuple[str, Ca
     world = dist.get_world_size()
     history = []
     for _ in range(steps):
-        pair = torch.tensor([float(ours[1]()), float(ref[1]())], dtype=torch.float64)
+        pair = torch.tensor([float(ours[1]()), float(ref[1]())], dtype=torch.float64, device=rank_device())
         dist.all_reduce(pair)
         history.append(pair / world if reduce == "mean" else pair)
+    history = [h.cpu() for h in history]
     worst = max(abs(a - b).item() / abs(b).item() for a, b in history)
     if dist.get_rank() == 0:
         print(f"  check  {ours[0]} vs {ref[0]}: losses {history[0][0]:.6f} → {history[-1][0]:.6f} over {steps} "
