@@ -53,6 +53,27 @@ GPipe keeps all m microbatches' activations on every stage; 1F1B starts backward
 and holds at most p on the first stage — same bubble, far less memory. Interleaving cuts the bubble by v
 at the price of more, smaller transfers.
 
+## Why the transfers are posted in batches: NCCL's rule
+
+On gloo a send never blocks: the data is copied out. On NCCL a large send (above its few-MB eager
+buffer) waits until the matching receive is posted, and a rank's transfers to a peer run in order on
+one stream. Post each transfer on its own, right where it is needed, and 1F1B's steady state deadlocks:
+rank 0's "send F1" waits for rank 1's "receive F1", queued behind rank 1's "send B0", which waits for
+rank 0's "receive B0", queued behind "send F1". So the executor posts each round's transfers together,
+in lockstep with its neighbours — one `batch_isend_irecv` (one NCCL group) — as Megatron-LM and torch's
+pipelining do. The validator checks that rule (and that both ranks of a pair post their transfers in the
+same order, since NCCL has no tags):
+"""),
+code("""
+old = build_schedule("1f1b", p=2, m=4, placement="adjacent")   # each receive just before, each send just after
+print("posted one by one, gloo's rule:", validate(old, rule="gloo", batched=False) or "no deadlock")
+print("posted one by one, NCCL's rule:", validate(old, batched=False)[0][:160], "…")
+print("batched in lockstep, NCCL's rule:", validate(build_schedule("1f1b", p=2, m=4)) or "no deadlock")
+assert validate(old, rule="gloo", batched=False) == [] and validate(old, batched=False)
+for item in build_schedule("1f1b", p=2, m=4).program(0):
+    print(item)
+"""),
+md("""
 ## Measured: real runs on this machine
 
 A 4-layer model, global batch 16, each schedule on 2 ranks; all must equal one process.
