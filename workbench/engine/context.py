@@ -77,6 +77,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
     groups = ProcessGroups.create(grid, rank, config.timeout_s,
                                   ranks_per_node(config) if config.allreduce == "hierarchical" else 0)
+    if backend == "nccl":
+        warm_up(groups, device)
     name = config.name or os.path.basename(os.path.abspath(run_dir))
     recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
     memory = MemoryTracker(recorder, device)
@@ -95,6 +97,18 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
     return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
                        hosts=[w[1] for w in walls])
+
+
+def warm_up(groups: ProcessGroups, device: torch.device) -> None:
+    """One small all-reduce on each of this rank's groups, in a fixed order (every rank goes through the
+    same axes in the same order, so no two groups wait on each other). NCCL builds a group's communicator
+    at its first collective, which every member must join — and a pipeline's first use of its group is a
+    batch of transfers between two neighbours only (torch's batch_isend_irecv documents the rule)."""
+    one = torch.ones(1, device=device)
+    for axis in ("pp", "dp", "tp", "dp_intra", "dp_inter"):
+        if axis in groups.groups and groups.size(axis) > 1:
+            dist.all_reduce(one, group=groups.groups[axis])
+    torch.cuda.synchronize(device)
 
 
 def emulated_network(config: RunConfig) -> EmulatedNetwork | None:
