@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from workbench.comm import torch_flight_recorder
+from workbench.comm.flight_recorder import lagging
 
 
 def _errors(run_dir: str) -> dict[int, dict[str, Any]]:
@@ -47,11 +48,10 @@ def behind(errors: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, members), newest in sorted(groups.items()):
         if name == "world" or entry_op_is_p2p(newest):
             continue
-        top = max((e["seq"] or 0) for e in newest.values())
-        lagging = [r for r in members if r in errors and (newest.get(r) or {}).get("seq", 0) < top]
-        if lagging:
+        top, behind_ = lagging({r: e["seq"] or 0 for r, e in newest.items()}, members, errors)
+        if behind_:
             report.append({"group": name, "ranks": list(members), "newest": {r: newest.get(r) for r in members},
-                           "behind": lagging, "blocked_at": top})
+                           "behind": behind_, "blocked_at": top})
     return report
 
 

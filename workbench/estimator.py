@@ -82,6 +82,7 @@ class Estimate:
     #: ZeRO-Offload: the optimizer on the host; `host_bytes` what the host holds per rank (16Ψ/N)
     offload: bool = False
     host_bytes: dict[str, float] = field(default_factory=dict)
+    host_link_bytes_per_step: float = 0.0  # offload: the gradient slice out and the parameter slice back
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,7 +202,8 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
     states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes, offload)
     out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches,
-                   offload=offload, host_bytes=formulas.offload_host_bytes(local, dp) if offload else {})
+                   offload=offload, host_bytes=formulas.offload_host_bytes(local, dp) if offload else {},
+                   host_link_bytes_per_step=local / dp * (4 + w) if offload else 0.0)
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
@@ -276,8 +278,7 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Est
     dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + \
         links.get("intra", 0.0) / hw.intra_node_bw + links.get("inter", 0.0) / hw.inter_node_bw
     pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
-    local = sum(out.host_bytes.values()) / 16  # offload: Ψ/N, this rank's slice
-    host_s = local * (4 + _width(out.precision)) / hw.host_link_bw if out.offload else 0.0  # grads out, params back
+    host_s = out.host_link_bytes_per_step / hw.host_link_bw
     out.compute_s = compute
     out.comm_s = tp_s + dp_s + pp_s + host_s
     out.step_time_s = compute / (1 - out.bubble_fraction) + out.comm_s + hw.step_overhead_s * share

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Container, Sequence
 from typing import Any
 
 KEPT = 64
@@ -34,3 +35,11 @@ class FlightRecorder:
 
     def to_list(self) -> list[dict[str, Any]]:
         return list(self.entries)
+
+
+def lagging(newest_seq: dict[int, int], members: Sequence[int], reported: Container[int]) -> tuple[int, list[int]]:
+    """The furthest sequence number a group's members reached, and the members that left a record and are
+    below it: the ones the others wait for (a collective needs every member). Our records and torch's
+    dumps (comm/torch_flight_recorder.py) are both read this way."""
+    top = max(newest_seq.values(), default=0)
+    return top, [r for r in members if r in reported and newest_seq.get(r, 0) < top]

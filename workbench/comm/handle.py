@@ -58,11 +58,6 @@ class Handle:
                 pass  # point-to-point work has no future on gloo: completion is known at wait()
 
     @property
-    def args(self) -> dict[str, Any]:
-        """The first (for a collective, the only) operation's record args."""
-        return self.ops[0].args
-
-    @property
     def waited(self) -> bool:
         return self._waited
 

@@ -27,6 +27,8 @@ import pickle
 import re
 from typing import Any
 
+from workbench.comm.flight_recorder import lagging
+
 PREFIX = "fr_trace_rank"
 ENTRIES = 2000
 
@@ -103,10 +105,9 @@ def behind(dumps: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     report = []
     for name, newest in sorted(newest_per_group(dumps).items()):
         members = [int(x) for x in re.findall(r"\d+", name.partition(" ")[2])] or sorted(newest)
-        top = max(e.get("collective_seq_id", 0) for e in newest.values())
-        lagging = [r for r in members if r in dumps and newest.get(r, {}).get("collective_seq_id", 0) < top]
-        if lagging:
-            report.append({"group": name, "blocked_at": top, "behind": lagging,
+        top, behind_ = lagging({r: e.get("collective_seq_id", 0) for r, e in newest.items()}, members, dumps)
+        if behind_:
+            report.append({"group": name, "blocked_at": top, "behind": behind_,
                            "newest": {r: newest.get(r) for r in members if r in dumps}})
     return report
 

@@ -133,7 +133,7 @@ class Communicator:
 
     def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, tensors: list[torch.Tensor],
              label: str | None = None, staged: int = 0) -> Handle | None:
-        cat = "p2p" if args["op"] in ("send", "recv") else "collective"
+        cat = "collective"  # point-to-point goes through batch_isend_irecv
         name = args["op"] if label is None else f"{args['op']} {label}"
         if label is not None:
             args["label"] = label
@@ -277,10 +277,10 @@ class Communicator:
         return Handle(self, list(works), ops, launch, timed=timed)
 
     def send(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> None:
-        self.batch_isend_irecv([("send", tensor, dst, label)], group).wait()
+        self.isend(tensor, dst, group, label).wait()
 
     def recv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> None:
-        self.batch_isend_irecv([("recv", tensor, src, label)], group).wait()
+        self.irecv(tensor, src, group, label).wait()
 
     def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> Handle:
         """Send to global rank `dst` (a batch of one); the flow to the matching receive starts at the launch."""

@@ -161,8 +161,7 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
         if missing:
             raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
         _restore_scalars(strategy, state, scalars)
-        if hasattr(strategy.updater, "after_load"):  # ZeRO-Offload: the host's masters follow the loaded slices
-            strategy.updater.after_load()
+        strategy.updater.after_load()  # ZeRO-Offload: the host's masters follow the loaded slices
         args["bytes"] = staged
     strategy.count_model_states()  # Adam's state exists now
     ctx.memory.snapshot()

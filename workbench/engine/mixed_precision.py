@@ -135,6 +135,12 @@ class MixedPrecisionUpdater:
         self.scale, good = state["loss_scaler"].tolist()
         self.good_steps = int(good)
 
+    def after_load(self) -> None:
+        return None
+
+    def host_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {}
+
     def found_overflow(self) -> bool:
         """Whether any rank's gradients hold inf or NaN (all ranks must agree to skip together). Only
         fp16 checks: bf16 has fp32's exponent range and is not scaled."""

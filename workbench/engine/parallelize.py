@@ -59,8 +59,8 @@ class Strategy:
     def count_model_states(self) -> None:
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
                                            self.updater.state_tensors(), self.updater.counter_tensors())
-        if hasattr(self.updater, "host_tensors"):  # ZeRO-Offload: what the host holds
-            self.ctx.memory.count_host(self.updater.host_tensors())
+        if host := self.updater.host_tensors():  # ZeRO-Offload: what the host holds
+            self.ctx.memory.count_host(host)
 
 
 def runs_schedule(cfg: RunConfig) -> bool:

@@ -33,15 +33,23 @@ from torch import nn
 
 from workbench.comm.traced import Communicator
 from workbench.parallel.adamw import AdamW
-from workbench.parallel.updater import AdamWUpdater, adam_checkpoint_state, adam_state, set_lr, sharded_grad_norm
+from workbench.parallel.updater import (
+    ShardedAdamWUpdater,
+    adam_checkpoint_state,
+    adam_state,
+    clip_coefficient,
+    scale_grads,
+    set_lr,
+)
 
 
-class OffloadedAdamWUpdater(AdamWUpdater):
-    """ZeRO's optimizer on the host: AdamW on host copies of this rank's slices."""
+class OffloadedAdamWUpdater(ShardedAdamWUpdater):
+    """ZeRO's optimizer on the host: the sharded updater's norm and gathering, with AdamW on host copies
+    of this rank's slices."""
 
     def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
                  pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None) -> None:
-        self.params, self.comm, self.pp_comm, self.after_step, self.tp = list(shards), comm, pp_comm, after_step, None
+        super().__init__(shards, comm, lr, weight_decay, pp_comm, after_step)
         self.device = self.params[0].device
         cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if cuda else None
@@ -52,6 +60,7 @@ class OffloadedAdamWUpdater(AdamWUpdater):
         self.host_params = [nn.Parameter(host_like(s).copy_(s.detach())) for s in self.params]
         for hp in self.host_params:
             hp.grad = host_like(hp).zero_()
+        # in place of the base's device optimizer (which never stepped, so never held a moment)
         self.optimizer = AdamW(self.host_params, lr=lr, weight_decay=weight_decay, foreach=True)
         self.copied: list[Any] = [None] * len(self.params)  # per slice: its d2h copy (an event on CUDA)
 
@@ -83,9 +92,6 @@ class OffloadedAdamWUpdater(AdamWUpdater):
         self.copied = [None] * len(self.params)
 
     # ---- the step -----------------------------------------------------------------------------------------
-    def grad_norm(self) -> torch.Tensor:
-        return sharded_grad_norm(self.params, self.comm, self.pp_comm)
-
     def step(self, lr: float, max_norm: float | None) -> float | None:
         set_lr(self.optimizer, lr)
         norm = self.grad_norm()
@@ -94,10 +100,7 @@ class OffloadedAdamWUpdater(AdamWUpdater):
             return None
         value = float(norm)
         self._gradients_on_host()
-        if max_norm is not None:  # torch.nn.utils.clip_grad_norm_'s coefficient, on the host's copies
-            coef = torch.clamp(max_norm / (norm.to("cpu") + 1e-6), max=1.0)
-            for hp in self.host_params:
-                hp.grad.mul_(coef)
+        scale_grads(self.host_params, clip_coefficient(norm.to("cpu"), max_norm))  # on the host's copies
         self.optimizer.step()
         self._parameters_to_device()
         self.after_update()
@@ -116,10 +119,6 @@ class OffloadedAdamWUpdater(AdamWUpdater):
         if self.side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
 
-    def after_update(self) -> None:
-        if self.after_step is not None:
-            self.after_step()
-
     # ---- what it holds ----------------------------------------------------------------------------------
     def state_tensors(self) -> list[torch.Tensor]:
         return []  # nothing of the optimizer stays on the device
@@ -129,15 +128,9 @@ class OffloadedAdamWUpdater(AdamWUpdater):
         return {"parameter": list(self.host_params), "gradient": [hp.grad for hp in self.host_params],
                 "optimizer_state": adam_state(self.optimizer)[0]}
 
-    def counter_tensors(self) -> list[torch.Tensor]:
-        return adam_state(self.optimizer)[1]
-
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Adam's state of the host copies, keyed as a device-resident ZeRO optimizer keys it (by slice)."""
         return adam_checkpoint_state(self.optimizer, self.host_params)
-
-    def restore(self, state: dict[str, torch.Tensor]) -> None:
-        return None
 
     def after_load(self) -> None:
         """After a checkpoint was loaded into the device's slices: the host's master copies follow them."""

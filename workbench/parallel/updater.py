@@ -10,9 +10,12 @@
     loss_scale           what backward multiplies the loss by (1 except for fp16)
     checkpoint_state()   the live tensors a checkpoint saves and a resume loads into, in place
     restore(state)       after a load: take back what is not a tensor of the optimizer (the loss scale)
+    after_load()         after a load into the device's tensors: bring any other copy up to date
+    host_tensors()       what the optimizer keeps in host memory, by category (ZeRO-Offload; else empty)
 
 Implemented by `AdamWUpdater` (fp32, replicated or tensor-parallel parameters), `ShardedAdamWUpdater`
-(ZeRO: each rank updates its slices) and `MixedPrecisionUpdater` (engine/mixed_precision.py).
+(ZeRO: each rank updates its slices), `OffloadedAdamWUpdater` (ZeRO-Offload: parallel/offload.py) and
+`MixedPrecisionUpdater` (engine/mixed_precision.py).
 
 The norm: squares are summed locally, then over tp for tensor-parallel shards (replicated parameters
 count once), over dp for ZeRO slices, and over pp when the model is cut into stages.
@@ -46,6 +49,10 @@ class Updater(Protocol):
     def checkpoint_state(self) -> dict[str, torch.Tensor]: ...
 
     def restore(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def after_load(self) -> None: ...
+
+    def host_tensors(self) -> dict[str, list[torch.Tensor]]: ...
 
 
 def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> AdamW:
@@ -169,6 +176,12 @@ class AdamWUpdater:
 
     def restore(self, state: dict[str, torch.Tensor]) -> None:
         return None
+
+    def after_load(self) -> None:
+        return None
+
+    def host_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {}
 
 
 class ShardedAdamWUpdater(AdamWUpdater):

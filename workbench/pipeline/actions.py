@@ -11,12 +11,13 @@ Stages: the model is cut into S = p·v stages; stage k lives on rank k mod p as 
 
 written as torch pipelining does: "2F5" is stage 2's forward of microbatch 5.
 
-**Posting.** The transfers a rank meets between two compute actions are posted together, as one
-`P2PBatch` (one `torch.distributed.batch_isend_irecv`, one NCCL group), and the rank goes on once all of
-them are done. That is what makes 1F1B safe on NCCL: a rank's "send F1" and "receive B0" are one batch,
-its neighbour's "send B0" and "receive F1" another, and each batch's sends meet the other's receives.
-Posted one by one, the two sends would each wait for a receive queued behind the other
-(`Schedule.program(rank, batched=False)` gives that posting, so the validator can show it deadlock).
+**Posting.** The transfers of one lockstep round (`Action.batch`, schedule.py) are posted together, as
+one `P2PBatch` (one `torch.distributed.batch_isend_irecv`, one NCCL group); the rank waits for a batch
+only when a compute action needs what it receives. That is what makes 1F1B safe on NCCL: a rank's
+"send F1" and "receive B0" are one batch, its neighbour's "send B0" and "receive F1" another, and each
+batch's sends meet the other's receives. Posted one by one, the two sends would each wait for a receive
+queued behind the other (`Schedule.program(rank, batched=False)` gives that posting, so the validator
+can show it deadlock).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Action:
 
 @dataclass(frozen=True)
 class P2PBatch:
-    """Transfers posted together (one batch_isend_irecv): the rank waits until every one of them is done."""
+    """Transfers posted together (one batch_isend_irecv, one NCCL group): they finish together."""
 
     actions: tuple[Action, ...]
     kind = "P2P"

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from workbench.pipeline.actions import COMPUTE, KINDS, Action, P2PBatch, Schedule, peak_in_flight
 from workbench.pipeline.simulator import ScheduleError, Timeline, simulate
-from workbench.pipeline.validation import matching_send, validate
+from workbench.pipeline.validation import validate
 
 __all__ = ["COMPUTE", "KINDS", "Action", "P2PBatch", "Schedule", "ScheduleError", "Timeline", "build_schedule",
-           "matching_send", "peak_in_flight", "simulate", "validate"]
+           "peak_in_flight", "simulate", "validate"]
 
 
 # ---- generators -------------------------------------------------------------------------------

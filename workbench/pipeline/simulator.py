@@ -84,11 +84,10 @@ class _Streams:
             changed = False
             for rank_batches in self.batches:
                 for b in rank_batches:
-                    if b.done is None and self._finish(b, rank_batches):
+                    if b.done is None and self._finish(b):
                         changed = True
 
-    def _finish(self, b: _Posted, rank_batches: list[_Posted]) -> bool:
-        prev = rank_batches[b.index - 1].done if b.index else 0.0
+    def _finish(self, b: _Posted) -> bool:
         if self.rule == "gloo":  # no stream: each receive waits for its send's posting only
             for a in b.batch.actions:
                 send = self.side.get(("send", a.transfer())) if a.is_recv else b
@@ -97,9 +96,9 @@ class _Streams:
                 b.done_of[a.transfer()] = max(b.posted, send.posted) + (self.t_comm if a.is_recv else 0.0)
             b.started, b.done = b.posted, max(b.done_of.values(), default=b.posted)
             return True
-        if prev is None:
+        b.started = self._started(b)
+        if b.started is None:
             return False
-        b.started = max(b.posted, prev)
         others = [self.side.get(("recv" if a.is_send else "send", a.transfer())) for a in b.batch.actions]
         starts = [None if o is None else self._started(o) for o in others]
         if any(t is None for t in starts):
@@ -110,6 +109,7 @@ class _Streams:
         return True
 
     def _started(self, o: _Posted) -> float | None:
+        """When a batch starts on its rank's stream: once posted and the batch before it has finished."""
         if o.started is not None:
             return o.started
         prev = self.batches[o.rank][o.index - 1].done if o.index else 0.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workbench.pipeline.actions import COMPUTE, KINDS, Action, Schedule
+from workbench.pipeline.actions import COMPUTE, KINDS, Schedule
 from workbench.pipeline.simulator import ScheduleError, simulate
 
 
@@ -99,7 +99,3 @@ def _name(t: tuple[str, int, int, int]) -> str:
     kind, src, dst, mb = t
     return f"{'activation' if kind == 'F' else 'gradient'} {src}→{dst} mb{mb}"
 
-
-def matching_send(a: Action) -> tuple[str, int, int, int]:
-    """The transfer a receive waits for (the same tuple on the sending side: Action.transfer())."""
-    return a.transfer()
