@@ -27,7 +27,8 @@ code("""
 import os
 import pandas as pd
 import workbench as wb
-from workbench import viz, formulas
+from workbench import viz
+from workbench.predict import formulas
 from workbench.config import PRESETS
 
 OUT = os.path.join("..", "traces", "nb02")
@@ -84,7 +85,7 @@ md("""
 ## Activation memory and communication against t, measured beside predicted
 
 Activation bytes are counted from the tensors autograd saves (saved-tensor hooks) and predicted by
-`workbench.formulas.activation_bytes`, which counts what our block saves: 4·sbh values replicated on
+`workbench.predict.formulas.activation_bytes`, which counts what our block saves: 4·sbh values replicated on
 every tp rank (layer-norm inputs and outputs, the residual), (4 + 2r)·sbh/t split (qkv, attention
 output, MLP), a·s²·b/t attention probabilities. Sequence parallelism divides the replicated part by t too.
 Communication per step: the bytes of every tp collective (S as nccl-tests counts it) beside

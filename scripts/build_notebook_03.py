@@ -19,7 +19,8 @@ code("""
 import os
 import pandas as pd
 import workbench as wb
-from workbench import viz, formulas
+from workbench import viz
+from workbench.predict import formulas
 from workbench.pipeline.schedule import build_schedule, validate, simulate, peak_in_flight
 from workbench.viz.pipeline import bubble_explorer
 

@@ -22,7 +22,8 @@ import os
 import pandas as pd
 import plotly.express as px
 import workbench as wb
-from workbench import viz, formulas
+from workbench import viz
+from workbench.predict import formulas
 from workbench.viz.zero import formula_explorer
 
 pd.DataFrame([{"stage": z, "GB per GPU": sum(formulas.model_state_bytes(7.5e9, 64, z, "mixed").values()) / 1e9}

@@ -13,7 +13,8 @@ import os
 import pandas as pd
 import plotly.express as px
 import workbench as wb
-from workbench import viz, formulas
+from workbench import viz
+from workbench.predict import formulas
 from workbench.config import PRESETS
 
 OUT = os.path.join("..", "traces", "nb06")

@@ -5,17 +5,17 @@ write([
 md("""
 # 7 · Compare strategies, and predict before running
 
-`workbench.estimator` is the analytic model of docs/formulas.md: memory per rank by category,
+`workbench.predict.estimator` is the analytic model of docs/formulas.md: memory per rank by category,
 bytes moved per step by group, the pipeline bubble, and step time from a hardware description.
-`workbench.calibration()` measures this machine (a matmul's FLOP/s, an all-reduce's bandwidth and
+`workbench.predict.calibration()` measures this machine (a matmul's FLOP/s, an all-reduce's bandwidth and
 latency, the fixed cost of a step), so that the estimate of each local run can be checked against its
-measurement. `workbench.comparison` runs the strategies and puts both side by side.
+measurement. `workbench.predict.comparison` runs the strategies and puts both side by side.
 """),
 code("""
 import os
 import pandas as pd
 import workbench as wb
-from workbench.estimator import A100_80GB, GPT3_175B
+from workbench.predict.estimator import A100_80GB, GPT3_175B
 
 hw = wb.calibrate("tiny")
 pd.Series({"matmul GFLOP/s (1 thread)": hw.peak_flops / 1e9, "all-reduce GB/s": hw.intra_node_bw / 1e9,

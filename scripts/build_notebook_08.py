@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import ipywidgets as widgets
 import workbench as wb
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.doctor import diagnose
 from workbench.engine.checkpoint import describe
 

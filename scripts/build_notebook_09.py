@@ -20,7 +20,7 @@ import workbench as wb
 from workbench import viz
 from workbench.analysis.summary import comm_intervals
 from workbench.comm.bandwidth import bytes_sent
-from workbench.estimator import estimate, with_emulated_links
+from workbench.predict.estimator import estimate, with_emulated_links
 from workbench.launcher import ring_demo
 from workbench.viz.ring import ring_collectives
 

@@ -10,8 +10,10 @@ ROOT = Path(__file__).resolve().parent.parent / "workbench"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
 #: packages that sit below the engine: they may not import it (nor anything above it)
 LOWER = ("workbench.comm", "workbench.parallel", "workbench.pipeline", "workbench.measure", "workbench.trace")
+#: the prediction package: built on the config and the schedules, never imported by what trains
+PREDICT = "workbench.predict"
 ABOVE_ENGINE = ("workbench.engine", "workbench.analysis", "workbench.viz", "workbench.launcher", "workbench.run",
-                "workbench.comparison", "workbench.cli")
+                "workbench.predict.comparison", "workbench.cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -30,7 +32,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            # `from workbench import formulas` imports the submodule, not the package's facade
+            # `from workbench import run` imports the submodule, not the package's facade
             names = [node.module] * (node.module != "workbench") + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
@@ -57,6 +59,33 @@ def test_lower_layers_never_import_the_engine_or_above():
     bad = [f"{name} imports {imp}" for name, path in modules.items() if name.startswith(LOWER)
            for imp in _imports(path, modules) if imp.startswith(ABOVE_ENGINE)]
     assert not bad, bad
+
+
+def test_nothing_that_trains_imports_the_predictions():
+    modules = _modules()
+    bad = [f"{name} imports {imp}" for name, path in modules.items()
+           if name.startswith((*LOWER, "workbench.engine"))
+           for imp in _imports(path, modules) if imp.startswith(PREDICT)]
+    assert not bad, bad
+
+
+def test_predict_imports_no_torch_at_module_level():
+    """The planner calls the estimator thousands of times, and a notebook predicts before any rank starts:
+    importing every module of workbench.predict leaves torch unimported."""
+    import subprocess
+    import sys
+
+    names = sorted(n for n in _modules() if n.startswith(PREDICT))
+    code = "import sys\n" + "".join(f"import {n}\n" for n in names) + "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", names
+
+
+def test_zero_in_flight_bound_is_the_formulas():
+    from workbench.parallel.zero import MAX_IN_FLIGHT
+    from workbench.predict.formulas import ZERO_IN_FLIGHT
+
+    assert MAX_IN_FLIGHT == ZERO_IN_FLIGHT
 
 
 def test_the_model_knows_nothing_of_parallelism():

@@ -72,7 +72,7 @@ def test_dp_is_bandwidth_bound_and_pp_latency_bound(launched):
 def test_the_estimator_knows_how_gradients_travel():
     """Compression halves the dp bytes, 1-bit Adam sends ~1/32 after its warm-up, and the hierarchical
     all-reduce moves 1/K of the flat ring's bytes across machines; emulated links slow the hardware."""
-    from workbench.estimator import A100_80GB, estimate, with_emulated_links
+    from workbench.predict.estimator import A100_80GB, estimate, with_emulated_links
 
     base = RunConfig(dp=4, ranks_per_node=2)
     plain = estimate(base).comm_bytes_per_step["dp"]

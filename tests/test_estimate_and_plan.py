@@ -3,8 +3,8 @@
 import pytest
 
 import workbench as wb
-from workbench.estimator import A100_80GB, GPT3_175B, estimate
-from workbench.planner import Cluster, plan
+from workbench.predict.estimator import A100_80GB, GPT3_175B, estimate
+from workbench.predict.planner import Cluster, plan
 
 
 def test_the_zero_papers_example():
@@ -75,7 +75,7 @@ def test_compare_from_the_command_line(tmp_path):
 
 def test_young_daly_interval_minimises_the_time_lost():
     """Young's τ* = √(2δM) is where δ/τ + τ/(2M) is smallest; Daly's subtracts δ."""
-    from workbench import formulas
+    from workbench.predict import formulas
 
     delta, mtbf = 30.0, 24 * 3600.0
     tau = formulas.young_daly_interval(delta, mtbf, daly=False)

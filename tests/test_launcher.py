@@ -91,7 +91,7 @@ def test_bad_input_to_the_cli_and_the_estimator(capsys):
         wb.estimate(params=1e9, precision="banana")
     with pytest.raises(ConfigError, match="tp=3 does not divide model.heads=40"):
         wb.estimate(model=wb.ModelConfig(heads=40, hidden=2560), tp=3)
-    from workbench.estimator import A100_80GB
+    from workbench.predict.estimator import A100_80GB
     assert str(wb.Cluster(64, A100_80GB)).startswith("64 nodes × 8 = 512")
     with pytest.raises(ConfigError, match="nodes=0"):
         wb.Cluster(0, A100_80GB)

@@ -96,7 +96,7 @@ def test_the_activation_formula_has_a_cuda_case():
     keeps them in 16 bits; the fused attention kernel of an fp32 run is CUDA's memory-efficient one, whose
     log-sum-exp pads the sequence to a multiple of 32."""
     from workbench.config import ModelConfig
-    from workbench.formulas import activation_bytes
+    from workbench.predict.formulas import activation_bytes
 
     cfg = ModelConfig(seq_len=100, hidden=64, heads=4, layers=2, vocab_size=128)
     b = 2

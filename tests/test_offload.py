@@ -58,7 +58,7 @@ def test_offload_needs_zero():
 def test_the_estimate_and_the_plan_say_what_offload_saves():
     """Mixed precision ZeRO-2 with offload keeps (2 + 2/N)Ψ on the device (Ren et al. 2021), the host 16Ψ/N."""
     import workbench as wb
-    from workbench.estimator import A100_80GB, GPT3_175B
+    from workbench.predict.estimator import A100_80GB, GPT3_175B
 
     e = wb.estimate(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True)
     assert e.model_state_bytes_per_rank == pytest.approx((2 + 2 / 64) * 7.5e9)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench.formulas import bubble_fraction
+from workbench.predict.formulas import bubble_fraction
 from workbench.pipeline.schedule import Action, ScheduleError, build_schedule, peak_in_flight, simulate, validate
 
 #: every schedule the engine can generate, up to p = 8 stages, m = 16 microbatches and v = 4 chunks per rank

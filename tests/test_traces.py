@@ -82,7 +82,7 @@ def test_the_validator_rejects_broken_traces(launched):
 
 def test_summary_memory_equals_the_prediction(launched):
     """Parameters 4Ψ, gradients 4Ψ (the buckets), Adam's moments 8Ψ: exactly; activations exactly the
-    tensors our GPT saves for backward (workbench.formulas.activation_bytes)."""
+    tensors our GPT saves for backward (workbench.predict.formulas.activation_bytes)."""
     run = launched(**BUCKETS)
     psi = run.config["params"]
     for r in run.summary["ranks"]:

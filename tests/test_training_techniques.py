@@ -44,7 +44,7 @@ def test_recomputation_lowers_activation_memory_as_predicted(launched, single):
         r = run.summary["ranks"][0]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"]
     after_forward = _after_first_forward(full)
-    from workbench import formulas
+    from workbench.predict import formulas
     from workbench.config import PRESETS
 
     cfg = PRESETS["tiny"]

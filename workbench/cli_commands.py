@@ -88,7 +88,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from workbench.comparison import compare
+    from workbench.predict.comparison import compare
 
     configs = []
     try:
@@ -102,7 +102,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         return 2
     hw = None
     if not a.no_calibrate:
-        from workbench.calibration import calibrate
+        from workbench.predict.calibration import calibrate
 
         hw = calibrate(configs[0].model, backend=configs[0].backend)  # the runs' own backend and device
     try:

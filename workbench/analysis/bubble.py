@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.pipeline.schedule import Action, Schedule, simulate
 from workbench.trace.recorder import LANES
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.analysis.bubble import bubble
 from workbench.comm.bandwidth import bytes_sent
 from workbench.trace.recorder import LANES

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.pipeline.schedule import build_schedule, simulate
 from workbench.run import Run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.run import Run
 from workbench.viz.memory import CATEGORY_COLORS
 

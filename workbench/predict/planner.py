@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
-from workbench.estimator import Estimate, Hardware, estimate
+from workbench.predict.estimator import Estimate, Hardware, estimate
 from workbench.model_config import tp_indivisible
 
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from workbench.config import PRESETS, ModelConfig, RunConfig
-from workbench.estimator import Hardware
+from workbench.predict.estimator import Hardware
 
 
 def _matmul_flops(cfg: ModelConfig, rows: int, device: str = "cpu") -> float:
@@ -109,7 +109,7 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     with tempfile.TemporaryDirectory() as d:
         run = wb.launch(RunConfig(model=model, steps=steps, global_batch=global_batch, backend=backend),
                         out=os.path.join(d, "cal"), progress=False)
-        from workbench import formulas
+        from workbench.predict import formulas
 
         measured = float(run.metrics.step_time_s.iloc[1:].median())
         compute = formulas.training_flops_per_token(cfg.param_count(), cfg) * global_batch * cfg.seq_len / flops

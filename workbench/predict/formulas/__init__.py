@@ -11,7 +11,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
 """
 
-from workbench.formulas.activations import (
+from workbench.predict.formulas.activations import (
     activation_bytes,
     activation_bytes_per_layer,
     backward_extra_bytes,
@@ -21,7 +21,7 @@ from workbench.formulas.activations import (
     recompute_activation_bytes,
     stage_activation_bytes,
 )
-from workbench.formulas.comm import (
+from workbench.predict.formulas.comm import (
     bubble_fraction,
     dp_bytes_per_step,
     dp_link_bytes,
@@ -29,8 +29,8 @@ from workbench.formulas.comm import (
     tp_comm_bytes_per_step,
     training_flops_per_token,
 )
-from workbench.formulas.faults import checkpoint_overhead, young_daly_interval
-from workbench.formulas.memory import (
+from workbench.predict.formulas.faults import checkpoint_overhead, young_daly_interval
+from workbench.predict.formulas.memory import (
     STATE_BYTES,
     ZERO_IN_FLIGHT,
     buffer_bytes,
@@ -39,7 +39,7 @@ from workbench.formulas.memory import (
     params_per_rank,
     stage_params,
 )
-from workbench.formulas.run import predicted_bytes, predicted_comm_bytes, predicted_host_bytes, run_model, run_schedule
+from workbench.predict.formulas.run import predicted_bytes, predicted_comm_bytes, predicted_host_bytes, run_model, run_schedule
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.comm.bandwidth import bus_factor
 from workbench.config import ConfigError, ModelConfig, RunConfig
 from workbench.model_config import check_tensor_parallel

@@ -4,9 +4,9 @@ Each RunConfig is launched in turn (a progress bar per run), checked against a s
 the same model, seed and batch, and summarised in one row of `Comparison.table`: strategy, world size,
 median step time, tokens/s, achieved FLOP/s and utilisation against the machine's measured peak, peak
 memory per category, bytes moved per step, bubble fraction, loss difference from the baseline — and
-the estimate (workbench.estimator) beside each measurement with its error.
+the estimate (workbench.predict.estimator) beside each measurement with its error.
 
-    cmp = workbench.comparison([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, model="tiny", steps=4)])
+    cmp = workbench.predict.comparison([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, model="tiny", steps=4)])
     cmp.table; cmp.bars(); cmp.timelines(); cmp.memory(); cmp.report("traces/compare")
 """
 
@@ -19,9 +19,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench import formulas
+from workbench.predict import formulas
 from workbench.config import RunConfig
-from workbench.estimator import Hardware, estimate, with_emulated_links
+from workbench.predict.estimator import Hardware, estimate, with_emulated_links
 from workbench.launcher import launch
 from workbench.run import Run
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
