@@ -37,10 +37,13 @@ def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
 
 @pytest.mark.slow  # make test: notebook 07's compare() of the same strategies asserts the same errors and ratio
 def test_compare_tabulates_runs_with_estimates(tmp_path):
-    cmp = wb.compare([wb.RunConfig(dp=2, model="tiny", steps=4), wb.RunConfig(dp=2, zero=3, model="tiny", steps=4)],
-                     out_dir=str(tmp_path), progress=False)
+    four_layers = wb.RunConfig.from_dict({"pp": 2, "microbatches": 4, "model": {"layers": 4}, "steps": 4})
+    cmp = wb.compare([wb.RunConfig(dp=2, model="tiny", steps=4), wb.RunConfig(dp=2, zero=3, model="tiny", steps=4),
+                      four_layers], out_dir=str(tmp_path), progress=False)
     t = cmp.table
-    assert list(t.strategy) == ["dp2", "dp2 zero3"]
+    assert list(t.strategy) == ["dp2", "dp2 zero3", "pp2 1f1b m4"]
+    # one baseline per distinct model: the 4-layer pipeline is held against one process of 4 layers
+    assert len(cmp.baselines) == 2 and cmp.baselines[1].config["model"]["layers"] == 4
     for col in ("world_size", "step_time_s", "tokens_per_s", "achieved_flops", "peak_parameter_bytes",
                 "peak_activation_bytes", "bytes_moved_per_step", "bubble_fraction", "loss_diff_vs_baseline",
                 "predicted_memory_bytes", "memory_error"):

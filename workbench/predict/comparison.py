@@ -1,7 +1,7 @@
 """Strategies side by side: `compare(configs) -> Comparison`.
 
 Each RunConfig is launched in turn (a progress bar per run), checked against a single-process run of
-the same model, seed and batch, and summarised in one row of `Comparison.table`: strategy, world size,
+the same model, seed and batch (one per distinct model among them), and summarised in one row of `Comparison.table`: strategy, world size,
 median step time, tokens/s, achieved FLOP/s and utilisation against the machine's measured peak, peak
 memory per category, bytes moved per step, bubble fraction, loss difference from the baseline — and
 the estimate (workbench.predict.estimator) beside each measurement with its error.
@@ -12,8 +12,9 @@ the estimate (workbench.predict.estimator) beside each measurement with its erro
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -47,8 +48,9 @@ def strategy_name(c: RunConfig) -> str:
 @dataclass
 class Comparison:
     runs: dict[str, Run]
-    baseline: Run
+    baseline: Run  # the first configuration's single-process run
     table: pd.DataFrame
+    baselines: list[Run] = field(default_factory=list)  # one per distinct model, batch and seed
 
     def bars(self) -> go.Figure:
         t = self.table
@@ -123,27 +125,40 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
 
 
 def _request(run: Run) -> dict:
-    import json
-
     with open(os.path.join(run.path, "request.json")) as f:
         return json.load(f)
 
 
+def baseline_config(c: RunConfig) -> RunConfig:
+    """The single process that `c` must equal: the same model, data, seed, global batch, optimizer settings
+    and steps, in fp32, with no parallelism, compression, offload, emulated link, fault or checkpoint."""
+    return c.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
+                     precision="fp32", grad_reduce_dtype="fp32", recompute="none", grad_compression="none",
+                     optimizer="adamw", allreduce="backend", offload_optimizer=False, emulate_link=None,
+                     ranks_per_node=0, fault=None, checkpoint_every=0, checkpoint_dir=None, resume=None,
+                     max_restarts=0, elastic=False, name=None)
+
+
 def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "compare"),
             hardware: Hardware | None = None, progress: bool = True, force: bool = False) -> Comparison:
-    """Launch each configuration, and one single-process baseline of the first one's model and batch
-    (runs already in `out_dir` are replaced only with `force`)."""
+    """Launch each configuration, and one single-process baseline per distinct model, batch and seed among
+    them (`baseline_config`), so that each row's `loss_diff_vs_baseline` is its distance from one process
+    training the same model (runs already in `out_dir` are replaced only with `force`)."""
     for c in configs:
         c.validate()
-    first = configs[0]
-    base_cfg = first.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
-                             precision="fp32", recompute="none", name=None)
-    baseline = launch(base_cfg, os.path.join(out_dir, "baseline"), progress=progress, force=force)
+    baselines: dict[str, Run] = {}
+    keys = []
+    for c in configs:
+        base_cfg = baseline_config(c)
+        keys.append(key := json.dumps(base_cfg.to_dict(), sort_keys=True, default=str))
+        if key not in baselines:
+            where = "baseline" if not baselines else f"baseline{len(baselines)}"
+            baselines[key] = launch(base_cfg, os.path.join(out_dir, where), progress=progress, force=force)
     runs: dict[str, Run] = {}
     for i, c in enumerate(configs):
         name = strategy_name(c)
         if name in runs:
             name = f"{name} ({i})"
         runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress, force=force)
-    table = pd.DataFrame([_row(n, r, baseline, hardware) for n, r in runs.items()])
-    return Comparison(runs, baseline, table)
+    table = pd.DataFrame([_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)])
+    return Comparison(runs, baselines[keys[0]], table, list(baselines.values()))
