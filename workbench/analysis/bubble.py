@@ -1,19 +1,27 @@
-"""The pipeline bubble three ways, side by side in summary.json's `bubble_fraction`:
+"""The pipeline bubble measured, and explained term by term, in summary.json's `bubble_fraction`:
 
-    measured                        per step: 1 − a rank's forward+backward time / the span from the first
-                                    to the last compute action of any rank, averaged over ranks; the median
-                                    over the steps after the first (which pays one-off costs)
+    measured                        per step: 1 − a rank's forward+backward time / the span from its
+                                    pipeline's first to last compute action, averaged over the ranks of each
+                                    pipeline and over the pipelines (data- and tensor-parallel replicas); the
+                                    median over the steps after the first (which pays one-off costs)
     predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers
-    simulated_with_measured_costs   the schedule replayed by the simulator with this run's own costs, per
-                                    step: each compute action's measured time to the rank's next one (the
-                                    time it spent waiting left out: the simulator decides the waits), the
-                                    compute part of forwards and backwards, and when each rank entered the
-                                    step (ranks do not start together); transfers are free
+    simulated_with_measured_costs   the simulator running the schedule with this run's mean compute time per
+                                    (stage, F or B) and its median transfer time — nothing else measured:
+                                    no idle gap, no rank entering late, every wait decided by the simulator
+    split                           the measured bubble (mean over the same steps) as a sum of terms, each
+                                    what one more measured cost adds to the simulation (Qi et al.'s zero-bubble
+                                    paper reasons the same way: the bubble is what the costs leave idle):
+        formula                         (p − 1)/(v·m + p − 1)
+        uneven_stage_costs              simulated with the compute costs, free transfers, − formula (under
+                                        NCCL's rule it also holds the stream ordering, docs/formulas.md)
+        transfers                       + the measured transfer time on every boundary
+        host_gaps                       + each rank's mean gap between compute actions that was not a wait
+                                        (posting transfers, Python): idle time the rank caused itself
+        entry_skew                      + each rank's measured entry into the step
+        unexplained                     the measured bubble − all of the above (a rank descheduled, costs
+                                        that vary from microbatch to microbatch)
 
-The gap between `predicted` and `simulated_with_measured_costs` is what this machine's uneven costs do to
-the formula's ideal (slower first and last stages, per-microbatch transfers on the critical path, ranks
-entering the step late); the gap between `simulated_with_measured_costs` and `measured` is what the
-simulator leaves out (a rank descheduled inside an action it was only waiting in). No torch.
+No torch.
 """
 
 from __future__ import annotations
@@ -21,11 +29,13 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workbench.predict import formulas
 from workbench.pipeline.schedule import Action, Schedule, simulate
+from workbench.predict import formulas
 from workbench.trace.recorder import LANES
 
 Intervals = list[tuple[float, float]]
+#: the split's terms, in the order each is added (their sum is the measured bubble)
+TERMS = ("formula", "uneven_stage_costs", "transfers", "host_gaps", "entry_skew", "unexplained")
 
 
 def idle_fraction(per_rank: list[Intervals]) -> float:
@@ -41,80 +51,93 @@ def _compute_spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
             and e.get("tid") == LANES["compute"]]
 
 
-def measured_per_step(traces: list[dict[str, Any]]) -> dict[int, float]:
-    per_step: dict[int, dict[int, Intervals]] = {}
-    for t in traces:
-        rank = t["distributedInfo"]["rank"]
-        for e in _compute_spans(t):
-            per_step.setdefault(e["args"].get("step", 0), {}).setdefault(rank, []).append((e["ts"], e["ts"] + e["dur"]))
-    return {step: idle_fraction(list(ranks.values())) for step, ranks in sorted(per_step.items())}
+def _by_step(trace: dict[str, Any], spans: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in spans:
+        out.setdefault(e["args"].get("step", 0), []).append(e)
+    return {k: sorted(v, key=lambda e: e["ts"]) for k, v in out.items()}
 
 
-def _step_costs(sched: Schedule, schedule_spans: dict[int, list[dict]], compute: dict[int, dict],
-                waits: dict[int, Intervals]) -> dict[tuple[int, str], tuple[float, float]]:
-    """(advance, busy) of every program item of one step, keyed by (pipeline rank, item label): a compute
-    action advances the rank's clock from its start to the next compute action's, less the time the rank
-    spent waiting in between (the simulator makes its own waits), and is busy for its measured forward or
-    backward; posting a batch of transfers costs nothing of its own (its time is in that advance)."""
-    costs: dict[tuple[int, str], tuple[float, float]] = {}
-    for r, spans in schedule_spans.items():
-        items = list(zip(sched.program(r), spans, strict=True))
-        starts = [e["ts"] for item, e in items if isinstance(item, Action)] + [spans[-1]["ts"] + spans[-1]["dur"]]
-        k = 0
-        for item, e in items:
-            if not isinstance(item, Action):
-                costs[(r, str(item))] = (0.0, 0.0)
-                continue
-            end = max(starts[k + 1], e["ts"] + e["dur"])
-            waited = sum(max(0.0, min(b, end) - max(a, e["ts"])) for a, b in waits.get(r, []))
-            busy = compute.get(r, {}).get((item.stage, item.microbatch, item.kind), e["dur"])
-            costs[(r, str(item))] = (max(end - e["ts"] - waited, busy), busy)
-            k += 1
-    return costs
-
-
-def simulated_per_step(sched: Schedule, traces: list[dict[str, Any]]) -> dict[int, float]:
-    """The simulator with each step's measured costs, run for every data- and tensor-parallel replica's
-    pipeline ranks; per step, the mean over replicas (as `measured` averages over all ranks)."""
+def _replicas(traces: list[dict[str, Any]], p: int) -> list[dict[int, dict[str, Any]]]:
+    """The traces of each pipeline (one per data- and tensor-parallel coordinate), by pipeline rank."""
     replicas: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for t in traces:
         w = t["workbench"]
         replicas.setdefault((w["dp"], w["tp"]), {})[w["pp"]] = t
-    per_step: dict[int, list[float]] = {}
-    for replica in replicas.values():
-        if sorted(replica) == list(range(sched.p)):
-            for step, value in _simulate_replica(sched, replica).items():
-                per_step.setdefault(step, []).append(value)
-    return {step: statistics.mean(v) for step, v in sorted(per_step.items()) if len(v) == len(replicas)}
+    return [r for r in replicas.values() if sorted(r) == list(range(p))]
 
 
-def _simulate_replica(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, float]:
-    spans: dict[int, dict[int, list[dict]]] = {}
-    compute: dict[int, dict[int, dict]] = {}
-    waits: dict[int, dict[int, Intervals]] = {}
-    for r, t in replica.items():
-        for e in t["traceEvents"]:
-            if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]:
-                spans.setdefault(e["args"]["step"], {}).setdefault(r, []).append(e)
-            elif e.get("ph") == "X" and e.get("tid") == LANES["wait"] and e.get("cat") == "wait":
-                waits.setdefault(e["args"].get("step", -1), {}).setdefault(r, []).append((e["ts"], e["ts"] + e["dur"]))
-        for e in _compute_spans(t):
-            kind = "F" if e["cat"] == "forward" else "B"
-            key = (e["args"].get("stage", 0), e["args"].get("microbatch", 0), kind)
-            compute.setdefault(e["args"].get("step", 0), {}).setdefault(r, {})[key] = e["dur"]
-    transfer_us = transfer_time(list(replica.values()))
+def _step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per complete step of one pipeline: each rank's compute spans, the mean compute time per (stage,
+    kind), each rank's mean gap between compute actions less its waits, and when each rank entered."""
+    compute = {r: _by_step(t, _compute_spans(t)) for r, t in replica.items()}
+    entered = {r: _by_step(t, [e for e in t["traceEvents"] if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]])
+               for r, t in replica.items()}
+    waits = {r: _by_step(t, [e for e in t["traceEvents"] if e.get("ph") == "X" and e.get("tid") == LANES["wait"]
+                             and e.get("cat") == "wait"]) for r, t in replica.items()}
     out = {}
-    for step, by_rank in sorted(spans.items()):
-        if len(by_rank) != sched.p or any(len(v) != len(sched.program(r)) for r, v in by_rank.items()):
+    for step in sorted(compute[0]):
+        spans = {r: compute[r].get(step, []) for r in replica}
+        if any(len(spans[r]) != sum(isinstance(a, Action) for a in sched.program(r)) for r in replica) or \
+                any(step not in entered[r] for r in replica):
             continue  # an interrupted step
-        ordered = {r: sorted(v, key=lambda e: e["ts"]) for r, v in by_rank.items()}
-        costs = _step_costs(sched, ordered, compute.get(step, {}), waits.get(step, {}))
-        first = min(v[0]["ts"] for v in ordered.values())
-        start = [ordered[r][0]["ts"] - first for r in range(sched.p)]
-        timeline = simulate(sched, cost=lambda r, a, c=costs: c[(r, str(a))], start=start,
-                            t_comm=transfer_us.get(step, 0.0))
-        out[step] = idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
+        durations: dict[tuple[int, str], list[float]] = {}
+        for e in (e for r in replica for e in spans[r]):
+            durations.setdefault((e["args"].get("stage", 0), "F" if e["cat"] == "forward" else "B"), []).append(e["dur"])
+        first = min(entered[r][step][0]["ts"] for r in replica)
+        out[step] = {"spans": spans, "cost": {k: statistics.mean(v) for k, v in durations.items()},
+                     "gap": {r: _mean_gap(spans[r], waits[r].get(step, [])) for r in replica},
+                     "start": [entered[r][step][0]["ts"] - first for r in range(sched.p)]}
     return out
+
+
+def _mean_gap(spans: list[dict[str, Any]], waits: list[dict[str, Any]]) -> float:
+    """The mean time from the end of a compute action to the start of the rank's next one, less the time
+    it waited in between (for a peer: the simulator decides those waits)."""
+    gaps = []
+    for e, nxt in zip(spans, spans[1:]):
+        end = e["ts"] + e["dur"]
+        waited = sum(max(0.0, min(w["ts"] + w["dur"], nxt["ts"]) - max(w["ts"], end)) for w in waits)
+        gaps.append(max(0.0, nxt["ts"] - end - waited))
+    return statistics.mean(gaps) if gaps else 0.0
+
+
+def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -> list[float]:
+    """The simulated bubble with the measured costs added one at a time: compute, transfers, host gaps,
+    entry skew."""
+    cost, gap = inputs["cost"], inputs["gap"]
+
+    def costs(with_gaps: bool):
+        def f(r: int, item: Any) -> tuple[float, float]:
+            if not isinstance(item, Action):
+                return 0.0, 0.0
+            busy = cost.get((item.stage, item.kind), 0.0)
+            return busy + (gap[r] if with_gaps else 0.0), busy
+        return f
+
+    def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> float:
+        timeline = simulate(sched, cost=costs(with_gaps), t_comm=t, start=start, rule=rule)
+        return idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
+
+    return [bubble_of(False, 0.0, None), bubble_of(False, t_comm, None), bubble_of(True, t_comm, None),
+            bubble_of(True, t_comm, inputs["start"])]
+
+
+def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "gloo") -> dict[int, dict[str, float]]:
+    """Per step, the measured bubble and its terms (TERMS), each the mean over the pipelines."""
+    formula = formulas.bubble_fraction(sched.p, sched.m, sched.v)
+    per_step: dict[int, list[dict[str, float]]] = {}
+    replicas = _replicas(traces, sched.p)
+    for replica in replicas:
+        transfer_us = transfer_time(list(replica.values()))
+        for step, inputs in _step_inputs(sched, replica).items():
+            levels = _levels(sched, inputs, transfer_us.get(step, 0.0), rule)
+            measured = idle_fraction([[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica])
+            chain = [formula, *levels, measured]
+            terms = dict(zip(TERMS, [formula] + [b - a for a, b in zip(chain, chain[1:])], strict=True))
+            per_step.setdefault(step, []).append({"measured": measured, "simulated": levels[1], **terms})
+    return {step: {k: statistics.mean(v[k] for v in values) for k in values[0]}
+            for step, values in sorted(per_step.items()) if len(values) == len(replicas)}
 
 
 def transfer_time(traces: list[dict[str, Any]]) -> dict[int, float]:
@@ -143,17 +166,17 @@ def transfer_time(traces: list[dict[str, Any]]) -> dict[int, float]:
     return {step: statistics.median(v) for step, v in per_step.items()}
 
 
-def _after_first(per_step: dict[int, float]) -> list[float]:
-    return [v for k, v in per_step.items() if k > 0 or len(per_step) == 1]
-
-
 def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
     sched = formulas.run_schedule(config)
-    measured = _after_first(measured_per_step(traces))
-    simulated = _after_first(simulated_per_step(sched, traces))
+    rule = "nccl" if config.get("backend") == "nccl" else "gloo"
+    per_step = split_per_step(sched, traces, rule)
+    kept = {k: v for k, v in per_step.items() if k > 0 or len(per_step) == 1}
+    measured = [v["measured"] for v in kept.values()]
+    simulated = [v["simulated"] for v in kept.values()]
+    split = {k: statistics.mean(v[k] for v in kept.values()) for k in ("measured", *TERMS)} if kept else None
     return {"measured": statistics.median(measured) if measured else None,
             "measured_per_step": measured,
             "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
             "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
-            "simulated_per_step": simulated}
-
+            "simulated_per_step": simulated,
+            "split": split, "rule": rule}
