@@ -1,7 +1,7 @@
 """Gradient compression, ours against torch DDP's compress hook, and 1-bit Adam's bytes, in one invocation.
 
     python benchmarks/compression.py                 # 2 ranks, `small` model, 4 MB buckets
-    python benchmarks/compression.py --ranks 4 --rounds 30
+    python benchmarks/compression.py --ranks 4 --rounds 60
 
 Prints, on rank 0:
 1. the check: ours with bf16 buckets and DDP with `bf16_compress_hook` train the same losses (same model,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
 
 def _sent(comm) -> float:
@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
     _sent(bf16_comm), _sent(fp32_comm)
     bf16(), fp32()
     wire = {"bf16": _sent(bf16_comm), "fp32": _sent(fp32_comm)}
-    med = interleaved_medians({"ours_bf16": bf16, "ours_fp32": fp32, "ddp_bf16": step_ddp}, args.rounds, args.warmup)
+    med = interleaved_rounds({"ours_bf16": bf16, "ours_fp32": fp32, "ddp_bf16": step_ddp}, args.rounds, args.warmup)
 
     n = sum(p.numel() for p in GPT(cfg, seed=0).parameters())
     padded = -(-n // (8 * world)) * 8 * world
@@ -99,8 +99,8 @@ def worker(args: argparse.Namespace) -> None:
               f"ratio bf16/fp32 = {wire['bf16'] / wire['fp32']:.3f}")
         print(f"  median step            ours-bf16 {med['ours_bf16'] * 1e3:.2f} ms   ours-fp32 "
               f"{med['ours_fp32'] * 1e3:.2f} ms   DDP-bf16 {med['ddp_bf16'] * 1e3:.2f} ms")
-        print(f"  ratio ours-bf16 / ours-fp32 = {med['ours_bf16'] / med['ours_fp32']:.3f}   "
-              f"ratio ours-bf16 / DDP-bf16 = {med['ours_bf16'] / med['ddp_bf16']:.3f} (target ≤ 1.00)")
+        print("  " + report("ratio ours-bf16 / ours-fp32", med.ratio("ours_bf16", "ours_fp32")))
+        print("  " + report("ratio ours-bf16 / DDP-bf16", med.ratio("ours_bf16", "ddp_bf16")) + "  (target ≤ 1.00)")
         print(f"  1-bit Adam momentum    {onebit:,.0f} bytes against the fp32 all-reduce's {full:,.0f}: "
               f"ratio = {onebit / full:.4f} (1/32 = {1 / 32:.4f})")
     dist.barrier()

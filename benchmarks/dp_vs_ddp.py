@@ -1,13 +1,14 @@
 """Our bucketed data parallelism against torch DDP, in one invocation, runs interleaved.
 
     python benchmarks/dp_vs_ddp.py                 # 2 ranks, `small` model, 4 MB buckets
-    python benchmarks/dp_vs_ddp.py --ranks 4 --bucket-mb 25 --rounds 30
+    python benchmarks/dp_vs_ddp.py --ranks 4 --bucket-mb 25 --rounds 60
+    python benchmarks/dp_vs_ddp.py --repeat 3              # the whole comparison three times: the spread
     python benchmarks/dp_vs_ddp.py --backend nccl --ranks 8 --model gpt2-small --global-batch 16   # GPUs
 
 Prints, on rank 0:
 1. median step time (forward + backward + gradient sync + AdamW) of ours and of DDP on the same
    model, batch and bucket size, alternating step by step so that both see the same machine noise,
-   and the ratio ours / DDP;
+   and the ratio ours / DDP with its 95 % interval over the rounds and the minimum-based ratio;
 2. the cost of tracing: ours with the recorder on against off (ratio);
 3. bus bandwidth of our send/recv ring against the backend's all-reduce at several sizes.
 
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join, rank_device
+from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, rank_device, report
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -81,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
     check_same_losses(("ours", lambda: step_ours(ours, ours_sync, ours_opt)), ("DDP", step_ddp), rtol=1e-5)
     candidates = {"ours": lambda: step_ours(ours, ours_sync, ours_opt), "ddp": step_ddp,
                   "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt)}
-    med = interleaved_medians(candidates, args.rounds, args.warmup)
+    med = interleaved_rounds(candidates, args.rounds, args.warmup)
 
     # ring vs backend all-reduce bandwidth
     comm = make_comm(False)
@@ -112,10 +113,10 @@ def worker(args: argparse.Namespace) -> None:
         print(f"\nworkbench DP vs torch DDP — model {args.model} ({n_params / 1e6:.2f} M params), {world} ranks, "
               f"global batch {args.global_batch}, buckets {args.bucket_mb} MB, {args.rounds} rounds interleaved "
               f"(torch {torch.__version__}, {args.backend})")
-        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DDP {med['ddp'] * 1e3:8.2f} ms   "
-              f"ratio ours/DDP = {med['ours'] / med['ddp']:.3f}")
-        print(f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms   "
-              f"overhead ratio on/off = {med['ours'] / med['ours_untraced']:.3f}")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DDP {med['ddp'] * 1e3:8.2f} ms")
+        print("  " + report("ratio ours/DDP", med.ratio("ours", "ddp")))
+        print(f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms")
+        print("  " + report("tracing overhead on/off", med.ratio("ours", "ours_untraced")))
         print("  all-reduce bus bandwidth (GB/s, median):")
         print(f"  {'bytes':>10} {'backend':>10} {'ring (ours)':>12} {'ring/backend':>13}")
         for nbytes, row in bw_rows:

@@ -1,9 +1,12 @@
 """What every benchmark shares: it starts itself under torchrun, times candidates interleaved (so
-they see the same machine noise), and reports the slowest rank's median per candidate."""
+they see the same machine noise), and reports each ratio with a 95 % bootstrap interval over the
+rounds and the minimum-based ratio beside the median (workbench/analysis/intervals.py). `--repeat K`
+reruns the whole comparison K times and prints each ratio's spread over the K runs."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -25,7 +28,9 @@ def common_arguments(doc: str | None, **defaults: object) -> argparse.ArgumentPa
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=defaults.get("ranks", 2))
     p.add_argument("--model", default=defaults.get("model", "small"))
-    p.add_argument("--rounds", type=int, default=defaults.get("rounds", 20))
+    p.add_argument("--rounds", type=int, default=defaults.get("rounds", 40),
+                   help="interleaved rounds; the ratios' intervals are bootstrapped over them (≥ 40)")
+    p.add_argument("--repeat", type=int, default=1, help="rerun the whole comparison K times; print the spread")
     p.add_argument("--warmup", type=int, default=defaults.get("warmup", 3))
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend", default=defaults.get("backend", "gloo"), choices=("gloo", "nccl"),
@@ -33,9 +38,25 @@ def common_arguments(doc: str | None, **defaults: object) -> argparse.ArgumentPa
     return p
 
 
-def interleaved_medians(candidates: dict[str, Callable[[], None]], rounds: int, warmup: int) -> dict[str, float]:
+class Timings:
+    """Per candidate, the slowest rank's time in each timed round (rounds paired across candidates)."""
+
+    def __init__(self, rounds: dict[str, list[float]]) -> None:
+        self.rounds = rounds
+
+    def __getitem__(self, name: str) -> float:
+        return statistics.median(self.rounds[name])
+
+    def ratio(self, a: str, b: str) -> object:
+        from workbench.analysis.intervals import ratio
+
+        return ratio(self.rounds[a], self.rounds[b])
+
+
+def interleaved_rounds(candidates: dict[str, Callable[[], None]], rounds: int, warmup: int) -> Timings:
     """Each round runs every candidate once (order reversed every other round, a barrier before each);
-    returns each candidate's median over the timed rounds, the slowest rank's."""
+    a round's time is the slowest rank's. `timings[name]` is the median, `timings.ratio(a, b)` a/b
+    with its interval."""
     import torch
     import torch.distributed as dist
 
@@ -52,10 +73,19 @@ def interleaved_medians(candidates: dict[str, Callable[[], None]], rounds: int, 
                 times[name].append(time.perf_counter() - t)
     out = {}
     for name, ts in times.items():
-        med = torch.tensor([statistics.median(ts)], device=rank_device())
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        out[name] = med.item()
-    return out
+        slowest = torch.tensor(ts, dtype=torch.float64, device=rank_device())
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        out[name] = slowest.cpu().tolist()
+    return Timings(out)
+
+
+def report(label: str, value: object) -> str:
+    """A ratio's line (label and its interval); kept for --repeat's spread when WB_BENCH_RESULTS is set."""
+    path = os.environ.get("WB_BENCH_RESULTS")
+    if path and int(os.environ.get("RANK", 0)) == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"label": label, "value": getattr(value, "median", value)}) + "\n")
+    return f"{label} = {value}"
 
 
 def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker: Callable[[argparse.Namespace], None],
@@ -65,10 +95,30 @@ def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker:
         worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
         return 0
     args = parse(sys.argv[1:])
-    rc = self_launch(script, args.ranks)
-    if rc == 0 and after is not None:
-        after(args)
-    return rc
+    results: dict[str, list[float]] = {}
+    for k in range(max(1, args.repeat)):
+        if args.repeat > 1:
+            print(f"\n=== run {k + 1} of {args.repeat} ===", flush=True)
+        path = os.path.abspath(f".wb_bench_results_{os.getpid()}_{k}.jsonl")
+        os.environ["WB_BENCH_RESULTS"] = path
+        rc = self_launch(script, args.ranks)
+        if rc == 0 and after is not None:
+            after(args)
+        if rc != 0:
+            return rc
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    r = json.loads(line)
+                    results.setdefault(r["label"], []).append(r["value"])
+            os.remove(path)
+    if args.repeat > 1:
+        from workbench.analysis.intervals import spread
+
+        print(f"\nspread of each ratio over {args.repeat} whole runs:")
+        for label, values in results.items():
+            print(f"  {label:<40} {spread(values)}")
+    return 0
 
 
 def rank_device() -> object:

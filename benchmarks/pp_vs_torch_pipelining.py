@@ -7,8 +7,8 @@ interleaved in one invocation.
 
 Both sides use the same GPT stages (workbench.pipeline.stages), the same batch cut into the same
 microbatches, and AdamW; each round runs one training step of each, alternating the order. Rank 0
-prints the median step times and the ratio ours / torch. With --bubble it then launches our 1F1B
-runs for m ∈ {2, 4, 8} and prints the measured bubble beside (p − 1)/(m + p − 1).
+prints the median step times and the ratio ours / torch (with its 95 % interval). With --bubble it
+then launches our 1F1B runs for m ∈ {2, 4, 8} and prints the measured bubble beside (p − 1)/(m + p − 1).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
 
 def bubble_table(args: argparse.Namespace, tolerance: float = 0.12) -> None:
@@ -104,18 +104,18 @@ def worker(args: argparse.Namespace) -> None:
         print("\nworkbench 1F1B vs Schedule1F1B — same stages (seed 0), same batch and microbatches", flush=True)
     # the same arithmetic per microbatch; the gradient sums the microbatches in the same order
     check_same_losses(("ours", step_ours), ("Schedule1F1B", step_ref), reduce="sum")
-    med = interleaved_medians({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
+    med = interleaved_rounds({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench 1F1B vs torch.distributed.pipelining Schedule1F1B — model {args.model}, p={world}, "
               f"m={m}, batch {args.batch}, {args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
-        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms   "
-              f"ratio ours/torch = {med['ours'] / med['torch']:.3f}")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms")
+        print("  " + report("ratio ours/torch", med.ratio("ours", "torch")))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = common_arguments(__doc__, rounds=15)
+    p = common_arguments(__doc__)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--bubble", action="store_true")

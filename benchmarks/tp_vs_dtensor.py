@@ -1,13 +1,14 @@
 """Our tensor parallelism against PyTorch's DTensor tensor parallelism, in one invocation, interleaved.
 
     python benchmarks/tp_vs_dtensor.py                      # 2 ranks, `small` model
-    python benchmarks/tp_vs_dtensor.py --ranks 4 --rounds 30
+    python benchmarks/tp_vs_dtensor.py --ranks 4 --rounds 60
 
 The same GPT, the same batch, the same t. PyTorch's side is `parallelize_module` with
 ColwiseParallel on qkv and fc, RowwiseParallel on the projections, RowwiseParallel on the embedding
 and ColwiseParallel (logits gathered) on the head — torchtitan's plan without loss_parallel. Ours is
 workbench's Megatron-style layers with the vocabulary-parallel loss. Each round runs one training step
-(forward, backward, AdamW) of each, alternating the order; rank 0 prints the medians and the ratio.
+(forward, backward, AdamW) of each, alternating the order; rank 0 prints the medians and
+the ratio with its 95 % interval.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -76,13 +77,13 @@ def worker(args: argparse.Namespace) -> None:
     # the same shards; the row-parallel sums and the loss's all-reduces add in another order: a few ulps
     check_same_losses(("ours", step_ours), ("DTensor", step_ref), rtol=1e-5)  # every tp rank holds the loss
 
-    med = interleaved_medians({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
+    med = interleaved_rounds({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, "
               f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} "
               f"(torch {torch.__version__}, gloo)")
-        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms   "
-              f"ratio ours/DTensor = {med['ours'] / med['dtensor']:.3f}")
+        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms")
+        print("  " + report("ratio ours/DTensor", med.ratio("ours", "dtensor")))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -2,10 +2,10 @@
 (`torch.distributed.fsdp.fully_shard`), same model, batch and world size, interleaved in one run.
 
     python benchmarks/zero_vs_torch.py                 # 2 ranks, `small` model
-    python benchmarks/zero_vs_torch.py --ranks 4 --rounds 30
+    python benchmarks/zero_vs_torch.py --ranks 4 --rounds 60
 
 Each round runs one training step (forward, backward, gradient synchronisation, AdamW) of each of
-the four, in alternating order; rank 0 prints the medians and the ratios ours / torch.
+the four, in alternating order; rank 0 prints the medians and the ratios ours / torch, each with its 95 % interval.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import check_same_losses, common_arguments, entry, interleaved_medians, join
+from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -86,19 +86,19 @@ def worker(args: argparse.Namespace) -> None:
     check_same_losses(("ours ZeRO-3", ours(z3_model, z3, z3_update)), ("FSDP2", torch_fsdp2))
     candidates = {"ours ZeRO-1": ours(z1_model, z1, z1_update), "ZeroRedundancyOptimizer": torch_zero1,
                   "ours ZeRO-3": ours(z3_model, z3, z3_update), "FSDP2": torch_fsdp2}
-    med = interleaved_medians(candidates, args.rounds, args.warmup)
+    med = interleaved_rounds(candidates, args.rounds, args.warmup)
     if rank == 0:
         print(f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "
               f"{args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
         for ours_name, ref in (("ours ZeRO-1", "ZeroRedundancyOptimizer"), ("ours ZeRO-3", "FSDP2")):
-            print(f"  {ours_name:<12} {med[ours_name] * 1e3:8.2f} ms   {ref:<24} {med[ref] * 1e3:8.2f} ms   "
-                  f"ratio = {med[ours_name] / med[ref]:.3f}")
+            print(f"  {ours_name:<12} {med[ours_name] * 1e3:8.2f} ms   {ref:<24} {med[ref] * 1e3:8.2f} ms")
+            print("    " + report(f"ratio {ours_name}/{ref}", med.ratio(ours_name, ref)))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = common_arguments(__doc__, rounds=15)
+    p = common_arguments(__doc__)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--bucket-mb", type=float, default=4.0)
     return p.parse_args(argv)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from workbench.predict.formulas import bubble_fraction
 from workbench.pipeline.schedule import Action, ScheduleError, build_schedule, peak_in_flight, simulate, validate
+from workbench.predict.formulas import bubble_fraction
 
 #: every schedule the engine can generate, up to p = 8 stages, m = 16 microbatches and v = 4 chunks per rank
 EVERY = [(name, p, m, v) for name in ("gpipe", "1f1b", "interleaved") for p in range(1, 9) for m in range(1, 17)

@@ -44,8 +44,8 @@ def test_recomputation_lowers_activation_memory_as_predicted(launched, single):
         r = run.summary["ranks"][0]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"]
     after_forward = _after_first_forward(full)
-    from workbench.predict import formulas
     from workbench.config import PRESETS
+    from workbench.predict import formulas
 
     cfg = PRESETS["tiny"]
     kept = cfg.layers * 4 * cfg.seq_len * 16 * cfg.hidden

@@ -18,10 +18,11 @@ from typing import Any
 from workbench.config import ConfigError, ModelConfig, RunConfig
 
 #: public name → the module that defines it (imported on first use)
-_LAZY = {"Estimate": "workbench.predict.estimator", "Hardware": "workbench.predict.estimator", "estimate": "workbench.predict.estimator",
-         "Nodes": "workbench.launcher", "RunFailed": "workbench.launcher", "launch": "workbench.launcher",
-         "Cluster": "workbench.predict.planner", "plan": "workbench.predict.planner", "Run": "workbench.run", "load": "workbench.run",
-         "compare": "workbench.predict.comparison", "calibrate": "workbench.predict.calibration"}
+_LAZY = {"Estimate": "workbench.predict.estimator", "Hardware": "workbench.predict.estimator",
+         "estimate": "workbench.predict.estimator", "Nodes": "workbench.launcher", "RunFailed": "workbench.launcher",
+         "launch": "workbench.launcher", "Cluster": "workbench.predict.planner", "plan": "workbench.predict.planner",
+         "Run": "workbench.run", "load": "workbench.run", "compare": "workbench.predict.comparison",
+         "calibrate": "workbench.predict.calibration"}
 
 
 def __getattr__(name: str) -> Any:

@@ -83,7 +83,8 @@ def _step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[in
             continue  # an interrupted step
         durations: dict[tuple[int, str], list[float]] = {}
         for e in (e for r in replica for e in spans[r]):
-            durations.setdefault((e["args"].get("stage", 0), "F" if e["cat"] == "forward" else "B"), []).append(e["dur"])
+            kind = "F" if e["cat"] == "forward" else "B"
+            durations.setdefault((e["args"].get("stage", 0), kind), []).append(e["dur"])
         first = min(entered[r][step][0]["ts"] for r in replica)
         out[step] = {"spans": spans, "cost": {k: statistics.mean(v) for k, v in durations.items()},
                      "gap": {r: _mean_gap(spans[r], waits[r].get(step, [])) for r in replica},
@@ -95,7 +96,7 @@ def _mean_gap(spans: list[dict[str, Any]], waits: list[dict[str, Any]]) -> float
     """The mean time from the end of a compute action to the start of the rank's next one, less the time
     it waited in between (for a peer: the simulator decides those waits)."""
     gaps = []
-    for e, nxt in zip(spans, spans[1:]):
+    for e, nxt in zip(spans, spans[1:], strict=False):
         end = e["ts"] + e["dur"]
         waited = sum(max(0.0, min(w["ts"] + w["dur"], nxt["ts"]) - max(w["ts"], end)) for w in waits)
         gaps.append(max(0.0, nxt["ts"] - end - waited))
@@ -134,7 +135,7 @@ def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "g
             levels = _levels(sched, inputs, transfer_us.get(step, 0.0), rule)
             measured = idle_fraction([[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica])
             chain = [formula, *levels, measured]
-            terms = dict(zip(TERMS, [formula] + [b - a for a, b in zip(chain, chain[1:])], strict=True))
+            terms = dict(zip(TERMS, [formula] + [b - a for a, b in zip(chain, chain[1:], strict=False)], strict=True))
             per_step.setdefault(step, []).append({"measured": measured, "simulated": levels[1], **terms})
     return {step: {k: statistics.mean(v[k] for v in values) for k in values[0]}
             for step, values in sorted(per_step.items()) if len(values) == len(replicas)}

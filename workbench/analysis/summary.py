@@ -22,9 +22,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workbench.predict import formulas
 from workbench.analysis.bubble import bubble
 from workbench.comm.bandwidth import bytes_sent
+from workbench.predict import formulas
 from workbench.trace.recorder import LANES
 
 COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}

@@ -39,11 +39,11 @@ from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.data_parallel import plan_buckets
 from workbench.parallel.flat import flatten_params, grads_as_views, pack_grads
+from workbench.parallel.grad_sync import SyncToggle
 
 #: buckets (ZeRO-3: units) whose full-size gradient copy may be in flight at once; the memory formula
 #: (predict/formulas/memory.py, ZERO_IN_FLIGHT) counts the same number, a test holds them equal
 MAX_IN_FLIGHT = 2
-from workbench.parallel.grad_sync import SyncToggle
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """Strategies side by side: `compare(configs) -> Comparison`.
 
 Each RunConfig is launched in turn (a progress bar per run), checked against a single-process run of
-the same model, seed and batch (one per distinct model among them), and summarised in one row of `Comparison.table`: strategy, world size,
-median step time, tokens/s, achieved FLOP/s and utilisation against the machine's measured peak, peak
+the same model, seed and batch (one per distinct model among them), and summarised in one row of
+`Comparison.table`: strategy, world size, median step time, tokens/s, achieved FLOP/s and utilisation against the machine's measured peak, peak
 memory per category, bytes moved per step, bubble fraction, loss difference from the baseline — and
 the estimate (workbench.predict.estimator) beside each measurement with its error.
 
-    cmp = workbench.predict.comparison([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, model="tiny", steps=4)])
+    cmp = workbench.compare([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, steps=4)])
     cmp.table; cmp.bars(); cmp.timelines(); cmp.memory(); cmp.report("traces/compare")
 """
 
@@ -20,10 +20,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.predict import formulas
 from workbench.config import RunConfig
-from workbench.predict.estimator import Hardware, estimate, with_emulated_links
 from workbench.launcher import launch
+from workbench.predict import formulas
+from workbench.predict.estimator import Hardware, estimate, with_emulated_links
 from workbench.run import Run
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
 

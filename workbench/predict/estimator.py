@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench.predict import formulas
 from workbench.comm.bandwidth import bus_factor
 from workbench.config import ConfigError, ModelConfig, RunConfig
 from workbench.model_config import check_tensor_parallel
+from workbench.predict import formulas
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
-from workbench.predict.estimator import Estimate, Hardware, estimate
 from workbench.model_config import tp_indivisible
+from workbench.predict.estimator import Estimate, Hardware, estimate
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from workbench.predict import formulas
 from workbench.pipeline.schedule import build_schedule, simulate
+from workbench.predict import formulas
 from workbench.run import Run
 
 PALETTE = qualitative.Plotly + qualitative.D3

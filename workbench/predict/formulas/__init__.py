@@ -39,7 +39,13 @@ from workbench.predict.formulas.memory import (
     params_per_rank,
     stage_params,
 )
-from workbench.predict.formulas.run import predicted_bytes, predicted_comm_bytes, predicted_host_bytes, run_model, run_schedule
+from workbench.predict.formulas.run import (
+    predicted_bytes,
+    predicted_comm_bytes,
+    predicted_host_bytes,
+    run_model,
+    run_schedule,
+)
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",

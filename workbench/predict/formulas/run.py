@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import ModelConfig
+from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
-from workbench.pipeline.schedule import Schedule, build_schedule
 
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
