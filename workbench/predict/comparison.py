@@ -4,7 +4,8 @@ Each RunConfig is launched in turn (a progress bar per run), checked against a s
 the same model, seed and batch (one per distinct model among them), and summarised in one row of
 `Comparison.table`: strategy, world size, median step time, tokens/s, achieved FLOP/s and utilisation
 against the machine's measured peak, peak memory per category, bytes moved per step, bubble fraction,
-loss difference from the baseline — and the estimate (workbench.predict.estimator) beside each measurement with its error.
+loss difference from the baseline — and the estimate (workbench.predict.estimator)
+beside each measurement with its error.
 
     cmp = workbench.compare([RunConfig(dp=2, model="tiny", steps=4), RunConfig(dp=2, zero=3, steps=4)])
     cmp.table; cmp.bars(); cmp.timelines(); cmp.memory(); cmp.report("traces/compare")
