@@ -85,7 +85,7 @@ def test_the_estimator_knows_how_gradients_travel():
     s = plain / 1.5  # the all-reduce's S: plain = 2(n−1)/n · S with n = 4
     assert hier.dp_link_bytes == pytest.approx({"intra": s, "inter": s / 2})  # K = 2 ranks, m = 2 machines
     slow = with_emulated_links(A100_80GB, base.replace(emulate_link="inter=0.001,100"))
-    assert slow.inter_node_bw < 1e6 and slow.latency_s > 1e-4 and slow.devices_per_node == 2
+    assert slow.inter_node_bw < 1e6 and slow.extra_latency_s == pytest.approx(1e-4) and slow.devices_per_node == 2
     t_flat = estimate(base.replace(allreduce="ring", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
     t_hier = estimate(base.replace(allreduce="hierarchical", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
     assert t_flat > 1.5 * t_hier

@@ -1,131 +1,106 @@
-"""Measure this machine's compute and communication rates, so that estimates of local runs can be
-checked against their measurements.
+"""Measure this machine's terms of the step-time model, so that estimates of local runs can be held
+against their measurements.
 
-    hw = calibrate(model="tiny")     # a Hardware whose figures were measured here
+    hw = calibrate(model="tiny", out="traces/cal")    # a Hardware measured here; traces/cal/calibration.json
+    hw = load_calibration("traces/cal")               # the same, read back
 
-Each figure is measured on the backend and device the runs will use (`backend`: 'gloo' → the CPU,
+Every figure is measured on the backend and device the runs will use (`backend`: 'gloo' → the CPU,
 'nccl' → one GPU per rank; 'auto' resolves as a launch does, launcher.choose_backend):
 
-- peak_flops: an fp32 matrix multiply of the model's shapes on the device (single-threaded on a CPU: what
-  one rank gets);
-- bandwidth: an all-reduce between two processes at two sizes, fitted to t = α + S·2(n−1)/n / β;
-- latency_s: what one small collective costs inside a real two-rank run of the model (the median of
-  its 4-byte loss all-reduce) — larger than the bare α, and what the steps actually pay;
-- step_overhead_s: a one-process run of the model: its measured step time minus its FLOPs at that rate
-  (Python, kernel launches and the optimizer: what a FLOP count does not see);
-- cores: the CPU count (ranks beyond it share cores).
+- compute (predict/compute_calibration.py): the matmul and attention FLOP rates, the element-wise
+  bandwidth, a block's fixed cost forward and backward, the embeddings' and the head's, the optimizer's
+  cost per value and per tensor — from the model's own modules, single-threaded on a CPU, with the
+  engine's activation counting on;
+- communication (predict/comm_calibration.py): α and β from a two-rank all-reduce at two sizes;
+- from short real runs (predict/run_calibration.py), with n = 2, 4, 8 ranks (`worlds`): what a
+  collective and a pipeline transfer cost inside a run, the stretch of compute on shared cores, the
+  step's fixed cost, and a pipeline action's own cost;
+- step_overhead_s: a real one-process run of the model, less what the model predicts for it (zero_grad,
+  recording, the launcher's threads: what no other term holds);
+- cores: the CPU count.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import statistics
 import tempfile
-import time
+from dataclasses import asdict, replace
 
 from workbench.config import PRESETS, ModelConfig, RunConfig
 from workbench.predict.estimator import Hardware
 
-
-def _matmul_flops(cfg: ModelConfig, rows: int, device: str = "cpu") -> float:
-    import torch
-
-    torch.set_num_threads(1)
-    a = torch.randn(rows, cfg.hidden, device=device)
-    b = torch.randn(cfg.hidden, 4 * cfg.hidden, device=device)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(10):
-        sync()
-        t = time.perf_counter()
-        a @ b
-        sync()
-        times.append(time.perf_counter() - t)
-    return 2 * rows * cfg.hidden * 4 * cfg.hidden / statistics.median(times)
+FILE = "calibration.json"
 
 
-def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str = "gloo") -> None:
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    device = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
-    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    results = {}
-    for numel in (256, 1 << 20):
-        buf = torch.ones(numel, device=device)
-        ts = []
-        for _ in range(12):
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(buf)
-            if device != "cpu":
-                torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t)
-        results[numel * 4] = statistics.median(ts[2:])
-    if rank == 0:
-        with open(out, "w") as f:
-            f.write(repr(results))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
-    import ast
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "result")
-        mp.start_processes(_allreduce_worker, args=(2, os.path.join(d, "store"), out, backend), nprocs=2,
-                           start_method="spawn")
-        with open(out) as f:
-            r = ast.literal_eval(f.read())
-    (s0, t0), (s1, t1) = sorted(r.items())
-    beta = (s1 - s0) / max(t1 - t0, 1e-9)  # 2(n−1)/n = 1 for two ranks
-    alpha = max(t0 - s0 / beta, 1e-6)
-    return alpha, beta
-
-
-def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: int = 6,
-              backend: str = "auto") -> Hardware:
-    """This machine's figures on `backend` ('auto': what a two-rank launch would run on here)."""
-    import workbench as wb
+def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: int = 6, backend: str = "auto",
+              worlds: tuple[int, ...] = (2, 4, 8), out: str | None = None) -> Hardware:
+    """This machine's figures on `backend` ('auto': what a two-rank launch would run on here); with `out`,
+    also written to out/calibration.json."""
     from workbench.launcher import choose_backend
+    from workbench.predict.comm_calibration import allreduce_fit
+    from workbench.predict.compute_calibration import measure_compute
+    from workbench.predict.run_calibration import calibrate_in_runs
 
     backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
-    flops = _matmul_flops(cfg, global_batch * cfg.seq_len, device)
-    alpha, beta = _allreduce_fit(backend)
-    with tempfile.TemporaryDirectory() as d:
-        run = wb.launch(RunConfig(model=model, steps=steps, global_batch=global_batch, backend=backend),
-                        out=os.path.join(d, "cal"), progress=False)
-        from workbench.predict import formulas
-
-        measured = float(run.metrics.step_time_s.iloc[1:].median())
-        compute = formulas.training_flops_per_token(cfg.param_count(), cfg) * global_batch * cfg.seq_len / flops
-        # a collective's cost inside a real two-rank run (scheduling, the traced layer, the peer's skew):
-        # the blocking 4-byte loss all-reduce of a dp=2 run
-        pair = wb.launch(RunConfig(model=model, dp=2, steps=steps, global_batch=global_batch, backend=backend),
-                         out=os.path.join(d, "pair"), progress=False)
-        ev = pair.events
-        small = ev[(ev.label == "loss") & (ev.step > 0) & (ev.cat == "collective")]
-        alpha = max(alpha, float(small.dur_us.median()) / 1e6) if len(small) else alpha
+    sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= global_batch)
+    compute = measure_compute(cfg, sizes, device)
+    compute.pop("device")
+    alpha, beta = allreduce_fit(backend)
+    worlds = tuple(n for n in worlds if n >= 2 and n % 2 == 0 and (device == "cpu" or n <= _gpus()))
     cores = os.cpu_count() or 1
-    return Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=flops,
-                    memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
-                    intra_node_bw=beta, inter_node_bw=beta, latency_s=alpha,
-                    devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
-                    step_overhead_s=max(measured - compute, 0.0), cores=cores if device == "cpu" else None)
+    base = {"model": model if isinstance(model, str) else _as_dict(model), "global_batch": global_batch,
+            "steps": steps, "backend": backend}
+    hw = Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=compute["matmul_flops"],
+                  memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
+                  intra_node_bw=beta, inter_node_bw=beta, latency_s=alpha,
+                  devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
+                  cores=cores if device == "cpu" else None, **compute)
+    with tempfile.TemporaryDirectory() as d:
+        hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw))
+        hw = calibrate_in_runs(cfg, hw, worlds, base, os.path.join(out, "runs") if out else d)
+    if out is not None:
+        save_calibration(hw, out)
+    return hw
+
+
+def _as_dict(model: ModelConfig) -> dict:
+    from dataclasses import asdict as fields
+
+    return fields(model)
+
+
+def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware) -> float:
+    """A one-process run's median step (after the first) less the model's prediction of it."""
+    import workbench as wb
+    from workbench.predict.action_costs import Layout
+    from workbench.predict.step_time import predict_step
+
+    run = wb.launch(RunConfig.from_dict(base), out=os.path.join(out, "one_process"), progress=False, force=True)
+    measured = float(run.metrics.step_time_s.iloc[1:].median())
+    return max(measured - predict_step(Layout(cfg, micro=base["global_batch"]), hw).total_s, 0.0)
+
+
+def save_calibration(hw: Hardware, out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, FILE)
+    with open(path, "w") as f:
+        json.dump(asdict(hw), f, indent=1)
+    return path
+
+
+def load_calibration(path: str) -> Hardware:
+    """A Hardware from calibration.json (or a directory holding one)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, FILE)
+    with open(path) as f:
+        d = json.load(f)
+    d["contention"] = tuple(tuple(row) for row in d.get("contention", ()))
+    if d.get("stage_ends") is not None:
+        d["stage_ends"] = tuple(d["stage_ends"])
+    return Hardware(**d)
 
 
 def _gpus() -> int:

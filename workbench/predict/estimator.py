@@ -6,13 +6,12 @@ the formulas of docs/formulas.md and a description of the hardware.
     estimate(model=GPT3_175B, dp=8, tp=8, pp=12, precision="mixed", global_batch=1536,
              microbatches=192, recompute="selective", hardware=A100_80GB)
 
-Step time = compute / (1 − bubble) + the communication that is not hidden:
-- compute: training FLOPs (6Ψ + 12·L·h·s per token; × 4/3 with full recomputation, which runs the
-  forward twice) over the world, at the hardware's peak × its achievable fraction (`efficiency`);
-- tensor-parallel collectives (on the critical path): their bytes at the intra-node bandwidth plus a
-  latency per collective; pipeline sends likewise at the inter-node bandwidth;
-- the data-parallel gradient all-reduce (2Ψ values, 3Ψ for ZeRO-3), at the bandwidth of the links its
-  group spans, counted whole (a pessimistic bound: bucketing hides part of it).
+Step time (predict/step_time.py): each forward and backward of a micro-batch costed from the
+hardware's matmul, attention and element-wise rates, a fixed cost per layer and per stage end, and its
+tensor-parallel collectives (α + bytes/β each); the pipeline schedule simulated with those costs; the
+data-parallel buckets overlapped with the last backward; the optimizer and a step's fixed cost.
+`step_terms` says what each adds, `dominant_term` which is largest. On GPUs from the presets'
+rates (peak × `efficiency`) and links; on this machine from calibrate()'s measurements.
 
 No torch here: the planner calls it thousands of times.
 """
@@ -42,10 +41,32 @@ class Hardware:
     step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
     cores: int | None = None  # CPUs: ranks beyond the core count share them
     host_link_bw: float = 25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
+    # the step-time model's terms (predict/action_costs.py); calibrate() measures them on this machine
+    matmul_flops: float | None = None  # achieved by a Linear's matmul; None: peak_flops × efficiency
+    attention_flops: float | None = None  # the attention core's batched matmuls; None: as matmul_flops
+    memory_bw: float = 2.0e12  # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
+    backward_ratio: float = 2.0  # a layer's backward time over its forward (two matmuls per forward one)
+    layer_fwd_s: float = 0.0  # fixed cost of a block's forward per micro-batch (Python, kernel launches)
+    layer_bwd_s: float = 0.0
+    #: embeddings and head+loss per micro-batch: (first fwd fixed, per sample, first bwd fixed, per sample,
+    #: last fwd fixed, per sample, last bwd fixed, per sample); None: the head's FLOPs at matmul_flops
+    stage_ends: tuple[float, ...] | None = None
+    optimizer_s_per_value: float | None = None  # None: 32 bytes per value at memory_bw
+    optimizer_s_per_tensor: float = 0.0
+    p2p_latency_s: float | None = None  # None: latency_s
+    action_fwd_s: float = 0.0  # a pipeline action's own fixed cost beyond its layers (the executor's)
+    action_bwd_s: float = 0.0
+    post_gap_s: float = 0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
+    launch_s: float = 0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
+    #: measured with n ranks running: (n, compute stretch, α of a pair's collective, α of one over all n, p2p
+    #: α, the step's fixed cost); () → the stretch from `cores`, α = latency_s (predict/run_calibration.py)
+    contention: tuple[tuple[float, ...], ...] = ()
+    extra_latency_s: float = 0.0  # emulated links: latency every operation pays on top
 
 
 A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8)
-H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9)  # PCIe 5.0
+H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9,  # PCIe 5.0
+                     memory_bw=3.35e12)
 
 #: GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, sequence 2048.
 GPT3_175B = ModelConfig(vocab_size=51200, seq_len=2048, hidden=12288, heads=96, layers=96)
@@ -83,6 +104,13 @@ class Estimate:
     offload: bool = False
     host_bytes: dict[str, float] = field(default_factory=dict)
     host_link_bytes_per_step: float = 0.0  # offload: the gradient slice out and the parameter slice back
+    #: seconds each term of the step-time model adds (predict/step_time.py: compute, overhead, tp, zero3,
+    #: pipeline, dp, optimizer, step, offload)
+    step_terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dominant_term(self) -> str | None:
+        return max(self.step_terms, key=lambda k: self.step_terms[k]) if self.step_terms else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,7 +118,8 @@ class Estimate:
 
 def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
     """The hardware as a run with --emulate-link sees it: each emulated link's time adds to the real one
-    (1/bw' = 1/bw + 1/bw_link; latency' = latency + the slowest link's), machines of ranks_per_node ranks."""
+    (1/bw' = 1/bw + 1/bw_link; every operation pays the slowest link's latency on top), machines of
+    ranks_per_node ranks."""
     if config.emulate_link is None:
         return hw
     from dataclasses import replace
@@ -105,7 +134,7 @@ def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
     slowest = max((link.latency_us for link in links.values()), default=0.0)
     return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}",
                    intra_node_bw=bw(hw.intra_node_bw, "intra"), inter_node_bw=bw(hw.inter_node_bw, "inter"),
-                   latency_s=hw.latency_s + slowest * 1e-6,
+                   extra_latency_s=hw.extra_latency_s + slowest * 1e-6,
                    devices_per_node=config.ranks_per_node or hw.devices_per_node)
 
 
@@ -180,20 +209,23 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
              backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
-             offload: bool = False) -> Estimate:
+             offload: bool = False, schedule: str = "1f1b", rule: str | None = None) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
     unless its grad_reduce_dtype says 16 bits). `traffic`: how gradients travel (compression, 1-bit Adam,
     hierarchical all-reduce, machines' size). `offload`: ZeRO-Offload — the optimizer states leave the
     device for the host (`host_bytes`), and each step copies the gradient slice out and the parameters'
-    back over the host link (the CPU's update time itself is not modelled)."""
+    back over the host link (the CPU's update time itself is not modelled). `schedule` and `rule` (the
+    pipeline simulator's: 'gloo' or 'nccl'; None: gloo on a CPU hardware, else nccl) shape the pipeline's
+    step time."""
     if config is not None:
         model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
         precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
         virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
         bucket_mb, prefetch, traffic = config.bucket_mb, config.prefetch, Traffic.of(config)
         grad_bytes, offload = 4 if config.grad_reduce_dtype == "fp32" else 2, config.offload_optimizer
+        schedule, rule = config.schedule, {"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule)
     params = _checked(params, model, precision, dp, tp, pp, zero)
     if offload and zero == 0:
         raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
@@ -207,7 +239,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
-        return _timed(out, hardware, None)
+        return _timed(out, hardware, None, {})
     micro = global_batch // dp // microbatches
     act = _activations(model, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
                        activations)
@@ -228,7 +260,10 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     if pp > 1:
         seq = model.seq_len // (tp if sequence_parallel else 1)
         out.comm_bytes_per_step["pp"] = 2 * microbatches * micro * seq * model.hidden * w
-    return _timed(out, hardware, model)
+    width_act = 4 if precision == "fp32" else 2
+    return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
+                                         "recompute": recompute, "schedule": schedule, "width": width_act,
+                                         "grad_bytes": g, "bucket_mb": bucket_mb, "rule": rule})
 
 
 def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,
@@ -243,23 +278,9 @@ def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, micro
         formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
 
 
-def collectives_per_step(e: Estimate, model: ModelConfig) -> dict[str, int]:
-    """How many collectives a step issues per group — each pays the latency, whatever its size.
-    Data parallel: one gradient all-reduce (at least; more buckets overlap), or ZeRO's reduce-scatter
-    and all-gather per bucket, or ZeRO-3's three per layer; plus the loss. Tensor parallel: four per
-    block and microbatch, two for the embedding and head, three for the loss, one for the norm."""
-    layers = model.layers // e.pp
-    if e.zero == 3:
-        dp = 3 * (layers + 4) + 2
-    elif e.zero:
-        dp = 2 + 2
-    else:
-        dp = 1 + 1 if e.dp > 1 else 0
-    tp = e.microbatches * (4 * layers + 2 + 3) + 1 if e.tp > 1 else 0
-    return {"dp": dp, "tp": tp}
-
-
-def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Estimate:
+def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout: dict[str, Any]) -> Estimate:
+    """Step time from predict/step_time.py: per-action costs, the schedule simulated, the buckets'
+    overlap, the optimizer and the fixed costs; ZeRO-Offload's host copies added."""
     if hw is None:
         return out
     out.hardware = hw.name
@@ -267,19 +288,18 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None) -> Est
         out.fits = out.memory_bytes_per_rank <= hw.usable_memory * hw.memory_bytes
     if out.flops_per_step is None or model is None:
         return out
-    world = out.dp * out.tp * out.pp
-    share = max(1.0, world / hw.cores) if hw.cores else 1.0  # oversubscribed CPU cores
-    compute = out.flops_per_step / world / (hw.peak_flops * hw.efficiency) * share
+    from workbench.predict.action_costs import Layout
+    from workbench.predict.step_time import predict_step
+
+    rule = layout.pop("rule", None) or ("gloo" if hw.cores else "nccl")
     intra = out.tp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
-    m = out.microbatches
-    tp_s = out.comm_bytes_per_step.get("tp", 0.0) / hw.intra_node_bw + \
-        collectives_per_step(out, model)["tp"] * hw.latency_s
     links = out.dp_link_bytes or {"intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)}
-    dp_s = collectives_per_step(out, model)["dp"] * hw.latency_s + \
-        links.get("intra", 0.0) / hw.intra_node_bw + links.get("inter", 0.0) / hw.inter_node_bw
-    pp_s = out.comm_bytes_per_step.get("pp", 0.0) / hw.inter_node_bw + 2 * m * hw.latency_s * (out.pp > 1)
+    layout["dp_link_bytes"] = tuple(links.items())
+    step = predict_step(Layout(model=model, dp=out.dp, tp=out.tp, pp=out.pp, m=out.microbatches,
+                               zero=out.zero, rule=rule, ranks_per_node=out.ranks_per_node, **layout), hw)
     host_s = out.host_link_bytes_per_step / hw.host_link_bw
-    out.compute_s = compute
-    out.comm_s = tp_s + dp_s + pp_s + host_s
-    out.step_time_s = compute / (1 - out.bubble_fraction) + out.comm_s + hw.step_overhead_s * share
+    out.step_terms = {**step.terms, "offload": host_s}
+    out.compute_s = step.terms["compute"] + step.terms["overhead"]
+    out.comm_s = step.terms["tp"] + step.terms["zero3"] + step.terms["dp"] + host_s
+    out.step_time_s = step.total_s + host_s
     return out

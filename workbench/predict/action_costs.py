@@ -1,0 +1,188 @@
+"""What one rank's forward and backward of one micro-batch cost: the terms the step-time model
+(predict/step_time.py) puts together.
+
+A micro-batch's forward on one stage (backward: × the measured backward ratio, plus the forward again
+under full recomputation):
+
+    per layer   layer_fwd_s (fixed: Python, launches)  + matmul FLOPs / matmul_flops
+                + attention FLOPs / attention_flops     + element-wise bytes / memory_bw
+                + its tensor-parallel collectives: α(ranks) each + bytes · bus factor / β
+    per stage   the embeddings on the first, the head and loss on the last (fixed + per sample)
+
+On a CPU with more ranks than cores every compute term is stretched by the measured share of a core
+(`Hardware.contention`), and α is a collective's cost measured with that many ranks running. On GPUs
+the stretch is 1 and α, β are the links'. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the step-time model needs of a run."""
+
+    model: ModelConfig
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    v: int = 1
+    m: int = 1
+    micro: int = 1  # sequences per micro-batch
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    width: int = 4  # bytes per activation value
+    grad_bytes: int = 4
+    bucket_mb: float = 25.0
+    rule: str = "gloo"  # the simulator's rule for pipeline transfers
+    ranks_per_node: int = 0
+    #: the step's data-parallel bytes each rank sends per link class (("intra", b), ("inter", b)): compression,
+    #: 1-bit Adam and the hierarchical all-reduce included (estimator.Traffic); () → the ring's
+    dp_link_bytes: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+def layer_matmul_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
+    """One block's forward matmuls for `micro` sequences on one tp rank: qkv, proj, fc, proj."""
+    return 2 * micro * cfg.seq_len * (4 + 2 * cfg.mlp_ratio) * cfg.hidden ** 2 / tp
+
+
+def attention_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
+    """q·kᵀ and probs·v: 2 · 2·b·s²·h / t (causal masking still computes every score in eager mode)."""
+    return 4 * micro * cfg.seq_len ** 2 * cfg.hidden / tp
+
+
+def head_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
+    return 2 * micro * cfg.seq_len * cfg.hidden * cfg.vocab_size / tp
+
+
+def elementwise_bytes(cfg: ModelConfig, micro: int, tp: int, sequence_parallel: bool, width: int) -> float:
+    """What one block's forward reads and writes outside its matmuls: two layer norms and two residual
+    adds on b·s·h (10 passes: replicated over tp unless sequence-parallel), GELU and the four biases on
+    the sharded widths (3r + 5 passes of b·s·h/t), and scale, mask and softmax on the a/t heads' s×s
+    scores (6 passes)."""
+    s, h, r = cfg.seq_len, cfg.hidden, cfg.mlp_ratio
+    replicated = 10 * s * h / (tp if sequence_parallel else 1)
+    sharded = ((3 * r + 5) * s * h + 6 * cfg.heads * s * s) / tp
+    return micro * (replicated + sharded) * width
+
+
+def _interp(table: tuple[tuple[float, ...], ...], world: int, col: int) -> float:
+    """Linear in the number of ranks between measured rows (clamped at the ends)."""
+    rows = sorted(table)
+    if world <= rows[0][0]:
+        return rows[0][col]
+    for a, b in zip(rows, rows[1:], strict=False):
+        if world <= b[0]:
+            return a[col] + (b[col] - a[col]) * (world - a[0]) / (b[0] - a[0])
+    return rows[-1][col] if len(rows) == 1 else \
+        rows[-1][col] + (rows[-1][col] - rows[-2][col]) * (world - rows[-1][0]) / (rows[-1][0] - rows[-2][0])
+
+
+def contention(hw: Any, world: int) -> tuple[float, float, float, float, float]:
+    """(compute stretch, α of a pair's collective, α of one over all `world` ranks, p2p α, the step's fixed
+    cost) with `world` ranks running on this hardware."""
+    if hw.contention and world > 1:
+        step = _interp(hw.contention, world, 5) if len(hw.contention[0]) > 5 else hw.step_overhead_s
+        return (max(1.0, _interp(hw.contention, world, 1)), _interp(hw.contention, world, 2),
+                _interp(hw.contention, world, 3), _interp(hw.contention, world, 4), max(step, 0.0))
+    share = max(1.0, world / hw.cores) if hw.cores else 1.0
+    p2p = hw.p2p_latency_s if hw.p2p_latency_s is not None else hw.latency_s
+    return share, hw.latency_s, hw.latency_s, p2p, share * hw.step_overhead_s
+
+
+@dataclass
+class _Ctx:
+    """The figures every cost below shares: rates, the stretch of a shared core, α's, bandwidths."""
+
+    mm: float
+    at: float
+    bw_mem: float
+    stretch: float
+    alpha_pair: float
+    alpha_world: float
+    world: int
+    alpha_p2p: float
+    beta_tp: float
+    beta_dp: float
+    beta_pp: float
+    extra_latency: float = 0.0  # emulated links' latency, paid by every operation
+    beta_intra: float = 0.0
+    beta_inter: float = 0.0
+    step_s: float = 0.0  # the step's fixed cost with this many ranks
+
+    def alpha(self, n: int) -> float:
+        """A collective over n ranks: the pair's cost, growing linearly to the whole world's."""
+        if n <= 2 or self.world <= 2:
+            return self.alpha_pair + self.extra_latency
+        return self.alpha_pair + (self.alpha_world - self.alpha_pair) * (n - 2) / (self.world - 2) + self.extra_latency
+
+
+def _ctx(L: Layout, hw: Any) -> _Ctx:
+    stretch, pair, whole, p2p, step = contention(hw, L.world)
+    mm = hw.matmul_flops or hw.peak_flops * hw.efficiency
+    per_node = L.ranks_per_node or hw.devices_per_node
+    dp_inside = L.tp * L.dp <= per_node
+    pp_inside = L.world <= per_node
+    return _Ctx(mm, hw.attention_flops or mm, hw.memory_bw, stretch, pair, whole, L.world,
+                p2p + hw.extra_latency_s, hw.intra_node_bw, hw.intra_node_bw if dp_inside else hw.inter_node_bw,
+                hw.intra_node_bw if pp_inside else hw.inter_node_bw, hw.extra_latency_s, hw.intra_node_bw,
+                hw.inter_node_bw, step)
+
+
+def _collective(c: _Ctx, n: int, nbytes: float, factor: float, beta: float) -> float:
+    """One collective over n ranks moving `nbytes` · factor per rank (the bus factor)."""
+    return c.alpha(n) + c.stretch * nbytes * factor / beta
+
+
+def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
+    """One block, one micro-batch, one rank: (forward, backward) seconds of compute, fixed cost and tp
+    collectives."""
+    cfg, b, t = L.model, L.micro, L.tp
+    attn = attention_flops(cfg, b, t) / c.at
+    work = layer_matmul_flops(cfg, b, t) / c.mm + attn + \
+        elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width) / c.bw_mem
+    fwd, bwd = work, hw.backward_ratio * work
+    fixed_f, fixed_b = hw.layer_fwd_s, hw.layer_bwd_s
+    comm_f = comm_b = 0.0
+    if t > 1:
+        full = b * cfg.seq_len * cfg.hidden * L.width
+        if L.sequence_parallel:  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
+            comm_f = 4 * _collective(c, t, full, (t - 1) / t, c.beta_tp)
+            comm_b = 6 * _collective(c, t, full, (t - 1) / t, c.beta_tp)
+        else:  # g after attn.proj and mlp.proj; f before qkv and fc in backward
+            comm_f = comm_b = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp)
+    if L.recompute == "full":
+        bwd, fixed_b, comm_b = bwd + fwd, fixed_b + fixed_f, comm_b + comm_f
+    elif L.recompute == "selective":
+        bwd += attn
+    return {"compute": (c.stretch * fwd, c.stretch * bwd), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
+            "tp": (comm_f, comm_b)}
+
+
+def _ends(L: Layout, hw: Any, c: _Ctx, first: bool, last: bool) -> dict[str, tuple[float, float]]:
+    """The embeddings (first stage) and the head with its loss (last stage), one micro-batch."""
+    cfg, b, t = L.model, L.micro, L.tp
+    e = hw.stage_ends or (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    fixed_f = (e[0] if first else 0.0) + (e[4] if last else 0.0)
+    fixed_b = (e[2] if first else 0.0) + (e[6] if last else 0.0)
+    head = head_flops(cfg, b, t) / c.mm
+    per_f = (b * e[1] if first else 0.0) + ((b * e[5] / t if hw.stage_ends else head) if last else 0.0)
+    per_b = (b * e[3] if first else 0.0) + ((b * e[7] / t if hw.stage_ends else 2 * head) if last else 0.0)
+    comm_f = comm_b = 0.0
+    if t > 1:
+        full = b * cfg.seq_len * cfg.hidden * L.width
+        embedding = _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) if first else 0.0
+        comm_f = embedding + (3 * c.alpha(t) if last else 0.0)  # the vocabulary-parallel loss's three
+        comm_b = _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) if last else 0.0
+    return {"compute": (c.stretch * per_f, c.stretch * per_b), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
+            "tp": (comm_f, comm_b)}

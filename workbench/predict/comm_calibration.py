@@ -1,0 +1,72 @@
+"""Bandwidth and bare latency of the run's backend, from a two-rank all-reduce at two sizes:
+
+    allreduce_fit(backend="gloo") -> (α, β)      t = α + S · 2(n−1)/n / β, n = 2
+
+What a collective costs inside a busy run (skew, waking, shared cores) is measured from real runs
+instead (predict/run_calibration.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import statistics
+import tempfile
+import time
+
+
+def _init(rank: int, world: int, store_path: str, backend: str) -> str:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    return device
+
+
+def _spawn(fn, world: int, *args) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "result")
+        mp.start_processes(fn, args=(world, os.path.join(d, "store"), out, *args), nprocs=world, start_method="spawn")
+        with open(out) as f:
+            return ast.literal_eval(f.read())
+
+
+def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    device = _init(rank, world, store_path, backend)
+    results = {}
+    for numel in (256, 1 << 20):
+        buf = torch.ones(numel, device=device)
+        ts = []
+        for _ in range(12):
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_reduce(buf)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+        results[numel * 4] = statistics.median(ts[2:])
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(repr(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
+    """α and β from a two-rank all-reduce at 1 KB and 4 MB: t = α + S·2(n−1)/n / β (the factor is 1)."""
+    (s0, t0), (s1, t1) = sorted(_spawn(_allreduce_worker, 2, backend).items())
+    beta = (s1 - s0) / max(t1 - t0, 1e-9)
+    return max(t0 - s0 / beta, 1e-6), beta
