@@ -104,7 +104,7 @@ all-gathers inside again. The estimate beside each uses this machine's calibrate
 emulated links added (`with_emulated_links`).
 """),
 code("""
-hw = wb.calibrate("tiny")
+hw = wb.calibrate("tiny", worlds=(2, 4), repeats=1, out=os.path.join("..", "traces", "calibration"), reuse=True)
 LINKS = "inter=0.001,50;intra=2,5"
 two_by_two = dict(dp=4, ranks_per_node=2, bucket_mb=0.03, emulate_link=LINKS)
 rows = {}

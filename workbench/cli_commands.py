@@ -104,7 +104,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if not a.no_calibrate:
         from workbench.predict.calibration import calibrate
 
-        hw = calibrate(configs[0].model, backend=configs[0].backend)  # the runs' own backend and device
+        worlds = tuple(sorted({max(2, c.world_size + c.world_size % 2) for c in configs}))
+        # the runs' own model, batch, backend and device; written to OUT/calibration.json
+        hw = calibrate(configs[0].model, global_batch=configs[0].global_batch, backend=configs[0].backend,
+                       worlds=worlds, out=a.out)
     try:
         result = compare(configs, a.out, hardware=hw, force=a.force)
     except FileExistsError as e:

@@ -119,6 +119,7 @@ class _Ctx:
     beta_intra: float = 0.0
     beta_inter: float = 0.0
     step_s: float = 0.0  # the step's fixed cost with this many ranks
+    kappa: float = 0.0  # a blocking collective's wait per second of work since the previous one (jitter)
 
     def alpha(self, n: int) -> float:
         """A collective over n ranks: the pair's cost, growing linearly to the whole world's."""
@@ -136,7 +137,7 @@ def _ctx(L: Layout, hw: Any) -> _Ctx:
     return _Ctx(mm, hw.attention_flops or mm, hw.memory_bw, stretch, pair, whole, L.world,
                 p2p + hw.extra_latency_s, hw.intra_node_bw, hw.intra_node_bw if dp_inside else hw.inter_node_bw,
                 hw.intra_node_bw if pp_inside else hw.inter_node_bw, hw.extra_latency_s, hw.intra_node_bw,
-                hw.inter_node_bw, step)
+                hw.inter_node_bw, step, _interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0)
 
 
 def _collective(c: _Ctx, n: int, nbytes: float, factor: float, beta: float) -> float:
@@ -156,11 +157,13 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     comm_f = comm_b = 0.0
     if t > 1:
         full = b * cfg.seq_len * cfg.hidden * L.width
+        busy_f, busy_b = c.stretch * (fwd + fixed_f), c.stretch * (bwd + fixed_b)
         if L.sequence_parallel:  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
-            comm_f = 4 * _collective(c, t, full, (t - 1) / t, c.beta_tp)
-            comm_b = 6 * _collective(c, t, full, (t - 1) / t, c.beta_tp)
+            comm_f = 4 * _collective(c, t, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_f
+            comm_b = 6 * _collective(c, t, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_b
         else:  # g after attn.proj and mlp.proj; f before qkv and fc in backward
-            comm_f = comm_b = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp)
+            comm_f = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_f
+            comm_b = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_b
     if L.recompute == "full":
         bwd, fixed_b, comm_b = bwd + fwd, fixed_b + fixed_f, comm_b + comm_f
     elif L.recompute == "selective":

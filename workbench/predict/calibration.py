@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from dataclasses import asdict, replace
 
@@ -33,10 +34,13 @@ from workbench.predict.estimator import Hardware
 FILE = "calibration.json"
 
 
-def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: int = 6, backend: str = "auto",
-              worlds: tuple[int, ...] = (2, 4, 8), out: str | None = None) -> Hardware:
-    """This machine's figures on `backend` ('auto': what a two-rank launch would run on here); with `out`,
-    also written to out/calibration.json."""
+def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: int = 10, backend: str = "auto",
+              worlds: tuple[int, ...] = (2, 4, 8), out: str | None = None, reuse: bool = False,
+              repeats: int = 3) -> Hardware:
+    """This machine's figures on `backend` ('auto': what a two-rank launch would run on here), for runs of
+    up to max(worlds) ranks; each figure from real runs is the median over `repeats` of them, interleaved
+    (a shared machine's slow minute falls on one); with `out`, also written to out/calibration.json — and
+    with `reuse`, read from there instead when it was made for the same model, batch, backend and worlds."""
     from workbench.launcher import choose_backend
     from workbench.predict.comm_calibration import allreduce_fit
     from workbench.predict.compute_calibration import measure_compute
@@ -45,6 +49,12 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
+    made_for = {"model": _as_dict(cfg), "global_batch": global_batch, "backend": backend, "worlds": list(worlds),
+                "repeats": repeats}
+    if reuse and out is not None and os.path.exists(os.path.join(out, FILE)):
+        with open(os.path.join(out, FILE)) as f:
+            if json.load(f).get("calibrated_for") == made_for:
+                return load_calibration(out)
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= global_batch)
     compute = measure_compute(cfg, sizes, device)
     compute.pop("device")
@@ -59,10 +69,10 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
                   devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
                   cores=cores if device == "cpu" else None, **compute)
     with tempfile.TemporaryDirectory() as d:
-        hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw))
-        hw = calibrate_in_runs(cfg, hw, worlds, base, os.path.join(out, "runs") if out else d)
+        hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw, repeats))
+        hw = calibrate_in_runs(cfg, hw, worlds, base, os.path.join(out, "runs") if out else d, repeats)
     if out is not None:
-        save_calibration(hw, out)
+        save_calibration(hw, out, made_for)
     return hw
 
 
@@ -72,22 +82,25 @@ def _as_dict(model: ModelConfig) -> dict:
     return fields(model)
 
 
-def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware) -> float:
-    """A one-process run's median step (after the first) less the model's prediction of it."""
+def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats: int = 1) -> float:
+    """One-process runs' median step (after the first; the median over `repeats` runs) less the model's
+    prediction of it."""
     import workbench as wb
     from workbench.predict.action_costs import Layout
     from workbench.predict.step_time import predict_step
 
-    run = wb.launch(RunConfig.from_dict(base), out=os.path.join(out, "one_process"), progress=False, force=True)
-    measured = float(run.metrics.step_time_s.iloc[1:].median())
+    measured = statistics.median(
+        float(wb.launch(RunConfig.from_dict(base), out=os.path.join(out, f"one_process_{k}"), progress=False,
+                        force=True).metrics.step_time_s.iloc[1:].median()) for k in range(repeats))
     return max(measured - predict_step(Layout(cfg, micro=base["global_batch"]), hw).total_s, 0.0)
 
 
-def save_calibration(hw: Hardware, out: str) -> str:
+def save_calibration(hw: Hardware, out: str, made_for: dict | None = None) -> str:
+    """out/calibration.json: the Hardware's fields, and what it was calibrated for."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, FILE)
     with open(path, "w") as f:
-        json.dump(asdict(hw), f, indent=1)
+        json.dump({**asdict(hw), "calibrated_for": made_for}, f, indent=1)
     return path
 
 
@@ -97,7 +110,9 @@ def load_calibration(path: str) -> Hardware:
         path = os.path.join(path, FILE)
     with open(path) as f:
         d = json.load(f)
+    d.pop("calibrated_for", None)
     d["contention"] = tuple(tuple(row) for row in d.get("contention", ()))
+    d["skew"] = tuple(tuple(row) for row in d.get("skew", ()))
     if d.get("stage_ends") is not None:
         d["stage_ends"] = tuple(d["stage_ends"])
     return Hardware(**d)

@@ -118,7 +118,7 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
            "bytes_moved_per_step": r0["bytes_moved_per_step"],
            "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
            "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),
-           "predicted_step_time_s": est.step_time_s,
+           "predicted_step_time_s": est.step_time_s, "step_time_dominant_term": est.dominant_term,
            "step_time_error": (est.step_time_s - step) / step if est.step_time_s else None,
            "predicted_memory_bytes": est.memory_bytes_per_rank,
            "memory_error": (est.memory_bytes_per_rank - measured_mem) / measured_mem}
@@ -162,4 +162,8 @@ def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "com
             name = f"{name} ({i})"
         runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress, force=force)
     table = pd.DataFrame([_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)])
+    if hardware is not None:  # what the estimates were made with, beside the runs
+        from workbench.predict.calibration import save_calibration
+
+        save_calibration(hardware, out_dir)
     return Comparison(runs, baselines[keys[0]], table, list(baselines.values()))

@@ -50,10 +50,25 @@ def trimmed_mean(values: list[float], keep: float = 0.95) -> float:
     return statistics.mean(values[:max(1, int(len(values) * keep))])
 
 
-def _pair_alpha(run: Any, beta: float) -> float:
-    ev = _events(run, ("collective",))
-    ev = ev[(ev.group == "tp") & (ev.op == "all_reduce")]
-    return trimmed_mean(list((ev.dur_us / 1e6 - ev.bytes.fillna(0) / beta).clip(lower=0)))
+def _pair_alpha(run: Any, beta: float) -> tuple[float, float]:
+    """(α, κ): a tensor-parallel all-reduce costs α + κ · the rank's work since its previous collective —
+    the ranks arrive apart by a share of the work each did alone (jitter grows with the work). Fitted
+    over every such collective of the run but each step's first (which absorbs the step's entry skew,
+    the step's fixed cost) and the slowest 5 % (a rank descheduled)."""
+    from workbench.predict.compute_calibration import fit_line
+
+    ev = run.events
+    ev = ev[(ev.step >= 1) & (ev.cat == "collective")].sort_values("start_us")
+    gaps, costs = [], []
+    for _, rank in ev.groupby(["rank", "step"]):
+        ends = rank.end_us.shift(1)
+        tp = rank[(rank.group == "tp") & (rank.op == "all_reduce")].index
+        for i in tp:
+            if not ends.isna()[i]:
+                gaps.append((rank.start_us[i] - ends[i]) / 1e6)
+                costs.append(max(rank.dur_us[i] / 1e6 - (rank.bytes[i] or 0) / beta, 0.0))
+    keep = sorted(range(len(costs)), key=costs.__getitem__)[:max(2, int(0.95 * len(costs)))]
+    return fit_line([gaps[i] for i in keep], [costs[i] for i in keep])
 
 
 def _p2p_alpha(run: Any) -> float:
@@ -63,32 +78,49 @@ def _p2p_alpha(run: Any) -> float:
     return statistics.median(v for k, v in per_step.items() if k >= 1) / 1e6
 
 
-def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str) -> Any:
+def _runs(base: dict, out: str, worlds: tuple[int, ...], repeats: int) -> dict[str, list[Any]]:
+    """The calibration runs, each `repeats` times round-robin (a slow minute of a shared machine then
+    falls on one repeat of each, and the medians below leave it out)."""
+    plan = {**{f"tp2dp{w // 2}": {"tp": 2, "dp": w // 2} for w in worlds}, "pp2": {"pp": 2, "microbatches": 2},
+            **{f"dp{w}": {"dp": w} for w in worlds}}
+    runs: dict[str, list[Any]] = {name: [] for name in plan}
+    for k in range(repeats):
+        for name, change in plan.items():
+            runs[name].append(_launch(base, out, f"{name}_{k}", **change))
+    return runs
+
+
+def _median_pair(fits: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
+
+
+def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str,
+                      repeats: int = 3) -> Any:
     """`hw` (compute and bandwidth measured) completed from real runs of `base` (a RunConfig dict of the
-    calibration model); their run directories under `out`. Sets `contention` (n, stretch, α, α, α_p2p,
-    step's fixed cost) for each n in `worlds`, and the pipeline actions' own cost."""
+    calibration model), each figure the median over `repeats` runs; their directories under `out`. Sets
+    `contention` (n, stretch, α, α, α_p2p, step's fixed cost) and `skew` (n, κ) for each n in `worlds`,
+    the launch cost and the pipeline actions' own cost."""
     from workbench.predict.action_costs import Layout, _ctx
     from workbench.predict.step_time import predict_step, stage_costs
 
-    pair = {w: _pair_alpha(_launch(base, out, f"tp2dp{w // 2}", tp=2, dp=w // 2), hw.intra_node_bw) for w in worlds}
-    pp = _launch(base, out, "pp2", pp=2, microbatches=2)
-    p2p = _p2p_alpha(pp) / pair[worlds[0]]
-    rows = [(float(w), 1.0, pair[w], pair[w], p2p * pair[w]) for w in worlds]
+    runs = _runs(base, out, worlds, repeats)
+    fits = {w: _median_pair([_pair_alpha(r, hw.intra_node_bw) for r in runs[f"tp2dp{w // 2}"]]) for w in worlds}
+    p2p = statistics.median(_p2p_alpha(r) for r in runs["pp2"]) / fits[worlds[0]][0]
+    hw = replace(hw, skew=tuple((float(w), fits[w][1]) for w in worlds),
+                 launch_s=statistics.median(_launch_cost(r) for r in runs[f"dp{worlds[0]}"]))
     full = []
-    run_two = None
-    for w, _, a, b, p in rows:
-        run = _launch(base, out, f"dp{int(w)}", dp=int(w))
-        run_two = run_two or run
-        L = Layout(cfg, dp=int(w), micro=base["global_batch"] // int(w))
-        at_one = replace(hw, contention=((w, 1.0, a, b, p, 0.0),))
+    for w in worlds:
+        a = fits[w][0]
+        L = Layout(cfg, dp=w, micro=base["global_batch"] // w)
+        at_one = replace(hw, contention=((w, 1.0, a, a, p2p * a, 0.0),))
         st = stage_costs(L, at_one, _ctx(L, at_one))[0]
-        fwd, bwd = _spans(run)
-        stretch = max(1.0, (fwd + bwd) / sum(v[0] + v[1] for v in st.values()))
-        trial = replace(hw, contention=((w, stretch, a, b, p, 0.0),))
-        measured = float(run.metrics.step_time_s.iloc[1:].median())
-        full.append((w, stretch, a, b, p, max(measured - predict_step(L, trial).total_s, 0.0)))
-    hw = replace(hw, contention=tuple(full), launch_s=_launch_cost(run_two))
-    return _pipeline_actions(cfg, hw, base, pp)
+        stretch = max(1.0, statistics.median(sum(_spans(r)) for r in runs[f"dp{w}"]) /
+                      sum(v[0] + v[1] for v in st.values()))
+        trial = replace(hw, contention=((w, stretch, a, a, p2p * a, 0.0),))
+        measured = statistics.median(float(r.metrics.step_time_s.iloc[1:].median()) for r in runs[f"dp{w}"])
+        full.append((float(w), stretch, a, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0)))
+    hw = replace(hw, contention=tuple(full))
+    return _pipeline_actions(cfg, hw, base, runs["pp2"])
 
 
 def _launch_cost(run: Any) -> float:
@@ -116,16 +148,17 @@ def _post_gap(run: Any, stretch: float) -> float:
     return statistics.mean(per_batch) if per_batch else 0.0
 
 
-def _pipeline_actions(cfg: ModelConfig, hw: Any, base: dict, run: Any) -> Any:
-    """The pipeline's own cost per action: a `pp=2` run's spans less the model's stage costs (the two
-    stages' mean)."""
+def _pipeline_actions(cfg: ModelConfig, hw: Any, base: dict, runs: list[Any]) -> Any:
+    """The pipeline's own cost per action: the `pp=2` runs' spans less the model's stage costs (the two
+    stages' mean), and the host's gap per posted batch; medians over the runs."""
     from workbench.predict.action_costs import Layout, _ctx
     from workbench.predict.step_time import stage_costs
 
     L = Layout(cfg, pp=2, m=2, micro=base["global_batch"] // 2)
     costs = stage_costs(L, hw, _ctx(L, hw))
-    fwd, bwd = _spans(run)
     pred_f = statistics.mean(sum(v[0] for v in st.values()) for st in costs)
     pred_b = statistics.mean(sum(v[1] for v in st.values()) for st in costs)
+    fwd = statistics.median(_spans(r)[0] for r in runs)
+    bwd = statistics.median(_spans(r)[1] for r in runs)
     return replace(hw, action_fwd_s=max(fwd - pred_f, 0.0), action_bwd_s=max(bwd - pred_b, 0.0),
-                   post_gap_s=_post_gap(run, _ctx(L, hw).stretch))
+                   post_gap_s=statistics.median(_post_gap(r, _ctx(L, hw).stretch) for r in runs))

@@ -1,0 +1,76 @@
+"""What the estimator knows of a machine: `Hardware` (rates, links, memory, and the step-time model's
+calibrated terms), the GPU presets, and the view of a machine through emulated links. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # per device, for the run's precision
+    memory_bytes: float  # per device
+    intra_node_bw: float  # bus bandwidth within a node, bytes/s (nccl-tests' busbw)
+    inter_node_bw: float  # bus bandwidth across nodes, per device, bytes/s
+    latency_s: float = 10e-6  # per collective or transfer
+    devices_per_node: int = 8
+    efficiency: float = 0.5  # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
+    usable_memory: float = 0.85  # headroom for the allocator, workspaces and the CUDA context
+    step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
+    cores: int | None = None  # CPUs: ranks beyond the core count share them
+    host_link_bw: float = 25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
+    # the step-time model's terms (predict/action_costs.py); calibrate() measures them on this machine
+    matmul_flops: float | None = None  # achieved by a Linear's matmul; None: peak_flops × efficiency
+    attention_flops: float | None = None  # the attention core's batched matmuls; None: as matmul_flops
+    memory_bw: float = 2.0e12  # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
+    backward_ratio: float = 2.0  # a layer's backward time over its forward (two matmuls per forward one)
+    layer_fwd_s: float = 0.0  # fixed cost of a block's forward per micro-batch (Python, kernel launches)
+    layer_bwd_s: float = 0.0
+    #: embeddings and head+loss per micro-batch: (first fwd fixed, per sample, first bwd fixed, per sample,
+    #: last fwd fixed, per sample, last bwd fixed, per sample); None: the head's FLOPs at matmul_flops
+    stage_ends: tuple[float, ...] | None = None
+    optimizer_s_per_value: float | None = None  # None: 32 bytes per value at memory_bw
+    optimizer_s_per_tensor: float = 0.0
+    p2p_latency_s: float | None = None  # None: latency_s
+    action_fwd_s: float = 0.0  # a pipeline action's own fixed cost beyond its layers (the executor's)
+    action_bwd_s: float = 0.0
+    post_gap_s: float = 0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
+    launch_s: float = 0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
+    #: measured with n ranks running: (n, compute stretch, α of a pair's collective, α of one over all n, p2p
+    #: α, the step's fixed cost); () → the stretch from `cores`, α = latency_s (predict/run_calibration.py)
+    contention: tuple[tuple[float, ...], ...] = ()
+    extra_latency_s: float = 0.0  # emulated links: latency every operation pays on top
+    #: (n, κ): with n ranks, a blocking collective also waits κ × the work its rank did since the previous
+    #: one (the ranks' jitter; run_calibration._pair_alpha); () → none
+    skew: tuple[tuple[float, ...], ...] = ()
+
+
+A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8)
+H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9,  # PCIe 5.0
+                     memory_bw=3.35e12)
+
+def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
+    """The hardware as a run with --emulate-link sees it: each emulated link's time adds to the real one
+    (1/bw' = 1/bw + 1/bw_link; every operation pays the slowest link's latency on top), machines of
+    ranks_per_node ranks."""
+    if config.emulate_link is None:
+        return hw
+    from dataclasses import replace
+
+    from workbench.comm.emulated_link import parse_links
+
+    links = parse_links(config.emulate_link)
+
+    def bw(real: float, name: str) -> float:
+        return real if name not in links else 1 / (1 / real + 1 / (links[name].bandwidth_GBps * 1e9))
+
+    slowest = max((link.latency_us for link in links.values()), default=0.0)
+    return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}",
+                   intra_node_bw=bw(hw.intra_node_bw, "intra"), inter_node_bw=bw(hw.inter_node_bw, "inter"),
+                   extra_latency_s=hw.extra_latency_s + slowest * 1e-6,
+                   devices_per_node=config.ranks_per_node or hw.devices_per_node)
+
+
