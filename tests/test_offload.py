@@ -14,7 +14,7 @@ from workbench.trace.validate import validate_run
 #: optimizer state) on its own model; here it runs in make test-all
 STAGES = [{"dp": 2, "zero": 1},
           pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow, id="zero2"),
-          {"dp": 2, "zero": 3}]
+          pytest.param({"dp": 2, "zero": 3}, marks=pytest.mark.slow, id="zero3")]
 
 
 @pytest.mark.parametrize("config", STAGES, ids=["zero1", "zero2", "zero3"])

@@ -25,7 +25,7 @@ def single(launched):
     {"pp": 2, "schedule": "gpipe", "microbatches": 4},
     {"pp": 2, "schedule": "1f1b", "microbatches": 4},
     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
-    {"pp": 4, "schedule": "1f1b", "microbatches": 4},
+    pytest.param({"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),  # notebook 05: pp on 8
     {"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02},
     {"microbatches": 4},
 ], ids=["pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp4-1f1b", "dp2-pp2", "accumulate-4"])

@@ -105,6 +105,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
         from workbench.predict.calibration import calibrate
 
         worlds = tuple(sorted({max(2, c.world_size + c.world_size % 2) for c in configs}))
+        print(f"calibrating this machine for {max(worlds)} ranks (a few minutes: short runs, three of each; "
+              f"--no-calibrate skips it) ...", file=sys.stderr, flush=True)
         # the runs' own model, batch, backend and device; written to OUT/calibration.json
         hw = calibrate(configs[0].model, global_batch=configs[0].global_batch, backend=configs[0].backend,
                        worlds=worlds, out=a.out)
