@@ -162,8 +162,10 @@ def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "com
             name = f"{name} ({i})"
         runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress, force=force)
     table = pd.DataFrame([_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)])
-    if hardware is not None:  # what the estimates were made with, beside the runs
-        from workbench.predict.calibration import save_calibration
+    if hardware is not None:  # what the estimates were made with, beside the runs (calibrate(out=) wrote it)
+        from workbench.predict.calibration import FILE, load_calibration, save_calibration
 
-        save_calibration(hardware, out_dir)
+        path = os.path.join(out_dir, FILE)
+        if not os.path.exists(path) or load_calibration(path) != hardware:
+            save_calibration(hardware, out_dir)
     return Comparison(runs, baselines[keys[0]], table, list(baselines.values()))
