@@ -99,7 +99,9 @@ md("""
 is cut into n chunks. In the **reduce-scatter** phase (n−1 steps) each rank sends one chunk to its
 right neighbour and adds the chunk arriving from its left; afterwards each rank holds one chunk summed
 over all ranks. In the **all-gather** phase (n−1 steps) the finished chunks travel round the ring.
-Every rank sends 2(n−1)/n of the buffer in total, whatever n is.
+Every rank sends 2(n−1)/n of the buffer in total: under 2 S whatever n is, so the bandwidth term
+hardly grows with n — but the 2(n−1) steps each pay a latency α, so the latency term 2(n−1)·α grows
+linearly with n (many ranks and small buffers: latency-bound).
 
 The chart replays one recorded all-reduce of the 4-rank run: each cell shows how many ranks'
 contributions that chunk holds on that rank; arrows are the transfers of the step (from the spans' args).

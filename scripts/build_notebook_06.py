@@ -65,7 +65,8 @@ m[["step", "loss", "loss_scale", "skipped", "grad_norm"]]
 md("""
 ## Gradient accumulation
 
-Four microbatches of 4 accumulate the gradient of the batch of 16 — the same model as one pass, and
+With dp = 2, each rank's 8 sequences of the global batch of 16 run as four microbatches of 2: their
+gradients accumulate into the same gradient as one pass over the 8 — the same model as one pass, and
 the data-parallel all-reduce runs only after the last microbatch's backward.
 """),
 code("""
