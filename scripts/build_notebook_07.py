@@ -21,7 +21,7 @@ from workbench.predict.estimator import A100_80GB, GPT3_175B
 # (repeats=1: half a minute; the default 3 takes the median over three, steadier on a shared machine);
 # kept in traces/calibration/calibration.json and reused by the next notebook that asks for the same
 hw = wb.calibrate("tiny", worlds=(2, 4), repeats=1, out=os.path.join("..", "traces", "calibration"), reuse=True)
-with_4 = dict(zip(["ranks", "stretch", "alpha", "alpha_world", "alpha_p2p", "step"], hw.contention[-1]))
+with_4 = dict(zip(["ranks", "stretch", "alpha", "alpha_p2p", "step"], hw.contention[-1]))
 pd.Series({"matmul GFLOP/s (1 thread)": hw.matmul_flops / 1e9, "attention GFLOP/s": hw.attention_flops / 1e9,
            "element-wise GB/s": hw.memory_bw / 1e9, "block's fixed cost, forward ms": hw.layer_fwd_s * 1e3,
            "all-reduce GB/s": hw.intra_node_bw / 1e9, "a collective inside a 4-rank run, ms": with_4["alpha"] * 1e3,

@@ -58,7 +58,7 @@ def _by_step(trace: dict[str, Any], spans: list[dict[str, Any]]) -> dict[int, li
     return {k: sorted(v, key=lambda e: e["ts"]) for k, v in out.items()}
 
 
-def _replicas(traces: list[dict[str, Any]], p: int) -> list[dict[int, dict[str, Any]]]:
+def pipelines(traces: list[dict[str, Any]], p: int) -> list[dict[int, dict[str, Any]]]:
     """The traces of each pipeline (one per data- and tensor-parallel coordinate), by pipeline rank."""
     replicas: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for t in traces:
@@ -67,7 +67,7 @@ def _replicas(traces: list[dict[str, Any]], p: int) -> list[dict[int, dict[str, 
     return [r for r in replicas.values() if sorted(r) == list(range(p))]
 
 
-def _step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per complete step of one pipeline: each rank's compute spans, the mean compute time per (stage,
     kind), each rank's mean gap between compute actions less its waits, and when each rank entered."""
     compute = {r: _by_step(t, _compute_spans(t)) for r, t in replica.items()}
@@ -128,10 +128,10 @@ def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "g
     """Per step, the measured bubble and its terms (TERMS), each the mean over the pipelines."""
     formula = formulas.bubble_fraction(sched.p, sched.m, sched.v)
     per_step: dict[int, list[dict[str, float]]] = {}
-    replicas = _replicas(traces, sched.p)
+    replicas = pipelines(traces, sched.p)
     for replica in replicas:
         transfer_us = transfer_time(list(replica.values()))
-        for step, inputs in _step_inputs(sched, replica).items():
+        for step, inputs in step_inputs(sched, replica).items():
             levels = _levels(sched, inputs, transfer_us.get(step, 0.0), rule)
             measured = idle_fraction([[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica])
             chain = [formula, *levels, measured]

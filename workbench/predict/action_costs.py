@@ -88,16 +88,15 @@ def _interp(table: tuple[tuple[float, ...], ...], world: int, col: int) -> float
         rows[-1][col] + (rows[-1][col] - rows[-2][col]) * (world - rows[-1][0]) / (rows[-1][0] - rows[-2][0])
 
 
-def contention(hw: Any, world: int) -> tuple[float, float, float, float, float]:
-    """(compute stretch, α of a pair's collective, α of one over all `world` ranks, p2p α, the step's fixed
-    cost) with `world` ranks running on this hardware."""
+def contention(hw: Any, world: int) -> tuple[float, float, float, float]:
+    """(compute stretch, α of a collective, α of a pipeline transfer, the step's fixed cost) with `world`
+    ranks running on this hardware."""
     if hw.contention and world > 1:
-        step = _interp(hw.contention, world, 5) if len(hw.contention[0]) > 5 else hw.step_overhead_s
         return (max(1.0, _interp(hw.contention, world, 1)), _interp(hw.contention, world, 2),
-                _interp(hw.contention, world, 3), _interp(hw.contention, world, 4), max(step, 0.0))
+                _interp(hw.contention, world, 3), max(_interp(hw.contention, world, 4), 0.0))
     share = max(1.0, world / hw.cores) if hw.cores else 1.0
     p2p = hw.p2p_latency_s if hw.p2p_latency_s is not None else hw.latency_s
-    return share, hw.latency_s, hw.latency_s, p2p, share * hw.step_overhead_s
+    return share, hw.latency_s, p2p, share * hw.step_overhead_s
 
 
 @dataclass
@@ -108,41 +107,32 @@ class _Ctx:
     at: float
     bw_mem: float
     stretch: float
-    alpha_pair: float
-    alpha_world: float
-    world: int
-    alpha_p2p: float
+    alpha: float  # one collective, emulated links' latency included
+    alpha_p2p: float  # one pipeline transfer, likewise
     beta_tp: float
     beta_dp: float
     beta_pp: float
-    extra_latency: float = 0.0  # emulated links' latency, paid by every operation
-    beta_intra: float = 0.0
-    beta_inter: float = 0.0
-    step_s: float = 0.0  # the step's fixed cost with this many ranks
-    kappa: float = 0.0  # a blocking collective's wait per second of work since the previous one (jitter)
-
-    def alpha(self, n: int) -> float:
-        """A collective over n ranks: the pair's cost, growing linearly to the whole world's."""
-        if n <= 2 or self.world <= 2:
-            return self.alpha_pair + self.extra_latency
-        return self.alpha_pair + (self.alpha_world - self.alpha_pair) * (n - 2) / (self.world - 2) + self.extra_latency
+    beta_intra: float
+    beta_inter: float
+    step_s: float  # the step's fixed cost with this many ranks
+    kappa: float  # a blocking collective's wait per second of work since the previous one (jitter)
 
 
 def _ctx(L: Layout, hw: Any) -> _Ctx:
-    stretch, pair, whole, p2p, step = contention(hw, L.world)
+    stretch, alpha, p2p, step = contention(hw, L.world)
     mm = hw.matmul_flops or hw.peak_flops * hw.efficiency
     per_node = L.ranks_per_node or hw.devices_per_node
-    dp_inside = L.tp * L.dp <= per_node
-    pp_inside = L.world <= per_node
-    return _Ctx(mm, hw.attention_flops or mm, hw.memory_bw, stretch, pair, whole, L.world,
-                p2p + hw.extra_latency_s, hw.intra_node_bw, hw.intra_node_bw if dp_inside else hw.inter_node_bw,
-                hw.intra_node_bw if pp_inside else hw.inter_node_bw, hw.extra_latency_s, hw.intra_node_bw,
-                hw.inter_node_bw, step, _interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0)
+    intra, inter = hw.intra_node_bw, hw.inter_node_bw
+    return _Ctx(mm=mm, at=hw.attention_flops or mm, bw_mem=hw.memory_bw, stretch=stretch,
+                alpha=alpha + hw.extra_latency_s, alpha_p2p=p2p + hw.extra_latency_s, beta_tp=intra,
+                beta_dp=intra if L.tp * L.dp <= per_node else inter, beta_pp=intra if L.world <= per_node else inter,
+                beta_intra=intra, beta_inter=inter, step_s=step,
+                kappa=_interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0)
 
 
-def _collective(c: _Ctx, n: int, nbytes: float, factor: float, beta: float) -> float:
-    """One collective over n ranks moving `nbytes` · factor per rank (the bus factor)."""
-    return c.alpha(n) + c.stretch * nbytes * factor / beta
+def _collective(c: _Ctx, nbytes: float, factor: float, beta: float) -> float:
+    """One collective moving `nbytes` · factor per rank (the bus factor)."""
+    return c.alpha + c.stretch * nbytes * factor / beta
 
 
 def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
@@ -159,11 +149,11 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
         full = b * cfg.seq_len * cfg.hidden * L.width
         busy_f, busy_b = c.stretch * (fwd + fixed_f), c.stretch * (bwd + fixed_b)
         if L.sequence_parallel:  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
-            comm_f = 4 * _collective(c, t, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_f
-            comm_b = 6 * _collective(c, t, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_b
+            comm_f = 4 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_f
+            comm_b = 6 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_b
         else:  # g after attn.proj and mlp.proj; f before qkv and fc in backward
-            comm_f = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_f
-            comm_b = 2 * _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_b
+            comm_f = 2 * _collective(c, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_f
+            comm_b = 2 * _collective(c, full, 2 * (t - 1) / t, c.beta_tp) + c.kappa * busy_b
     if L.recompute == "full":
         bwd, fixed_b, comm_b = bwd + fwd, fixed_b + fixed_f, comm_b + comm_f
     elif L.recompute == "selective":
@@ -184,8 +174,8 @@ def _ends(L: Layout, hw: Any, c: _Ctx, first: bool, last: bool) -> dict[str, tup
     comm_f = comm_b = 0.0
     if t > 1:
         full = b * cfg.seq_len * cfg.hidden * L.width
-        embedding = _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) if first else 0.0
-        comm_f = embedding + (3 * c.alpha(t) if last else 0.0)  # the vocabulary-parallel loss's three
-        comm_b = _collective(c, t, full, 2 * (t - 1) / t, c.beta_tp) if last else 0.0
+        embedding = _collective(c, full, 2 * (t - 1) / t, c.beta_tp) if first else 0.0
+        comm_f = embedding + (3 * c.alpha if last else 0.0)  # the vocabulary-parallel loss's three
+        comm_b = _collective(c, full, 2 * (t - 1) / t, c.beta_tp) if last else 0.0
     return {"compute": (c.stretch * per_f, c.stretch * per_b), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
             "tp": (comm_f, comm_b)}

@@ -49,8 +49,8 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
-    made_for = {"model": _as_dict(cfg), "global_batch": global_batch, "backend": backend, "worlds": list(worlds),
-                "repeats": repeats}
+    made_for = {"format": 2, "model": asdict(cfg), "global_batch": global_batch, "backend": backend,
+                "worlds": list(worlds), "repeats": repeats}  # format 2: contention rows of 5 columns
     if reuse and out is not None and os.path.exists(os.path.join(out, FILE)):
         with open(os.path.join(out, FILE)) as f:
             if json.load(f).get("calibrated_for") == made_for:
@@ -61,7 +61,7 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     alpha, beta = allreduce_fit(backend)
     worlds = tuple(n for n in worlds if n >= 2 and n % 2 == 0 and (device == "cpu" or n <= _gpus()))
     cores = os.cpu_count() or 1
-    base = {"model": model if isinstance(model, str) else _as_dict(model), "global_batch": global_batch,
+    base = {"model": model if isinstance(model, str) else asdict(model), "global_batch": global_batch,
             "steps": steps, "backend": backend}
     hw = Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=compute["matmul_flops"],
                   memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
@@ -74,12 +74,6 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     if out is not None:
         save_calibration(hw, out, made_for)
     return hw
-
-
-def _as_dict(model: ModelConfig) -> dict:
-    from dataclasses import asdict as fields
-
-    return fields(model)
 
 
 def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats: int = 1) -> float:

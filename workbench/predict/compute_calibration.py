@@ -28,10 +28,14 @@ from collections.abc import Callable
 from workbench.config import ModelConfig
 
 
-def _timer(device: str) -> Callable[..., float]:
+def _sync(device: str) -> Callable[[], None]:
     import torch
 
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def _timer(device: str) -> Callable[..., float]:
+    sync = _sync(device)
 
     def timed(fn: Callable[[], object], repeats: int = 9) -> float:
         for _ in range(2):
@@ -61,9 +65,7 @@ def _fwd_bwd(module: Callable[[object], object], make_input: Callable[[], object
              counting: Callable[[], object], repeats: int = 9) -> tuple[float, float]:
     """Median forward and backward times, each timed on its own, with the engine's counting of saved
     activations on (`counting`: MemoryTracker.count_saved_activations)."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = _sync(device)
     fwd, bwd = [], []
     for i in range(repeats + 2):
         x = make_input()

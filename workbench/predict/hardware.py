@@ -39,8 +39,8 @@ class Hardware:
     action_bwd_s: float = 0.0
     post_gap_s: float = 0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
     launch_s: float = 0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
-    #: measured with n ranks running: (n, compute stretch, α of a pair's collective, α of one over all n, p2p
-    #: α, the step's fixed cost); () → the stretch from `cores`, α = latency_s (predict/run_calibration.py)
+    #: measured with n ranks running: (n, compute stretch, α of a collective, α of a pipeline transfer, the
+    #: step's fixed cost); () → the stretch from `cores`, α = latency_s (predict/run_calibration.py)
     contention: tuple[tuple[float, ...], ...] = ()
     extra_latency_s: float = 0.0  # emulated links: latency every operation pays on top
     #: (n, κ): with n ranks, a blocking collective also waits κ × the work its rank did since the previous

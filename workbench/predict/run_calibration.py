@@ -98,7 +98,7 @@ def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: 
                       repeats: int = 3) -> Any:
     """`hw` (compute and bandwidth measured) completed from real runs of `base` (a RunConfig dict of the
     calibration model), each figure the median over `repeats` runs; their directories under `out`. Sets
-    `contention` (n, stretch, α, α, α_p2p, step's fixed cost) and `skew` (n, κ) for each n in `worlds`,
+    `contention` (n, stretch, α, α_p2p, step's fixed cost) and `skew` (n, κ) for each n in `worlds`,
     the launch cost and the pipeline actions' own cost."""
     from workbench.predict.action_costs import Layout, _ctx
     from workbench.predict.step_time import predict_step, stage_costs
@@ -112,13 +112,13 @@ def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: 
     for w in worlds:
         a = fits[w][0]
         L = Layout(cfg, dp=w, micro=base["global_batch"] // w)
-        at_one = replace(hw, contention=((w, 1.0, a, a, p2p * a, 0.0),))
+        at_one = replace(hw, contention=((w, 1.0, a, p2p * a, 0.0),))
         st = stage_costs(L, at_one, _ctx(L, at_one))[0]
         stretch = max(1.0, statistics.median(sum(_spans(r)) for r in runs[f"dp{w}"]) /
                       sum(v[0] + v[1] for v in st.values()))
-        trial = replace(hw, contention=((w, stretch, a, a, p2p * a, 0.0),))
+        trial = replace(hw, contention=((w, stretch, a, p2p * a, 0.0),))
         measured = statistics.median(float(r.metrics.step_time_s.iloc[1:].median()) for r in runs[f"dp{w}"])
-        full.append((float(w), stretch, a, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0)))
+        full.append((float(w), stretch, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0)))
     hw = replace(hw, contention=tuple(full))
     return _pipeline_actions(cfg, hw, base, runs["pp2"])
 
@@ -132,19 +132,17 @@ def _launch_cost(run: Any) -> float:
 def _post_gap(run: Any, stretch: float) -> float:
     """A pipeline rank's host time between its compute actions (not waiting) per batch it posts, at full
     speed: analysis.bubble's gaps of the `pp=2` run."""
-    from workbench.analysis.bubble import _replicas, _step_inputs
+    from workbench.analysis.bubble import pipelines, step_inputs
     from workbench.pipeline.actions import Action
     from workbench.predict.formulas import run_schedule
 
     sched = run_schedule(run.config)
-    per_batch = []
-    for replica in _replicas(run.traces, sched.p):
-        for step, inputs in _step_inputs(sched, replica).items():
-            for r, gap in inputs["gap"].items():
-                program = sched.program(r)
-                actions = sum(isinstance(i, Action) for i in program)
-                if step >= 1:
-                    per_batch.append(gap * (actions - 1) / (len(program) - actions) / 1e6 / stretch)
+    # per rank: gaps between its actions (actions − 1 of them) per batch it posts
+    share = {r: (sum(isinstance(i, Action) for i in sched.program(r)) - 1) /
+             sum(not isinstance(i, Action) for i in sched.program(r)) for r in range(sched.p)}
+    per_batch = [gap * share[r] / 1e6 / stretch for replica in pipelines(run.traces, sched.p)
+                 for step, inputs in step_inputs(sched, replica).items() if step >= 1
+                 for r, gap in inputs["gap"].items()]
     return statistics.mean(per_batch) if per_batch else 0.0
 
 

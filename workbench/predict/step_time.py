@@ -62,8 +62,8 @@ def stage_costs(L: Layout, hw: Any, c: _Ctx) -> list[dict[str, tuple[float, floa
             n = L.dp
             layer_bytes = params_per_rank(L.model, L.tp, stages, 1, s) / max(per_stage, 1) * L.width
             launch = c.stretch * hw.launch_s  # each is launched asynchronously, then waited for
-            gather = launch + _collective(c, n, layer_bytes, (n - 1) / n, c.beta_dp)
-            scatter = launch + _collective(c, n, layer_bytes / L.width * L.grad_bytes, (n - 1) / n, c.beta_dp)
+            gather = launch + _collective(c, layer_bytes, (n - 1) / n, c.beta_dp)
+            scatter = launch + _collective(c, layer_bytes / L.width * L.grad_bytes, (n - 1) / n, c.beta_dp)
             cost["zero3"] = (per_stage * gather, per_stage * (gather + scatter))
         out.append(cost)
     return out
@@ -119,15 +119,15 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
     beta = {"intra": c.beta_intra, "inter": c.beta_inter, "dp": c.beta_dp}
     seconds = c.stretch * sum(b / beta[k] for k, b in links.items())
     if L.zero == 1:  # reduce-scattered after backward, the parameters gathered after the update
-        return seconds + 2 * len(grads) * c.alpha(n)
+        return seconds + 2 * len(grads) * c.alpha
     overlapped = seconds if L.zero == 0 else seconds * L.grad_bytes / (L.grad_bytes + L.width)
     end, done, total = 0.0, 0.0, sum(grads)
     for b in grads:  # ready as backward produces them (last layers first), one after another on the wire
         done += b
-        end = max(window * done / total, end) + c.stretch * hw.launch_s + c.alpha(n) + overlapped * b / total
+        end = max(window * done / total, end) + c.stretch * hw.launch_s + c.alpha + overlapped * b / total
     exposed = max(0.0, end - window)
     if L.zero == 2:
-        exposed += seconds - overlapped + len(grads) * c.alpha(n)
+        exposed += seconds - overlapped + len(grads) * c.alpha
     return exposed
 
 
@@ -151,7 +151,7 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
     local = params_per_rank(L.model, L.tp, L.pp, L.v, 0)
     small = (L.world > 1) + (L.zero > 0 or L.tp > 1 or L.pp > 1)  # the loss; the gradient norm's parts
-    terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha(L.world)
+    terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha
     terms["optimizer"] = _optimizer(L, hw, c, local)
     terms["step"] = c.step_s
     return StepTime(sum(terms.values()), terms)
