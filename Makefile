@@ -5,7 +5,7 @@ DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 # NCCL where the machine has a GPU for each of the demo's 2 ranks, else gloo (auto would refuse 2 ranks on 1 GPU)
 DEMO_BACKEND = $(shell $(PY) -c "import torch; print('nccl' if torch.cuda.device_count() >= 2 else 'gloo')" 2>/dev/null || echo gloo)
 
-.PHONY: setup demo test test-all test-gpu test-browser lint notebook benchmark clean
+.PHONY: setup demo test test-all test-gpu test-browser lint notebook notebooks-html benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -26,7 +26,7 @@ test-all: setup  # also the `slow` cases: more strategies for behaviours `make t
 test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); each case skips without its GPUs
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m gpu tests/gpu
 
-test-browser: setup  # notebooks 01, 03, 04 in JupyterLab in a real chromium (installs it); screenshots in traces/browser/
+test-browser: setup  # every notebook in JupyterLab in a real chromium (installs it); screenshots in traces/browser/
 	bash scripts/browser_setup.sh $(VENV)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
@@ -35,6 +35,13 @@ lint: setup
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks
+
+# every notebook executed, as HTML with its charts interactive (plotly.js inside each page), to read before
+# running anything: traces/html/NN_name.html
+notebooks-html: setup
+	mkdir -p traces/html
+	PLOTLY_RENDERER=notebook OMP_NUM_THREADS=1 $(VENV)/bin/jupyter nbconvert --to html --execute \
+		--ExecutePreprocessor.timeout=900 --output-dir traces/html notebooks/[0-9][0-9]_*.ipynb
 
 benchmark: setup
 	$(PY) benchmarks/dp_vs_ddp.py

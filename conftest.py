@@ -45,3 +45,5 @@ AsyncZMQSocketChannel.get_msg = _get_msg_polling_in_slices
 os.environ["WORKBENCH_STRICT_COMM"] = "1"
 # The CPU suite runs every backend='auto' launch on gloo, also on a machine with GPUs (make test-gpu asks for nccl).
 os.environ["WORKBENCH_BACKEND"] = "gloo"
+# A notebook's check() (workbench/viz/check.py) prints ✓/✗ for a learner; under test a ✗ fails the notebook.
+os.environ["WORKBENCH_CHECKS"] = "raise"

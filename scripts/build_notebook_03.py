@@ -27,12 +27,16 @@ from workbench.viz.pipeline import bubble_explorer
 
 s = build_schedule("1f1b", p=4, m=8)
 print(s.grid())
-assert validate(s) == []
+viz.check("the schedule passes the validator", validate(s) == [], problems=validate(s))
 """),
 md("""
 ## Planned: the simulator
 
-Equal forward costs, backward twice as long. Move the sliders: the bubble follows the formula exactly.
+Equal forward costs, backward twice as long. Move the sliders: with free transfers the bubble follows
+the formula exactly. `t_comm / t_f` gives each activation transfer between stages a cost: every
+micro-batch crosses p−1 boundaries on the way in and out, on the critical path, and the bubble grows
+beyond the formula. The rank labels carry the most micro-batches whose activations each rank holds at
+once — GPipe holds all m, 1F1B at most p (rank 0 the most).
 """),
 code("""
 bubble_explorer()
@@ -47,7 +51,8 @@ for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
                      "formula": formulas.bubble_fraction(4, m, v),
                      "peak in-flight microbatches (rank 0)": peak_in_flight(sched)[0]})
 table = pd.DataFrame(rows)
-assert (abs(table["simulated bubble"] - table["formula"]) < 1e-12).all()
+viz.check("the simulated bubble equals (p−1)/(m+p−1) at unit costs",
+          abs(table["simulated bubble"] - table["formula"]) < 1e-12)
 table
 """),
 md("""
@@ -71,14 +76,17 @@ old = build_schedule("1f1b", p=2, m=4, placement="adjacent")   # each receive ju
 print("posted one by one, gloo's rule:", validate(old, rule="gloo", batched=False) or "no deadlock")
 print("posted one by one, NCCL's rule:", validate(old, batched=False)[0][:160], "…")
 print("batched in lockstep, NCCL's rule:", validate(build_schedule("1f1b", p=2, m=4)) or "no deadlock")
-assert validate(old, rule="gloo", batched=False) == [] and validate(old, batched=False)
+viz.check("the old order passes gloo's rule and fails NCCL's", validate(old, rule="gloo", batched=False) == []
+          and bool(validate(old, batched=False)))
 for item in build_schedule("1f1b", p=2, m=4).program(0):
     print(item)
 """),
 md("""
 ## Measured: real runs on this machine
 
-A 4-layer model, global batch 16, each schedule on 2 ranks; all must equal one process.
+A 4-layer model, global batch 16, each schedule on 2 ranks; all must equal one process. *Predict
+first:* with p = 2 and m = 4, what bubble fraction does the formula give for GPipe and 1F1B, and which
+one holds fewer activations on rank 0? Then compare with the measurement below.
 """),
 code("""
 OUT = os.path.join("..", "traces", "nb03")
@@ -97,7 +105,9 @@ runs = {
     "dp=2 × pp=2": run("dp2pp2", dp=2, pp=2, microbatches=2, bucket_mb=0.02),
 }
 losses = viz.compare_losses(runs, baseline="1 process")
-assert (losses.max_abs_diff <= 1e-5 * losses.final_loss).all(), losses
+viz.check("every schedule's losses equal one process's within 1e-5 × loss",
+          losses.max_abs_diff <= 1e-5 * losses.final_loss,
+          largest_difference=losses.max_abs_diff.max())
 losses
 """),
 md("""
@@ -137,7 +147,7 @@ for name in ("GPipe p=2 m=4", "1F1B p=2 m=4", "interleaved p=2 v=2 m=4"):
         rows.append({"run": name, "rank": r["rank"], "activation MB measured": r["peak_bytes"]["activation"] / 1e6,
                      "predicted": r["predicted_bytes"]["activation"] / 1e6})
 mem = pd.DataFrame(rows)
-assert (abs(mem["activation MB measured"] - mem["predicted"]) < 1e-9).all()
+viz.check("activation memory measured = predicted", abs(mem["activation MB measured"] - mem["predicted"]) < 1e-9)
 mem
 """),
 md("""

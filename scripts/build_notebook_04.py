@@ -16,6 +16,11 @@ Data parallelism keeps a full copy of the **model states** on every rank: with m
 | 3 | + parameters | 16Ψ/N |
 
 The paper's example: Ψ = 7.5 billion on N = 64 GPUs — 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per GPU.
+
+That is the paper's accounting, with 16-bit gradients. Megatron-LM — and this workbench's mixed precision,
+by default — accumulates and all-reduces the gradients in fp32 (`main_grad`, 4Ψ): **18Ψ** per rank
+without ZeRO (notebook 06 measures both). The explorer offers both accountings, and ZeRO-Offload, which
+moves the optimizer states (12Ψ/N of them, with the fp32 gradient slice: 16Ψ/N) to the host's memory.
 """),
 code("""
 import os
@@ -29,7 +34,7 @@ from workbench.viz.zero import formula_explorer
 pd.DataFrame([{"stage": z, "GB per GPU": sum(formulas.model_state_bytes(7.5e9, 64, z, "mixed").values()) / 1e9}
               for z in range(4)])
 """),
-md("The formula explorer: move Ψ, N and the stage."),
+md("The formula explorer: move Ψ, N and the stage; pick the accounting; tick offload."),
 code("""
 formula_explorer(params=7.5e9, n=64)
 """),
@@ -41,6 +46,8 @@ gradients 4Ψ, Adam's moments 8Ψ. A model whose **states dominate** — 16 smal
 16Ψ ≈ 13 MB of states against ≈ 1 MB of activations), so that the saving is what the total shows —
 with 0.05 MB buckets, as one process, data parallelism and ZeRO-1/2/3 on 2 ranks, with
 `profile_memory=True` (the allocator's view beside ours). Each run must equal one process step by step.
+*Predict first:* from the table above, by how much should ZeRO-3 on 2 ranks cut the model states, and
+will the rank's total fall by as much?
 """),
 code("""
 OUT = os.path.join("..", "traces", "nb04")
@@ -59,7 +66,9 @@ runs = {
     "ZeRO-3": run("zero3", dp=2, zero=3),
 }
 losses = viz.compare_losses(runs, baseline="1 process")
-assert (losses.max_abs_diff <= 1e-5 * losses.final_loss).all(), losses
+viz.check("every stage's losses equal one process's within 1e-5 × loss",
+          losses.max_abs_diff <= 1e-5 * losses.final_loss,
+          largest_difference=losses.max_abs_diff.max())
 losses
 """),
 code("""
@@ -74,7 +83,8 @@ for name, r in runs.items():
                      "predicted": s["predicted_bytes"][cat]})
 states = pd.DataFrame(rows)
 states["error %"] = 100 * (states.measured - states.predicted) / states.predicted
-assert (states["error %"].abs() <= 3).all()
+viz.check("model states measured within 3 % of the formula", states["error %"].abs() <= 3,
+          largest_error_percent=states["error %"].abs().max())
 states.pivot(index="run", columns="category", values="measured")
 """),
 md("""
@@ -100,10 +110,13 @@ table["saving vs DP, model states (formula)"] = (1 - table["predicted model stat
                                                  / table.loc["dp=2", "predicted model states (MB)"])
 # what a rank pays falls stage by stage, and ZeRO-2/3's total stays within the prediction (model states,
 # activations and the gradient copies in flight: formulas.buffer_bytes; 1 % for Adam's step counters)
-assert table["measured total (MB)"].is_monotonic_decreasing and table["measured total (MB)"].is_unique, table
+viz.check("each stage pays less in total than the one before",
+          table["measured total (MB)"].is_monotonic_decreasing and table["measured total (MB)"].is_unique)
 for name in ("ZeRO-2", "ZeRO-3"):
     s = runs[name].summary["ranks"][0]
-    assert s["peak_total_bytes"] <= 1.01 * sum(s["predicted_bytes"].values()), (name, s["peak_total_bytes"])
+    viz.check(f"{name}: measured total within the prediction (+1 %)",
+              s["peak_total_bytes"] <= 1.01 * sum(s["predicted_bytes"].values()),
+              measured_MB=s["peak_total_bytes"] / 1e6, predicted_MB=sum(s["predicted_bytes"].values()) / 1e6)
 for name in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
     measured, formula = table.loc[name, ["saving vs DP, measured", "saving vs DP, model states (formula)"]]
     print(f"{name} saves {100 * measured:.0f} % of what a DP rank pays at its peak "
@@ -150,8 +163,42 @@ dp_bytes = runs["dp=2"].summary["ranks"][0]["bytes_moved_per_step"]
 moved = pd.DataFrame([{"run": name, "bytes sent per step": r.summary["ranks"][0]["bytes_moved_per_step"],
                        "× data parallel": r.summary["ranks"][0]["bytes_moved_per_step"] / dp_bytes}
                       for name, r in runs.items() if r.config["dp"] == 2])
-assert abs(moved.set_index("run").loc["ZeRO-3", "× data parallel"] - 1.5) < 0.01
+viz.check("ZeRO-3 moves 1.5× data parallelism's bytes",
+          abs(moved.set_index("run").loc["ZeRO-3", "× data parallel"] - 1.5) < 0.01,
+          ratio=moved.set_index("run").loc["ZeRO-3", "× data parallel"])
 moved
+"""),
+md("""
+## ZeRO-3 prefetch: memory for time
+
+ZeRO-3 gathers each layer's parameters just before it computes. With `prefetch` (the default, as
+FSDP's forward and backward prefetch) the gather of the *next* layer is launched while this one
+computes, so it can arrive in time — at the price of two gathered layers alive at once instead of one
+(`temporary`). *Predict first:* which of the two will the measurement show more clearly on two CPU
+cores — the memory, or the time?
+"""),
+code("""
+no_prefetch = run("zero3-no-prefetch", dp=2, zero=3, prefetch=False)
+pair = {"ZeRO-3, prefetch": runs["ZeRO-3"], "ZeRO-3, no prefetch": no_prefetch}
+timed = lambda r: len(r.metrics) - r.summary["ranks"][0]["steps_excluded"]
+prefetch_table = pd.DataFrame({name: {
+    "temporary peak (MB)": r.summary["ranks"][0]["peak_bytes"].get("temporary", 0) / 1e6,
+    "total at once (MB)": r.summary["ranks"][0]["peak_total_bytes"] / 1e6,
+    "exposed communication per step (ms)": 1e3 * r.summary["ranks"][0]["exposed_comm_s"] / timed(r),
+    "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median()} for name, r in pair.items()}).T
+viz.check("prefetching holds more gathered parameters at once",
+          prefetch_table["temporary peak (MB)"].iloc[0] > prefetch_table["temporary peak (MB)"].iloc[1],
+          with_prefetch_MB=prefetch_table["temporary peak (MB)"].iloc[0],
+          without_MB=prefetch_table["temporary peak (MB)"].iloc[1])
+viz.check("the losses are the same with and without prefetch",
+          list(no_prefetch.metrics.loss) == list(runs["ZeRO-3"].metrics.loss))
+prefetch_table.round(3)
+"""),
+md("""
+The memory is exact and always there: one more gathered layer. The time saving depends on the gather
+having something to hide under: on a GPU the all-gather runs on the network while the SMs compute, and
+prefetching hides most of it; here gloo's thread and the ranks share two cores, so a hidden gather still
+takes compute time away, and the step times differ by little more than this machine's noise.
 """),
 md("""
 ## ZeRO-Offload: the optimizer in host memory
@@ -165,9 +212,10 @@ ZeRO-2's.
 """),
 code("""
 offload = run("zero2-offload", dp=2, zero=2, offload_optimizer=True)
-assert list(offload.metrics.loss) == list(runs["ZeRO-2"].metrics.loss), "the same training, exactly"
+viz.check("offload trains exactly as ZeRO-2", list(offload.metrics.loss) == list(runs["ZeRO-2"].metrics.loss))
 s, base = offload.summary["ranks"][0], runs["ZeRO-2"].summary["ranks"][0]
-assert s["host_peak_bytes"] == s["predicted_host_bytes"] and s["peak_bytes"]["optimizer_state"] == 0
+viz.check("the optimizer states live on the host, as predicted",
+          s["host_peak_bytes"] == s["predicted_host_bytes"] and s["peak_bytes"]["optimizer_state"] == 0)
 STATES = ("parameter", "gradient", "optimizer_state")
 pd.DataFrame({"ZeRO-2 (device)": {c: base["peak_bytes"][c] / 1e6 for c in STATES},
               "ZeRO-2 + offload (device)": {c: s["peak_bytes"][c] / 1e6 for c in STATES},

@@ -12,6 +12,8 @@ code("""
 import os
 import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 import workbench as wb
 from workbench import viz
 from workbench.predict import formulas
@@ -20,8 +22,8 @@ from workbench.config import PRESETS
 OUT = os.path.join("..", "traces", "nb06")
 
 def run(name, **config):
-    config.setdefault("steps", 8)
-    return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name),
+    config = {"model": "tiny", "global_batch": 16, "seed": 0, "steps": 8, **config}
+    return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name),
                      force=True)  # re-running the notebook replaces its own runs
 """),
 md("""
@@ -57,10 +59,79 @@ code("""
 ov = run("overflow", dp=2, precision="fp16", fault="overflow", fault_rank=1, fault_step=3,
          loss_scale_growth_interval=3, steps=10)
 m = ov.metrics
-assert list(m.skipped).index(True) == 3
-px.line(m, x="step", y="loss_scale", markers=True, title="fp16 loss scale (log)", log_y=True,
-        hover_data=["skipped"]).show()
+viz.check("the overflow is skipped at step 3", list(m.skipped).index(True) == 3)
+fig = go.Figure(go.Scatter(x=m.step, y=m.loss_scale, mode="lines+markers", name="loss scale",
+                           line={"color": "#4C78A8"}))
+fig.add_trace(go.Scatter(x=m.step[m.skipped], y=m.loss_scale[m.skipped], mode="markers", name="overflow: step skipped",
+                         marker={"symbol": "x", "size": 14, "color": "#E45756"}))
+ticks = sorted(set(m.loss_scale))
+fig.update_layout(title="fp16 loss scale: halved on the overflow, doubled after 3 good steps", height=340,
+                  xaxis_title="step", yaxis={"type": "log", "title": "loss scale", "tickvals": ticks,
+                                             "ticktext": [f"{t:,.0f}" for t in ticks]})
+fig.show()
 m[["step", "loss", "loss_scale", "skipped", "grad_norm"]]
+"""),
+md("""
+### Why scale at all: gradients at the bottom of fp16's range
+
+fp16 keeps 5 exponent bits: its smallest normal number is 2⁻¹⁴ ≈ 6.1e-5, its smallest subnormal
+2⁻²⁴ ≈ 6e-8 (below it, zero), its largest 65,504. A gradient is a small number: below, every gradient
+value of one backward pass of the `small` model (4 layers, hidden 256), computed in fp32, as a
+histogram of log₂|g|. Those left of 2⁻¹⁴ lose precision as subnormals, those left of 2⁻²⁴ become zero —
+and most of fp16's range, up to 2¹⁶, is unused. Multiplying the loss by a scale S multiplies every
+gradient by S (backward is linear): the histogram slides right. *Predict first:* how large can S be
+before the largest gradient overflows? Move log₂(S).
+"""),
+code("""
+import numpy as np
+import torch
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from workbench.engine.model import GPT
+
+torch.manual_seed(0)
+small = GPT(PRESETS["small"])
+tokens = torch.randint(0, PRESETS["small"].vocab_size, (4, PRESETS["small"].seq_len + 1))
+small(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()).backward()
+g = torch.cat([p.grad.flatten() for p in small.parameters()]).abs()
+log2g = torch.log2(g[g > 0]).numpy()
+MIN_NORMAL, MIN_SUBNORMAL, MAX_FP16 = -14, -24, np.log2(65504)
+
+def shares(log2_scale):
+    x = log2g + log2_scale
+    return {"zero (underflow)": (x < MIN_SUBNORMAL).mean(), "subnormal (precision lost)":
+            ((x >= MIN_SUBNORMAL) & (x < MIN_NORMAL)).mean(), "normal": ((x >= MIN_NORMAL) & (x <= MAX_FP16)).mean(),
+            "inf (overflow)": (x > MAX_FP16).mean()}
+
+def scale_chart(log2_scale=0):
+    x = log2g + log2_scale
+    fig = go.Figure(go.Histogram(x=x, nbinsx=80, marker_color="#4C78A8", name="gradients × S"))
+    for at, label, color in ((MIN_SUBNORMAL, "2⁻²⁴ smallest subnormal", "#E45756"),
+                             (MIN_NORMAL, "2⁻¹⁴ smallest normal", "#F58518"), (MAX_FP16, "65,504 largest", "#54A24B")):
+        fig.add_vline(x=at, line_dash="dash", line_color=color, annotation_text=label, annotation_textangle=-90)
+    s = shares(log2_scale)
+    fig.update_layout(xaxis={"title": "log₂ |gradient × S|", "range": [-40, 20]}, yaxis_title="values", height=360,
+                      title=f"S = 2^{log2_scale}: " + ", ".join(f"{k} {100 * v:.2f} %" for k, v in s.items()))
+    fig.show()
+
+widgets.interact(scale_chart, log2_scale=widgets.IntSlider(value=0, min=0, max=24, description="log₂(S)"));
+"""),
+code("""
+unscaled, scaled = shares(0), shares(8)
+viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by 2⁸ none does",
+          unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"] > 0.01
+          and scaled["zero (underflow)"] + scaled["subnormal (precision lost)"] < 0.01
+          and scaled["inf (overflow)"] == 0,
+          underflow_or_subnormal_unscaled=unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"],
+          at_2_to_8=scaled["zero (underflow)"] + scaled["subnormal (precision lost)"])
+pd.DataFrame({"S = 1": unscaled, "S = 2⁸": scaled}).map(lambda v: f"{100 * v:.3f} %")
+"""),
+md("""
+Gradients shrink further as training goes on and in deeper models (Micikevicius et al. 2018 found most
+of an SSD network's activation gradients below fp16's range). Too large a scale overflows instead: the
+dynamic scaler above starts high, halves on every overflow and doubles after a run of good steps, so it
+sits just below the largest scale that does not overflow. bf16 keeps fp32's 8 exponent bits, so it needs
+no scaling.
 """),
 md("""
 ## Gradient accumulation
@@ -68,12 +139,31 @@ md("""
 With dp = 2, each rank's 8 sequences of the global batch of 16 run as four microbatches of 2: their
 gradients accumulate into the same gradient as one pass over the 8 — the same model as one pass, and
 the data-parallel all-reduce runs only after the last microbatch's backward.
+
+What it is for: **memory**. Only one microbatch's activations are alive at a time, so the activation
+peak is a quarter of one pass over the whole batch — the way to train with a global batch whose
+activations would not fit, at the price of four smaller (less efficient) passes. *Predict first:* what
+share of the activation peak remains, and does the rank's total fall by as much?
 """),
 code("""
 acc = {"one batch of 16": run("batch16", dp=2), "4 microbatches of 2 per rank": run("accum4", dp=2, microbatches=4)}
-assert viz.compare_losses(acc, "one batch of 16").max_abs_diff.max() < 1e-5
+viz.check("accumulating equals one batch within 1e-5",
+          viz.compare_losses(acc, "one batch of 16").max_abs_diff.max() < 1e-5)
 viz.timeline(acc["4 microbatches of 2 per rank"], steps=[7], ranks=[0],
              title="4 forward/backward pairs, one all-reduce at the end").show()
+acc_mem = pd.DataFrame({name: {"activation peak (MB)": r.summary["ranks"][0]["peak_bytes"]["activation"] / 1e6,
+                               "total at once (MB)": r.summary["ranks"][0]["peak_total_bytes"] / 1e6,
+                               "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median()}
+                        for name, r in acc.items()}).T
+share = acc_mem["activation peak (MB)"].iloc[1] / acc_mem["activation peak (MB)"].iloc[0]
+viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak", abs(share - 0.25) < 0.02,
+          share=share)
+acc_mem.round(3)
+"""),
+md("""
+The activation peak is a quarter; the total a rank pays falls by less, because the model states (16Ψ,
+the same in both) do not shrink — on this tiny model they are most of it. On a large model with long
+sequences the activations dominate, and accumulation is what lets the batch grow without more memory.
 """),
 md("""
 ## Activation recomputation
@@ -94,17 +184,59 @@ for mode, r in rc.items():
                  "peak measured": s["peak_bytes"]["activation"], "peak predicted": s["predicted_bytes"]["activation"],
                  "step ms": 1e3 * r.metrics.step_time_s.median()})
 table = pd.DataFrame(rows)
-assert (table["peak measured"] == table["peak predicted"]).all()
+viz.check("activation peaks measured = predicted", table["peak measured"] == table["peak predicted"])
 table
 """),
 code("""
 viz.timeline(rc["full"], steps=[7], title="full recomputation: each block reruns inside backward").show()
-assert viz.compare_losses(rc, "none").max_abs_diff.max() == 0.0
+viz.check("recomputation changes no loss, to the bit", viz.compare_losses(rc, "none").max_abs_diff.max() == 0.0)
 """),
-md("## Learning-rate warm-up, then cosine decay"),
+md("""
+## Fused attention: `attention="sdpa"`
+
+The written-out attention keeps the s × s softmax probabilities of every head for backward (the a·s²·b
+term). torch's `scaled_dot_product_attention` (flash or memory-efficient attention on GPUs) recomputes
+them inside its backward and keeps only one log-sum-exp per row. Both run here on a sequence of 128,
+where the s² term matters; the activation bytes are what autograd really saved (the saved-tensor hooks):
+"""),
 code("""
-lr_run = run("warmup-cosine", lr_schedule="cosine", warmup_steps=5, steps=30, lr=3e-3)
-px.line(lr_run.metrics, x="step", y=["lr"], title="learning rate: 5 warm-up steps, cosine to 10 %").show()
-px.line(lr_run.metrics, x="step", y="loss", title="loss").show()
+LONG = {"base": "tiny", "seq_len": 128}
+attn = {kind: run(f"attention-{kind}", model=LONG, global_batch=4, steps=3, attention=kind)
+        for kind in ("eager", "sdpa")}
+attn_mem = pd.DataFrame({kind: {"activation peak (MB)": r.summary["ranks"][0]["peak_bytes"]["activation"] / 1e6,
+                                "predicted (MB)": r.summary["ranks"][0]["predicted_bytes"]["activation"] / 1e6,
+                                "final loss": r.metrics.loss.iloc[-1]} for kind, r in attn.items()}).T
+viz.check("sdpa keeps fewer activation bytes than the written-out attention, as predicted",
+          attn_mem["activation peak (MB)"]["sdpa"] < attn_mem["activation peak (MB)"]["eager"]
+          and (abs(attn_mem["activation peak (MB)"] - attn_mem["predicted (MB)"]) < 1e-9).all(),
+          share=attn_mem["activation peak (MB)"]["sdpa"] / attn_mem["activation peak (MB)"]["eager"])
+attn_mem
+"""),
+md("""
+## Learning-rate warm-up: with and without
+
+Adam divides each step by a running estimate of the gradient's spread, and in the first steps that
+estimate rests on a handful of gradients: the very first update moves every weight by about the full
+learning rate whatever its gradient. At a high learning rate those first steps throw the model into a
+poor region it takes long to leave. A linear warm-up starts small and lets the estimates settle first.
+*Predict first:* which run ends lower after 40 steps? Two runs of the same model, data and peak rate
+(3e-2, ten times this model's usual), cosine decay, with and without 10 warm-up steps:
+"""),
+code("""
+warm = {"no warm-up": run("lr-no-warmup", lr_schedule="cosine", warmup_steps=0, steps=40, lr=3e-2),
+        "10 warm-up steps": run("lr-warmup", lr_schedule="cosine", warmup_steps=10, steps=40, lr=3e-2)}
+fig = make_subplots(rows=1, cols=2, subplot_titles=("learning rate", "loss"))
+for (name, r), color in zip(warm.items(), ("#E45756", "#4C78A8")):
+    fig.add_trace(go.Scatter(x=r.metrics.step, y=r.metrics.lr, name=name, line={"color": color},
+                             legendgroup=name), row=1, col=1)
+    fig.add_trace(go.Scatter(x=r.metrics.step, y=r.metrics.loss, name=name, line={"color": color},
+                             legendgroup=name, showlegend=False), row=1, col=2)
+fig.update_xaxes(title_text="step")
+fig.update_layout(height=380, title="the same peak learning rate, with and without warm-up")
+fig.show()
+ends = {name: r.metrics.loss.iloc[-5:].mean() for name, r in warm.items()}
+viz.check("with warm-up the loss ends lower (mean of the last 5 steps)",
+          ends["10 warm-up steps"] < ends["no warm-up"], **{k.replace(" ", "_").replace("-", "_"): v
+                                                            for k, v in ends.items()})
 """),
 ], "06_training_techniques.ipynb")

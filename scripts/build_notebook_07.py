@@ -15,6 +15,7 @@ code("""
 import os
 import pandas as pd
 import workbench as wb
+from workbench import viz
 from workbench.predict.estimator import A100_80GB, GPT3_175B
 
 # every term of the step-time model measured here, for runs of up to 4 ranks — from one run of each kind
@@ -32,16 +33,21 @@ code("""
 configs = [wb.RunConfig(dp=2, steps=6), wb.RunConfig(dp=2, zero=3, steps=6), wb.RunConfig(tp=2, steps=6),
            wb.RunConfig(pp=2, microbatches=2, steps=6), wb.RunConfig(dp=2, tp=2, steps=6)]
 cmp = wb.compare(configs, out_dir=os.path.join("..", "traces", "nb07"), hardware=hw, force=True)
-assert (cmp.table.loss_diff_vs_baseline < 1e-5).all()
+viz.check("every strategy's losses equal one process's within 1e-5", cmp.table.loss_diff_vs_baseline < 1e-5)
 t = cmp.table.set_index("strategy")
 # memory_error against what a rank pays (below): DP exact but for Adam's step counters, ZeRO-3 an upper
 # bound by at most 10 %; ZeRO-3 moves 1.5 × DP's bytes (3Ψ against 2Ψ)
-assert abs(t.loc["dp2", "memory_error"]) < 0.01 and 0 <= t.loc["dp2 zero3", "memory_error"] < 0.10, t.memory_error
-assert abs(t.loc["dp2 zero3", "bytes_moved_per_step"] / t.loc["dp2", "bytes_moved_per_step"] - 1.5) < 0.015
-cmp.table[["strategy", "world_size", "step_time_s", "predicted_step_time_s", "step_time_error",
-           "step_time_dominant_term",
-           "peak_total_bytes", "predicted_memory_bytes", "memory_error", "bytes_moved_per_step",
-           "tokens_per_s", "utilisation", "loss_diff_vs_baseline"]]
+viz.check("memory estimated within 1 % (dp2) and 0–10 % over (ZeRO-3)",
+          abs(t.loc["dp2", "memory_error"]) < 0.01 and 0 <= t.loc["dp2 zero3", "memory_error"] < 0.10,
+          dp2=t.loc["dp2", "memory_error"], zero3=t.loc["dp2 zero3", "memory_error"])
+viz.check("ZeRO-3 moves 1.5× dp2's bytes",
+          abs(t.loc["dp2 zero3", "bytes_moved_per_step"] / t.loc["dp2", "bytes_moved_per_step"] - 1.5) < 0.015)
+t = cmp.table   # every column: cmp.table; below, the ones to read first, in units that fit a notebook
+pd.DataFrame({"ranks": t.world_size, "step ms": 1e3 * t.step_time_s, "predicted ms": 1e3 * t.predicted_step_time_s,
+              "step error": t.step_time_error.map("{:+.0%}".format), "dominant term": t.step_time_dominant_term,
+              "memory MB": t.peak_total_bytes / 1e6, "predicted MB": t.predicted_memory_bytes / 1e6,
+              "memory error": t.memory_error.map("{:+.1%}".format), "MB sent/step": t.bytes_moved_per_step / 1e6,
+              "|Δ loss|": t.loss_diff_vs_baseline}).set_index(t.strategy).round(2)
 """),
 md("""
 `memory_error` compares the estimate with the **simultaneous peak of every category** — what a rank
@@ -66,11 +72,137 @@ cmp.timelines().show()
 print("report without Jupyter:", cmp.report(os.path.join("..", "traces", "nb07")))
 """),
 md("""
-## At the brief's scale
+## With N GPUs, the speedup is below N
+
+Adding GPUs never divides the step time by N: every step pays communication that one GPU does not,
+a pipeline's bubble, and work every replica repeats (the optimizer, under plain data parallelism).
+Two ways to count:
+
+- **weak scaling** — the batch per GPU is fixed (8 sequences), so the global batch grows with N; the
+  speedup is the throughput (sequences per second) over one GPU's;
+- **strong scaling** — the global batch is fixed (1,024 sequences), so each GPU gets less work as N grows;
+  the speedup is one GPU's step time over N GPUs'.
+
+Estimated for GPT 1.3B (bf16, data parallelism, 8 GPUs per machine on NVLink, InfiniBand between
+machines) on A100s, with the ideal line, efficiency = speedup / N, and what each step loses.
+*Predict first:* which of the two curves bends away from the ideal first, and why?
+"""),
+code("""
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+N_GPUS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+PER_GPU, GLOBAL, MICRO = 8, 1024, 8
+
+def estimate_at(n, weak, pp=1):
+    dp = n // pp
+    batch = PER_GPU * n if weak else GLOBAL
+    cfg = wb.RunConfig(model="gpt-1.3b", dp=dp, pp=pp, global_batch=batch, precision="bf16",
+                       microbatches=max(1, batch // (MICRO * dp)))
+    return wb.estimate(cfg, hardware=A100_80GB)
+
+scaling = []
+for weak in (True, False):
+    t1 = estimate_at(1, weak).step_time_s
+    for n in N_GPUS:
+        e = estimate_at(n, weak)
+        speedup = n * t1 / e.step_time_s if weak else t1 / e.step_time_s
+        scaling.append({"scaling": "weak (8 sequences per GPU)" if weak else "strong (1,024 sequences per step)",
+                        "GPUs": n, "speedup": speedup, "efficiency": speedup / n, **{
+                            k: e.step_terms.get(k, 0.0) / e.step_time_s for k in ("compute", "dp", "pipeline")},
+                        "per-step overhead": (e.step_terms.get("optimizer", 0) + e.step_terms.get("step", 0)
+                                              + e.step_terms.get("overhead", 0)) / e.step_time_s})
+scaling = pd.DataFrame(scaling)
+fig = make_subplots(rows=1, cols=2, subplot_titles=("speedup (log–log)", "efficiency = speedup / N"))
+fig.add_trace(go.Scatter(x=N_GPUS, y=N_GPUS, name="ideal: N", line={"color": "black", "dash": "dash"}), row=1, col=1)
+for (kind, d), color in zip(scaling.groupby("scaling", sort=False), ("#4C78A8", "#F58518")):
+    fig.add_trace(go.Scatter(x=d.GPUs, y=d.speedup, name=kind, line={"color": color}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=d.GPUs, y=d.efficiency, name=kind, line={"color": color},
+                             showlegend=False), row=1, col=2)
+fig.update_xaxes(type="log", title_text="GPUs")
+fig.update_yaxes(type="log", row=1, col=1)
+fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+fig.update_layout(height=420, title="GPT 1.3B on A100s, data parallel: estimated speedup and efficiency")
+fig.show()
+strong = scaling[scaling.scaling.str.startswith("strong")].set_index("GPUs").efficiency
+viz.check("strong-scaling efficiency is below 1 and falls with N", (strong.iloc[1:] < 1).all()
+          and strong.is_monotonic_decreasing, at_8=strong[8], at_1024=strong[1024])
+"""),
+md("""
+Where the time goes, as a share of each step: the useful compute shrinks as the GPUs get less work each
+(strong scaling), while the all-reduce of the whole model's gradients does not shrink with N (ring:
+2(n−1)/n·S per rank) and leaves the fast NVLink for InfiniBand above 8 GPUs. With pipeline stages
+(right, pp = 4) the bubble joins in: a fixed global batch leaves each pipeline fewer micro-batches as
+N grows, and the bubble's share (p−1)/(m+p−1) rises.
+"""),
+code("""
+COLORS_LOST = {"compute": "#4C78A8", "dp": "#E45756", "pipeline": "#EECA3B", "per-step overhead": "#BAB0AC"}
+NAMES_LOST = {"compute": "useful compute", "dp": "exposed DP communication", "pipeline": "pipeline bubble",
+              "per-step overhead": "per-step overhead (optimizer, replicated)"}
+pp4 = []
+for n in N_GPUS[2:]:
+    e = estimate_at(n, weak=False, pp=4)
+    pp4.append({"GPUs": n, **{k: e.step_terms.get(k, 0.0) / e.step_time_s for k in ("compute", "dp", "pipeline")},
+                "per-step overhead": (e.step_terms.get("optimizer", 0) + e.step_terms.get("step", 0)) / e.step_time_s})
+pp4 = pd.DataFrame(pp4)
+fig = make_subplots(rows=1, cols=2, subplot_titles=("data parallel", "pipeline 4 × data parallel"), shared_yaxes=True)
+dp_only = scaling[scaling.scaling.str.startswith("strong")]
+for col, d in ((1, dp_only), (2, pp4)):
+    for k, color in COLORS_LOST.items():
+        fig.add_trace(go.Bar(x=d.GPUs.astype(str), y=d[k], name=NAMES_LOST[k], marker_color=color,
+                             showlegend=col == 1, legendgroup=k), row=1, col=col)
+fig.update_layout(barmode="stack", height=420, yaxis_title="share of the step",
+                  title="strong scaling (1,024 sequences per step): where each step's time goes")
+fig.show()
+"""),
+md("""
+**Measured here, N = 1, 2, 4.** The same lesson on this machine: the 8-layer model of notebook 01 with
+8 sequences per rank (weak scaling), the ranks on emulated machines joined by the same 0.1 GB/s link, the
+estimate beside each. On two cores a third lever joins: four ranks share two cores, so each computes
+more slowly — the prediction counts that too (the calibrated stretch).
+"""),
+code("""
+from workbench.predict.estimator import estimate, with_emulated_links
+
+EIGHT_LAYERS = {"hidden": 64, "layers": 8, "seq_len": 32}
+measured_scaling = []
+for n in (1, 2, 4):
+    c = dict(model=EIGHT_LAYERS, dp=n, global_batch=8 * n, bucket_mb=0.4,
+             **({"ranks_per_node": 1, "emulate_link": "inter=0.1,10"} if n > 1 else {}))
+    r = wb.launch(wb.RunConfig(steps=10, seed=0, **c), out=os.path.join("..", "traces", "nb07", f"weak-{n}"),
+                  force=True)
+    cfg = wb.RunConfig(**c)
+    measured_scaling.append({"ranks": n, "measured step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
+                             "predicted step (ms)":
+                                 1e3 * estimate(cfg, hardware=with_emulated_links(hw, cfg)).step_time_s})
+ms = pd.DataFrame(measured_scaling).set_index("ranks")
+ms["measured speedup"] = ms.index * ms.loc[1, "measured step (ms)"] / ms["measured step (ms)"]
+ms["predicted speedup"] = ms.index * ms.loc[1, "predicted step (ms)"] / ms["predicted step (ms)"]
+ms["measured efficiency"] = ms["measured speedup"] / ms.index
+viz.check("measured efficiency below 1 at 2 and 4 ranks", (ms["measured efficiency"].iloc[1:] < 1).all(),
+          at_2=ms["measured efficiency"][2], at_4=ms["measured efficiency"][4])
+ms.round(2)
+"""),
+md("""
+**Load imbalance.** A synchronous step is as slow as its slowest rank. Below, rank 1 of four is a
+straggler (`fault="straggle"`: from step 2 it sleeps 30 ms in every step, as a GPU throttled by heat
+or a noisy neighbour would run late). Every other rank finishes its backward on time and then *waits*
+in the gradient all-reduce until rank 1 arrives: the `wait` rows absorb rank 1's delay, every step.
+Notebook 08 shows how `workbench doctor` names the straggler.
+"""),
+code("""
+straggle = wb.launch(wb.RunConfig(dp=4, steps=5, seed=0, fault="straggle", fault_rank=1, fault_step=2,
+                                  fault_delay_s=0.03), out=os.path.join("..", "traces", "nb07", "straggle"), force=True)
+viz.timeline(straggle, steps=[3], title="rank 1 straggles: ranks 0, 2 and 3 wait for it in the all-reduce").show()
+waits = straggle.events[(straggle.events.cat == "wait") & (straggle.events.step >= 2)]
+(waits.groupby("rank").dur_us.sum() / 1e3 / 3).rename("wait per step (ms), steps 2–4").to_frame()
+"""),
+md("""
+## At GPT-3's scale
 
 The ZeRO paper's example (7.5 B parameters, 64 GPUs) and the planner for GPT-3 175B on 96 DGX A100
 nodes — with Megatron's setting (mixed precision, selective recomputation, no ZeRO) it finds the
-brief's layout: tensor parallelism 8 inside each node, 12 pipeline stages, 8 data-parallel replicas.
+classic layout: tensor parallelism 8 inside each node, 12 pipeline stages, 8 data-parallel replicas.
 """),
 code("""
 pd.DataFrame([{"ZeRO stage": z, "GB per GPU": wb.estimate(params=7.5e9, dp=64, zero=z, precision="mixed")
@@ -79,29 +211,56 @@ pd.DataFrame([{"ZeRO stage": z, "GB per GPU": wb.estimate(params=7.5e9, dp=64, z
 code("""
 p = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(0,))
 print(p)
-assert (p.best["tp"], p.best["pp"], p.best["dp"]) == (8, 12, 8)
+viz.check("the planner picks tp 8, pp 12, dp 8", (p.best["tp"], p.best["pp"], p.best["dp"]) == (8, 12, 8),
+          best=(p.best["tp"], p.best["pp"], p.best["dp"]))
 p.candidates.head(10)
+"""),
+md("Where the step time of the five best layouts goes — why the best is best:"),
+code("""
+import plotly.express as px
+
+top = p.candidates.head(5).assign(layout=lambda d: "tp" + d.tp.astype(str) + " pp" + d.pp.astype(str)
+                                  + " dp" + d.dp.astype(str))
+TERMS = {"compute_s": ("compute", "#4C78A8"), "pipeline_s": ("pipeline bubble and transfers", "#EECA3B"),
+         "tp_s": ("tensor-parallel collectives", "#E45756"), "dp_s": ("exposed DP all-reduce", "#F58518"),
+         "other_s": ("optimizer and the rest", "#BAB0AC")}
+fig = px.bar(top.melt(id_vars="layout", value_vars=list(TERMS), var_name="term", value_name="seconds")
+             .assign(term=lambda d: d.term.map(lambda t: TERMS[t][0])),
+             x="layout", y="seconds", color="term",
+             title="the planner's top 5 for GPT-3 on 768 A100s: step time by term",
+             color_discrete_map={name: color for name, color in TERMS.values()})
+fig.update_layout(height=400, yaxis_title="estimated seconds per step", legend_title_text="")
+fig.show()
+top.set_index("layout")[list(TERMS) + ["memory_GB"]].round(2)
 """),
 code("""
 import ipywidgets as widgets
-import plotly.express as px
+
+VERDICT_COLORS = {"fits, ZeRO-0": "#4C78A8", "fits, ZeRO-1": "#54A24B",
+                  "does not fit, ZeRO-0": "#E45756", "does not fit, ZeRO-1": "#F58518"}
 
 def explore(nodes=96, global_batch=1536, zero=False, recompute="selective"):
     q = wb.plan(GPT3_175B, wb.Cluster(nodes, A100_80GB), global_batch=global_batch,
                 zero_stages=(0, 1) if zero else (0,), recompute=recompute)
     print(q)
+    usable = A100_80GB.usable_memory * A100_80GB.memory_bytes / 1e9
     c = q.candidates.assign(
         layout=lambda d: "tp" + d.tp.astype(str) + " pp" + d.pp.astype(str) + " dp" + d.dp.astype(str),
-        verdict=lambda d: d.fits.map({True: "fits in 80 GB", False: "does not fit"}) + ", ZeRO-" + d.zero.astype(str))
-    fig = px.scatter(c, x="memory_GB", y="step_time_s", color="verdict", hover_name="layout",
-                     labels={"memory_GB": "memory per GPU (GB)", "step_time_s": "estimated step time (s)",
+        verdict=lambda d: d.fits.map({True: "fits", False: "does not fit"}) + ", ZeRO-" + d.zero.astype(str))
+    fig = px.scatter(c, x="memory_GB", y="step_time_s", color="verdict", hover_name="layout", log_x=True,
+                     color_discrete_map=VERDICT_COLORS, category_orders={"verdict": list(VERDICT_COLORS)},
+                     labels={"memory_GB": "memory per GPU (GB, log)", "step_time_s": "estimated step time (s)",
                              "verdict": "layout"},
                      title="every layout: memory per GPU against estimated step time")
-    fig.add_vline(x=80, line_dash="dot", annotation_text="80 GB per GPU")
+    fig.add_vline(x=usable, line_dash="dot",
+                  annotation_text=f"{usable:.0f} GB usable ({A100_80GB.usable_memory:.0%} of 80 GB)")
     fig.show()
 
-widgets.interact(explore, nodes=widgets.IntSlider(96, 16, 256, 16),
-                 global_batch=widgets.IntSlider(1536, 256, 4096, 256), zero=False,
-                 recompute=["none", "selective", "full"]);
+wide = {"style": {"description_width": "initial"}, "layout": {"width": "45%"}}
+widgets.interact(explore, nodes=widgets.IntSlider(96, 16, 256, 16, description="nodes", **wide),
+                 global_batch=widgets.IntSlider(1536, 256, 4096, 256, description="global batch", **wide),
+                 zero=widgets.Checkbox(False, description="allow ZeRO-1"),
+                 recompute=widgets.Dropdown(options=["none", "selective", "full"], value="selective",
+                                            description="recompute"));
 """),
 ], "07_compare_and_plan.ipynb")

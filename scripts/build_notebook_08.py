@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import ipywidgets as widgets
 import workbench as wb
+from workbench import viz
 from workbench.predict import formulas
 from workbench.doctor import diagnose
 from workbench.engine.checkpoint import describe
@@ -80,22 +81,32 @@ Young's τ* = √(2δM) (Daly subtracts δ). A job of many machines has a small 
 divided by their number.
 """),
 code("""
+import math
+
 def young_daly_figure(checkpoint_s=30.0, machine_mtbf_days=365.0, machines=1000):
     mtbf = machine_mtbf_days * 86400 / machines
     best = formulas.young_daly_interval(checkpoint_s, mtbf)
-    taus = [best * f for f in [0.1 * 1.2 ** i for i in range(40)]]
-    fig = go.Figure(go.Scatter(x=[t / 60 for t in taus],
-                               y=[100 * formulas.checkpoint_overhead(t, checkpoint_s, mtbf) for t in taus]))
-    lost = formulas.checkpoint_overhead(best, checkpoint_s, mtbf)
-    fig.add_vline(x=best / 60, line_dash="dash", annotation_text=f"τ* = {best / 60:.1f} min, {100 * lost:.1f} % lost")
+    taus = [best * 0.2 * 1.1 ** i for i in range(52)]          # τ*/5 … ≈ 28 τ*: the bowl and its sides
+    lost = [100 * formulas.checkpoint_overhead(t, checkpoint_s, mtbf) for t in taus]
+    at_best = 100 * formulas.checkpoint_overhead(best, checkpoint_s, mtbf)
+    top = min(max(lost), 4 * at_best)                            # the bowl, not the 1/τ wall beside it
+    fig = go.Figure(go.Scatter(x=[t / 60 for t in taus], y=lost, name="time lost", line={"color": "#4C78A8"}))
+    fig.add_trace(go.Scatter(x=[best / 60] * 2, y=[0, top], mode="lines", name="τ*",
+                             line={"dash": "dash", "color": "#E45756"}))
+    # on a log axis an annotation's x is log10 of the value (a plain x would be read as a power of ten)
+    fig.add_annotation(x=math.log10(best / 60), y=top, text=f"τ* = {best / 60:.1f} min: {at_best:.1f} % lost",
+                       showarrow=False, yanchor="bottom", font={"color": "#E45756"})
     fig.update_layout(title=f"job MTBF {mtbf / 3600:.1f} h: time lost against the checkpoint interval",
-                      xaxis_title="interval (min)", yaxis_title="time lost (%)", xaxis_type="log", height=350)
+                      xaxis={"type": "log", "title": "interval (min, log)",
+                             "range": [math.log10(taus[0] / 60), math.log10(taus[-1] / 60)]},
+                      yaxis={"title": "time lost (%)", "range": [0, 1.15 * top]}, height=350, showlegend=False)
     return fig
 
 young_daly_figure().show()
 widgets.interact(lambda checkpoint_s, machine_mtbf_days, machines:
                  young_daly_figure(checkpoint_s, machine_mtbf_days, machines).show(),
-                 checkpoint_s=widgets.FloatLogSlider(value=30, base=10, min=0, max=3, description="δ (s)"),
+                 checkpoint_s=widgets.SelectionSlider(options=[1, 3, 10, 30, 100, 300, 1000], value=30,
+                                                      description="δ (s)"),
                  machine_mtbf_days=widgets.FloatSlider(value=365, min=30, max=1000, description="MTBF (d)"),
                  machines=widgets.IntSlider(value=1000, min=1, max=10000, description="machines"));
 """),
@@ -111,7 +122,7 @@ code("""
 killed = run("killed", dp=2, steps=8, checkpoint_every=2, max_restarts=1, fault="kill", fault_rank=1, fault_step=5)
 clean = run("clean", dp=2, steps=8)
 table = killed.metrics[["step", "loss", "attempt"]].assign(uninterrupted=clean.metrics.loss)
-assert (table.loss == table.uninterrupted).all()
+viz.check("the restarted run's losses equal an uninterrupted run's, exactly", table.loss == table.uninterrupted)
 table
 """),
 md("""
@@ -123,15 +134,21 @@ code("""
 both = json.load(open(os.path.join(killed.path, "trace_all_attempts.json")))["traceEvents"]
 restart = [e["ts"] for e in both if e["name"] == "restart 1"][0]
 fig = go.Figure()
+KINDS = {"step, attempt 0": "#4C78A8", "step, attempt 1": "#54A24B", "checkpoint save": "#FF9DA6"}
+bars = {k: {"x": [], "y": [], "base": [], "text": []} for k in KINDS}
 for e in both:
     if e.get("ph") == "X" and (e["name"].startswith("ProfilerStep") or e.get("cat") == "checkpoint"):
-        after = e["ts"] >= restart
-        color = "#FF9DA6" if e.get("cat") == "checkpoint" else "#54A24B" if after else "#4C78A8"
-        fig.add_trace(go.Bar(x=[e["dur"] / 1e3], y=[f"rank {e['pid']}"], base=[e["ts"] / 1e3], orientation="h",
-                             marker_color=color, hovertext=e["name"], showlegend=False))
+        kind = ("checkpoint save" if e.get("cat") == "checkpoint"
+                else "step, attempt 1" if e["ts"] >= restart else "step, attempt 0")
+        b = bars[kind]
+        b["x"].append(e["dur"] / 1e3); b["y"].append(f"rank {e['pid']}"); b["base"].append(e["ts"] / 1e3)
+        b["text"].append(f"{e['name']}: {e['dur'] / 1e3:.0f} ms")
+for kind, b in bars.items():
+    fig.add_trace(go.Bar(x=b["x"], y=b["y"], base=b["base"], orientation="h", name=kind, marker_color=KINDS[kind],
+                         hovertext=b["text"], hoverinfo="text"))
 fig.add_vline(x=restart / 1e3, line_dash="dash", annotation_text="restart 1")
-fig.update_layout(barmode="overlay", title="steps (blue: attempt 0, green: attempt 1), checkpoints (pink)",
-                  xaxis_title="ms since the first attempt started", height=300)
+fig.update_layout(barmode="overlay", height=320, xaxis_title="ms since the first attempt started",
+                  title="both attempts on one timeline (the first save is the longest: DCP sets up its writers)")
 fig.show()
 sorted(os.listdir(os.path.join(killed.path, "attempts", "restart-0")))
 """),
@@ -144,8 +161,49 @@ run goes on (the metrics say `skipped`).
 """),
 code("""
 nan = run("nan", dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=3)
-assert list(nan.metrics.skipped) == [False, False, False, True, False, False]
+viz.check("only step 3 is skipped", list(nan.metrics.skipped) == [False, False, False, True, False, False])
 nan.metrics[["step", "loss", "grad_norm", "skipped"]]
+"""),
+md("""
+## A loss spike, skipped
+
+Large runs see sudden loss spikes — a bad batch, an optimizer state gone wrong, a flipped bit — and one
+update taken on such a step can set training back by thousands of steps. A common guard (used in the
+PaLM and OPT runs, in spirit) compares each step's loss with the recent ones and skips the update when
+it jumps. `loss_spike_factor=2.0` skips any step whose loss is more than twice the median of the steps
+before it. Here rank 1's loss (and so its gradients) is multiplied by 10 at step 4
+(`fault="loss-spike"`): the global loss, all-reduced before the update, jumps on every rank, and all of
+them skip that update together — the weights and Adam's state stay as they were.
+"""),
+code("""
+spike = run("loss-spike", dp=2, steps=6, loss_spike_factor=2.0, fault="loss-spike", fault_rank=1, fault_step=4)
+m = spike.metrics
+viz.check("the spike at step 4 is skipped, and only it", list(m.skipped) == [False] * 4 + [True, False],
+          loss_at_4=m.loss[4], median_before=m.loss[:4].median())
+fig = go.Figure(go.Scatter(x=m.step, y=m.loss, mode="lines+markers", name="loss", line={"color": "#4C78A8"}))
+fig.add_trace(go.Scatter(x=m.step[m.skipped], y=m.loss[m.skipped], mode="markers", name="update skipped",
+                         marker={"symbol": "x", "size": 14, "color": "#E45756"}))
+fig.update_layout(title="a loss spike (rank 1 × 10 at step 4): every rank skips that update", height=320,
+                  xaxis_title="step", yaxis_title="loss")
+fig.show()
+m[["step", "loss", "skipped", "anomaly"]]
+"""),
+md("""
+## A straggler, found
+
+A rank that is slow but not dead — a GPU throttling on heat, a noisy neighbour, a slow disk — hangs no
+collective, so no timeout fires: the whole job just runs at the straggler's pace, because in a
+synchronous step everyone waits for the slowest. Rank 1 sleeps 40 ms in every step from step 1
+(`fault="straggle"`). `workbench doctor` on the finished run reads each rank's own time (compute, and
+time outside compute and communication) and its time waiting in collectives, and names the rank the
+others wait for.
+"""),
+code("""
+straggler = run("straggle", dp=2, steps=5, fault="straggle", fault_rank=1, fault_step=1, fault_delay_s=0.04)
+straggle_report = diagnose(straggler.path)
+print(straggle_report)
+viz.check("doctor names rank 1 as the straggler", "straggler: rank 1" in straggle_report)
+viz.timeline(straggler, steps=[3], title="rank 0 waits in the all-reduce (wait row) while rank 1 sleeps").show()
 """),
 md("""
 ## A hang, diagnosed
@@ -161,6 +219,30 @@ try:
 except wb.RunFailed as e:
     report = diagnose(e.run.path)
 print(report)
-assert "behind: rank 1" in report
+viz.check("doctor names rank 1 as the one behind", "behind: rank 1" in report)
+"""),
+md("""
+## On GPUs: what else fails, and who notices
+
+Everything above runs on this CPU. A GPU cluster adds failures a CPU does not have, and tools to see them
+(none of which run here):
+
+- **The NCCL watchdog.** NCCL's collectives run on the GPU, asynchronously; a collective that never
+  completes is noticed by a watchdog thread in each process (`TORCH_NCCL_ASYNC_ERROR_HANDLING`), which
+  aborts the communicator after the process group's timeout and — with `TORCH_NCCL_DUMP_ON_TIMEOUT` —
+  writes torch's flight recorder (`workbench doctor` reads those dumps beside ours, as above).
+- **Xid errors.** The NVIDIA driver logs GPU faults as numbered Xid events in the kernel log (`dmesg`):
+  Xid 79 (the GPU fell off the bus), 48 and 63/64 (ECC memory errors, page retirement), 31 (a memory
+  page fault in a kernel), 13 (graphics engine exception). Some need only the job restarted, some a GPU
+  reset or the machine drained.
+- **ECC errors.** Single-bit errors are corrected and counted; double-bit errors are not correctable
+  and kill the process using that memory. A rising corrected-error count is an early warning.
+- **Health monitoring.** `nvidia-smi` (temperature, power, clocks, throttle reasons, ECC counts),
+  NVML (the library under it, for programs) and **DCGM** (NVIDIA's Data Center GPU Manager: fleet-wide
+  health checks, diagnostics, metrics for Prometheus) watch the GPUs while jobs run; a scheduler drains a
+  machine whose GPUs report errors before the job lands on it again.
+
+What this notebook shows on a CPU — restart from a checkpoint, a skipped bad step, a hang diagnosed, a
+straggler named — is the same machinery a GPU job relies on; the GPU-only signals above feed into it.
 """),
 ], "08_fault_tolerance.ipynb")

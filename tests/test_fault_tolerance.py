@@ -64,3 +64,18 @@ def test_a_loss_spike_is_skipped_like_a_nan_gradient(launched):
     for t in spike.traces:
         opt = [e["args"] for e in t["traceEvents"] if e.get("name") == "optimizer"]
         assert opt[4]["anomaly"] == "loss spike" and opt[4]["skipped"]
+
+
+def test_doctor_names_a_straggler(launched):
+    """Rank 1 sleeps 40 ms in every step from step 1 ("straggle"): the other rank waits for it in the
+    gradient all-reduce, and `workbench doctor` on the finished run names rank 1 by that imbalance (40 ms
+    is several times this machine's step: no noise makes rank 0 the slow one). A balanced run is not
+    asserted to show no straggler: one 100 ms hiccup of the shared machine can put one rank 10 % of a
+    step behind on average, and the read-out would say so, rightly."""
+    from workbench.doctor import diagnose
+
+    slow = launched(dp=2, steps=5, fault="straggle", fault_rank=1, fault_step=1, fault_delay_s=0.04)
+    report = diagnose(slow.path)
+    assert "straggler: rank 1" in report, report
+    waits = {r["rank"]: r["exposed_comm_s"] for r in slow.summary["ranks"]}
+    assert waits[0] > waits[1] + 0.03 * 4, ("rank 0 waits ~40 ms per timed step for rank 1", waits)

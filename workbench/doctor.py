@@ -66,13 +66,54 @@ def _last_frame(traceback: str) -> str:
     return f"{frames[-1][2]} ({os.path.basename(frames[-1][0])}:{frames[-1][1]})" if frames else "?"
 
 
+def balance(run_dir: str) -> list[str]:
+    """For a run that finished: is one rank behind the others? From summary.json's per-rank totals over
+    the timed steps: each rank's own time (compute, plus time outside compute and communication — a
+    straggler's sleep, a throttled device's stall) and its exposed communication (waiting in
+    collectives). In a synchronous step the others wait for the slowest: the rank with the most own time
+    is the straggler when the others' waiting is about its excess."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        ranks = json.load(f).get("ranks", [])
+    timed = [r for r in ranks if r.get("step_time_s") and r.get("compute_s") is not None]
+    if len(timed) < 2:
+        return []
+    with open(os.path.join(run_dir, "config.json")) as f:
+        steps = max(1, json.load(f)["steps"] - timed[0].get("steps_excluded", 0))
+    own = {r["rank"]: (r["compute_s"] + r["idle_s"]) / steps for r in timed}
+    waits = {r["rank"]: r["exposed_comm_s"] / steps for r in timed}
+    slow = max(own, key=own.get)
+    others = [r for r in own if r != slow]
+    excess = own[slow] - sorted(own[r] for r in others)[len(others) // 2]
+    step_s = timed[0]["step_time_s"]
+    lines = ["", "load balance (per step, over the timed steps):"]
+    lines += [f"  rank {r}: own work and stalls {1e3 * own[r]:.1f} ms, waiting in collectives {1e3 * waits[r]:.1f} ms"
+              for r in sorted(own)]
+    if excess > max(0.1 * step_s, 1e-3) and min(waits[r] for r in others) > waits[slow]:
+        lines.append(f"straggler: rank {slow} — {1e3 * excess:.1f} ms per step more than the others, who wait "
+                     f"for it in their collectives ({1e3 * min(waits[r] for r in others):.1f} ms or more each)")
+    else:
+        lines.append("no straggler: the ranks' own time is within 10 % of a step of each other")
+    return lines
+
+
+def _shortened(message: str, limit: int = 400) -> str:
+    """The message whole if short, else cut at the last word boundary before `limit`, marked with …"""
+    if len(message) <= limit:
+        return message
+    return message[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def diagnose(run_dir: str) -> str:
     errors = _errors(run_dir)
     if not errors:
-        return f"{run_dir}: no rank left an error file: the run did not fail (or died before it could write one)"
+        return "\n".join([f"{run_dir}: no rank left an error file: the run did not fail (or died before it "
+                          f"could write one)"] + balance(run_dir))
     first = min(errors.values(), key=lambda e: (e.get("secondary", False), e.get("time", 0)))
     lines = [f"{run_dir}: {len(errors)} rank(s) failed; the first cause: rank {first['rank']}: "
-             f"{first['type']}: {first['message'][:300]}", ""]
+             f"{first['type']}: {_shortened(first['message'])}", ""]
     for rank, err in sorted(errors.items()):
         newest = err.get("last_collectives", [])[-1:] or [None]
         lines.append(f"  rank {rank}: {err['type']} at {_last_frame(err.get('traceback', ''))}; "

@@ -146,12 +146,15 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
 
 def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     """`peak_bytes` (each category's highest counter), `peak_total_bytes` (the highest sum of all
-    categories at one snapshot: what the rank really pays) and, where the allocator was read (CUDA, or
-    CPU with --profile-memory), `allocator_peak_bytes`, `unattributed_bytes` (what the allocator held
-    at its peak beyond the categories and, on CPU, beyond what the backend's own threads had allocated)
-    and `attributed_share_min` (the smallest share of the allocator's bytes so explained at any snapshot)."""
+    categories at one snapshot: what the rank really pays), `bytes_at_peak_total` (each category at that
+    snapshot: they sum to peak_total_bytes, where the peaks of `peak_bytes` need not coincide) and, where
+    the allocator was read (CUDA, or CPU with --profile-memory), `allocator_peak_bytes`,
+    `unattributed_bytes` (what the allocator held at its peak beyond the categories and, on CPU, beyond
+    what the backend's own threads had allocated) and `attributed_share_min` (the smallest share of the
+    allocator's bytes so explained at any snapshot)."""
     peaks: dict[str, int] = {}
     totals: dict[float, int] = {}
+    at_peak: dict[str, int] = {}
     host: dict[str, int] = {}  # ZeRO-Offload's host side
     allocator: dict[str, int] = {}
     allocated: dict[float, int] = {}
@@ -161,6 +164,8 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
             for k, v in e["args"].items():
                 peaks[k] = max(peaks.get(k, 0), int(v))
             totals[e["ts"]] = int(sum(e["args"].values()))
+            if totals[e["ts"]] > sum(at_peak.values()) or not at_peak:
+                at_peak = {k: int(v) for k, v in e["args"].items()}
         elif e.get("ph") == "C" and e["name"] == "host_memory":
             for k, v in e["args"].items():
                 host[k] = max(host.get(k, 0), int(v))
@@ -169,7 +174,8 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
                 allocator[k] = max(allocator.get(k, 0), int(v))
             allocated[e["ts"]] = int(e["args"]["allocated"])
             backend[e["ts"]] = int(e["args"].get("backend_threads", 0))
-    out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0)}
+    out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0),
+                           "bytes_at_peak_total": at_peak}
     if host:
         out["host_peak_bytes"] = host
     if allocator:

@@ -41,28 +41,48 @@ def _spawn(fn, world: int, *args) -> dict:
             return ast.literal_eval(f.read())
 
 
-def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str) -> None:
+def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str,
+                      sizes: tuple[int, ...] = (1 << 10, 1 << 22), repeats: int = 12) -> None:
     import torch
     import torch.distributed as dist
 
     device = _init(rank, world, store_path, backend)
     results = {}
-    for numel in (256, 1 << 20):
-        buf = torch.ones(numel, device=device)
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), device=device)
         ts = []
-        for _ in range(12):
+        for _ in range(repeats):
             dist.barrier()
             t = time.perf_counter()
             dist.all_reduce(buf)
             if device != "cpu":
                 torch.cuda.synchronize()
             ts.append(time.perf_counter() - t)
-        results[numel * 4] = statistics.median(ts[2:])
+        results[buf.numel() * 4] = statistics.median(ts[2:])
     if rank == 0:
         with open(out, "w") as f:
             f.write(repr(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def allreduce_times(sizes: tuple[int, ...], world: int = 2, backend: str = "gloo",
+                    repeats: int = 12) -> dict[int, float]:
+    """Median seconds of a `world`-rank all-reduce of each size in bytes (fp32 values, `repeats` times
+    each after a barrier, the first two dropped): {bytes: seconds}, measured by the clock."""
+    return _spawn(_allreduce_worker, world, backend, tuple(sizes), repeats)
+
+
+def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
+    """α (s) and β (bytes/s) of t = α + S·2(n−1)/n / β fitted to measured {bytes: seconds}, by least squares
+    on the *relative* residual (weights 1/t²): over sizes from kilobytes to tens of megabytes a plain fit
+    would follow only the largest sizes, and leave α — what the small ones measure — to chance."""
+    factor = 2 * (world - 1) / world
+    pts = [(factor * s, t, 1 / t**2) for s, t in times.items()]
+    sw = sum(w for _, _, w in pts)
+    mx, my = (sum(w * x for x, _, w in pts) / sw), (sum(w * y for _, y, w in pts) / sw)
+    slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sum(w * (x - mx) ** 2 for x, _, w in pts)
+    return max(my - slope * mx, 1e-7), 1 / max(slope, 1e-15)
 
 
 def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:

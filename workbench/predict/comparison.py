@@ -27,6 +27,7 @@ from workbench.predict import formulas
 from workbench.predict.estimator import Hardware, estimate, with_emulated_links
 from workbench.run import Run
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
+from workbench.viz.palette import MEMORY_COLORS, span_color
 
 
 def strategy_name(c: RunConfig) -> str:
@@ -62,28 +63,36 @@ class Comparison:
 
     def timelines(self) -> go.Figure:
         """Each run's last step, rank 0's compute and communication, on one time axis."""
-        names = list(self.runs)
+        names, shown = list(self.runs), set()
         fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)
         for i, name in enumerate(names, start=1):
             ev = self.runs[name].events
             step = ev.step.max()
             ev = ev[(ev.step == step) & (ev["rank"] == 0) & (ev.cat != "step")]
             t0 = ev.start_us.min()
+            ev = ev.assign(cat=ev.cat.where(ev.kind != "async", ev.cat + " in flight"))
             for cat, g in ev.groupby("cat"):
                 fig.add_trace(go.Bar(y=g.lane, x=g.dur_us / 1e3, base=(g.start_us - t0) / 1e3, orientation="h",
-                                     name=cat, legendgroup=cat, showlegend=i == 1), row=i, col=1)
+                                     name=cat, legendgroup=cat, showlegend=cat not in shown,
+                                     marker_color=span_color(cat)), row=i, col=1)
+                shown.add(cat)
         fig.update_layout(barmode="overlay", height=200 * len(names), title="rank 0, last step, one time axis (ms)")
         return fig
 
     def memory(self) -> go.Figure:
+        """Rank 0's categories at the moment their sum peaked (the stack's height is what the rank pays at
+        once, `peak_total_bytes`), beside the estimate of that simultaneous total. Stacking each category's
+        own peak would overstate it: activations peak mid-step, gradients and optimizer states later."""
         fig = go.Figure()
         for cat in CATEGORIES:
-            col = f"peak_{cat}_bytes"
+            col = f"at_peak_{cat}_bytes"
             if self.table[col].any():
-                fig.add_trace(go.Bar(x=self.table.strategy, y=self.table[col] / 1e6, name=cat))
+                fig.add_trace(go.Bar(x=self.table.strategy, y=self.table[col] / 1e6, name=cat,
+                                     marker_color=MEMORY_COLORS[cat]))
         fig.add_trace(go.Scatter(x=self.table.strategy, y=self.table.predicted_memory_bytes / 1e6, mode="markers",
-                                 marker={"symbol": "x", "size": 12, "color": "black"}, name="estimated"))
-        fig.update_layout(barmode="stack", yaxis_title="MB, rank 0", title="memory per rank by category")
+                                 marker={"symbol": "x", "size": 12, "color": "black"}, name="estimated total"))
+        fig.update_layout(barmode="stack", yaxis_title="MB, rank 0, at its simultaneous peak",
+                          title="memory per rank: each category at the moment their total peaked")
         return fig
 
     def report(self, out_dir: str) -> str:
@@ -115,6 +124,7 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
            "achieved_flops": flops / step,
            "utilisation": flops / step / (hw.peak_flops * c.world_size) if hw else None,
            **{f"peak_{k}_bytes": r0["peak_bytes"].get(k, 0) for k in CATEGORIES}, "peak_total_bytes": measured_mem,
+           **{f"at_peak_{k}_bytes": r0.get("bytes_at_peak_total", {}).get(k, 0) for k in CATEGORIES},
            "bytes_moved_per_step": r0["bytes_moved_per_step"],
            "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
            "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),

@@ -52,6 +52,15 @@ class Plan:
         return "\n".join(self.explanation)
 
 
+def _terms(e: Estimate) -> dict[str, float]:
+    """The step time's split (seconds): compute, tensor-parallel, pipeline (bubble and transfers) and
+    exposed data-parallel communication, and the rest (optimizer, ZeRO traffic, offload, fixed costs)."""
+    main = {"compute_s": "compute", "tp_s": "tp", "pipeline_s": "pipeline", "dp_s": "dp"}
+    out = {col: e.step_terms.get(term, 0.0) for col, term in main.items()}
+    out["other_s"] = sum(e.step_terms.values()) - sum(out.values())
+    return out
+
+
 def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
          zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
          sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,)) -> Plan:
@@ -76,7 +85,7 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
                              "model_states_GB": e.model_state_bytes_per_rank / 1e9,
                              "activations_GB": e.activation_bytes_per_rank / 1e9,
                              "memory_GB": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
-                             "bubble": e.bubble_fraction, "step_time_s": e.step_time_s})
+                             "bubble": e.bubble_fraction, "step_time_s": e.step_time_s, **_terms(e)})
     table = pd.DataFrame(rows).sort_values(["fits", "step_time_s", "memory_GB"], ascending=[False, True, True])
     table = table.reset_index(drop=True)
     fitting = table[table.fits]
@@ -99,8 +108,9 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
         smaller = table[(table.tp == best["tp"]) & (table.pp < best["pp"]) & (table.zero == best["zero"])]
         if len(smaller):
             s = smaller.sort_values("pp").iloc[-1]
-            why.append(f"pp {s['pp']} would need {s['memory_GB']:.1f} GB per GPU: "
-                       f"{'fits' if s['fits'] else 'does not fit'}.")
+            why.append(f"pp {s['pp']} would need {s['memory_GB']:.1f} GB per GPU: " + (
+                f"fits, but its step is estimated at {s['step_time_s']:.1f} s, not shorter" if s["fits"]
+                else "does not fit") + ".")
     else:
         why.append("no layout fits: add GPUs, recompute activations, or shard more (ZeRO).")
     return Plan(table, best, why)

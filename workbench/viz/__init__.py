@@ -1,5 +1,6 @@
 """Charts of run directories (plotly). Reads Runs and DataFrames only: never imports torch."""
 
+from workbench.viz.check import check
 from workbench.viz.loss import compare_losses, loss_curves
 from workbench.viz.memory import memory_breakdown, memory_over_time
 from workbench.viz.pipeline import bubble_vs_m, planned, planned_vs_measured
@@ -8,6 +9,6 @@ from workbench.viz.tensor_parallel import shard_table, tp_shards
 from workbench.viz.timeline import overlap_table, timeline
 from workbench.viz.zero import formula_figure, stages_side_by_side
 
-__all__ = ["bubble_vs_m", "compare_losses", "loss_curves", "memory_breakdown", "memory_over_time", "overlap_table",
-           "formula_figure", "planned", "planned_vs_measured", "stages_side_by_side",
+__all__ = ["bubble_vs_m", "check", "compare_losses", "loss_curves", "memory_breakdown", "memory_over_time",
+           "overlap_table", "formula_figure", "planned", "planned_vs_measured", "stages_side_by_side",
            "ring_all_reduces", "ring_steps", "shard_table", "timeline", "tp_shards"]

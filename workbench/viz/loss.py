@@ -7,6 +7,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.run import Run
+from workbench.viz.palette import SERIES_COLORS
+
+SYMBOLS = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "hexagon"]
 
 
 def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
@@ -18,17 +21,27 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
     diffs = {name: (run.metrics.set_index("step").loss - base).abs() for name, run in runs.items()
              if base is not None and name != baseline}
     zeros = sum(int((d == 0).sum()) for d in diffs.values())
-    titles = ["loss per step"] + ([f"|loss − {baseline}|" + (f" ({zeros} bit-identical steps: 0, not drawn)"
+    titles = ["loss per step"] + ([f"|loss − {baseline}|" + (f" ({zeros} steps equal to the bit: 0, not drawn)"
                                                                if zeros else "")] if baseline else [])
     fig = make_subplots(rows=1, cols=cols, subplot_titles=titles, horizontal_spacing=0.12)
+    others = [n for n in runs if n != baseline]
+    # one colour per run, the same for its curve and its |Δ| dots; each run its own marker, larger to
+    # smaller, so that equal differences do not hide each other
+    color = {n: SERIES_COLORS[i % len(SERIES_COLORS)] for i, n in enumerate(others)}
+    symbol = {n: SYMBOLS[i % len(SYMBOLS)] for i, n in enumerate(others)}
+    size = {n: 13 - 8 * i / max(1, len(others) - 1) for i, n in enumerate(others)}
     for name, run in sorted(runs.items(), key=lambda kv: kv[0] != baseline):  # the baseline first: underneath
         m = run.metrics
-        wide = {"width": 7, "color": "rgba(120,120,120,0.45)"} if name == baseline else {"width": 2}
+        wide = ({"width": 7, "color": "rgba(120,120,120,0.45)"} if name == baseline
+                else {"width": 2, "color": color[name]})
         fig.add_trace(go.Scatter(x=m.step, y=m.loss, name=name, mode="lines" if name == baseline else "lines+markers",
-                                 line=wide, legendgroup=name), 1, 1)
+                                 line=wide, marker={"color": wide["color"], "symbol": symbol.get(name, "circle")},
+                                 legendgroup=name), 1, 1)
         if name in diffs:
             d = diffs[name]
             fig.add_trace(go.Scatter(x=d.index, y=d.where(d > 0).values, name=name, mode="markers",
+                                     marker={"color": color[name], "symbol": symbol[name], "size": size[name],
+                                             "line": {"width": 1, "color": "white"}},
                                      legendgroup=name, showlegend=False), 1, 2)
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="loss (nats per token)", row=1, col=1)

@@ -5,42 +5,40 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from workbench.run import Run
-from workbench.trace.recorder import MEMORY_CATEGORIES
-
-#: one colour per memory category, in the categories' order
-CATEGORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2",
-                                               "#BAB0AC"), strict=True))
+from workbench.viz.palette import MEMORY_COLORS as CATEGORY_COLORS
 
 
 def memory_breakdown(run: Run, title: str | None = None) -> go.Figure:
     """Per rank, two stacked bars: the peak of each category measured, and the formulas' prediction."""
     ranks = run.summary.get("ranks", [])
+    # many ranks: short labels, kept horizontal (rotated ones took a third of the chart)
+    kinds = ("meas.", "pred.") if len(ranks) > 4 else ("measured", "predicted")
     fig = go.Figure()
     for cat, color in CATEGORY_COLORS.items():
         x0, x1, y = [], [], []
         for r in ranks:
-            for kind, source in (("measured", r["peak_bytes"]), ("predicted", r["predicted_bytes"])):
-                if cat in source or kind == "measured":
+            for kind, source in ((kinds[0], r["peak_bytes"]), (kinds[1], r["predicted_bytes"])):
+                if cat in source or kind == kinds[0]:
                     x0.append(f"rank {r['rank']}")
                     x1.append(kind)
                     y.append(source.get(cat, 0) / 1e6)
         if any(y):
             fig.add_trace(go.Bar(x=[x0, x1], y=y, name=cat, marker_color=color,
                                  hovertemplate=f"{cat}: %{{y:.4f}} MB<extra></extra>"))
-    totals = [(f"rank {r['rank']}", "measured", r["peak_total_bytes"] / 1e6) for r in ranks if "peak_total_bytes" in r]
+    totals = [(f"rank {r['rank']}", kinds[0], r["peak_total_bytes"] / 1e6) for r in ranks if "peak_total_bytes" in r]
     if totals:  # the categories peak at different moments: what the rank pays at once is lower than the stack
         fig.add_trace(go.Scatter(x=[[t[0] for t in totals], [t[1] for t in totals]], y=[t[2] for t in totals],
                                  mode="markers", name="simultaneous total (measured)",
                                  marker={"symbol": "line-ew-open", "size": 40, "color": "black", "line": {"width": 3}},
                                  hovertemplate="all categories at once: %{y:.4f} MB<extra></extra>"))
-    alloc = [(f"rank {r['rank']}", "measured", r["allocator_peak_bytes"]["allocated"] / 1e6) for r in ranks
+    alloc = [(f"rank {r['rank']}", kinds[0], r["allocator_peak_bytes"]["allocated"] / 1e6) for r in ranks
              if "allocator_peak_bytes" in r]
     if alloc:
         fig.add_trace(go.Scatter(x=[[a[0] for a in alloc], [a[1] for a in alloc]], y=[a[2] for a in alloc],
                                  mode="markers", name="allocator peak (measured)",
                                  marker={"symbol": "diamond", "size": 10, "color": "black"},
                                  hovertemplate="allocator: %{y:.4f} MB<extra></extra>"))
-    fig.update_layout(barmode="stack", yaxis_title="MB (peak per category)",
+    fig.update_layout(barmode="stack", yaxis_title="MB (peak per category)", xaxis_tickangle=0,
                       title=title or "memory per rank — measured peak beside predicted")
     return fig
 

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from workbench.pipeline.actions import peak_in_flight
 from workbench.pipeline.schedule import build_schedule, simulate
 from workbench.predict import formulas
 from workbench.run import Run
@@ -40,16 +41,24 @@ def _bars(fig: go.Figure, rows: list[tuple[int, str, int, int, float, float]], r
         shown.add(key)
 
 
-def planned(name: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0) -> go.Figure:
-    """The simulated timeline of a schedule; the title carries its bubble beside the formula."""
+def planned(name: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
+            t_comm: float = 0.0) -> go.Figure:
+    """The simulated timeline of a schedule (each transfer between stages taking t_comm); the title
+    carries its bubble beside the formula (which assumes free transfers), and each rank's label the most
+    micro-batches whose activations it holds at once."""
     s = build_schedule(name, p, m, v)
-    tl = simulate(s, t_f, t_b)
+    tl = simulate(s, t_f, t_b, t_comm)
+    held = peak_in_flight(s)
     fig = go.Figure()
     _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans])
     fig.update_layout(barmode="overlay", xaxis_title="time (one forward = 1)",
-                      yaxis={"autorange": "reversed", "title": "rank"}, uniformtext={"minsize": 9, "mode": "hide"},
+                      yaxis={"autorange": "reversed", "title": "rank (most micro-batches' activations held)",
+                             "tickvals": [f"rank {r}" for r in range(p)],
+                             "ticktext": [f"rank {r} · {held[r]}" for r in range(p)]},
+                      uniformtext={"minsize": 9, "mode": "hide"},
                       title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} "
-                            f"(formula (p−1)/(v·m+p−1) = {formulas.bubble_fraction(p, m, v):.3f})",
+                            f"(formula (p−1)/(v·m+p−1) = {formulas.bubble_fraction(p, m, v):.3f}"
+                            + (f", free transfers; here each takes {t_comm:g})" if t_comm else ")"),
                       height=140 + 45 * p)
     return fig
 
@@ -124,6 +133,7 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
     m = widgets.IntSlider(value=8, min=1, max=32, description="m (microbatches)", **wide)
     v = widgets.IntSlider(value=2, min=1, max=4, description="v (chunks per rank)", **wide)
     ratio = widgets.FloatSlider(value=2.0, min=0.5, max=4.0, step=0.5, description="t_b / t_f", **wide)
+    comm = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.1, description="t_comm / t_f", **wide)
 
     def draw(_: object = None) -> None:
         interleaved = schedule.value == "interleaved"
@@ -135,10 +145,11 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
             m.min, m.step = step, step
         out.clear_output(wait=True)
         with out:
-            planned(schedule.value, p.value, m.value, v.value if interleaved else 1, 1.0, ratio.value).show()
+            planned(schedule.value, p.value, m.value, v.value if interleaved else 1, 1.0, ratio.value,
+                    comm.value).show()
 
-    for w in (schedule, p, m, v, ratio):
+    for w in (schedule, p, m, v, ratio, comm):
         w.observe(draw, names="value")
     draw()
-    return widgets.VBox([widgets.HBox([schedule, ratio]), widgets.HBox([p, m, v]), out],
+    return widgets.VBox([widgets.HBox([schedule, ratio, comm]), widgets.HBox([p, m, v]), out],
                         layout={"width": "100%"})

@@ -31,7 +31,9 @@ def ring_collectives(run: Run) -> pd.DataFrame:
     ops = ev[(ev.cat == "collective") & (ev.algorithm == "ring")]
     first = ops[ops["rank"] == ops["rank"].min()]
     ring = ev[ev.cat == "ring_step"]
-    counts = ring[ring["rank"] == ring["rank"].min()].groupby(["step", "group", "seq"]).size().rename("ring_steps")
+    # the steps of the whole collective, over every rank (a pipelined broadcast's source sends in fewer
+    # of them than the chain takes): what ring_steps() draws
+    counts = ring.groupby(["step", "group", "seq"]).ring_step.nunique().rename("ring_steps")
     out = first[["step", "group", "seq", "op", "bytes"]].merge(counts.reset_index(), on=["step", "group", "seq"])
     out["ranks"] = [ops[(ops.step == r.step) & (ops.group == r.group) & (ops.seq == r.seq)]["rank"].nunique()
                     for r in out.itertuples()]
@@ -111,6 +113,7 @@ def _figure(one: pd.DataFrame, states: list, ranks: list[int], op: str, size: in
             notes = [{"x": f"chunk {int(s.recv_chunk)}", "y": f"rank {ranks[int(s['rank'])]}",
                       "ax": f"chunk {int(s.recv_chunk)}", "ay": f"rank {ranks[int(s.recv_peer)]}", "xref": "x",
                       "yref": "y", "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowwidth": 2,
+                      "standoff": 14, "startstandoff": 14,  # from cell edge to cell edge: the labels stay readable
                       "arrowcolor": "#E45756" if s.phase == "reduce_scatter" else "#54A24B", "text": ""}
                      for _, s in moved.iterrows()]
         # two lines: one ran past a notebook's width and was clipped

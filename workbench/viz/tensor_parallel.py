@@ -14,8 +14,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.run import Run
+from workbench.viz.palette import SERIES_COLORS
 
-RANK_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D"]
+RANK_COLORS = SERIES_COLORS
 
 PANELS = [  # (parameter, title, kind)
     ("wte.weight", "embedding (vocab-parallel)", "rows"),
@@ -64,6 +65,7 @@ def tp_shards(run: Run) -> go.Figure:
             # qkv stripes are too thin to write in: its labels show on hover only
             fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers" if kind == "qkv" else "text",
                                      text=[label], marker={"size": 1, "color": color}, showlegend=False,
+                                     textfont={"color": "white"},  # the trace's colour would be the fill's
                                      hovertemplate=f"{name}: {label}<extra></extra>"), **at)
         fig.update_xaxes(range=[0, in_f], title_text=f"in features ({in_f})", showgrid=False, **at)
         fig.update_yaxes(range=[out_f, 0], title_text=f"out features ({out_f})", showgrid=False, **at)

@@ -13,13 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.run import Run
+from workbench.viz.palette import span_color
 
-COLORS = {
-    "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "optimizer": "#54A24B",
-    "collective": "#E45756", "p2p": "#9D755D", "wait": "#BAB0AC", "ring_step": "#72B7B2",
-    "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD", "torch op": "#9ecae9",
-    "launch": "#D3D3D3", "offload": "#8CD17D", "emulated": "#C9C9C9",
-}
 #: `launch`: the host queueing an operation (on CUDA every operation; on gloo the asynchronous ones);
 #: `offload`: ZeRO-Offload's copies between device and host
 LANE_ORDER = ["compute", "torch ops", "launch", "comm", "comm in flight", "wait", "offload", "schedule", "ring"]
@@ -28,6 +23,9 @@ LANE_ORDER = ["compute", "torch ops", "launch", "comm", "comm in flight", "wait"
 def _rows(events: pd.DataFrame) -> pd.DataFrame:
     ev = events.copy()
     ev["row_lane"] = ev.lane.where(ev.kind != "async", "comm in flight")
+    # an asynchronous collective's bar is its transfer in flight: its own colour, apart from blocking
+    # collectives and from `wait` (the host blocked: on the transfer, or on a slower peer)
+    ev["cat"] = ev.cat.where(ev.kind != "async", ev.cat + " in flight")
     ev = ev[~((ev.cat == "step") & (ev.lane == "compute"))]  # the step span encloses everything
     ev["row"] = "rank " + ev["rank"].astype(str) + " · " + ev.row_lane
     return ev
@@ -42,7 +40,7 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
         return go.Figure(layout={"title": "no events recorded"})
     all_steps = sorted(int(s) for s in ev.step.dropna().unique())
     steps = steps if steps is not None else all_steps[-2:]
-    ev = ev[ev.step.isin(steps)]
+    ev = _in_steps(ev, steps)
     if ranks is not None:
         ev = ev[ev["rank"].isin(ranks)]
     if torch_ops:
@@ -55,17 +53,29 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
     for cat, group in ev.groupby("cat", sort=False):
         fig.add_trace(go.Bar(
             y=group.row, x=group.dur_us / 1e3, base=(group.start_us - t0) / 1e3, orientation="h",
-            name=cat, marker_color=COLORS.get(cat, "#888"), marker_line_width=0.5, marker_line_color="white",
+            name=cat, marker_color=span_color(cat), marker_line_width=0.5, marker_line_color="white",
             customdata=_hover(group), hovertemplate="%{customdata}<extra></extra>",
         ))
     fig.update_layout(
         barmode="overlay", title=title or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, "
                                           f"steps {steps}",
-        xaxis_title="time (ms)", height=max(300, 28 * len(order) + 120),
+        xaxis_title="time (ms)", height=max(300, 28 * len(order) + 120) + 60,
         yaxis={"categoryorder": "array", "categoryarray": list(reversed(order)), "title": "rank · lane"},
-        legend={"title": {"text": "span"}}, margin={"l": 150},
+        # below the chart, in rows: at the side a long legend scrolled and hid its last kinds
+        legend={"title": {"text": "span"}, "orientation": "h", "yanchor": "top", "xanchor": "left", "x": 0,
+                "y": -60 / max(300, 28 * len(order) + 120)}, margin={"l": 150, "b": 110},
     )
     return fig
+
+
+def _in_steps(ev: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
+    """The events of the given steps, and those carrying no step number (recomputation, some
+    checkpoint and schedule spans) that lie inside those steps' window on their rank."""
+    tagged = ev[ev.step.isin(steps)]
+    window = tagged.groupby("rank").agg(lo=("start_us", "min"), hi=("end_us", "max"))
+    loose = ev[ev.step.isna()].join(window, on="rank")
+    loose = loose[(loose.start_us >= loose.lo) & (loose.end_us <= loose.hi)].drop(columns=["lo", "hi"])
+    return pd.concat([tagged, loose], ignore_index=True) if len(loose) else tagged
 
 
 def _torch_ops(run: Run, ev: pd.DataFrame) -> pd.DataFrame:

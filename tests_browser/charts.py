@@ -1,0 +1,98 @@
+"""What the browser suite checks inside a notebook's charts, beyond "it rendered": legend colours that are
+the marks' colours, the Young/Daly chart's axes, the explorers' controls agreeing with their charts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHOTS = Path(__file__).resolve().parent.parent / "traces" / "browser"
+
+
+#: every trace's drawn colour per legend entry (legendgroup, else name), per chart — and, for the span kinds
+#: and memory categories of viz/palette.py, the colour they are drawn in
+TRACE_COLOURS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(g => (g._fullData || [])
+    .filter(t => t.visible !== false && t.visible !== 'legendonly')
+    .map(t => { const m = t.marker && typeof t.marker.color === 'string' ? t.marker.color : null;
+                const l = t.line && typeof t.line.color === 'string' ? t.line.color : null;
+                const mode = t.mode || '';
+                const c = t.type === 'scatter' && mode.indexOf('markers') < 0 ? l : (m || l);
+                return {group: t.legendgroup || t.name || '', name: t.name || '', color: c,
+                        title: JSON.stringify((g.layout.title || {}).text || g.layout.title || '')}; }))"""
+
+
+def _norm(color: str | None) -> str | None:
+    """'#e45756', 'rgb(228, 87, 86)' → one form."""
+    if not color:
+        return None
+    color = color.strip().lower()
+    if color.startswith("#") and len(color) == 7:
+        return f"rgb({int(color[1:3], 16)}, {int(color[3:5], 16)}, {int(color[5:7], 16)})"
+    return color.replace("rgba(", "rgb(").rsplit(",", 1)[0] + ")" if color.startswith("rgba(") else color
+
+
+def marks_use_their_legend_colours(page) -> None:
+    """Every chart: the traces of one legend entry are drawn in one colour (the legend shows the colour of
+    its first trace: a second panel's dots in another colour would not be what the legend says); across
+    the notebook, a span kind or memory category of viz/palette.py is drawn in the palette's colour."""
+    from workbench.viz.palette import MEMORY_COLORS, SPAN_COLORS
+
+    palette = {name: _norm(c) for name, c in {**SPAN_COLORS, **MEMORY_COLORS}.items()}
+    for chart in page.evaluate(TRACE_COLOURS):
+        seen: dict[str, str] = {}
+        for t in chart:
+            c = _norm(t["color"])
+            if c is None or not t["group"]:
+                continue
+            assert seen.setdefault(t["group"], c) == c, (t["title"], t["group"], seen[t["group"]], c)
+            if t["name"] in palette and "timeline" in t["title"].lower():
+                assert c == palette[t["name"]], (t["title"], t["name"], c, palette[t["name"]])
+
+
+def young_daly_axes_hold_the_curve(page, stem: str) -> None:
+    """Notebook 08's Young/Daly chart: its log x-axis spans the curve (τ*/5 … ≈ 28 τ*), not up to 10^27 as
+    when the τ* label was placed at x = τ* on a log axis; the time lost stays on a readable scale."""
+    axes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .filter(g => JSON.stringify(g.layout.title || '').includes('checkpoint interval'))
+        .map(g => ({x: g._fullLayout.xaxis.range, y: g._fullLayout.yaxis.range}))""")
+    assert axes, "a Young/Daly chart"
+    for a in axes:
+        assert -3 < a["x"][0] < a["x"][1] < 7, a
+        assert a["x"][1] - a["x"][0] < 3, ("about 2.2 decades of interval", a)
+        assert 0 <= a["y"][0] and a["y"][1] < 200, a
+
+
+def ring_slider_keeps_its_title(page, stem: str) -> None:
+    """Notebook 01's ring chart: its plotly slider moved to the last step, the title still says what each
+    rank sent (a bare-string title in the slider's update used to remove it)."""
+    index = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].findIndex(g =>
+        g.layout && g.layout.sliders && g.layout.sliders.length && JSON.stringify(g.layout.title).includes('ring'))""")
+    assert index >= 0, "a ring chart with a slider"
+    chart = page.locator(".js-plotly-plot").nth(index)
+    chart.scroll_into_view_if_needed()
+    rail = chart.locator(".slider-rail-rect").first.bounding_box()
+    page.mouse.click(rail["x"] + rail["width"] - 2, rail["y"] + rail["height"] / 2)
+    page.wait_for_timeout(1500)
+    chart.screenshot(path=str(SHOTS / f"{stem}-ring-last-step.png"))
+    title = chart.locator(".gtitle").first.text_content()
+    assert "busiest rank has sent" in title, title
+
+
+def interleaved_controls_agree_with_the_chart(page, stem: str) -> None:
+    """Notebook 03's bubble explorer: choosing interleaved, the m slider shows the m drawn (a multiple of p);
+    choosing 1f1b, v is marked as unused and the chart draws v = 1."""
+    box = page.locator(".jp-OutputArea-output:has(select):has(.js-plotly-plot)").first
+    box.scroll_into_view_if_needed()
+    readouts = box.locator(".widget-readout")
+
+    def shown() -> tuple[str, list[str]]:
+        page.wait_for_timeout(1500)
+        return box.locator(".gtitle").first.text_content(), [readouts.nth(i).text_content() for i in range(5)]
+
+    box.locator("select").first.select_option("interleaved")
+    title, (_, _, p, m, v) = shown()
+    assert f"p={p}, m={m}, v={v}" in title and int(m) % int(p) == 0, (title, p, m, v)
+    box.screenshot(path=str(SHOTS / f"{stem}-interleaved.png"))
+    box.locator("select").first.select_option("1f1b")
+    title, (_, _, p, m, v) = shown()
+    assert f"p={p}, m={m}, v=1" in title, title
+    assert "interleaved only" in box.text_content()
