@@ -104,6 +104,9 @@ for name, way in ways.items():
                   "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
                   "predicted step (ms)": 1e3 * est.step_time_s}
 exposed = pd.DataFrame(rows).T
+same = viz.compare_losses(overlap_runs, baseline="four buckets (0.4 MB)")
+viz.check("naive, one bucket and four buckets train the same model (within 1e-5 × loss)",
+          same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
 one, four = exposed.iloc[1, 0], exposed.iloc[2, 0]
 viz.check("under a link as slow as backward, small buckets expose less communication than one bucket",
           four < one, four_buckets_ms=four, one_bucket_ms=one)

@@ -206,6 +206,9 @@ attn = {kind: run(f"attention-{kind}", model=LONG, global_batch=4, steps=3, atte
 attn_mem = pd.DataFrame({kind: {"activation peak (MB)": r.summary["ranks"][0]["peak_bytes"]["activation"] / 1e6,
                                 "predicted (MB)": r.summary["ranks"][0]["predicted_bytes"]["activation"] / 1e6,
                                 "final loss": r.metrics.loss.iloc[-1]} for kind, r in attn.items()}).T
+a, b = attn["eager"].metrics.loss.to_numpy(), attn["sdpa"].metrics.loss.to_numpy()
+viz.check("the same losses (within 1e-5 relative: the fused kernel sums the softmax in another order)",
+          (abs(a - b) <= 1e-5 * a).all(), largest_difference=abs(a - b).max())
 viz.check("sdpa keeps fewer activation bytes than the written-out attention, as predicted",
           attn_mem["activation peak (MB)"]["sdpa"] < attn_mem["activation peak (MB)"]["eager"]
           and (abs(attn_mem["activation peak (MB)"] - attn_mem["predicted (MB)"]) < 1e-9).all(),

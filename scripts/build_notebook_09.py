@@ -198,6 +198,9 @@ for algo in ("ring", "hierarchical"):
                   "bytes inside a machine, per rank (predicted)": est.dp_link_bytes["intra"]}
     if algo == "hierarchical":
         hier = r
+flat_ms, hier_ms = rows["ring"]["measured step (ms)"], rows["hierarchical"]["measured step (ms)"]
+viz.check("the hierarchical all-reduce's step is well under the flat ring's (less than 1/1.5)",
+          flat_ms > 1.5 * hier_ms, flat_ring_ms=flat_ms, hierarchical_ms=hier_ms)
 pd.DataFrame(rows).T
 """),
 code("""

@@ -75,6 +75,7 @@ def _wait_for(what: str, predicate, agents: list[subprocess.Popen], timeout_s: f
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # notebook 08 runs 2 → 1 → 2 machines, checked against an uninterrupted run, in make test
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the agent's ranks through /proc")
 def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_path):
     run_dir, endpoint = str(tmp_path / "elastic"), f"127.0.0.1:{_free_port()}"

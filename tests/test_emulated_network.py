@@ -36,6 +36,7 @@ def test_links_parse_and_time_like_the_ring():
         RunConfig(dp=3, tp=2, global_batch=6, allreduce="hierarchical", ranks_per_node=3).validate()
 
 
+@pytest.mark.slow  # notebook 09 checks the same under the same link in make test
 def test_hierarchical_beats_the_flat_ring_on_a_slow_inter_link(launched):
     """Flat ring: every one of its 2(n−1) steps waits for the pair that crosses machines. Hierarchical:
     only the inter-machine all-reduce of S/K crosses, in 2(m−1) steps. Both equal one process

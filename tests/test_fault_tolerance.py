@@ -49,6 +49,7 @@ def test_a_nan_gradient_skips_the_step_on_every_rank(launched, config):
         assert opt == [False, False, True, False, False], t["workbench"]["rank"]
 
 
+@pytest.mark.slow  # notebook 08 checks the skip in make test
 def test_a_loss_spike_is_skipped_like_a_nan_gradient(launched):
     """Rank 1's loss (and gradients) ×10 at step 4: the global loss jumps ~5.5× above the median of the
     steps before, every rank sees it (the loss is all-reduced before the update), all skip. The run then

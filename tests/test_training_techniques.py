@@ -59,6 +59,7 @@ def test_recomputation_lowers_activation_memory_as_predicted(launched, single):
     assert selective.summary["ranks"][0]["peak_bytes"]["activation"] < base
 
 
+@pytest.mark.slow  # notebook 06 holds dp2 with 4 microbatches to one batch in make test
 def test_accumulating_k_microbatches_equals_one_k_times_larger_batch(launched, single):
     assert_same_training(launched(microbatches=4), single)
     assert_same_training(launched(dp=2, microbatches=2, bucket_mb=0.02), single)

@@ -1,0 +1,90 @@
+"""The pieces the notebooks' lessons stand on, checked without a notebook: `viz.check`, the α–β fit, the
+categories at the simultaneous peak, one colour per span kind and per run, the straggler read-out, the
+planner's step-time split, transfers in the bubble explorer."""
+
+import pytest
+
+from workbench import viz
+from workbench.analysis.summary import memory_figures
+from workbench.predict.comm_calibration import alpha_beta
+from workbench.viz.check import CheckFailed
+from workbench.viz.palette import SPAN_COLORS
+
+
+def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
+    monkeypatch.delenv("WORKBENCH_CHECKS", raising=False)
+    assert viz.check("two is more than one", 2 > 1, a=2, b=1.0)
+    assert not viz.check("one is more than two", 1 > 2, a=1)  # a learner's run: printed, not raised
+    out = capsys.readouterr().out
+    assert "✓ two is more than one  (a = 2, b = 1)" in out and "✗ one is more than two  (a = 1)" in out
+    monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
+    with pytest.raises(CheckFailed, match="one is more than two"):
+        viz.check("one is more than two", 1 > 2)
+
+
+def test_the_alpha_beta_fit_recovers_its_line_and_weights_every_size():
+    """t = α + 2(n−1)/n·S/β exactly, from 1 KB to 64 MB: α and β come back; with one size 20 % off, α
+    (set by the small sizes) stays within 10 % — a plain least-squares fit would follow the large ones."""
+    alpha, beta, n = 50e-6, 2e9, 4
+    sizes = [1 << k for k in range(10, 27, 2)]
+    exact = {s: alpha + 2 * (n - 1) / n * s / beta for s in sizes}
+    a, b = alpha_beta(exact, n)
+    assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
+    noisy = {**exact, sizes[-1]: exact[sizes[-1]] * 1.2}
+    assert alpha_beta(noisy, n)[0] == pytest.approx(alpha, rel=0.1)
+
+
+def test_the_categories_at_the_simultaneous_peak_sum_to_it():
+    """Activations peak at one snapshot, gradients at another: the stack at the total's peak is what a rank
+    pays, and is less than the stack of each category's own peak."""
+    snaps = [{"activation": 10, "gradient": 0}, {"activation": 2, "gradient": 6}, {"activation": 0, "gradient": 7}]
+    events = [{"ph": "C", "name": "memory", "ts": float(i), "args": a} for i, a in enumerate(snaps)]
+    m = memory_figures(events)
+    assert m["bytes_at_peak_total"] == {"activation": 10, "gradient": 0} and m["peak_total_bytes"] == 10
+    assert sum(m["peak_bytes"].values()) == 17 > sum(m["bytes_at_peak_total"].values())
+
+
+def test_timelines_colour_transfers_in_flight_apart_from_waits_and_blocking_collectives(launched):
+    """One palette: a blocking collective, an asynchronous one in flight and a wait are three colours, the
+    palette's; and the legend of compare's timelines gives each kind once, in that colour."""
+    run = launched(dp=2, bucket_mb=0.01)
+    colors = {t.name: t.marker.color for t in viz.timeline(run).data}
+    assert {"collective in flight", "wait"} <= set(colors)
+    assert len({colors["collective in flight"], colors["wait"], SPAN_COLORS["collective"]}) == 3
+    assert all(colors[k] == SPAN_COLORS[k] for k in colors if k in SPAN_COLORS)
+
+
+def test_loss_curves_draw_each_runs_differences_in_its_own_colour(launched):
+    a, b, c = launched(steps=2), launched(dp=2, steps=2), launched(dp=2, steps=2, bucket_mb=0.01)
+    fig = viz.loss_curves({"one": a, "two": b, "three": c}, baseline="one")
+    by_run: dict[str, set] = {}
+    for t in fig.data:
+        if t.name != "one":
+            by_run.setdefault(t.name, set()).add(t.marker.color)
+    assert all(len(v) == 1 for v in by_run.values()) and len({next(iter(v)) for v in by_run.values()}) == 2
+
+
+def test_the_planners_terms_add_up_to_its_step_time():
+    import workbench as wb
+    from workbench.predict.estimator import A100_80GB, GPT3_175B
+
+    p = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(0,))
+    top = p.candidates.head(5)
+    total = top[["compute_s", "tp_s", "pipeline_s", "dp_s", "other_s"]].sum(axis=1)
+    assert (abs(total - top.step_time_s) < 1e-9 * top.step_time_s).all()
+    assert not any("would need" in line and "fits." in line for line in p.explanation), p.explanation  # says why not
+
+
+def test_transfers_grow_the_bubble_beyond_the_formula():
+    from workbench.viz.pipeline import planned
+
+    free, costly = planned("1f1b", 4, 8), planned("1f1b", 4, 8, t_comm=0.3)
+    assert "0.273 (formula" in free.layout.title.text and "each takes 0.3" in costly.layout.title.text
+    assert list(free.layout.yaxis.ticktext) == ["rank 0 · 4", "rank 1 · 3", "rank 2 · 2", "rank 3 · 1"]
+
+
+def test_a_long_error_message_is_cut_at_a_word():
+    from workbench.doctor import _shortened
+
+    cut = _shortened("word " * 200)
+    assert len(cut) <= 402 and cut.endswith(" …") and "wor …" not in cut
