@@ -235,6 +235,7 @@ top.set_index("layout")[list(TERMS) + ["memory_GB"]].round(2)
 """),
 code("""
 import ipywidgets as widgets
+import numpy as np
 
 VERDICT_COLORS = {"fits, ZeRO-0": "#4C78A8", "fits, ZeRO-1": "#54A24B",
                   "does not fit, ZeRO-0": "#E45756", "does not fit, ZeRO-1": "#F58518"}
@@ -252,8 +253,12 @@ def explore(nodes=96, global_batch=1536, zero=False, recompute="selective"):
                      labels={"memory_GB": "memory per GPU (GB, log)", "step_time_s": "estimated step time (s)",
                              "verdict": "layout"},
                      title="every layout: memory per GPU against estimated step time")
-    fig.add_vline(x=usable, line_dash="dot",
-                  annotation_text=f"{usable:.0f} GB usable ({A100_80GB.usable_memory:.0%} of 80 GB)")
+    lo, hi = c.memory_GB.min() * 0.8, c.memory_GB.max() * 1.25
+    fig.add_shape(type="line", x0=usable, x1=usable, y0=0, y1=1, yref="paper", line={"dash": "dot"})
+    # on a log axis an annotation's x is log10 of the value (a plain x is read as a power of ten)
+    fig.add_annotation(x=np.log10(usable), y=1, yref="paper", yanchor="bottom", showarrow=False,
+                       text=f"{usable:.0f} GB usable ({A100_80GB.usable_memory:.0%} of 80 GB)")
+    fig.update_xaxes(range=[np.log10(lo), np.log10(hi)])
     fig.show()
 
 wide = {"style": {"description_width": "initial"}, "layout": {"width": "45%"}}

@@ -8,7 +8,7 @@ from workbench import viz
 from workbench.analysis.summary import memory_figures
 from workbench.predict.comm_calibration import alpha_beta
 from workbench.viz.check import CheckFailed
-from workbench.viz.palette import SPAN_COLORS
+from workbench.viz.palette import SPAN_COLORS, UNKNOWN, span_color
 
 
 def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
@@ -52,6 +52,7 @@ def test_timelines_colour_transfers_in_flight_apart_from_waits_and_blocking_coll
     assert {"collective in flight", "wait"} <= set(colors)
     assert len({colors["collective in flight"], colors["wait"], SPAN_COLORS["collective"]}) == 3
     assert all(colors[k] == SPAN_COLORS[k] for k in colors if k in SPAN_COLORS)
+    assert UNKNOWN not in colors.values() and span_color("p2p in flight") != UNKNOWN  # every kind has its own
 
 
 def test_loss_curves_draw_each_runs_differences_in_its_own_colour(launched):

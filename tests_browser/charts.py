@@ -16,8 +16,10 @@ TRACE_COLOURS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(g
                 const l = t.line && typeof t.line.color === 'string' ? t.line.color : null;
                 const mode = t.mode || '';
                 const c = t.type === 'scatter' && mode.indexOf('markers') < 0 ? l : (m || l);
+                const y = (g._fullLayout.yaxis || {}).title || {};
                 return {group: t.legendgroup || t.name || '', name: t.name || '', color: c,
-                        title: JSON.stringify((g.layout.title || {}).text || g.layout.title || '')}; }))"""
+                        title: JSON.stringify((g.layout.title || {}).text || g.layout.title || ''),
+                        timeline: String(y.text || '').includes('rank · lane')}; }))"""
 
 
 def _norm(color: str | None) -> str | None:
@@ -44,7 +46,7 @@ def marks_use_their_legend_colours(page) -> None:
             if c is None or not t["group"]:
                 continue
             assert seen.setdefault(t["group"], c) == c, (t["title"], t["group"], seen[t["group"]], c)
-            if t["name"] in palette and "timeline" in t["title"].lower():
+            if t["name"] in palette and t["timeline"]:
                 assert c == palette[t["name"]], (t["title"], t["name"], c, palette[t["name"]])
 
 
@@ -96,3 +98,13 @@ def interleaved_controls_agree_with_the_chart(page, stem: str) -> None:
     title, (_, _, p, m, v) = shown()
     assert f"p={p}, m={m}, v=1" in title, title
     assert "interleaved only" in box.text_content()
+
+
+def log_axes_hold_their_data(page) -> None:
+    """No log axis of any chart spans more than 9 decades: a label or line placed at x = value on a log axis
+    (plotly reads an annotation's x there as log10) stretched one to 10^27 and crushed its data to an edge."""
+    spans = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(g =>
+        Object.entries(g._fullLayout || {}).filter(([k, a]) => /^[xy]axis\\d*$/.test(k) && a && a.type === 'log')
+        .map(([k, a]) => ({axis: k, range: a.range, title: JSON.stringify((g.layout.title || {}).text || '')})))""")
+    for s in spans:
+        assert s["range"][1] - s["range"][0] < 9, s

@@ -13,7 +13,8 @@ from workbench.trace.recorder import MEMORY_CATEGORIES
 
 SPAN_COLORS = {
     "forward": "#4C78A8", "backward": "#F58518", "recompute": "#B279A2", "optimizer": "#54A24B",
-    "collective": "#E45756", "collective in flight": "#FF9F9A", "p2p": "#9D755D", "wait": "#79706E",
+    "collective": "#E45756", "collective in flight": "#FF9F9A", "p2p": "#9D755D", "p2p in flight": "#D8B5A5",
+    "wait": "#79706E",
     "ring_step": "#72B7B2", "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD",
     "torch op": "#9ECAE9", "launch": "#D3D3D3", "offload": "#8CD17D", "emulated": "#C9C9C9",
     "restart": "#D67195",
@@ -27,4 +28,8 @@ UNKNOWN = "#888888"
 
 
 def span_color(kind: str) -> str:
+    """The kind's colour; an asynchronous operation of a kind without its own entry ('x in flight') takes
+    the in-flight collective's."""
+    if kind not in SPAN_COLORS and kind.endswith(" in flight"):
+        return SPAN_COLORS["collective in flight"]
     return SPAN_COLORS.get(kind, UNKNOWN)
