@@ -11,6 +11,7 @@ import pytest
 from workbench.trace.validate import validate_run
 
 
+@pytest.mark.slow  # notebook 08 holds a SIGKILLed rank's restart to the uninterrupted losses in make test
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(launched):
     """Rank 1 is SIGKILLed in step 3 (no handler runs); the checkpoint before step 2 is the newest, so
     the restarted group redoes steps 2–5. fp32 on gloo: the losses equal the uninterrupted run's exactly."""

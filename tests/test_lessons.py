@@ -89,3 +89,11 @@ def test_a_long_error_message_is_cut_at_a_word():
 
     cut = _shortened("word " * 200)
     assert len(cut) <= 402 and cut.endswith(" …") and "wor …" not in cut
+
+
+def test_a_timeline_of_chosen_steps_keeps_their_recomputation(launched):
+    """Recompute spans carry no step number; the step filter used to drop them, so that the full
+    recomputation timeline showed none. They are kept when they lie inside the chosen steps' window."""
+    run = launched(recompute="full")
+    last = int(run.events.step.max())
+    assert "recompute" in {t.name for t in viz.timeline(run, steps=[last]).data}

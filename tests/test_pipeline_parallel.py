@@ -27,7 +27,7 @@ def single(launched):
     {"pp": 2, "schedule": "1f1b", "microbatches": 4},
     pytest.param({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),  # notebook 05: pp on 8
-    {"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02},
+    pytest.param({"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 03
     {"microbatches": 4},
 ], ids=["pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp4-1f1b", "dp2-pp2", "accumulate-4"])
 def test_pipeline_matches_single_process(launched, single, config):
@@ -36,6 +36,7 @@ def test_pipeline_matches_single_process(launched, single, config):
     assert validate_run(run.path) == []
 
 
+@pytest.mark.slow  # notebook 05 holds dp2 × tp2 × pp2 to one process in make test
 def test_tensor_and_pipeline_parallel_together(launched, single):
     run = launched(model=FOUR_LAYERS, tp=2, pp=2, microbatches=2, sequence_parallel=True)
     assert_same_training(run, single)
