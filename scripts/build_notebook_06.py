@@ -103,9 +103,11 @@ def shares(log2_scale):
             ((x >= MIN_SUBNORMAL) & (x < MIN_NORMAL)).mean(), "normal": ((x >= MIN_NORMAL) & (x <= MAX_FP16)).mean(),
             "inf (overflow)": (x > MAX_FP16).mean()}
 
+counts, edges = np.histogram(log2g, bins=np.arange(-64, 24, 0.5))   # binned once: 3 M values, 176 bars
+
 def scale_chart(log2_scale=0):
-    x = log2g + log2_scale
-    fig = go.Figure(go.Histogram(x=x, nbinsx=80, marker_color="#4C78A8", name="gradients × S"))
+    fig = go.Figure(go.Bar(x=edges[:-1] + 0.25 + log2_scale, y=counts, width=0.5, marker_color="#4C78A8",
+                           name="gradients × S"))
     for at, label, color in ((MIN_SUBNORMAL, "2⁻²⁴ smallest subnormal", "#E45756"),
                              (MIN_NORMAL, "2⁻¹⁴ smallest normal", "#F58518"), (MAX_FP16, "65,504 largest", "#54A24B")):
         fig.add_vline(x=at, line_dash="dash", line_color=color, annotation_text=label, annotation_textangle=-90)
@@ -118,7 +120,7 @@ widgets.interact(scale_chart, log2_scale=widgets.IntSlider(value=0, min=0, max=2
 """),
 code("""
 unscaled, scaled = shares(0), shares(8)
-viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by 2⁸ none does",
+viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by 2⁸ under 1 % do, none overflows",
           unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"] > 0.01
           and scaled["zero (underflow)"] + scaled["subnormal (precision lost)"] < 0.01
           and scaled["inf (overflow)"] == 0,

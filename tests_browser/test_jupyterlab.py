@@ -167,8 +167,9 @@ def _saved_notebook_reopens_clean(page, browser, lab: str, notebook: str) -> Non
     again.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     again.goto(f"{lab}/lab/workspaces/{stem}-reopened/tree/{notebook}?reset&token={TOKEN}")
     again.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    # attached, not visible: a long notebook's first chart may lie below the first screen
-    again.wait_for_selector(".js-plotly-plot", state="attached", timeout=120_000)
+    # a saved chart shows as its saved image until plotly.js draws it live (JupyterLab's plotly renderer
+    # does that lazily, and for a chart below the first screen not before it is scrolled to): either counts
+    again.wait_for_selector(".js-plotly-plot, .jp-RenderedPlotly .plot-img", state="attached", timeout=120_000)
     again.wait_for_timeout(3000)
     again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))
     assert "Error displaying widget" not in again.content(), "a saved widget did not come back"
