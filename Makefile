@@ -39,9 +39,7 @@ notebook: setup
 # every notebook executed, as HTML with its charts interactive (plotly.js inside each page), to read before
 # running anything: traces/html/NN_name.html
 notebooks-html: setup
-	mkdir -p traces/html
-	PLOTLY_RENDERER=notebook OMP_NUM_THREADS=1 $(VENV)/bin/jupyter nbconvert --to html --execute \
-		--ExecutePreprocessor.timeout=900 --output-dir traces/html notebooks/[0-9][0-9]_*.ipynb
+	OMP_NUM_THREADS=1 $(PY) scripts/notebooks_html.py
 
 benchmark: setup
 	$(PY) benchmarks/dp_vs_ddp.py

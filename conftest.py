@@ -1,44 +1,18 @@
-"""pytest, for `tests/` and the notebooks (`--nbmake`): strict communication checks everywhere, and a fix for a
-stall in jupyter_client's async channels.
-
-nbmake runs each notebook with nbclient, which waits for a cell's reply with
-`AsyncZMQSocketChannel.get_msg(timeout)` — one `socket.poll(timeout)` on the shell socket. nbclient
-also *sends* on that socket while it waits: its stand-in for an ipywidgets `Output` widget (the one
-`widgets.interact` and our explorers draw into) syncs the widget's state back to the kernel with a
-`comm_msg` on the shell channel each time the cell writes into it. A send on a ZeroMQ socket processes
-the socket's pending commands, which consumes the edge-triggered readiness of its file descriptor: when
-the cell's reply arrived just before that send, the event loop is never woken for it, and the poll
-only finds the reply when its timeout expires (nbmake's 300 s), then goes on as if nothing happened.
-That was the intermittent ~300 s pause in `make test` (tests/test_notebook_channel.py reproduces it).
-
-The fix: poll in short slices, so a reply that is already there is read within a quarter of a second.
-"""
+"""pytest, for `tests/` and the notebooks (`--nbmake`): strict communication checks everywhere, notebook
+claims that fail the notebook, and the fix for a stall in jupyter_client's async channels
+(scripts/nbclient_poll.py says what it is)."""
 
 from __future__ import annotations
 
 import os
-import time
-from queue import Empty
+import sys
 
-from jupyter_client.channels import AsyncZMQSocketChannel
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+from nbclient_poll import POLL_SLICE_S, install  # noqa: E402
 
-#: the longest a message that has arrived can wait unread (seconds)
-POLL_SLICE_S = 0.25
+install()
+__all__ = ["POLL_SLICE_S"]
 
-
-async def _get_msg_polling_in_slices(self: AsyncZMQSocketChannel, timeout: float | None = None) -> dict:
-    """`AsyncZMQSocketChannel.get_msg` with the same contract (Empty after `timeout` seconds; None
-    waits for ever), polling at most POLL_SLICE_S at a time."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        wait_s = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, max(0.0, deadline - time.monotonic()))
-        if await self.socket.poll(int(1000 * wait_s)):
-            return await self._recv()
-        if deadline is not None and time.monotonic() >= deadline:
-            raise Empty
-
-
-AsyncZMQSocketChannel.get_msg = _get_msg_polling_in_slices
 
 # Strict mode for the whole suite, notebooks included (their kernels and every rank inherit it): every tensor
 # handed to a collective or a transfer is checked as NCCL would check it (workbench/comm/strict.py).

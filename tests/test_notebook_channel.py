@@ -1,5 +1,6 @@
 """The notebook runner's stall, reproduced: a reply that arrives while the client sends on the same
-socket must be read at once, not when the wait's timeout expires (the fix is in the root conftest.py)."""
+socket must be read at once, not when the wait's timeout expires (the fix: scripts/nbclient_poll.py,
+installed by the root conftest.py)."""
 
 from __future__ import annotations
 
