@@ -65,6 +65,7 @@ def test_buckets_follow_backward_order_and_size():
     assert RunConfig(bucket_mb=0.5).bucket_mb == 0.5
 
 
+@pytest.mark.slow  # notebook 08 runs `workbench run` (elastic) and holds its losses to the API run in make test
 def test_the_cli_runs_match_too(tmp_path):
     """`workbench run --dp 2 --allreduce ring` against `workbench run --dp 1`, through the command line."""
     import subprocess
