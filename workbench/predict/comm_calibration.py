@@ -87,6 +87,5 @@ def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
 
 def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
     """α and β from a two-rank all-reduce at 1 KB and 4 MB: t = α + S·2(n−1)/n / β (the factor is 1)."""
-    (s0, t0), (s1, t1) = sorted(_spawn(_allreduce_worker, 2, backend).items())
-    beta = (s1 - s0) / max(t1 - t0, 1e-9)
-    return max(t0 - s0 / beta, 1e-6), beta
+    alpha, beta = alpha_beta(_spawn(_allreduce_worker, 2, backend), 2)  # two sizes: the line through both
+    return max(alpha, 1e-6), beta

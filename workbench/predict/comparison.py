@@ -28,6 +28,7 @@ from workbench.predict.estimator import Hardware, estimate, with_emulated_links
 from workbench.run import Run
 from workbench.trace.recorder import MEMORY_CATEGORIES as CATEGORIES
 from workbench.viz.palette import MEMORY_COLORS, span_color
+from workbench.viz.timeline import span_kinds
 
 
 def strategy_name(c: RunConfig) -> str:
@@ -70,7 +71,7 @@ class Comparison:
             step = ev.step.max()
             ev = ev[(ev.step == step) & (ev["rank"] == 0) & (ev.cat != "step")]
             t0 = ev.start_us.min()
-            ev = ev.assign(cat=ev.cat.where(ev.kind != "async", ev.cat + " in flight"))
+            ev = ev.assign(cat=span_kinds(ev))
             for cat, g in ev.groupby("cat"):
                 fig.add_trace(go.Bar(y=g.lane, x=g.dur_us / 1e3, base=(g.start_us - t0) / 1e3, orientation="h",
                                      name=cat, legendgroup=cat, showlegend=cat not in shown,

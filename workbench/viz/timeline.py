@@ -23,9 +23,7 @@ LANE_ORDER = ["compute", "torch ops", "launch", "comm", "comm in flight", "wait"
 def _rows(events: pd.DataFrame) -> pd.DataFrame:
     ev = events.copy()
     ev["row_lane"] = ev.lane.where(ev.kind != "async", "comm in flight")
-    # an asynchronous collective's bar is its transfer in flight: its own colour, apart from blocking
-    # collectives and from `wait` (the host blocked: on the transfer, or on a slower peer)
-    ev["cat"] = ev.cat.where(ev.kind != "async", ev.cat + " in flight")
+    ev["cat"] = span_kinds(ev)
     ev = ev[~((ev.cat == "step") & (ev.lane == "compute"))]  # the step span encloses everything
     ev["row"] = "rank " + ev["rank"].astype(str) + " · " + ev.row_lane
     return ev
@@ -49,6 +47,7 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
     t0 = ev.start_us.min()
     order = [f"rank {r} · {lane}" for r in sorted(ev["rank"].unique()) for lane in LANE_ORDER
              if f"rank {r} · {lane}" in set(ev.row)]
+    height = max(300, 28 * len(order) + 120)
     fig = go.Figure()
     for cat, group in ev.groupby("cat", sort=False):
         fig.add_trace(go.Bar(
@@ -59,13 +58,20 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
     fig.update_layout(
         barmode="overlay", title=title or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, "
                                           f"steps {steps}",
-        xaxis_title="time (ms)", height=max(300, 28 * len(order) + 120) + 60,
+        xaxis_title="time (ms)", height=height + 60,
         yaxis={"categoryorder": "array", "categoryarray": list(reversed(order)), "title": "rank · lane"},
         # below the chart, in rows: at the side a long legend scrolled and hid its last kinds
         legend={"title": {"text": "span"}, "orientation": "h", "yanchor": "top", "xanchor": "left", "x": 0,
-                "y": -60 / max(300, 28 * len(order) + 120)}, margin={"l": 150, "b": 110},
+                "y": -60 / height}, margin={"l": 150, "b": 110},
     )
     return fig
+
+
+def span_kinds(ev: pd.DataFrame) -> pd.Series:
+    """Each event's kind as the charts draw it: an asynchronous operation's bar is its transfer in flight
+    ('collective in flight'), its own colour, apart from blocking collectives and from `wait` (the host
+    blocked: on the transfer, or on a slower peer)."""
+    return ev.cat.where(ev.kind != "async", ev.cat + " in flight")
 
 
 def _in_steps(ev: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
