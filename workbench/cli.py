@@ -109,7 +109,7 @@ def _add_launch(run: argparse.ArgumentParser) -> None:
 
 
 def _add_other_commands(sub: argparse._SubParsersAction) -> None:
-    """compare, validate, show, doctor, report, checkpoint."""
+    """compare, validate, show, doctor, report, schedule, checkpoint."""
     cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
     cmp.add_argument("configs", nargs="+",
                      help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
@@ -125,6 +125,15 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
     rpt = sub.add_parser("report", help="one run's charts in a self-contained HTML file (RUN/report.html)")
     rpt.add_argument("run_dir")
     rpt.add_argument("--out", default=None, help="where the HTML goes (default RUN/report.html)")
+    sch = sub.add_parser("schedule", help="a pipeline schedule as data: show its grid and bubble, or export it "
+                                          "(torch-csv: torch pipelining's CSV, which --schedule csv:FILE runs)")
+    sch.add_argument("action", choices=("show", "export"))
+    sch.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved, zbh1, zbv or csv:FILE")
+    sch.add_argument("--pp", type=int, default=2)
+    sch.add_argument("--microbatches", type=int, default=4)
+    sch.add_argument("--virtual-stages", type=int, default=1)
+    sch.add_argument("--format", default="torch-csv", choices=("torch-csv", "json"))
+    sch.add_argument("--out", default=None, help="export: the file (default: standard output)")
     ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
     ckpt.add_argument("action", choices=("inspect",))
     ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
@@ -153,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ZeRO-Offload (zero 1, 2 or 3): master weights, gradient slices and Adam's moments in host "
                           "memory, the update on the CPU (torch's AdamW), each gradient slice copied once reduced")
     run.add_argument("--no-prefetch", action="store_true", help="ZeRO-3: do not gather the next layer ahead")
-    run.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
+    run.add_argument("--schedule", default=d.schedule, metavar="|".join(SCHEDULES) + "|csv:FILE",
+                     help="pipeline schedule; csv:FILE runs a torch pipelining CSV (0F0, 0I0, 0W0 ...)")
     run.add_argument("--microbatches", type=int, default=d.microbatches)
     run.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
     run.add_argument("--precision", default=d.precision, choices=PRECISIONS)
@@ -189,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.cli_commands import cmd_compare, cmd_report, cmd_run, cmd_show
+    from workbench.cli_commands import cmd_compare, cmd_report, cmd_run, cmd_schedule, cmd_show
 
     a = build_parser().parse_args(argv)
     if a.command == "run":
@@ -208,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_show(a.run_dir)
     if a.command == "report":
         return cmd_report(a.run_dir, a.out)
+    if a.command == "schedule":
+        return cmd_schedule(a)
     if a.command == "doctor":
         from workbench.doctor import diagnose
 

@@ -25,9 +25,48 @@ def shown_config(config: RunConfig) -> dict[str, Any]:
     return d
 
 
+def absolute_csv(schedule: str) -> str:
+    """csv:FILE with FILE made absolute: every rank (and every later reader of config.json) finds it."""
+    return f"csv:{os.path.abspath(schedule[4:])}" if schedule.startswith("csv:") else schedule
+
+
+def cmd_schedule(a: argparse.Namespace) -> int:
+    """`workbench schedule show|export`: the schedule as data, validated, without starting a process."""
+    from workbench.pipeline.schedule import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
+    from workbench.pipeline.torch_csv import write_csv
+
+    try:
+        s = build_schedule(a.schedule, a.pp, a.microbatches, a.virtual_stages)
+    except ValueError as e:
+        print(f"workbench: {e}", file=sys.stderr)
+        return 2
+    if errors := validate(s):
+        print("workbench: invalid schedule: " + "; ".join(errors), file=sys.stderr)
+        return 1
+    if a.action == "show":
+        t = simulate(s, 1.0, 2.0, t_w=1.0)
+        print(s.grid())
+        print(f"bubble rate at T_F = T_I = T_W: {t.bubble_rate():.4f}; activations in flight per rank "
+              f"{peak_in_flight(s)}; weight-gradient stashes per rank {peak_pending_w(s)}")
+        return 0
+    if a.format == "json":
+        text = json.dumps(s.to_dict(), indent=1)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text)
+        else:
+            print(text)
+        return 0
+    if a.out:
+        write_csv(s, a.out)
+    else:
+        print("\n".join(",".join(str(x) for x in acts if x.kind in ("F", "B", "I", "W")) for acts in s.actions))
+    return 0
+
+
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
-        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=a.schedule,
+        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, schedule=absolute_csv(a.schedule),
         microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
         grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
         global_batch=a.global_batch,

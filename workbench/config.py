@@ -15,13 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.config_pipeline import SCHEDULES as SCHEDULES
+from workbench.config_pipeline import check_pipeline, check_schedule_name
 from workbench.config_rules import check_communication, check_data_and_tools, check_elastic, check_optimizer, check_zero
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
 from workbench.model_config import check_tensor_parallel, model_from_dict
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -43,6 +44,7 @@ class RunConfig:
     tp: int = 1
     pp: int = 1
     zero: int = 0
+    #: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV; config_pipeline.py)
     schedule: str = "1f1b"
     microbatches: int = 1
     virtual_stages: int = 1
@@ -127,6 +129,10 @@ class RunConfig:
     fault_delay_s: float = 0.25
 
     # ---- derived -----------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if self.schedule == "zbv" and self.virtual_stages == 1:  # a V is two stages per rank
+            object.__setattr__(self, "virtual_stages", 2)
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
@@ -152,7 +158,7 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
-        _choice("schedule", self.schedule, SCHEDULES)
+        check_schedule_name(self.schedule)
         _choice("precision", self.precision, PRECISIONS)
         if self.grad_reduce_dtype not in ("fp32", self.precision):
             raise ConfigError(f"grad_reduce_dtype={self.grad_reduce_dtype!r} with precision={self.precision!r}: "
@@ -180,7 +186,7 @@ class RunConfig:
                 f"that is a multiple of {self.dp}"
             )
         self._validate_tensor_parallel()
-        self._validate_pipeline()
+        check_pipeline(self)
         check_zero(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
@@ -218,27 +224,6 @@ class RunConfig:
             valid = [d for d in range(1, m.seq_len + 1) if m.seq_len % d == 0]
             raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
                               f"valid tp: {valid}")
-
-    def _validate_pipeline(self) -> None:
-        m, p, v, mb = self.model_config, self.pp, self.virtual_stages, self.microbatches
-        if self.schedule == "interleaved" and p > 1 and v == 1:
-            raise ConfigError("schedule='interleaved' needs virtual_stages > 1 (with one chunk per rank it is 1f1b)")
-        if v > 1 and self.schedule != "interleaved":
-            raise ConfigError(f"virtual_stages={v} needs schedule='interleaved'; gpipe and 1f1b run one stage per rank")
-        if v > 1 and p == 1:
-            raise ConfigError(f"virtual_stages={v} needs pp > 1")
-        stages = p * v
-        if m.layers % stages:
-            valid = [d for d in range(1, m.layers + 1) if m.layers % d == 0]
-            raise ConfigError(f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
-                              f"stages; the stage count must divide the layers: valid {valid}")
-        if self.local_batch % mb:
-            valid = [d for d in range(1, self.local_batch + 1) if self.local_batch % d == 0]
-            raise ConfigError(f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
-                              f"{self.local_batch}; valid microbatches: {valid}")
-        if self.schedule == "interleaved" and p > 1 and mb % p:
-            raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
-                              f"microbatches={mb} must be a multiple of pp={p}")
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Memory by category per rank, counted from the tensors the engine really holds.
 
 Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_state`, `activation`,
-`comm_buffer`, `temporary`, `other`.
+`wgrad_stash`, `comm_buffer`, `temporary`, `other`.
 
 - parameter / gradient / optimizer_state: the bytes of the distinct storages behind the model's
   parameters, their gradients (the data-parallel buckets, when gradients are views into them) and the
@@ -14,6 +14,8 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
   them, so the counter shows the saw-tooth of forward and backward, 1F1B's microbatches in flight and
   a recomputed block's rerun as they happen.
 - comm_buffer / temporary: reported by whoever allocates them (the ring's receive buffer ...).
+- wgrad_stash: a zero-bubble schedule's Linear inputs and output gradients, kept from each I until its
+  W (pipeline/weight_grad.py).
 
 These are the device's (on a CPU run, the rank's) bytes. With ZeRO-Offload the optimizer lives in host
 memory: a second counter, `host_memory`, holds its parameter (fp32 master slices), gradient and

@@ -80,6 +80,8 @@ class _ColumnParallelSP(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
+    linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+
     def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str, groups: int = 1) -> None:
         super().__init__()
         self.tp, self.layer, self.groups = tp, layer, groups
@@ -94,10 +96,12 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:
             return _ColumnParallelSP.apply(x, self.weight, self.bias, self.tp, self.layer)
-        return F.linear(copy_to_tp(x, self.tp, self.layer), self.weight, self.bias)
+        return self.linear(copy_to_tp(x, self.tp, self.layer), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
+    linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+
     def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str) -> None:
         super().__init__()
         self.tp, self.layer = tp, layer
@@ -116,7 +120,7 @@ class RowParallelLinear(nn.Module):
         return full[:, self.tp.rank * per:(self.tp.rank + 1) * per].clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)
+        partial = self.linear(x, self.weight)
         if self.tp.sequence_parallel:
             return reduce_scatter_to_seq(partial, self.tp, self.layer) + self.bias
         return reduce_from_tp(partial, self.tp, self.layer) + self.bias

@@ -2,14 +2,21 @@
 per rank, a list of actions, which the validator checks, the simulator replays, the charts draw and the
 executor runs.
 
-Stages: the model is cut into S = p·v stages; stage k lives on rank k mod p as its chunk k // p
-(Megatron-LM's interleaving; v = 1 is the usual one stage per rank). An action is
+Stages: the model is cut into S = p·v stages. With `placement="loop"` stage k lives on rank k mod p as
+its chunk k // p (Megatron-LM's interleaving; v = 1 is the usual one stage per rank); with
+`placement="v"` (v = 2, ZBV and DualPipeV) rank r holds stages r and 2p − 1 − r, so the model runs down
+the ranks and back up, and stage 0 and the loss both live on rank 0. An action is
 
     F  / B               forward / backward of `microbatch` on `stage`
+    I  / W               the backward split in two (Qi et al. 2024, zero bubble): I computes the gradient
+                         of the stage's input (what the previous stage waits for), W the gradients of the
+                         weights (what nobody waits for, so a schedule may run it later, in a bubble);
+                         B = I followed at once by W
     SEND_F / RECV_F      the activation from `stage` to `peer` (= stage + 1)
     SEND_B / RECV_B      the gradient from `stage` to `peer` (= stage − 1)
 
-written as torch pipelining does: "2F5" is stage 2's forward of microbatch 5.
+written as torch pipelining does: "2F5" is stage 2's forward of microbatch 5. Two stages on one rank
+(stage p − 1 to p in a V) hand their tensors over in memory: no transfer is listed.
 
 **Posting.** The transfers of one lockstep round (`Action.batch`, schedule.py) are posted together, as
 one `P2PBatch` (one `torch.distributed.batch_isend_irecv`, one NCCL group); the rank waits for a batch
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-COMPUTE = ("F", "B")
-KINDS = ("F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+COMPUTE = ("F", "B", "I", "W")
+BACKWARD = ("B", "I")  # what needs the gradient of the stage's output, and sends the input's gradient back
+KINDS = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+PLACEMENTS = ("loop", "v")
 
 
 @dataclass(frozen=True)
@@ -78,16 +87,23 @@ class Schedule:
     m: int
     v: int
     actions: list[list[Action]] = field(default_factory=list)  # per rank
+    placement: str = "loop"  # which rank holds which stage (module docstring)
 
     @property
     def stages(self) -> int:
         return self.p * self.v
 
     def rank_of(self, stage: int) -> int:
+        if self.placement == "v":
+            return stage if stage < self.p else 2 * self.p - 1 - stage
         return stage % self.p
 
     def chunk_of(self, stage: int) -> int:
         return stage // self.p
+
+    def local(self, a: int, b: int) -> bool:
+        """Stages a and b live on one rank: their tensors are handed over, not sent."""
+        return self.rank_of(a) == self.rank_of(b)
 
     def program(self, rank: int, batched: bool = True) -> list[Item]:
         """What the rank executes, in order: each compute action alone, and the transfers of each round
@@ -108,7 +124,7 @@ class Schedule:
         return out
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "p": self.p, "m": self.m, "v": self.v,
+        return {"name": self.name, "p": self.p, "m": self.m, "v": self.v, "placement": self.placement,
                 "actions": [[{**asdict(a), "label": str(a)} for a in rank] for rank in self.actions],
                 "program": [[str(item) for item in self.program(r)] for r in range(self.p)]}
 
@@ -116,7 +132,7 @@ class Schedule:
     def from_dict(cls, d: dict) -> Schedule:
         acts = [[Action(a["kind"], a["stage"], a["microbatch"], a.get("peer"), a.get("batch")) for a in rank]
                 for rank in d["actions"]]
-        return cls(d["name"], d["p"], d["m"], d["v"], acts)
+        return cls(d["name"], d["p"], d["m"], d["v"], acts, d.get("placement", "loop"))
 
     def grid(self) -> str:
         """The compute actions as text, one line per rank (torch pipelining's printout)."""
@@ -125,16 +141,23 @@ class Schedule:
 
 
 def peak_in_flight(s: Schedule) -> list[int]:
-    """Per rank, the most (stage, microbatch) forwards whose backward has not run yet: the activations
-    the schedule makes a rank hold at once."""
+    """Per rank, the most (stage, microbatch) forwards whose backward (B or I) has not run yet: the
+    activations the schedule makes a rank hold at once (in chunks: a V's chunk is half a 1F1B stage)."""
+    return _peak(s, ("F",), BACKWARD)
+
+
+def peak_pending_w(s: Schedule) -> list[int]:
+    """Per rank, the most (stage, microbatch) whose I has run and W not yet: the weight-gradient stash
+    (each Linear's input and output gradient) the schedule makes a rank hold at once."""
+    return _peak(s, ("I",), ("W",))
+
+
+def _peak(s: Schedule, up: tuple[str, ...], down: tuple[str, ...]) -> list[int]:
     out = []
     for acts in s.actions:
         live = peak = 0
         for a in acts:
-            if a.kind == "F":
-                live += 1
-                peak = max(peak, live)
-            elif a.kind == "B":
-                live -= 1
+            live += (a.kind in up) - (a.kind in down)
+            peak = max(peak, live)
         out.append(peak)
     return out

@@ -7,6 +7,11 @@
     B           wait for the batch that brought the output's gradient, then backward through the chunk
                 (the earlier backwards of a chunk run inside the gradient sync's `no_sync()`, so only its
                 last one lets the buckets launch their all-reduces)
+    I, W        B split (weight_grad.py): I as B, but each Linear stashes its input and output gradient
+                instead of computing its weight gradient; W computes them from the stash. The chunk's
+                last I and last W both run outside `no_sync()`: I completes the layer norms' gradients,
+                W the Linears', so each bucket launches once all of its gradients are in
+    (a V)       two stages on this rank hand the activation (and, backward, its gradient) over in memory
     (step end)  wait for every batch still in flight
 
 A rank blocks only where it needs data: each wait is a span on the `wait` lane (a pipeline's bubble, as
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +38,7 @@ from workbench.measure.device import sync_compute
 from workbench.measure.memory import MemoryTracker
 from workbench.parallel.grad_sync import GradSync
 from workbench.pipeline.actions import Action, P2PBatch, Schedule
+from workbench.pipeline.weight_grad import WeightGradStore, split_linears
 
 
 class PipelineExecutor:
@@ -43,11 +50,15 @@ class PipelineExecutor:
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.program = schedule.program(rank)
         self.pp_ranks = comm.groups.ranks["pp"]
-        last_b: dict[int, int] = {}
+        last: dict[tuple[int, str], int] = {}  # (stage, B|I|W) → its last position in the program
         for i, item in enumerate(self.program):
-            if isinstance(item, Action) and item.kind == "B":
-                last_b[item.stage] = i
-        self.last_backward = set(last_b.values())
+            if isinstance(item, Action) and item.kind != "F":
+                last[(item.stage, item.kind)] = i
+        self.last_backward = set(last.values())
+        self.store = WeightGradStore(memory)
+        if any(a.kind == "I" for a in schedule.actions[rank]):
+            for chunk in chunks.values():
+                split_linears(chunk, self.store)
 
     def _peer(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.rank_of(stage)]
@@ -67,11 +78,13 @@ class PipelineExecutor:
                     self._post(st, item)
                 continue
             key = (item.stage, item.microbatch)
-            self._await(st, ("F" if item.kind == "F" else "B", key))  # outside the action: a `wait` span
+            if item.kind != "W":
+                self._await(st, ("F" if item.kind == "F" else "B", key))  # outside the action: a `wait` span
             args = {"step": step, "stage": item.stage, "chunk": self.schedule.chunk_of(item.stage),
                     "microbatch": item.microbatch, "action": item.kind}
+            run = {"F": self._forward, "W": self._weight}.get(item.kind, self._backward)
             with rec.span(str(item), "schedule", "schedule", **args):
-                (self._forward if item.kind == "F" else self._backward)(st, item, key, args, i)
+                run(st, item, key, args, i)
         for handle, _ in st.posted:
             handle.wait()
         st.posted.clear()
@@ -121,19 +134,35 @@ class PipelineExecutor:
         st.stage_out[key] = out
         if chunk.last:
             st.loss_sum = st.loss_sum + out.detach()
+        elif self.schedule.local(a.stage, a.stage + 1):  # a V's turn: the next stage is here too
+            st.stage_in[(a.stage + 1, a.microbatch)] = out.detach().requires_grad_()
 
     def _backward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
-        # gradients are synchronised only after this chunk's last backward
-        hold = self.grad_sync is not None and i not in self.last_backward
-        with self.grad_sync.no_sync() if hold else nullcontext(), \
-                self.comm.recorder.span("backward", "backward", "compute", **args):
+        """B, or I (the same, with each Linear's weight gradient left to W)."""
+        name = "backward" if a.kind == "B" else "backward_input"
+        with self._sync_unless_last(i), self.comm.recorder.span(name, "backward", "compute", **args), \
+                self.store.input_grad(key) if a.kind == "I" else nullcontext():
             out = st.stage_out.pop(key)
             if key in st.grad_out:
                 torch.autograd.backward(out, st.grad_out.pop(key))
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
             sync_compute(self.device)
+        if a.stage > 0 and self.schedule.local(a.stage - 1, a.stage):  # a V's turn: hand the gradient over
+            st.grad_out[(a.stage - 1, a.microbatch)] = st.stage_in.pop(key).grad
         self.memory.snapshot()
+
+    def _weight(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+        """W: the weight gradients of the Linears that this microbatch's I left in the stash."""
+        with self._sync_unless_last(i), self.comm.recorder.span("backward_weight", "backward", "compute", **args):
+            self.store.weight_grad(key)
+            sync_compute(self.device)
+        self.memory.snapshot()
+
+    def _sync_unless_last(self, i: int) -> Any:
+        """Gradients are synchronised only from a chunk's last backward (B, I or W) on."""
+        hold = self.grad_sync is not None and i not in self.last_backward
+        return self.grad_sync.no_sync() if hold else nullcontext()
 
 
 @dataclass

@@ -9,20 +9,26 @@ Schedules (p stages, m microbatches):
   Holds at most p − s microbatches.
 - Interleaved 1F1B (Narayanan et al. 2021, §2.2): v chunks per rank, microbatches in groups of p;
   warm-up of 2(p − r − 1) + (v − 1)·p forward chunks on rank r. Bubble shrinks by v.
+- ZB-H1 and ZBV (Qi et al. 2024): the backward split into I and W, W filling the bubbles
+  (zero_bubble.py). `csv:FILE`: any schedule in torch pipelining's CSV form (torch_csv.py).
 
 Each forward is preceded by the receive of its input and followed by the send of its output (the reverse
-for backward); the executor posts the transfers between two compute actions as one batch, which
-`validate` proves free of deadlock under NCCL's rule (a send may wait for its receive).
+for backward), placed by placement.py; the executor posts the transfers between two compute actions as
+one batch, which `validate` proves free of deadlock under NCCL's rule (a send may wait for its receive).
 """
 
 from __future__ import annotations
 
-from workbench.pipeline.actions import COMPUTE, KINDS, Action, P2PBatch, Schedule, peak_in_flight
+from workbench.pipeline.actions import COMPUTE, KINDS, Action, P2PBatch, Schedule, peak_in_flight, peak_pending_w
+from workbench.pipeline.placement import schedule_from_orders
 from workbench.pipeline.simulator import ScheduleError, Timeline, simulate
+from workbench.pipeline.torch_csv import read_csv
 from workbench.pipeline.validation import validate
+from workbench.pipeline.zero_bubble import zero_bubble_orders
 
 __all__ = ["COMPUTE", "KINDS", "Action", "P2PBatch", "Schedule", "ScheduleError", "Timeline", "build_schedule",
-           "peak_in_flight", "simulate", "validate"]
+           "peak_in_flight", "peak_pending_w", "schedule_from_orders", "simulate", "validate"]
+NAMES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
 
 
 # ---- generators -------------------------------------------------------------------------------
@@ -58,7 +64,7 @@ def _compute_order(name: str, p: int, m: int, v: int, rank: int) -> list[tuple[s
             f, b = f + 1, b + 1
         order += [bwd(k) for k in range(b, total)]
         return order
-    raise ValueError(f"unknown schedule {name!r}; valid: gpipe, 1f1b, interleaved")
+    raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(NAMES)}, csv:FILE")
 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lockstep") -> Schedule:
@@ -66,75 +72,16 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lock
     `placement`: "lockstep" (what runs: `_lockstep`), or "adjacent" — each receive right before the
     action that needs it, each send right after the one that made it, as the executor once posted them,
     one at a time (kept to show why that deadlocks on NCCL: tests/test_pipeline_schedule.py)."""
+    if name.startswith("csv:"):
+        return read_csv(name[4:], m, placement=placement)
+    if name in ("zbh1", "zbv"):
+        orders, stage_placement, v_needed = zero_bubble_orders(name, p, m)
+        if p < 2 or v not in (1, v_needed):
+            raise ValueError(f"{name} needs pp ≥ 2 and runs {v_needed} stage(s) per rank: pp={p}, virtual_stages={v}")
+        return schedule_from_orders(name, p, m, v_needed, orders, stage_placement, placement)
     if name != "interleaved" and v != 1:
         raise ValueError(f"schedule {name!r} runs one stage per rank: virtual_stages must be 1, got {v}")
     if name == "interleaved" and (m % p or p < 2):
         raise ValueError(f"interleaved 1F1B needs pp ≥ 2 and microbatches divisible by pp: m={m}, p={p}")
-    if placement not in ("lockstep", "adjacent"):
-        raise ValueError(f"placement={placement!r}: valid are 'lockstep', 'adjacent'")
-    sched = Schedule(name, p, m, v)
     orders = [_compute_order(name, p, m, v, r) for r in range(p)]
-    sched.actions = _lockstep(sched, orders) if placement == "lockstep" else _adjacent(sched, orders)
-    return sched
-
-
-def _adjacent(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
-    last = s.stages - 1
-    actions: list[list[Action]] = []
-    for order in orders:
-        acts: list[Action] = []
-        for kind, stage, mb in order:
-            if (need := _transfer_in(kind, stage, mb, last)) is not None:
-                acts.append(Action(f"RECV_{kind}", stage, mb, need[1]))
-            acts.append(Action(kind, stage, mb))
-            out = stage + 1 if kind == "F" else stage - 1
-            if 0 <= out <= last:
-                acts.append(Action(f"SEND_{kind}", stage, mb, out))
-        actions.append(acts)
-    return actions
-
-
-def _transfer_in(kind: str, stage: int, mb: int, last: int) -> tuple[str, int, int, int] | None:
-    """What a compute action needs from another stage: the activation into a forward, the gradient into
-    a backward — (F or B, from stage, to stage, microbatch), or None at the pipeline's ends."""
-    if kind == "F":
-        return ("F", stage - 1, stage, mb) if stage > 0 else None
-    return ("B", stage + 1, stage, mb) if stage < last else None
-
-
-def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
-    """Place the transfers in lockstep (Megatron-LM's batched p2p): in round t every rank runs its next
-    compute action if its input has arrived, then posts one batch — the sends of what it just computed,
-    and the receives of what its neighbours just computed for it. Batch t on one rank therefore meets
-    batch t on each of its neighbours, send for receive, so no batch waits on a later one (NCCL's rule),
-    and both ranks of a pair list their common transfers in the same (sorted) order: no tags needed. A
-    rank with nothing to run in a round merges that round's transfers into its next batch."""
-    last = s.stages - 1
-    pos = [0] * s.p
-    arrived: set[tuple[str, int, int, int]] = set()
-    actions: list[list[Action]] = [[] for _ in range(s.p)]
-    rounds = 0
-    while any(pos[r] < len(orders[r]) for r in range(s.p)):
-        sent: list[tuple[str, int, int, int]] = []
-        before = list(pos)
-        for r in range(s.p):
-            if pos[r] == len(orders[r]):
-                continue
-            kind, stage, mb = orders[r][pos[r]]
-            need = _transfer_in(kind, stage, mb, last)
-            if need is not None and need not in arrived:
-                continue  # idle this round: its input is still on the way
-            pos[r] += 1
-            actions[r].append(Action(kind, stage, mb))
-            out = ("F", stage, stage + 1, mb) if kind == "F" else ("B", stage, stage - 1, mb)
-            if 0 <= out[2] <= last:
-                sent.append(out)
-        if not sent and pos == before:
-            raise ValueError(f"schedule {s.name!r}: no rank can run its next action in round {rounds}")
-        for t in sorted(sent):
-            kind, src, dst, mb = t
-            actions[s.rank_of(src)].append(Action(f"SEND_{kind}", src, mb, dst, rounds))
-            actions[s.rank_of(dst)].append(Action(f"RECV_{kind}", dst, mb, src, rounds))
-        arrived.update(sent)
-        rounds += 1
-    return actions
+    return schedule_from_orders(name, p, m, v, orders, "loop", placement)

@@ -48,6 +48,20 @@ class Timeline:
         busy = [sum(e - b for _, b, e in rank) for rank in self.spans]
         return sum(1 - x / total for x in busy) / len(busy)
 
+    def bubble_rate(self) -> float:
+        """The zero-bubble paper's bubble rate (Qi et al. 2024, Table 2): the most idle time any rank has
+        between its first and its last pass, over that rank's busy time. 1F1B: (p − 1)/m at T_F = T_B;
+        ZB-H1: (p − 1)/3m and ZBV: 0 at T_F = T_I = T_W. The start-up stagger is not counted — it is the
+        slanted edge of the "parallelogram" that a step without optimizer synchronisation would overlap
+        with the next (and that `bubble_fraction` does count)."""
+        rates = []
+        for rank in self.spans:
+            if rank:
+                busy = sum(e - b for _, b, e in rank)
+                span = max(e for _, _, e in rank) - min(b for _, b, _ in rank)
+                rates.append((span - busy) / busy if busy > 0 else 0.0)
+        return max(rates, default=0.0)
+
 
 @dataclass
 class _Posted:
@@ -122,25 +136,28 @@ class _Streams:
 
 def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0,
              cost: Callable[[int, Item], tuple[float, float]] | None = None,
-             start: Sequence[float] | None = None, rule: str = "nccl", batched: bool = True) -> Timeline:
+             start: Sequence[float] | None = None, rule: str = "nccl", batched: bool = True,
+             t_w: float | None = None) -> Timeline:
     """The timeline of a schedule from per-action costs, without starting a process. Raises
     ScheduleError on a deadlock under `rule`.
 
     Uniform costs (the formula's world): a chunk's forward costs t_f / v, its backward t_b / v, a
-    transfer t_comm, posting nothing. `cost(rank, item) -> (advance, busy)` replaces them per item —
+    transfer t_comm, posting nothing; a split backward's W costs t_w / v (t_b / 2 unless given) and its
+    I the rest of t_b. `cost(rank, item) -> (advance, busy)` replaces them per item —
     measured costs: a compute action advances the rank's clock by `advance` and is busy for `busy` of it;
     a batch of transfers, once it can run, takes `advance` to finish. `start`: when each rank begins
     (measured: ranks do not enter a step at the same instant); all at 0 by default. `batched=False`
     posts every transfer alone (see actions.py)."""
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}: valid rules are {list(RULES)}")
-    per = {"F": t_f / s.v, "B": t_b / s.v}
+    t_w = t_b / 2 if t_w is None else t_w
+    per = {"F": t_f / s.v, "B": t_b / s.v, "I": (t_b - t_w) / s.v, "W": t_w / s.v}
     cost = cost or (lambda r, item: (per.get(item.kind, 0.0), per.get(item.kind, 0.0)))
     programs = [s.program(r, batched) for r in range(s.p)]
     pos, clock = [0] * s.p, list(start) if start is not None else [0.0] * s.p
     streams = _Streams(s.p, rule, t_comm, cost)
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(s.p)]
-    needs = [{(a.stage, a.microbatch, a.kind): a.transfer() for a in s.actions[r] if a.is_recv} for r in range(s.p)]
+    needs = [{(a.stage, a.microbatch, a.kind[-1]): a.transfer() for a in s.actions[r] if a.is_recv} for r in range(s.p)]
     while any(pos[r] < len(programs[r]) for r in range(s.p)):
         progressed = False
         for r in range(s.p):
@@ -149,7 +166,8 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
                 if isinstance(item, P2PBatch):
                     streams.post(r, item, clock[r])
                 else:
-                    need = needs[r].get((item.stage, item.microbatch, "RECV_" + item.kind))
+                    need = None if item.kind == "W" else \
+                        needs[r].get((item.stage, item.microbatch, "F" if item.kind == "F" else "B"))
                     if need is not None:
                         streams.resolve()
                         arrived = streams.arrival(need)

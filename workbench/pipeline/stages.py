@@ -1,7 +1,8 @@
 """Stage partitioning: the model's L layers cut into S = pp × virtual_stages equal stages.
 
 Stage k holds layers [k·L/S, (k+1)·L/S); stage 0 also holds the embeddings, stage S − 1 the final
-layer norm, the head and the loss. Stage k lives on pipeline rank k mod pp as its chunk k // pp.
+layer norm, the head and the loss. Stage k lives on pipeline rank k mod pp as its chunk k // pp (in a V,
+ZBV's placement, rank r holds stages r and 2·pp − 1 − r: `Schedule.rank_of`).
 Which module a stage is, is the caller's business (`engine/parallelize.py` builds a GPT with just those
 layers, initialised by parameter name, so it holds exactly its slice of the single-process model).
 """
@@ -28,8 +29,9 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
 
 
 def stages_of_rank(schedule: Schedule, pp_rank: int) -> list[int]:
-    """The stages (in chunk order) that live on pipeline rank `pp_rank`."""
-    return [chunk * schedule.p + pp_rank for chunk in range(schedule.v)]
+    """The stages (in chunk order) that live on pipeline rank `pp_rank`: pp_rank, pp_rank + p, … in a loop;
+    pp_rank and 2p − 1 − pp_rank in a V."""
+    return [k for k in range(schedule.stages) if schedule.rank_of(k) == pp_rank]
 
 
 def build_stages(layers: int, schedule: Schedule, pp_rank: int,

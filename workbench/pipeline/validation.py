@@ -1,7 +1,10 @@
 """Is a schedule safe to run? `validate(schedule)` lists its problems (empty = valid):
 
-- every (stage, microbatch) forwarded and backwarded exactly once, on the rank its stage lives on,
-  forward first;
+- every (stage, microbatch) forwarded once and backwarded once — as B, or split as I then W (Qi et al.:
+  count(I) = count(W), W only after its I) — on the rank its stage lives on, forward first; every
+  stage on exactly one rank;
+- two stages on one rank (a V's turn) hand over in order: a stage's forward after the forward that
+  feeds it, its backward after the backward that feeds it;
 - every send matched by exactly one receive, and the reverse;
 - **order between two ranks**: NCCL ignores tags, so the transfers from rank A to rank B are matched
   in the order they are posted — A's sends to B must come in the order B posts its receives from A, or
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workbench.pipeline.actions import COMPUTE, KINDS, Schedule
+from workbench.pipeline.actions import BACKWARD, COMPUTE, KINDS, Action, Schedule
 from workbench.pipeline.simulator import ScheduleError, simulate
 
 
@@ -50,27 +53,48 @@ def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]
 def _coverage(s: Schedule) -> list[str]:
     errors: list[str] = []
     seen: dict[tuple[str, int, int], int] = defaultdict(int)
+    ranks_of: dict[int, set[int]] = defaultdict(set)
     for rank, acts in enumerate(s.actions):
-        done_f: set[tuple[int, int]] = set()
+        done: set[tuple[str, int, int]] = set()
         for a in acts:
             if a.kind not in KINDS:
                 errors.append(f"rank {rank}: unknown action kind {a.kind!r}")
                 continue
+            ranks_of[a.stage].add(rank)
             if s.rank_of(a.stage) != rank:
                 errors.append(f"rank {rank}: {a} belongs to stage {a.stage}, which lives on rank {s.rank_of(a.stage)}")
             if a.kind in COMPUTE:
                 seen[(a.kind, a.stage, a.microbatch)] += 1
-                if a.kind == "F":
-                    done_f.add((a.stage, a.microbatch))
-                elif (a.stage, a.microbatch) not in done_f:
-                    errors.append(f"rank {rank}: {a} runs before its forward")
-    for kind in COMPUTE:
-        for stage in range(s.stages):
-            for mb in range(s.m):
-                n = seen.get((kind, stage, mb), 0)
-                if n != 1:
-                    errors.append(f"{stage}{kind}{mb} appears {n} times (want 1)")
+                errors += _order_on_rank(s, rank, a, done)
+                done.add((a.kind, a.stage, a.microbatch))
+    errors += [f"stage {st} has actions on ranks {sorted(r)} (want exactly one)" for st, r in sorted(ranks_of.items())
+               if len(r) > 1]
+    for stage in range(s.stages):
+        for mb in range(s.m):
+            n = {k: seen.get((k, stage, mb), 0) for k in COMPUTE}
+            if n["F"] != 1:
+                errors.append(f"{stage}F{mb} appears {n['F']} times (want 1)")
+            if n["I"] != n["W"]:
+                errors.append(f"{stage}I{mb} appears {n['I']} times and {stage}W{mb} {n['W']} (count(I) = count(W))")
+            if (n["B"], n["I"]) not in ((1, 0), (0, 1)):
+                errors.append(f"{stage}{mb}: backward as B {n['B']} times and as I {n['I']} times "
+                              f"(want once, either B or I then W)")
     return errors
+
+
+def _order_on_rank(s: Schedule, rank: int, a: Action, done: set[tuple[str, int, int]]) -> list[str]:
+    """Dependencies a compute action has on what ran before it on its rank."""
+    st, mb = a.stage, a.microbatch
+    if a.kind in BACKWARD and ("F", st, mb) not in done:
+        return [f"rank {rank}: {a} runs before its forward"]
+    if a.kind == "W" and ("I", st, mb) not in done:
+        return [f"rank {rank}: {a} runs before its I (a weight gradient needs the output's gradient)"]
+    feed = st - 1 if a.kind == "F" else st + 1
+    if a.kind != "W" and 0 <= feed < s.stages and s.local(feed, st) and \
+            not any((k, feed, mb) in done for k in ((a.kind,) if a.kind == "F" else BACKWARD)):
+        return [f"rank {rank}: {a} runs before stage {feed}'s {'forward' if a.kind == 'F' else 'backward'} "
+                f"of microbatch {mb}, on the same rank, hands it its {'input' if a.kind == 'F' else 'gradient'}"]
+    return []
 
 
 def pair_order(s: Schedule) -> list[str]:

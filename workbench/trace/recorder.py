@@ -31,7 +31,8 @@ SCHEMA_VERSION = 2
 LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4, "launch": 5, "offload": 6}
 
 #: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
-MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary", "other")
+MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "wgrad_stash", "comm_buffer",
+                     "temporary", "other")
 
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",

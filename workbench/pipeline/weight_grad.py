@@ -1,0 +1,135 @@
+"""The backward split in two (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2): I computes the
+gradient of a stage's input — what the previous stage is waiting for — and W the gradients of its
+weights, which nobody waits for, so a schedule can run W later, in what would be a bubble.
+
+For a Linear layer y = x·Wᵀ + b with output gradient dy:
+
+    I   dx = dy · W                      (needs W, which stays on the rank anyway)
+    W   dW = dyᵀ · x,  db = Σ dy         (needs x and dy: kept from I until W runs — the "stash")
+
+So I runs autograd as usual, except that each Linear's backward (`_SplitLinear`) returns no weight
+gradient and stashes (x, dy) instead; W then computes dW and db exactly as autograd would have and
+hands them to autograd's accumulation of the parameter (`torch.autograd.backward` on the leaf), so
+every gradient hook — fp32 main gradients, the data-parallel buckets — fires as after a full backward.
+B (I and W together) is autograd unchanged. Parameters that are not a Linear's (layer norms, the
+embeddings) get their gradients in I: they are small, and Megatron's zero-bubble implementation does
+the same. Under sequence parallelism the column-parallel layers (their own autograd function) compute
+their weight gradients in I too.
+
+The stash is counted in memory's `wgrad_stash` category: per pending (stage, microbatch), each
+Linear's input and output gradient (docs/formulas.md, "Zero-bubble pipelines").
+
+Nothing is communicated here: the gradient collectives stay where the gradient sync puts them (after
+the last W of a stage, when the buckets are complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.measure.memory import MemoryTracker
+
+Key = tuple[int, int]  # (stage, microbatch)
+
+
+class WeightGradStore:
+    """The (x, dy) pairs each I left for its W, by (stage, microbatch)."""
+
+    def __init__(self, memory: MemoryTracker | None = None) -> None:
+        self.memory = memory
+        self.stash: dict[Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]] = {}
+        self._into: list | None = None  # where the Linear backwards running now stash (None: not split)
+
+    @contextmanager
+    def input_grad(self, key: Key) -> Iterator[None]:
+        """Inside: autograd's backward is an I — each Linear stashes instead of computing dW."""
+        self._into = self.stash.setdefault(key, [])
+        try:
+            yield
+        finally:
+            self._into = None
+
+    @property
+    def splitting(self) -> bool:
+        return self._into is not None
+
+    def put(self, weight: nn.Parameter, bias: nn.Parameter | None, x: torch.Tensor, dy: torch.Tensor) -> None:
+        assert self._into is not None
+        self._into.append((weight, bias, x, dy))
+        if self.memory is not None:
+            self.memory.add("wgrad_stash", _nbytes(x) + _nbytes(dy))
+
+    def weight_grad(self, key: Key) -> None:
+        """W of (stage, microbatch): each stashed Linear's dW (and db), accumulated through autograd."""
+        for weight, bias, x, dy in self.stash.pop(key, []):
+            dw, db = _weight_grads(x, dy, bias is not None)
+            leaves, grads = ([weight, bias], [dw, db]) if bias is not None else ([weight], [dw])
+            torch.autograd.backward(leaves, grads)
+            if self.memory is not None:
+                self.memory.add("wgrad_stash", -(_nbytes(x) + _nbytes(dy)))
+
+    def pending(self) -> list[Key]:
+        return sorted(k for k, v in self.stash.items() if v)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _weight_grads(x: torch.Tensor, dy: torch.Tensor, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dW = dyᵀ·x and db = Σ dy over every token (what F.linear's backward computes)."""
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    return dy2.t().mm(x2), (dy2.sum(0) if bias else None)
+
+
+class _SplitLinear(torch.autograd.Function):
+    """F.linear whose backward, inside `WeightGradStore.input_grad`, returns only dx and stashes (x, dy)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None,
+                store: WeightGradStore) -> torch.Tensor:
+        ctx.save_for_backward(x)  # an activation (measure/memory.py counts it as one)
+        # the parameters themselves, not saved tensors: an unpacked save of a leaf can be another tensor
+        # object on its storage, and W must accumulate into the parameter (and fire its hooks)
+        ctx.weight, ctx.bias, ctx.store = weight, bias, store
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (x,), weight = ctx.saved_tensors, ctx.weight
+        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
+        if ctx.store.splitting:
+            ctx.store.put(weight, ctx.bias, x, dy)
+            return dx, None, None, None
+        dw, db = _weight_grads(x, dy, ctx.bias is not None)
+        return dx, dw, db, None
+
+
+def split_linear(x: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None = None, *,
+                 store: WeightGradStore) -> torch.Tensor:
+    return _SplitLinear.apply(x, weight, bias, store)
+
+
+def _linear_forward(m: nn.Linear, store: WeightGradStore, x: torch.Tensor) -> torch.Tensor:
+    return _SplitLinear.apply(x, m.weight, m.bias, store)
+
+
+def split_linears(module: nn.Module, store: WeightGradStore) -> int:
+    """Route every Linear of `module` through `_SplitLinear`: nn.Linear by its forward, the tensor-parallel
+    layers by their `linear` (parallel/tensor_parallel.py). Returns how many were routed."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, nn.Linear):  # its parameters looked up at each call (a cast may replace them)
+            m.forward = partial(_linear_forward, m, store)  # type: ignore[method-assign]
+            n += 1
+        elif hasattr(m, "linear"):
+            m.linear = partial(split_linear, store=store)
+            n += 1
+    return n
