@@ -4,14 +4,15 @@
                                     pipeline's first to last compute action, averaged over the ranks of each
                                     pipeline and over the pipelines (data- and tensor-parallel replicas); the
                                     median over the steps after the first (which pays one-off costs)
-    predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers
+    predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers (a
+                                    zero-bubble schedule: its simulation at T_F = T_I = T_W, free transfers)
     simulated_with_measured_costs   the simulator running the schedule with this run's mean compute time per
                                     (stage, F or B) and its median transfer time — nothing else measured:
                                     no idle gap, no rank entering late, every wait decided by the simulator
     split                           the measured bubble (mean over the same steps) as a sum of terms, each
                                     what one more measured cost adds to the simulation (Qi et al.'s zero-bubble
                                     paper reasons the same way: the bubble is what the costs leave idle):
-        formula                         (p − 1)/(v·m + p − 1)
+        formula                         (p − 1)/(v·m + p − 1), or the zero-bubble one as above
         uneven_stage_costs              simulated with the compute costs, free transfers, − formula (under
                                         NCCL's rule it also holds the stream ordering, docs/formulas.md)
         transfers                       + the measured transfer time on every boundary
@@ -83,7 +84,7 @@ def step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int
             continue  # an interrupted step
         durations: dict[tuple[int, str], list[float]] = {}
         for e in (e for r in replica for e in spans[r]):
-            kind = "F" if e["cat"] == "forward" else "B"
+            kind = e["args"].get("action") or ("F" if e["cat"] == "forward" else "B")  # F, B, I or W
             durations.setdefault((e["args"].get("stage", 0), kind), []).append(e["dur"])
         first = min(entered[r][step][0]["ts"] for r in replica)
         out[step] = {"spans": spans, "cost": {k: statistics.mean(v) for k, v in durations.items()},
@@ -126,7 +127,7 @@ def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -
 
 def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "gloo") -> dict[int, dict[str, float]]:
     """Per step, the measured bubble and its terms (TERMS), each the mean over the pipelines."""
-    formula = formulas.bubble_fraction(sched.p, sched.m, sched.v)
+    formula = formulas.schedule_bubble_fraction(sched)
     per_step: dict[int, list[dict[str, float]]] = {}
     replicas = pipelines(traces, sched.p)
     for replica in replicas:
@@ -177,7 +178,7 @@ def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, An
     split = {k: statistics.mean(v[k] for v in kept.values()) for k in ("measured", *TERMS)} if kept else None
     return {"measured": statistics.median(measured) if measured else None,
             "measured_per_step": measured,
-            "predicted": formulas.bubble_fraction(sched.p, sched.m, sched.v),
+            "predicted": formulas.schedule_bubble_fraction(sched),
             "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
             "simulated_per_step": simulated,
             "split": split, "rule": rule}

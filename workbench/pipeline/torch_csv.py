@@ -7,7 +7,10 @@ pipeline rank, one cell per compute action in the order the rank runs them, each
 
     0F0,0F1,0I0,0W0,0F2,...      F forward, B full backward, I input gradient, W weight gradient
 
-An empty cell is an idle slot (torch's generated schedules pad with them); communication actions
+An empty cell is an idle slot (torch's generated schedules pad with them); DualPipeV's overlapped pair
+`(0F3;3B1)OVERLAP_F_B` runs here as its two actions in order (torch's runtime does the same unless a
+custom overlap function is registered: the pairing overlaps compute with communication on GPUs, which
+this executor does not attempt); communication actions
 (SEND_F, RECV_B ... of the "compute_comms" form) and FSDP's UNSHARD/RESHARD/REDUCE_GRAD are skipped when
 reading: the transfers are placed here (schedule._lockstep), as torch's `_add_send_recv` places them
 there. Which rank holds which stage is read from where each stage's actions are, as torch infers its
@@ -20,11 +23,20 @@ from __future__ import annotations
 import csv
 import re
 
-from workbench.pipeline.actions import COMPUTE, Schedule
+from workbench.pipeline.actions import COMPUTE, Action, Schedule
 from workbench.pipeline.placement import schedule_from_orders
-from workbench.pipeline.validation import validate
+from workbench.pipeline.validation import coverage, validate
 
 _ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+
+
+def _cells(cell: str) -> list[str]:
+    """A cell's actions: none for an idle slot, the sub-actions of an overlapped pair, else itself."""
+    if not cell:
+        return []
+    if cell.startswith("(") and cell.endswith(")OVERLAP_F_B"):
+        return [c.strip() for c in cell[1:-len(")OVERLAP_F_B")].split(";") if c.strip()]
+    return [cell]
 
 
 def write_csv(s: Schedule, path: str) -> None:
@@ -42,27 +54,25 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
     with open(path, newline="") as f:
         for row_no, row in enumerate(csv.reader(f)):
             order = []
-            for cell in (c.strip() for c in row):
-                if not cell:
-                    continue  # an idle slot
+            for cell in (x for c in row for x in _cells(c.strip())):
                 match = _ACTION.match(cell)
                 if match is None:
-                    raise ValueError(f"{path}: row {row_no} has {cell!r}, not an action like 2F0, 1I3, 0W1, 1B0")
+                    raise ValueError(f"row {row_no} has {cell!r}, not an action like 2F0, 1I3, 0W1, 1B0")
                 stage, kind, mb = match.groups()
                 if kind in COMPUTE:
                     if not mb:
-                        raise ValueError(f"{path}: row {row_no}: {cell!r} names no microbatch")
+                        raise ValueError(f"row {row_no}: {cell!r} names no microbatch")
                     order.append((kind, int(stage), int(mb)))
             orders.append(order)
     if len(orders) < 2:
-        raise ValueError(f"{path}: {len(orders)} row(s): a pipeline schedule has one row per rank, at least 2")
+        raise ValueError(f"{len(orders)} row(s): a pipeline schedule has one row per rank, at least 2")
     p = len(orders)
     stages = 1 + max(st for order in orders for _, st, _ in order)
     micro = 1 + max(mb for order in orders for _, _, mb in order)
     if stages % p:
-        raise ValueError(f"{path}: {stages} stages do not split evenly over {p} ranks")
+        raise ValueError(f"{stages} stages do not split evenly over {p} ranks")
     if m is not None and micro != m:
-        raise ValueError(f"{path}: schedules {micro} microbatches, but the run has microbatches={m}")
+        raise ValueError(f"schedules {micro} microbatches, but the run has microbatches={m}")
     v = stages // p
     where = {st: r for r, order in enumerate(orders) for _, st, _ in order}
     placements = {"loop": {k: k % p for k in range(stages)}}
@@ -70,13 +80,13 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
         placements["v"] = {k: k if k < p else 2 * p - 1 - k for k in range(stages)}
     found = [name for name, ranks in placements.items() if ranks == where]
     if not found:
-        raise ValueError(f"{path}: stages sit on ranks {where}: runnable placements are the loop (stage k on "
+        raise ValueError(f"stages sit on ranks {where}: runnable placements are the loop (stage k on "
                          f"rank k mod p) and, with 2 stages per rank, the V (rank r: stages r and 2p − 1 − r)")
-    try:
-        s = schedule_from_orders(f"csv:{path}", p, micro, v, orders, found[0], placement)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+    bare = Schedule(f"csv:{path}", p, micro, v, [[Action(*o) for o in order] for order in orders], found[0])
+    if errors := coverage(bare):  # what each rank runs, before any transfer is placed
+        raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))
+    s = schedule_from_orders(f"csv:{path}", p, micro, v, orders, found[0], placement)
     errors = validate(s) if placement == "lockstep" else []
     if errors:
-        raise ValueError(f"{path}: not a valid schedule: " + "; ".join(errors[:5]))
+        raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))
     return s

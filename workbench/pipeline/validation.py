@@ -27,7 +27,7 @@ def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]
     transfers, the same order of transfers on both ranks of a pair, and no deadlock under `rule`."""
     if len(s.actions) != s.p:
         return [f"{len(s.actions)} action lists for {s.p} ranks"]
-    errors = _coverage(s)
+    errors = coverage(s)
     sends, recvs = defaultdict(int), defaultdict(int)
     for acts in s.actions:
         for a in acts:
@@ -50,7 +50,8 @@ def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]
     return errors
 
 
-def _coverage(s: Schedule) -> list[str]:
+def coverage(s: Schedule) -> list[str]:
+    """The compute actions' problems: each pass once, on its stage's rank, after what it depends on there."""
     errors: list[str] = []
     seen: dict[tuple[str, int, int], int] = defaultdict(int)
     ranks_of: dict[int, set[int]] = defaultdict(set)

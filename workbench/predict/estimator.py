@@ -190,7 +190,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     masters = 4 * local if g == 2 and not offload else 0
     out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
-    out.bubble_fraction = formulas.bubble_fraction(pp, microbatches, virtual_stages) if pp > 1 else 0.0
+    out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
     tokens = global_batch * model.seq_len
     factor = 4 / 3 if recompute == "full" else 1.0
     out.flops_per_step = formulas.training_flops_per_token(params, model) * tokens * factor

@@ -95,7 +95,9 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: _Ctx) -
     def cost(r: int, item: Any) -> tuple[float, float]:
         if not isinstance(item, Action):
             return 0.0, 0.0
-        t = (fwd[item.stage] if item.kind == "F" else bwd[item.stage]) + gap[r]
+        # a split backward (zero-bubble): I and W each taken as half of B — the paper's T_I ≈ T_W
+        share = {"F": fwd, "B": bwd}.get(item.kind)
+        t = (share[item.stage] if share is not None else bwd[item.stage] / 2) + gap[r]
         return t, t
     return simulate(sched, cost=cost, t_comm=t_comm, rule=L.rule).makespan
 

@@ -9,6 +9,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
     run.py           a run's predicted memory and bytes per step, from its config
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
+    zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash
 """
 
 from workbench.predict.formulas.activations import (
@@ -46,6 +47,12 @@ from workbench.predict.formulas.run import (
     run_model,
     run_schedule,
 )
+from workbench.predict.formulas.zero_bubble import (
+    bubble_rate,
+    named_bubble_fraction,
+    schedule_bubble_fraction,
+    wgrad_stash_bytes,
+)
 
 __all__ = [
     "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
@@ -54,5 +61,6 @@ __all__ = [
     "model_state_bytes", "offload_host_bytes", "onebit_bytes_per_step", "params_per_rank", "predicted_bytes",
     "predicted_comm_bytes", "predicted_host_bytes", "recompute_activation_bytes", "run_model", "run_schedule",
     "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
-    "young_daly_interval",
+    "young_daly_interval", "bubble_rate", "named_bubble_fraction", "schedule_bubble_fraction",
+    "wgrad_stash_bytes",
 ]

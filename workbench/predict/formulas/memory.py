@@ -50,10 +50,13 @@ def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1)
     return out
 
 
-def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0) -> int:
-    """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, …) share under tensor parallelism."""
+def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0,
+                    placement: str = "loop") -> int:
+    """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, … in a loop; pp_rank and 2p − 1 −
+    pp_rank in ZBV's V) share under tensor parallelism."""
     stages = pp * virtual_stages
-    return sum(stage_params(cfg, k, stages, tp) for k in range(pp_rank, stages, pp))
+    mine = [pp_rank, 2 * pp - 1 - pp_rank] if placement == "v" else range(pp_rank, stages, pp)
+    return sum(stage_params(cfg, k, stages, tp) for k in mine)
 
 
 #: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)

@@ -10,6 +10,7 @@ from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
+from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
 
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
@@ -18,7 +19,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     model = run_model(config)
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
-    params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
+    params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
+                             placement(config))
     width = 4 if precision == "fp32" else 2
     offload = bool(config.get("offload_optimizer")) and config.get("zero", 0) > 0
     states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision, grad_width(config), offload),
@@ -44,15 +46,21 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
                    for k in range(sched.stages)}
     extra = {k: backward_extra_bytes(model, micro, k == sched.stages - 1, width, tp, sp, rc, device)
              for k in range(sched.stages)}
-    live = peak = 0.0
+    layers = model.layers // sched.stages
+    stash = {k: wgrad_stash_bytes(model, micro, layers, k == sched.stages - 1, width, tp, sp)
+             for k in range(sched.stages)}
+    live = peak = stashed = peak_stash = 0.0
     for a in sched.actions[pp_rank]:
         if a.kind == "F":
             live += stage_bytes[a.stage]
             peak = max(peak, live)
-        elif a.kind == "B":
+        elif a.kind in ("B", "I"):
             peak = max(peak, live + extra[a.stage])
             live -= stage_bytes[a.stage]
-    return {**states, "activation": peak}
+        if a.kind in ("I", "W"):  # the zero-bubble split: I stashes each Linear's input and output gradient
+            stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
+            peak_stash = max(peak_stash, stashed)
+    return {**states, "activation": peak, "wgrad_stash": peak_stash}
 
 
 def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
@@ -61,8 +69,17 @@ def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     if not config.get("offload_optimizer") or not config.get("zero", 0):
         return {}
     model = run_model(config)
-    params = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank)
+    params = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
+                             placement(config))
     return offload_host_bytes(params, config["dp"])
+
+
+def placement(config: dict[str, Any]) -> str:
+    """Which rank holds which stage: "v" for ZBV (and a CSV schedule in a V), else "loop"."""
+    if config.get("pp", 1) == 1:
+        return "loop"
+    return run_schedule(config).placement if str(config.get("schedule", "")).startswith("csv:") else \
+        ("v" if config.get("schedule") == "zbv" else "loop")
 
 
 def grad_width(config: dict[str, Any]) -> int:
@@ -88,7 +105,7 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     model = run_model(config)
     dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
     v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
-    local = params_per_rank(model, tp, pp, v, pp_rank)
+    local = params_per_rank(model, tp, pp, v, pp_rank, placement(config))
     zero = config.get("zero", 0)
     if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters

@@ -1,0 +1,252 @@
+"""Zero-bubble pipelines (Qi et al. 2024): the backward split into I and W, ZB-H1 and ZBV as data, torch's
+CSV schedules in and out, and the same model trained as one process.
+
+Tolerance for the losses: 1e-5 (the issue's), met with room — the split changes only where each
+Linear's weight gradient is summed (dW = dyᵀ·x per microbatch, added when W runs), so the last bits of
+the gradient differ from 1F1B's; measured ≤ 1 ulp of the loss over 4 steps.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.test_data_parallel import assert_same_training
+from workbench import ConfigError, ModelConfig, RunConfig
+from workbench.cli import main as cli
+from workbench.pipeline.actions import Action
+from workbench.pipeline.schedule import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
+from workbench.pipeline.torch_csv import read_csv, write_csv
+from workbench.predict import formulas
+from workbench.trace.validate import validate_run
+
+FOUR, EIGHT = ModelConfig(layers=4), ModelConfig(layers=8)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- schedules as data (no process) --------------------------------------------------------------
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("m", [8, 16])
+def test_unit_time_bubbles_are_the_papers(p, m):
+    """At T_F = T_I = T_W the simulated bubble rate (idle between a rank's first and last pass, over its
+    work) is 1F1B's (p − 1)/m, ZB-H1's a third of it, ZBV's 0 (m ≥ 2p), at 1F1B's activation memory."""
+    rates = {}
+    for name in ("1f1b", "zbh1", "zbv"):
+        if name == "zbv" and m < 2 * p:
+            continue
+        s = build_schedule(name, p, m)
+        assert validate(s) == [], name
+        rates[name] = simulate(s, t_f=1.0, t_b=2.0, t_w=1.0).bubble_rate()
+        assert rates[name] == pytest.approx(formulas.bubble_rate(name, p, m), abs=1e-12), name
+    assert rates["zbh1"] == pytest.approx((p - 1) / (3 * m)) and rates["1f1b"] == pytest.approx((p - 1) / m)
+    assert peak_in_flight(build_schedule("zbh1", p, m)) == peak_in_flight(build_schedule("1f1b", p, m))
+    if "zbv" in rates:
+        v = build_schedule("zbv", p, m)
+        assert rates["zbv"] == 0.0 and peak_in_flight(v) == [2 * p] * p  # 2p half-stage chunks = 1F1B's p stages
+
+
+def test_zero_bubble_stops_being_zero_when_w_is_not_free():
+    """The schedules are generated for T_F = T_I = T_W (as the paper's handcrafted ones are). With W shorter
+    than F, what W filled comes back as bubble; with W longer, W itself overflows the gaps: ZBV's bubble
+    is 0 only at equal times and grows on both sides (the simulation is the prediction there)."""
+    s = build_schedule("zbv", 4, 8)
+    rates = {t_w: simulate(s, t_f=1.0, t_b=1.0 + t_w, t_w=t_w).bubble_rate() for t_w in (0.25, 0.5, 1.0, 1.5, 2.0)}
+    assert rates[1.0] == 0.0
+    assert rates[0.25] > rates[0.5] > 0 and rates[2.0] > rates[1.5] > 0, rates
+
+
+def _malformed(kind: str):
+    """A valid ZB-H1 (p = 2, m = 2) broken by one rule."""
+    s = build_schedule("zbh1", 2, 2)
+    acts = s.actions
+    if kind == "W before its I":
+        i, w = acts[1].index(Action("I", 1, 0)), acts[1].index(Action("W", 1, 0))
+        acts[1][i], acts[1][w] = acts[1][w], acts[1][i]
+    elif kind == "I without W":
+        acts[1].remove(Action("W", 1, 1))
+    elif kind == "B and I":
+        acts[0].append(Action("B", 0, 1))
+    elif kind == "I before F":
+        acts[0].remove(Action("F", 0, 1))
+        acts[0].append(Action("F", 0, 1))
+    elif kind == "stage on two ranks":
+        acts[1].append(Action("W", 0, 0))
+    elif kind == "V hand-over out of order":
+        s = build_schedule("zbv", 2, 4)
+        f3, f0 = s.actions[1].index(Action("F", 1, 0)), s.actions[1].index(Action("F", 2, 0))
+        s.actions[1][f3], s.actions[1][f0] = s.actions[1][f0], s.actions[1][f3]
+    return s
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("W before its I", "runs before its I"),
+    ("I without W", "count(I) = count(W)"),
+    ("B and I", "either B or I then W"),
+    ("I before F", "runs before its forward"),
+    ("stage on two ranks", "want exactly one"),
+    ("V hand-over out of order", "on the same rank, hands it its input"),
+])
+def test_each_rule_catches_its_malformed_schedule(kind, says):
+    errors = validate(_malformed(kind))
+    assert any(says in e for e in errors), errors
+
+
+def test_a_split_schedule_posted_one_transfer_at_a_time_deadlocks_on_nccl():
+    """The lockstep posting is what keeps ZB-H1 safe under NCCL's blocking sends; posted one by one, it
+    deadlocks there, and not on gloo (a send never blocks)."""
+    s = build_schedule("zbh1", 4, 8, placement="adjacent")
+    assert any("deadlock under nccl" in e for e in validate(s, batched=False))
+    assert validate(s, rule="gloo", batched=False) == []
+    assert validate(build_schedule("zbh1", 4, 8)) == [] and validate(build_schedule("zbv", 4, 8)) == []
+
+
+@pytest.mark.parametrize("name, p, m, v", [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2),
+                                           ("zbh1", 2, 4, 1), ("zbh1", 4, 8, 1), ("zbv", 2, 4, 2), ("zbv", 4, 8, 2)])
+def test_every_schedule_round_trips_through_torch_csv(tmp_path, name, p, m, v):
+    s = build_schedule(name, p, m, v)
+    path = str(tmp_path / "s.csv")
+    write_csv(s, path)
+    back = read_csv(path, m)
+    assert back.actions == s.actions and (back.p, back.m, back.v, back.placement) == (s.p, s.m, s.v, s.placement)
+
+
+def test_the_split_backward_gives_autograds_gradients_in_any_order():
+    """In one process: F0 F1 I0 F2 W0 I1 I2 W2 W1 accumulates exactly the gradients of three plain
+    backwards (dW = dyᵀ·x is what F.linear's backward computes)."""
+    from workbench.engine.model import GPT
+    from workbench.pipeline.weight_grad import WeightGradStore, split_linears
+
+    cfg = ModelConfig()
+    plain, split = GPT(cfg, seed=0), GPT(cfg, seed=0)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g),
+             torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g)) for _ in range(3)]
+    for x, y in data:
+        plain(x, y).backward()
+    store = WeightGradStore()
+    assert split_linears(split, store) == 4 * cfg.layers + 1  # qkv, proj, fc, proj per block, and the head
+    out = {}
+    for kind, i in [("F", 0), ("F", 1), ("I", 0), ("F", 2), ("W", 0), ("I", 1), ("I", 2), ("W", 2), ("W", 1)]:
+        if kind == "F":
+            out[i] = split(*data[i])
+        elif kind == "I":
+            with store.input_grad((0, i)):
+                out.pop(i).backward()
+            assert split.head.weight.grad is None or i > 0, "I leaves the weights' gradients to W"
+        else:
+            store.weight_grad((0, i))
+    assert store.pending() == []
+    for (name, a), (_, b) in zip(plain.named_parameters(), split.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_bad_zero_bubble_configurations_fail_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match="needs pp > 1"):
+        RunConfig(schedule="zbh1").validate()
+    with pytest.raises(ConfigError, match="ZeRO-3"):
+        RunConfig(model=FOUR, dp=2, pp=2, schedule="zbh1", zero=3, global_batch=8, microbatches=2).validate()
+    with pytest.raises(ConfigError, match="pp×virtual_stages=4"):
+        RunConfig(model=ModelConfig(layers=2), pp=2, schedule="zbv").validate()
+    assert RunConfig(model=FOUR, pp=2, schedule="zbv").virtual_stages == 2
+    with pytest.raises(ConfigError, match="no such file"):
+        RunConfig(pp=2, schedule="csv:/nonexistent.csv").validate()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n")
+    with pytest.raises(ConfigError, match="1B1 appears 0 times|backward as B 0 times"):
+        RunConfig(model=FOUR, pp=2, microbatches=2, schedule=f"csv:{bad}").validate()
+
+
+def test_schedule_export_writes_torch_csv_and_show_prints_the_bubble(tmp_path, capsys):
+    out = tmp_path / "zbh1.csv"
+    assert cli(["schedule", "export", "--schedule", "zbh1", "--pp", "2", "--microbatches", "4", "--out", str(out)]) == 0
+    assert out.read_text().splitlines()[0] == "0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3"
+    assert cli(["schedule", "show", "--schedule", "zbv", "--pp", "2", "--microbatches", "4"]) == 0
+    assert "bubble rate at T_F = T_I = T_W: 0.0000" in capsys.readouterr().out
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def single(launched):
+    return launched(model=FOUR, steps=4)
+
+
+@pytest.mark.parametrize("config", [
+    {"pp": 2, "schedule": "zbh1", "microbatches": 4},
+    {"pp": 2, "schedule": "zbv", "microbatches": 4},
+    pytest.param({"pp": 4, "schedule": "zbh1", "microbatches": 8}, marks=pytest.mark.slow),
+], ids=["zbh1-pp2", "zbv-pp2", "zbh1-pp4"])
+def test_zero_bubble_trains_the_same_model_as_one_process(launched, single, config):
+    run = launched(model=FOUR, steps=4, **config)
+    assert_same_training(run, single)
+    assert (run.metrics.loss - single.metrics.loss).abs().max() < 1e-5
+    assert validate_run(run.path) == []
+    for r in run.summary["ranks"]:  # W's stash: measured (the bytes each I kept until its W) = the formula
+        assert r["peak_bytes"]["wgrad_stash"] == r["predicted_bytes"]["wgrad_stash"] > 0, r["rank"]
+        assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], r["rank"]
+
+
+@pytest.mark.slow  # ZBV on 4 ranks: 8 stages of an 8-layer model
+def test_zbv_on_four_ranks_trains_the_same_model(launched):
+    assert_same_training(launched(model=EIGHT, pp=4, schedule="zbv", microbatches=8, steps=4),
+                         launched(model=EIGHT, steps=4))
+
+
+def test_gradients_equal_1f1bs_and_a_zbh1_run_resumes_bit_identically(launched):
+    """Adam's first moment after 3 steps is a sum of the gradients: ZB-H1's equals 1F1B's to rounding. And
+    the run resumed from that checkpoint continues exactly (tolerance 0, as tests/test_checkpoint.py)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    config = {"model": FOUR, "pp": 2, "microbatches": 4, "steps": 6, "checkpoint_every": 3}
+    runs = {s: launched(schedule=s, **config) for s in ("1f1b", "zbh1")}
+    moments = {}
+    for s, run in runs.items():
+        out = os.path.join(run.path, "state.pt")
+        dcp_to_torch_save(os.path.join(run.path, "checkpoints", "step_000003"), out)
+        state = torch.load(out, weights_only=False)
+        moments[s] = {k: v for k, v in _flat(state).items() if "exp_avg/" in k}
+    assert moments["zbh1"].keys() == moments["1f1b"].keys() and len(moments["zbh1"]) > 10
+    for k, v in moments["1f1b"].items():
+        torch.testing.assert_close(moments["zbh1"][k], v, rtol=1e-4, atol=1e-8, msg=k)
+    resumed = launched(schedule="zbh1", resume=os.path.join(runs["zbh1"].path, "checkpoints", "step_000003"),
+                       **config)
+    tail = runs["zbh1"].metrics[runs["zbh1"].metrics.step >= 3].reset_index(drop=True)
+    assert list(resumed.metrics.loss) == list(tail.loss)
+    assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        elif torch.is_tensor(v):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_torchs_runtime_runs_our_zbh1_and_we_run_torchs_schedules(launched, single, tmp_path):
+    """Our ZB-H1, exported, runs on torch's `_PipelineScheduleRuntime` (CPU, gloo) and trains the same model
+    as one process; torch's own generated schedules (its interleaved zero bubble, ZBV, DualPipeV and
+    interleaved 1F1B, two stages per rank) read back here, validate under NCCL's rule, and torch's
+    DualPipeV runs in our executor (`--schedule csv:FILE`) with one process's losses."""
+    csv_path = str(tmp_path / "zbh1.csv")
+    write_csv(build_schedule("zbh1", 2, 4), csv_path)
+    dump = tmp_path / "torch"
+    dump.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           os.path.join(ROOT, "tests", "torch_runtime_check.py"), csv_path, "4", "4", "4", str(dump)],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert max(abs(a - b) for a, b in zip(losses["torch_runtime"], losses["one_process"], strict=True)) < 1e-5
+    for name in ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev", "interleaved_1f1b"):
+        s = read_csv(str(dump / f"{name}.csv"), 4)
+        assert validate(s) == [] and s.v == 2, name
+        assert max(peak_pending_w(s)) >= (1 if name != "interleaved_1f1b" else 0)
+    run = launched(model=FOUR, pp=2, virtual_stages=2, microbatches=4, steps=4,
+                   schedule=f"csv:{dump / 'dualpipev.csv'}")
+    assert_same_training(run, single)

@@ -1,0 +1,84 @@
+"""The zero-bubble schedules' arithmetic (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): the
+bubble rate of each schedule at equal pass times, and the memory W's deferral costs. Plain arithmetic,
+no torch.
+
+Bubble rate (the paper's Table 2: a stage's idle time between its first and last pass, over its busy
+time; `Timeline.bubble_rate` measures the same on a simulated or measured timeline), T_F = T_I = T_W:
+
+    gpipe, 1f1b     (p − 1)/m          interleaved   (p − 1)/(v·m)
+    zbh1            (p − 1)/3m         zbv           0 (m ≥ 2p)
+
+The paper gives ZB-H1's as (p − 1)(T_F + T_I − T_W) / (m(T_F + T_I + T_W)) for other times too, for a
+schedule re-planned for them (its automatic scheduler); the orders generated here are planned for equal
+times, as its handcrafted ones are, so away from them the simulation (`pipeline.simulate` with the
+costs) is the prediction: the bubble comes back on both sides of T_W = T_F (tests/test_zero_bubble.py).
+
+The weight-gradient stash: from a microbatch's I until its W, each Linear keeps its input x and its
+output gradient dy (pipeline/weight_grad.py), per token and layer of our GPT at tp = t:
+
+    qkv (column)     x: h        dy: 3h/t
+    attn.proj (row)  x: h/t      dy: h          (the partial sum before the reduction)
+    mlp.fc (column)  x: h        dy: 4h/t       (r = 4: r·h/t in general)
+    mlp.proj (row)   x: 4h/t     dy: h
+
+→ (4h + (4 + 2r)·h/t) values, 16h at t = 1; the last stage adds the head's x: h and dy: V/t. Under
+sequence parallelism the column-parallel layers keep their weight gradients in I (their own autograd
+function), so only the rows stash: x (1 + r)·h/t and dy 2h.
+"""
+
+from __future__ import annotations
+
+from workbench.config import ModelConfig
+from workbench.pipeline.actions import Schedule
+from workbench.pipeline.simulator import simulate
+from workbench.predict.formulas.comm import bubble_fraction
+
+RATES = {"gpipe": "(p − 1)/m", "1f1b": "(p − 1)/m", "interleaved": "(p − 1)/(v·m)", "zbh1": "(p − 1)/3m",
+         "zbv": "0"}
+
+
+def bubble_rate(schedule: str, p: int, m: int, v: int = 1) -> float:
+    """The paper's bubble rate of `schedule` at T_F = T_I = T_W (module docstring)."""
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) / m
+    if schedule == "interleaved":
+        return (p - 1) / (v * m)
+    if schedule == "zbh1":
+        return (p - 1) / (3 * m)
+    if schedule == "zbv":
+        return 0.0 if m >= 2 * p else float("nan")
+    raise ValueError(f"no bubble-rate formula for schedule {schedule!r}; valid: {sorted(RATES)}")
+
+
+def schedule_bubble_fraction(s: Schedule) -> float:
+    """The idle share of a step (`Timeline.bubble_fraction`, the summary's `predicted`) at equal costs and
+    free transfers: (p − 1)/(v·m + p − 1) for the schedules without a split backward; for those with one,
+    their simulation at T_F = T_I = T_W (the formula's world, no closed form needed)."""
+    if not any(a.kind == "I" for rank in s.actions for a in rank):
+        return bubble_fraction(s.p, s.m, s.v)
+    return simulate(s, t_f=1.0, t_b=2.0, t_w=1.0).bubble_fraction()
+
+
+def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
+    """`schedule_bubble_fraction` by the schedule's name (0 without a pipeline)."""
+    if p == 1:
+        return 0.0
+    if schedule in ("gpipe", "1f1b", "interleaved"):
+        return bubble_fraction(p, m, v)
+    from workbench.pipeline.schedule import build_schedule  # noqa: PLC0415 (only a split backward needs it)
+
+    return schedule_bubble_fraction(build_schedule(schedule, p, m, v))
+
+
+def wgrad_stash_bytes(cfg: ModelConfig, micro_batch: int, layers: int, last: bool, bytes_per_value: int = 4,
+                      tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Bytes one microbatch's I leaves stashed for its W on a stage of `layers` blocks (`last`: with the
+    head)."""
+    h, r, t, tokens = cfg.hidden, cfg.mlp_ratio, tp, cfg.seq_len * micro_batch
+    if sequence_parallel and t > 1:
+        per_layer = (h / t + r * h / t) + 2 * h  # the row-parallel layers only
+        head = 0.0
+    else:
+        per_layer = (h + h / t + h + r * h / t) + (3 * h / t + h + r * h / t + h)
+        head = h + cfg.vocab_size / t
+    return bytes_per_value * tokens * (layers * per_layer + (head if last else 0.0))
