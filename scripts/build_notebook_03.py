@@ -3,7 +3,7 @@ from notebook_cells import code, md, write
 
 write([
 md("""
-# 3 · Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B
+# 3 · Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B, zero bubble
 
 The model's layers are cut into **stages**, one per rank (or v per rank, interleaved). A batch is cut
 into **m microbatches** that flow through the stages; activations go forward and their gradients come
@@ -22,7 +22,7 @@ import pandas as pd
 import workbench as wb
 from workbench import viz
 from workbench.predict import formulas
-from workbench.pipeline.schedule import build_schedule, validate, simulate, peak_in_flight
+from workbench.pipeline.schedule import build_schedule, validate, simulate, peak_in_flight, peak_pending_w
 from workbench.viz.pipeline import bubble_explorer
 
 s = build_schedule("1f1b", p=4, m=8)
@@ -36,7 +36,8 @@ Equal forward costs, backward twice as long. Move the sliders: with free transfe
 the formula exactly. `t_comm / t_f` gives each activation transfer between stages a cost: every
 micro-batch crosses p−1 boundaries on the way in and out, on the critical path, and the bubble grows
 beyond the formula. The rank labels carry the most micro-batches whose activations each rank holds at
-once — GPipe holds all m, 1F1B at most p (rank 0 the most).
+once — GPipe holds all m, 1F1B at most p (rank 0 the most). The zero-bubble schedules (`zbh1`, `zbv`,
+below) split each backward into I and W; `T_W / T_B` sets how much of a backward is W.
 """),
 code("""
 bubble_explorer()
@@ -149,6 +150,107 @@ for name in ("GPipe p=2 m=4", "1F1B p=2 m=4", "interleaved p=2 v=2 m=4"):
 mem = pd.DataFrame(rows)
 viz.check("activation memory measured = predicted", abs(mem["activation MB measured"] - mem["predicted"]) < 1e-9)
 mem
+"""),
+md("""
+## Zero bubble: split the backward in two (Qi et al., ICLR 2024)
+
+A backward computes two things: the gradient of the stage's **input** (I), which the previous stage is
+waiting for, and the gradients of its **weights** (W), which nobody waits for — they are only needed
+at the optimizer step. For a Linear y = x·Wᵀ, I is dx = dy·W and W is dW = dyᵀ·x: so I keeps x and dy
+(the "stash") and W can run *later*, in what would have been a bubble.
+
+- **ZB-H1**: 1F1B's order and activation memory, W deferred into the cool-down. Bubble rate (idle ÷ work
+  at T_F = T_I = T_W) (p − 1)/3m: a third of 1F1B's (p − 1)/m.
+- **ZBV**: two stages per rank in a V (rank r holds stages r and 2p − 1 − r, so the first stage and the
+  loss are both on rank 0): with W filling the gaps the bubble rate is **0** — only the start-up stagger
+  remains, which a step without an optimizer synchronisation would overlap with the next.
+
+*Predict first:* with p = 4 and m = 8, what bubble rate does each schedule have, and which holds the most
+activations on rank 0?
+"""),
+code("""
+rows, paper = [], {}
+for name, v in (("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2)):
+    sched = build_schedule(name, 4, 8, v)
+    paper[name] = formulas.bubble_rate(name, 4, 8, v)
+    t = simulate(sched, t_f=1.0, t_b=2.0, t_w=1.0)
+    rows.append({"schedule": name, "bubble rate (simulated)": t.bubble_rate(),
+                 "paper": f"{formulas.RATES[name]} = {paper[name]:.3f}",
+                 "bubble fraction of the step": t.bubble_fraction(),
+                 "activations in flight, rank 0 (stage-sized)": peak_in_flight(sched)[0] / sched.v,
+                 "W stashes held, rank 0": peak_pending_w(sched)[0], "valid": validate(sched) == []})
+zb_table = pd.DataFrame(rows)
+viz.check("the simulated bubble rates are the paper's at T_F = T_I = T_W",
+          [abs(r["bubble rate (simulated)"] - paper[r["schedule"]]) < 1e-12 for r in rows])
+print(build_schedule("zbh1", 4, 8).grid())
+zb_table
+"""),
+md("""
+Where did each W go? The schedule at T_F = T_I = T_W, each W joined to its I by a line: the later stages
+(which finish their forwards first) push their W's furthest — into the cool-down where 1F1B idles. In
+the explorer above, move `T_W / T_B` away from ½: with W shorter than I there is less to fill the gaps
+with, with W longer it overflows them, and ZBV's bubble stops being zero on both sides.
+"""),
+code("""
+viz.w_deferral(build_schedule("zbh1", 4, 8)).show()
+viz.w_deferral(build_schedule("zbv", 4, 8)).show()
+"""),
+md("""
+### Measured: ZB-H1 and ZBV on 2 ranks
+
+The same 4-layer model and batch as above. Each Linear's weight gradient is now computed later, from the
+stash, and added into the same buffers: the model must still train exactly like one process.
+"""),
+code("""
+runs["ZB-H1 p=2 m=4"] = run("zbh1", pp=2, schedule="zbh1", microbatches=4)
+runs["ZBV p=2 m=4"] = run("zbv", pp=2, schedule="zbv", microbatches=4)
+zb_losses = viz.compare_losses({k: runs[k] for k in ("1 process", "1F1B p=2 m=4", "ZB-H1 p=2 m=4", "ZBV p=2 m=4")},
+                               baseline="1 process")
+viz.check("ZB-H1 and ZBV equal one process within 1e-5", zb_losses.max_abs_diff <= 1e-5,
+          largest_difference=zb_losses.max_abs_diff.max())
+zb_runs = {k: runs[k] for k in ("1F1B p=2 m=4", "interleaved p=2 v=2 m=4", "ZB-H1 p=2 m=4", "ZBV p=2 m=4")}
+viz.schedules_side_by_side(zb_runs)
+"""),
+md("""
+Planned beside measured. On this CPU the tiny model's passes are as short as the Python and the gloo
+transfer around them, so the measured bubble is mostly latency (as for interleaving above); the plan
+uses the mean time each kind of action (F, I, W) took here.
+"""),
+code("""
+viz.planned_vs_measured(runs["ZB-H1 p=2 m=4"]).show()
+viz.planned_vs_measured(runs["ZBV p=2 m=4"]).show()
+"""),
+md("""
+What deferring W costs: from each I until its W, every Linear keeps its input and its output gradient
+(16·h values per token and layer at t = 1, plus the head's h + V on the last stage). The memory counter
+records it as its own category, `wgrad_stash`, beside the activations — measured here, equal to the
+formula (the schedule walked with those bytes per microbatch).
+"""),
+code("""
+viz.stash_over_time({k: runs[k] for k in ("1F1B p=2 m=4", "ZB-H1 p=2 m=4", "ZBV p=2 m=4")}).show()
+stash = pd.DataFrame([{"run": k, "rank": r["rank"], "W stash MB measured": r["peak_bytes"]["wgrad_stash"] / 1e6,
+                       "predicted": r["predicted_bytes"]["wgrad_stash"] / 1e6}
+                      for k in ("ZB-H1 p=2 m=4", "ZBV p=2 m=4") for r in runs[k].summary["ranks"]])
+viz.check("the W stash measured = predicted", abs(stash["W stash MB measured"] - stash["predicted"]) < 1e-9)
+stash
+"""),
+md("""
+### The same schedule in torch
+
+torch.distributed.pipelining reads and writes schedules as CSV (`_PipelineScheduleRuntime._load_csv`,
+format `compute_only`; torchtitan's `pipeline_parallel_schedule_csv`): one row per rank, one cell per
+action, `stage` + kind + `microbatch` (`0F3`, `1I2`, `1W2`, `0B0`). `workbench schedule export --format
+torch-csv` writes ours, and `--schedule csv:FILE` runs any of theirs (tests/test_zero_bubble.py runs our
+ZB-H1 on torch's runtime, and torch's DualPipeV on ours). Below: our action grid, and the same CSV as
+torch's visualizer spaces it (`_schedule_visualizer.add_schedule_op_spacing`: one column per time step).
+"""),
+code("""
+from workbench.pipeline.torch_csv import write_csv
+
+zbh1 = build_schedule("zbh1", 2, 4)
+write_csv(zbh1, os.path.join(OUT, "zbh1.csv"))
+print(open(os.path.join(OUT, "zbh1.csv")).read())
+viz.torch_grid(zbh1)
 """),
 md("""
 ## The bubble against m, measured beside the formula

@@ -48,6 +48,7 @@ from workbench.predict.formulas.run import (
     run_schedule,
 )
 from workbench.predict.formulas.zero_bubble import (
+    RATES,
     bubble_rate,
     named_bubble_fraction,
     schedule_bubble_fraction,
@@ -55,7 +56,7 @@ from workbench.predict.formulas.zero_bubble import (
 )
 
 __all__ = [
-    "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
+    "RATES", "STATE_BYTES", "ZERO_IN_FLIGHT", "activation_bytes", "activation_bytes_per_layer", "backward_extra_bytes",
     "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "dp_link_bytes",
     "embedding_activation_bytes", "head_activation_bytes", "korthikanti_activation_bytes_per_layer",
     "model_state_bytes", "offload_host_bytes", "onebit_bytes_per_step", "params_per_rank", "predicted_bytes",
