@@ -6,6 +6,9 @@
                                     median over the steps after the first (which pays one-off costs)
     predicted                       the formula (p − 1)/(v·m + p − 1): equal costs, free transfers (a
                                     zero-bubble schedule: its simulation at T_F = T_I = T_W, free transfers)
+    measured_rate, simulated_rate,  the zero-bubble paper's bubble rate (`idle_rate`: the most idle time a
+    formula_rate                    rank has between its first and last pass, over its work) — measured,
+                                    simulated with the measured costs, and the formula at T_F = T_I = T_W
     simulated_with_measured_costs   the simulator running the schedule with this run's mean compute time per
                                     (stage, F or B) and its median transfer time — nothing else measured:
                                     no idle gap, no rank entering late, every wait decided by the simulator
@@ -37,6 +40,17 @@ from workbench.trace.recorder import LANES
 Intervals = list[tuple[float, float]]
 #: the split's terms, in the order each is added (their sum is the measured bubble)
 TERMS = ("formula", "uneven_stage_costs", "transfers", "host_gaps", "entry_skew", "unexplained")
+
+
+def idle_rate(per_rank: list[Intervals]) -> float:
+    """The zero-bubble paper's bubble rate: the most idle time any rank has between its first and last
+    busy moment, over that rank's busy time (`pipeline.Timeline.bubble_rate` on a recorded timeline)."""
+    rates = []
+    for iv in per_rank:
+        busy = sum(b - a for a, b in iv)
+        if iv and busy > 0:
+            rates.append((max(b for _, b in iv) - min(a for a, _ in iv) - busy) / busy)
+    return max(rates, default=0.0)
 
 
 def idle_fraction(per_rank: list[Intervals]) -> float:
@@ -117,9 +131,10 @@ def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -
             return busy + (gap[r] if with_gaps else 0.0), busy
         return f
 
-    def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> float:
+    def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> tuple[float, float]:
         timeline = simulate(sched, cost=costs(with_gaps), t_comm=t, start=start, rule=rule)
-        return idle_fraction([[(b, e) for _, b, e in rank] for rank in timeline.spans])
+        spans = [[(b, e) for _, b, e in rank] for rank in timeline.spans]
+        return idle_fraction(spans), idle_rate(spans)
 
     return [bubble_of(False, 0.0, None), bubble_of(False, t_comm, None), bubble_of(True, t_comm, None),
             bubble_of(True, t_comm, inputs["start"])]
@@ -133,11 +148,14 @@ def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "g
     for replica in replicas:
         transfer_us = transfer_time(list(replica.values()))
         for step, inputs in step_inputs(sched, replica).items():
-            levels = _levels(sched, inputs, transfer_us.get(step, 0.0), rule)
-            measured = idle_fraction([[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica])
+            rated = _levels(sched, inputs, transfer_us.get(step, 0.0), rule)
+            levels = [f for f, _ in rated]
+            spans = [[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica]
+            measured = idle_fraction(spans)
             chain = [formula, *levels, measured]
             terms = dict(zip(TERMS, [formula] + [b - a for a, b in zip(chain, chain[1:], strict=False)], strict=True))
-            per_step.setdefault(step, []).append({"measured": measured, "simulated": levels[1], **terms})
+            per_step.setdefault(step, []).append({"measured": measured, "simulated": levels[1], **terms,
+                                                  "measured_rate": idle_rate(spans), "simulated_rate": rated[1][1]})
     return {step: {k: statistics.mean(v[k] for v in values) for k in values[0]}
             for step, values in sorted(per_step.items()) if len(values) == len(replicas)}
 
@@ -175,10 +193,22 @@ def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, An
     kept = {k: v for k, v in per_step.items() if k > 0 or len(per_step) == 1}
     measured = [v["measured"] for v in kept.values()]
     simulated = [v["simulated"] for v in kept.values()]
+    rates = {k: statistics.median(v[k] for v in kept.values()) if kept else None
+             for k in ("measured_rate", "simulated_rate")}
     split = {k: statistics.mean(v[k] for v in kept.values()) for k in ("measured", *TERMS)} if kept else None
     return {"measured": statistics.median(measured) if measured else None,
             "measured_per_step": measured,
             "predicted": formulas.schedule_bubble_fraction(sched),
             "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
             "simulated_per_step": simulated,
-            "split": split, "rule": rule}
+            "split": split, "rule": rule,
+            # the paper's bubble rate (idle between a rank's first and last pass ÷ its work; `idle_rate`):
+            # measured, simulated with the measured costs, and the formula at T_F = T_I = T_W
+            **rates, "formula_rate": _formula_rate(config, sched)}
+
+
+def _formula_rate(config: dict[str, Any], sched: Schedule) -> float | None:
+    try:
+        return formulas.bubble_rate(config.get("schedule", "1f1b"), sched.p, sched.m, sched.v)
+    except ValueError:  # a CSV schedule: its simulation at equal costs
+        return simulate(sched, t_f=1.0, t_b=2.0, t_w=1.0).bubble_rate()
