@@ -34,15 +34,19 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     import tempfile
 
     import workbench as wb
+    from workbench.config import PRESETS
 
-    print(f"\nmeasured bubbles, p={args.ranks}, m=8, model {args.model}, global batch {args.batch}: the rate "
+    layers = -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks  # ZBV's 2p stages divide them
+    model = {"base": args.model, "layers": layers}  # the same model for every schedule
+    print(f"\nmeasured bubbles, p={args.ranks}, m=8, model {args.model} with {layers} layers, global batch "
+          f"{args.batch}: the rate "
           f"(idle ÷ work) beside the formula and the simulation with measured costs; the fraction of the step "
           f"beside its simulation from every measured cost (compute per stage and kind, transfers, host gaps, "
           f"entry skew: summary.json's split less its unexplained rest; band: within {band:.0%})")
     print(f"  {'schedule':<9} {'rate':>6} {'formula':>8} {'sim.':>6} │ {'fraction':>8} {'sim.':>6} {'within':>7}")
     with tempfile.TemporaryDirectory() as d:
         for name in ("1f1b", "zbh1", "zbv"):
-            run = wb.launch(wb.RunConfig(model=args.model, pp=args.ranks, microbatches=8, global_batch=args.batch,
+            run = wb.launch(wb.RunConfig(model=model, pp=args.ranks, microbatches=8, global_batch=args.batch,
                                          schedule=name, steps=6), out=os.path.join(d, name), progress=False)
             b = run.summary["bubble_fraction"]
             split = b["split"]

@@ -121,6 +121,7 @@ def test_a_bad_resume_path_fails_before_launch(tmp_path):
         RunConfig(checkpoint_every=-1).validate()
 
 
+@pytest.mark.slow  # notebook 08's killed rank restarts the same way (resume from RUN/checkpoints, attempts kept)
 def test_resume_auto_in_the_run_directory_keeps_the_earlier_attempt(launched, tmp_path):
     """The same command with resume='auto' continues from the newest checkpoint in RUN/checkpoints; the
     first attempt's files move to attempts/0/ and metrics.jsonl holds the whole run, equal to an

@@ -55,6 +55,7 @@ def test_timelines_colour_transfers_in_flight_apart_from_waits_and_blocking_coll
     assert UNKNOWN not in colors.values() and span_color("p2p in flight") != UNKNOWN  # every kind has its own
 
 
+@pytest.mark.slow  # make test-browser checks every loss chart's marks against its legend in CI
 def test_loss_curves_draw_each_runs_differences_in_its_own_colour(launched):
     a, b, c = launched(steps=2), launched(dp=2, steps=2), launched(dp=2, steps=2, bucket_mb=0.01)
     fig = viz.loss_curves({"one": a, "two": b, "three": c}, baseline="one")

@@ -24,7 +24,8 @@ def single(launched):
 @pytest.mark.parametrize("config", [
     # notebook 03 holds GPipe and interleaved (p = 2, m = 4) to one process in make test
     pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
-    {"pp": 2, "schedule": "1f1b", "microbatches": 4},
+    # notebook 03 holds 1F1B (p = 2, m = 4) to one process in make test
+    pytest.param({"pp": 2, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),  # notebook 05: pp on 8
     pytest.param({"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 03
