@@ -29,7 +29,7 @@ def _paired(run, rank):
             if e["name"] == "allocator" and e["ts"] in totals]
 
 
-@pytest.mark.parametrize("zero", [0, 3], ids=["dp2", "dp2-zero3"])
+@pytest.mark.parametrize("zero", [0, pytest.param(3, marks=pytest.mark.slow)], ids=["dp2", "dp2-zero3"])
 def test_the_categories_explain_what_the_allocator_holds(launched, zero):
     run = launched(zero=zero, **PROFILED)
     for rank in range(2):

@@ -3,7 +3,7 @@ CSV schedules in and out, and the same model trained as one process.
 
 Tolerance for the losses: 1e-5 (the issue's), met with room — the split changes only where each
 Linear's weight gradient is summed (dW = dyᵀ·x per microbatch, added when W runs), so the last bits of
-the gradient differ from 1F1B's; measured ≤ 1 ulp of the loss over 4 steps.
+the gradient differ from 1F1B's; measured ≤ 1 ulp of the loss over 6 steps.
 """
 
 import json
@@ -170,7 +170,7 @@ def test_schedule_export_writes_torch_csv_and_show_prints_the_bubble(tmp_path, c
 # ---- runs ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def single(launched):
-    return launched(model=FOUR, steps=4)
+    return launched(model=FOUR)
 
 
 @pytest.mark.parametrize("model, config", [
@@ -181,8 +181,8 @@ def single(launched):
     (EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}),  # 8 stages, two per rank
 ], ids=["zbh1-pp2", "zbv-pp2", "zbh1-pp4", "zbv-pp4"])
 def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, config):
-    single = launched(model=model, steps=4)
-    run = launched(model=model, steps=4, **config)
+    single = launched(model=model)
+    run = launched(model=model, **config)
     assert_same_training(run, single)
     assert (run.metrics.loss - single.metrics.loss).abs().max() < 1e-5
     assert validate_run(run.path) == []
@@ -244,6 +244,6 @@ def test_torchs_runtime_runs_our_zbh1_and_we_run_torchs_schedules(launched, sing
         s = read_csv(str(dump / f"{name}.csv"), 4)
         assert validate(s) == [] and s.v == 2, name
         assert max(peak_pending_w(s)) >= (1 if name != "interleaved_1f1b" else 0)
-    run = launched(model=FOUR, pp=2, virtual_stages=2, microbatches=4, steps=4,
+    run = launched(model=FOUR, pp=2, virtual_stages=2, microbatches=4,
                    schedule=f"csv:{dump / 'dualpipev.csv'}")
     assert_same_training(run, single)
