@@ -187,7 +187,9 @@ zb_table
 """),
 md("""
 Where did each W go? The schedule at T_F = T_I = T_W, each W joined to its I by a line: the later stages
-(which finish their forwards first) push their W's furthest — into the cool-down where 1F1B idles. In
+(which finish their forwards first) push their W's furthest — into the cool-down where 1F1B idles. The
+first stage never defers: an I followed at once by its own W is simply B (one autograd pass, nothing
+stashed), as torch's schedules merge them too. In
 the explorer above, move `T_W / T_B` away from ½: with W shorter than I there is less to fill the gaps
 with, with W longer it overflows them, and ZBV's bubble stops being zero on both sides.
 """),

@@ -81,7 +81,7 @@ def test_transfers_grow_the_bubble_beyond_the_formula():
     from workbench.viz.pipeline import planned
 
     free, costly = planned("1f1b", 4, 8), planned("1f1b", 4, 8, t_comm=0.3)
-    assert "0.273 (formula" in free.layout.title.text and "each takes 0.3" in costly.layout.title.text
+    assert "0.273 of the step (formula" in free.layout.title.text and "each takes 0.3" in costly.layout.title.text
     assert list(free.layout.yaxis.ticktext) == ["rank 0 · 4", "rank 1 · 3", "rank 2 · 2", "rank 3 · 1"]
 
 

@@ -20,8 +20,8 @@ def single(launched):
 
 
 @pytest.mark.parametrize("config", [
-    {"tp": 2},
-    # notebook 02 holds dp2×tp2 and tp2 with sequence parallelism to one process in make test
+    # notebook 02 holds tp2, dp2×tp2 and tp2 with sequence parallelism to one process in make test
+    pytest.param({"tp": 2}, marks=pytest.mark.slow),
     pytest.param({"dp": 2, "tp": 2}, marks=pytest.mark.slow),
     pytest.param({"tp": 2, "sequence_parallel": True}, marks=pytest.mark.slow),
     pytest.param({"tp": 4}, marks=pytest.mark.slow),

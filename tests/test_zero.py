@@ -19,7 +19,7 @@ def single(launched):
 
 @pytest.mark.parametrize("config", [
     {"dp": 2, "zero": 1},
-    {"dp": 2, "zero": 2, "bucket_mb": 0.02},
+    pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 04: ZeRO-2 = one process
     {"dp": 2, "zero": 3},
     pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow),  # zero3 at dp=2 here, and notebook 04
     {"dp": 2, "zero": 3, "prefetch": False},

@@ -162,7 +162,9 @@ def test_bad_zero_bubble_configurations_fail_before_anything_starts(tmp_path):
 def test_schedule_export_writes_torch_csv_and_show_prints_the_bubble(tmp_path, capsys):
     out = tmp_path / "zbh1.csv"
     assert cli(["schedule", "export", "--schedule", "zbh1", "--pp", "2", "--microbatches", "4", "--out", str(out)]) == 0
-    assert out.read_text().splitlines()[0] == "0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3"
+    rows = out.read_text().splitlines()
+    assert rows[0] == "0F0,0F1,0B0,0F2,0B1,0F3,0B2,0B3", "an I followed at once by its W is one B"
+    assert rows[1] == "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3"
     assert cli(["schedule", "show", "--schedule", "zbv", "--pp", "2", "--microbatches", "4"]) == 0
     assert "bubble rate at T_F = T_I = T_W: 0.0000" in capsys.readouterr().out
 
@@ -187,8 +189,11 @@ def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, confi
     assert (run.metrics.loss - single.metrics.loss).abs().max() < 1e-5
     assert validate_run(run.path) == []
     for r in run.summary["ranks"]:  # W's stash: measured (the bytes each I kept until its W) = the formula
-        assert r["peak_bytes"]["wgrad_stash"] == r["predicted_bytes"]["wgrad_stash"] > 0, r["rank"]
+        assert r["peak_bytes"]["wgrad_stash"] == r["predicted_bytes"]["wgrad_stash"], r["rank"]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], r["rank"]
+        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r["rank"]  # a V's turn: no transfer
+    stashed = [r["peak_bytes"]["wgrad_stash"] > 0 for r in run.summary["ranks"]]
+    assert stashed[-1] and (stashed[0] == (config["schedule"] == "zbv")), "ZB-H1's first stage runs B: I and W adjacent"
 
 
 def test_gradients_equal_1f1bs_and_a_zbh1_run_resumes_bit_identically(launched):

@@ -9,8 +9,8 @@ Both are generated here from the paper's rules for its handcrafted ones: every r
     I   the oldest backward whose output gradient has arrived (in a V, the later stage's first)
     W   the oldest pending weight gradient: W runs only where the rank would otherwise sit idle
 
-and the order each rank ran its actions in is the schedule (transfers are then placed by
-schedule._lockstep, as for every schedule). The memory limits are the paper's:
+and the order each rank ran its actions in is the schedule (an I followed at once by its W becomes one
+B; transfers are then placed by placement._lockstep, as for every schedule). The memory limits are the paper's:
 
 - **zbh1** (§2.1, ZB-H1): p stages in a loop, the activations of 1F1B (stage s holds at most p − s
   microbatches between F and I) and every stage at most p microbatches between F and W, which delays
@@ -37,11 +37,27 @@ def zero_bubble_orders(name: str, p: int, m: int) -> tuple[list[Order], str, int
         stages = {r: [r] for r in range(p)}
         act_cap = {r: p - r for r in range(p)}
         w_cap = {r: p for r in range(p)}
-        return _greedy(p, m, p, stages, act_cap, w_cap), "loop", 1
+        return merge_adjacent(_greedy(p, m, p, stages, act_cap, w_cap)), "loop", 1
     if name == "zbv":
         stages = {r: [r, 2 * p - 1 - r] for r in range(p)}
-        return _greedy(p, m, 2 * p, stages, dict.fromkeys(range(p), 2 * p), dict.fromkeys(range(p), 3 * p)), "v", 2
+        orders = _greedy(p, m, 2 * p, stages, dict.fromkeys(range(p), 2 * p), dict.fromkeys(range(p), 3 * p))
+        return merge_adjacent(orders), "v", 2
     raise ValueError(f"unknown zero-bubble schedule {name!r}; valid: zbh1, zbv")
+
+
+def merge_adjacent(orders: list[Order]) -> list[Order]:
+    """An I followed at once by its own W is one B (what torch's `_merge_bw` does to its schedules): the
+    same work in one autograd pass, and nothing stashed between the two."""
+    out = []
+    for order in orders:
+        merged: Order = []
+        for kind, stage, mb in order:
+            if kind == "W" and merged and merged[-1] == ("I", stage, mb):
+                merged[-1] = ("B", stage, mb)
+            else:
+                merged.append((kind, stage, mb))
+        out.append(merged)
+    return out
 
 
 def _greedy(p: int, m: int, n_stages: int, stages: dict[int, list[int]], act_cap: dict[int, int],

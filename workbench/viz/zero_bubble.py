@@ -49,8 +49,8 @@ def w_deferral(s: Schedule, t_w: float = 1.0) -> go.Figure:
     fig.update_layout(barmode="overlay", height=160 + 45 * s.p, uniformtext={"minsize": 8, "mode": "hide"},
                       yaxis={"autorange": "reversed"}, xaxis_title="time (one forward = 1)",
                       title=f"{s.name}, p={s.p} m={s.m}: each W joined to its I — deferred by "
-                            f"{sum(gaps) / len(gaps):.1f} on average, at most {max(gaps):.0f}; "
-                            f"bubble rate {tl.bubble_rate():.3f}")
+                            f"{sum(gaps) / max(len(gaps), 1):.1f} on average, at most {max(gaps, default=0):.0f} "
+                            f"(B: I and W adjacent); bubble rate {tl.bubble_rate():.3f}")
     return fig
 
 

@@ -117,7 +117,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out = {"all_reduce": {"dp": 4 + (wire * local if dp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
-    mine = list(range(pp_rank, stages, pp))
+    sched = run_schedule(config) if pp > 1 else None
+    mine = [k for k in range(stages) if sched is None or sched.rank_of(k) == pp_rank]
     layers = model.layers // stages * len(mine)
     tp_bytes = tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
                                                4 if config.get("precision", "fp32") == "fp32" else 2,
@@ -129,9 +130,9 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     if pp > 1:
         width = 4 if config.get("precision", "fp32") == "fp32" else 2
         buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width
-        transfers = sum((k < stages - 1) + (k > 0) for k in mine) * m * buffer  # each way, per step
-        out["send"] = {"pp": transfers}
-        out["recv"] = {"pp": transfers}
+        acts = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
+        out["send"] = {"pp": sum(a.is_send for a in acts) * buffer}
+        out["recv"] = {"pp": sum(a.is_recv for a in acts) * buffer}
         out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
     return out
 
