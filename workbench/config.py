@@ -17,7 +17,14 @@ from typing import Any
 
 from workbench.config_pipeline import SCHEDULES as SCHEDULES
 from workbench.config_pipeline import check_pipeline, check_schedule_name
-from workbench.config_rules import check_communication, check_data_and_tools, check_elastic, check_optimizer, check_zero
+from workbench.config_rules import (
+    check_communication,
+    check_context_parallel,
+    check_data_and_tools,
+    check_elastic,
+    check_optimizer,
+    check_zero,
+)
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
@@ -33,16 +40,21 @@ FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "stragg
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one launch needs. The world size is dp × tp × pp.
+    """Everything one launch needs. The world size is dp × cp × tp × pp.
 
-    Grid axes follow Megatron-LM's order: tp is the fastest-varying axis of the global rank, then dp,
-    then pp (see `workbench.grid`).
+    Grid axes follow Megatron-LM's order: tp is the fastest-varying axis of the global rank, then cp,
+    then dp, then pp (see `workbench.grid`).
     """
 
     model: str | ModelConfig = "tiny"
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    #: context parallelism: the sequence split over cp ranks, attention as a ring (parallel/ring_attention.py);
+    #: cp_balance 'head-tail' (zig-zag) or 'none', cp_rotate 'ring' or 'allgather' (config_rules.py)
+    cp: int = 1
+    cp_balance: str = "head-tail"
+    cp_rotate: str = "ring"
     zero: int = 0
     #: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV; config_pipeline.py)
     schedule: str = "1f1b"
@@ -135,7 +147,7 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def model_config(self) -> ModelConfig:
@@ -154,7 +166,7 @@ class RunConfig:
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first bad value and what would be valid; return self."""
-        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "steps"):
+        for name in ("dp", "tp", "pp", "cp", "microbatches", "virtual_stages", "global_batch", "steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
@@ -188,6 +200,7 @@ class RunConfig:
         self._validate_tensor_parallel()
         check_pipeline(self)
         check_zero(self)
+        check_context_parallel(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")

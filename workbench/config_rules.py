@@ -139,3 +139,27 @@ def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
                           f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
                           f"(backend='gloo'), or use at most {gpus} rank(s) per machine")
     return "nccl"
+
+
+CP_BALANCES = ("head-tail", "none")
+CP_ROTATIONS = ("ring", "allgather")
+
+
+def check_context_parallel(cfg: Any) -> None:
+    """cp: the sequence must split into 2·cp chunks (head-tail) or cp (none); the engine's side — each
+    rank's tokens, attention as a ring, gradients over dp × cp — has not landed yet, so cp > 1 is
+    refused by name (the ring itself: parallel/ring_attention.py, tests/test_context_parallel.py)."""
+    if cfg.cp_balance not in CP_BALANCES:
+        raise ConfigError(f"cp_balance={cfg.cp_balance!r}: valid are {', '.join(CP_BALANCES)}")
+    if cfg.cp_rotate not in CP_ROTATIONS:
+        raise ConfigError(f"cp_rotate={cfg.cp_rotate!r}: valid are {', '.join(CP_ROTATIONS)}")
+    if cfg.cp == 1:
+        return
+    chunks = 2 * cfg.cp if cfg.cp_balance == "head-tail" else cfg.cp
+    seq = cfg.model_config.seq_len
+    if seq % chunks:
+        raise ConfigError(f"cp={cfg.cp} with cp_balance={cfg.cp_balance!r} cuts the sequence into {chunks} chunks: "
+                          f"model.seq_len={seq} must be a multiple of {chunks}")
+    raise ConfigError(f"cp={cfg.cp}: context parallelism's training engine has not landed yet (its ring attention "
+                      f"has: workbench/parallel/ring_attention.py); valid today: cp=1")
+

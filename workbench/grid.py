@@ -1,10 +1,13 @@
-"""The rank grid: global rank ↔ (pp, dp, tp) coordinates, and one process group per axis.
+"""The rank grid: global rank ↔ (pp, dp, cp, tp) coordinates, and one process group per axis.
 
 Layout (Megatron-LM's order, the brief's 3D picture): tensor parallel is the fastest-varying axis, so
-the t ranks of a tensor-parallel group are neighbours (on one host they share the fastest links); data
-parallel next; pipeline parallel slowest::
+the t ranks of a tensor-parallel group are neighbours (on one host they share the fastest links);
+context parallel next (its ring passes K/V every layer: the next-fastest links); data parallel next;
+pipeline parallel slowest::
 
-    rank = pp_index · (dp · tp) + dp_index · tp + tp_index
+    rank = pp_index · (dp · cp · tp) + dp_index · (cp · tp) + cp_index · tp + tp_index
+
+With cp = 1 (every run without context parallelism) this is pp · (dp · tp) + dp · tp + tp.
 
 With dp=2, tp=2, pp=2 (8 ranks)::
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-AXES = ("pp", "dp", "tp")  # slowest to fastest
+AXES = ("pp", "dp", "cp", "tp")  # slowest to fastest
 
 
 @dataclass(frozen=True)
@@ -30,19 +33,22 @@ class RankGrid:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def coords(self, rank: int) -> dict[str, int]:
-        """{'pp': k, 'dp': i, 'tp': j} of a global rank."""
+        """{'pp': k, 'dp': i, 'cp': c, 'tp': j} of a global rank."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a grid of {self.world_size} ranks")
-        return {"pp": rank // (self.dp * self.tp), "dp": (rank // self.tp) % self.dp, "tp": rank % self.tp}
+        inner = self.cp * self.tp
+        return {"pp": rank // (self.dp * inner), "dp": (rank // inner) % self.dp, "cp": (rank // self.tp) % self.cp,
+                "tp": rank % self.tp}
 
-    def rank(self, pp: int = 0, dp: int = 0, tp: int = 0) -> int:
-        return pp * self.dp * self.tp + dp * self.tp + tp
+    def rank(self, pp: int = 0, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def group_ranks(self, axis: str, rank: int) -> list[int]:
         """The global ranks that share `rank`'s group along `axis` (all other coordinates fixed)."""
@@ -61,7 +67,7 @@ class RankGrid:
 
     def describe(self, rank: int) -> str:
         c = self.coords(rank)
-        return f"rank {rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']})"
+        return f"rank {rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']}" + (f", cp {c['cp']})" if self.cp > 1 else ")")
 
 
 @dataclass
@@ -85,6 +91,9 @@ class ProcessGroups:
         groups: dict[str, Any] = {"world": dist.group.WORLD}
         ranks: dict[str, list[int]] = {"world": list(range(grid.world_size))}
         for axis in AXES:
+            if axis == "cp" and grid.cp == 1:  # no context parallelism: no group to create (or wait for)
+                groups[axis], ranks[axis] = None, [rank]
+                continue
             for members in grid.all_groups(axis):
                 # new_group is collective over the whole world, even for ranks outside `members`.
                 pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")  # named in torch's dumps

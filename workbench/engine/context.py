@@ -74,7 +74,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         device = torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
                             rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
-    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp)
+    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp)
     groups = ProcessGroups.create(grid, rank, config.timeout_s,
                                   ranks_per_node(config) if config.allreduce == "hierarchical" else 0)
     if backend == "nccl":
