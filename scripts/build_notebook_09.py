@@ -143,8 +143,14 @@ def gradient_bytes(r, step):
     return sum(bytes_sent(a) for a in ops if a.get("step") == step
                and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales")))
 
+sent = {name: gradient_bytes(r, 15) for name, r in (("fp32", full), ("bf16", half), ("onebit", onebit))}
+viz.check("bf16 buckets send exactly half the fp32 buckets' bytes (measured)", 2 * sent["bf16"] == sent["fp32"])
+viz.check("after its warm-up 1-bit Adam sends 1/32 of fp32's bytes (+ its scales, < 10 %)",
+          1 / 32 <= sent["onebit"] / sent["fp32"] <= 1.1 / 32, ratio=sent["onebit"] / sent["fp32"])
+viz.check("1-bit Adam's warm-up is AdamW: the same losses, bit for bit",
+          list(onebit.metrics.loss[:WARMUP + 1]) == list(full.metrics.loss[:WARMUP + 1]))
 pd.DataFrame({
-    "bytes sent per step (measured)": [gradient_bytes(full, 15), gradient_bytes(half, 15), gradient_bytes(onebit, 15)],
+    "bytes sent per step (measured)": list(sent.values()),
     "predicted": [estimate(wb.RunConfig(dp=2)).comm_bytes_per_step["dp"],
                   estimate(wb.RunConfig(dp=2, grad_compression="bf16")).comm_bytes_per_step["dp"],
                   estimate(wb.RunConfig(dp=2, optimizer="onebit-adam")).comm_bytes_per_step["dp"]],
@@ -268,13 +274,15 @@ def added(name, kind):
     return d.iloc[-1] - d.iloc[0] if kind == "latency" else d.loc[min(d.index)] - d.loc[max(d.index)]
 
 DP, PP = STRATEGIES
-# the rule of thumb, measured (make test checks it here; tests/test_emulated_network.py in make test-all)
+# the rule of thumb, measured (make test checks it here; tests/test_emulated_network.py in make test-all). The
+# estimate puts each ratio near 4–5; the bound is 1.5, since a step on two shared cores moves by ±10 ms
 costs = {f"{name[:2]}_{kind}_ms": added(name, kind) for name in STRATEGIES for kind in ("bandwidth", "latency")}
 viz.check("a thinner pipe costs DP more than PP, and more than a longer one",
-          added(DP, "bandwidth") > 3 * added(PP, "bandwidth") and added(DP, "bandwidth") > added(DP, "latency"),
+          added(DP, "bandwidth") > 1.5 * added(PP, "bandwidth") and added(DP, "bandwidth") > added(DP, "latency"),
           **costs)
 viz.check("a longer pipe costs PP more than DP, and more than a thinner one",
-          added(PP, "latency") > 2 * added(DP, "latency") and added(PP, "latency") > added(PP, "bandwidth"), **costs)
+          added(PP, "latency") > 1.5 * added(DP, "latency") and added(PP, "latency") > added(PP, "bandwidth"),
+          **costs)
 pd.DataFrame({kind: {name: f"{added(name, kind):+.1f} ms" for name in STRATEGIES} for kind in ("bandwidth", "latency")})
 """),
 md("""

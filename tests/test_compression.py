@@ -56,6 +56,7 @@ def test_compressed_buckets_equal_ddp_with_its_compress_hook(dtype):
     run_ranks(_against_ddp, 2, dtype)
 
 
+@pytest.mark.slow  # notebook 09 checks the halving (measured) and equal losses in make test
 def test_compression_halves_the_bytes_on_the_wire(launched):
     full, half = launched(dp=2), launched(dp=2, grad_compression="bf16")
     psi = full.config["params"]

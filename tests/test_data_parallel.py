@@ -37,8 +37,8 @@ def single(launched):
     {"dp": 2},
     pytest.param({"dp": 4}, marks=pytest.mark.slow),  # notebook 01 holds dp4 to one process in make test
     {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
-    pytest.param({"dp": 2, "dp_impl": "naive"}, marks=pytest.mark.slow),  # notebook 01: naive = bucketed
-    pytest.param({"dp": 2, "bucket_mb": 0.01}, marks=pytest.mark.slow),  # notebook 01: four buckets = one process
+    {"dp": 2, "dp_impl": "naive"},  # the run tests/test_traces.py validates: the comparison costs nothing
+    {"dp": 2, "bucket_mb": 0.01},  # the run tests/test_traces.py validates
     pytest.param({"dp": 4, "allreduce": "hierarchical", "ranks_per_node": 2, "bucket_mb": 0.03,
                   "emulate_link": "inter=0.001,50;intra=2,5"}, marks=pytest.mark.slow),  # notebook 09 runs it
 ], ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets", "dp4-hierarchical-emulated"])

@@ -48,6 +48,7 @@ def test_bf16_stays_close_to_fp32(launched):
     assert (fp32 - bf16).abs().max() < 0.05
 
 
+@pytest.mark.slow  # notebook 06 checks the skipped step and draws the scale halving and recovering
 def test_fp16_overflow_skips_that_step_halves_the_scale_and_recovers(launched):
     run = launched(dp=2, precision="fp16", fault="overflow", fault_rank=1, fault_step=2,
                    loss_scale_growth_interval=2, steps=7)

@@ -40,6 +40,7 @@ def test_error_feedback_makes_the_compressed_mean_exact_over_time():
     run_ranks(_error_feedback, 2)
 
 
+@pytest.mark.slow  # notebook 09 checks the 1/32, the bit-exact warm-up and the loss in make test
 def test_onebit_adam_sends_a_32nd_and_the_loss_still_falls(launched):
     adam = launched(dp=2, steps=STEPS)
     onebit = launched(dp=2, steps=STEPS, optimizer="onebit-adam", onebit_warmup_steps=WARMUP)

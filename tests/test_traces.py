@@ -9,7 +9,7 @@ BUCKETS = {"dp": 2, "bucket_mb": 0.01}  # the tiny model's 0.12 MB of gradients 
 
 
 @pytest.mark.parametrize("config", [{"dp": 1}, BUCKETS, {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
-                                    {"dp": 4}, {"dp": 2, "dp_impl": "naive"}])
+                                    pytest.param({"dp": 4}, marks=pytest.mark.slow), {"dp": 2, "dp_impl": "naive"}])
 def test_every_trace_validates(launched, config):
     run = launched(**config)
     assert validate_run(run.path) == []

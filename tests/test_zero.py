@@ -22,7 +22,7 @@ def single(launched):
     pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 04: ZeRO-2 = one process
     {"dp": 2, "zero": 3},
     pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow),  # zero3 at dp=2 here, and notebook 04
-    {"dp": 2, "zero": 3, "prefetch": False},
+    pytest.param({"dp": 2, "zero": 3, "prefetch": False}, marks=pytest.mark.slow),  # notebook 04: = with prefetch
     {"dp": 2, "zero": 1, "allreduce": "ring", "bucket_mb": 0.03},
 ], ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch", "zero1-ring"])
 def test_zero_matches_single_process(launched, single, config):
@@ -31,8 +31,10 @@ def test_zero_matches_single_process(launched, single, config):
     assert validate_run(run.path) == []
 
 
-@pytest.mark.parametrize("config", [{"dp": 2, "zero": 1}, {"dp": 4, "zero": 1}, {"dp": 2, "zero": 2, "bucket_mb": 0.02},
-                                    {"dp": 2, "zero": 3}, {"dp": 4, "zero": 3}])
+@pytest.mark.parametrize("config", [  # make test: dp2; notebook 04 holds every stage's states to the formula
+    {"dp": 2, "zero": 1}, pytest.param({"dp": 4, "zero": 1}, marks=pytest.mark.slow),
+    pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow), {"dp": 2, "zero": 3},
+    pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow)])
 def test_model_states_per_rank_match_the_formula(launched, config):
     """fp32: parameters 4Ψ (÷N at stage 3), gradients 4Ψ (÷N from stage 2), Adam's moments 8Ψ/N.
     Buckets are padded to a multiple of N — at most N − 1 values each — hence the 3 % bound; for the
