@@ -154,18 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "'{\"base\": \"small\", \"layers\": 8}' "
                           "(base tiny when left out; the dims that result are printed)")
     for axis, text in (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks (Megatron)"),
-                       ("pp", "pipeline stages")):
-        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×tp×pp")
+                       ("pp", "pipeline stages"), ("cp", "context-parallel ranks: the sequence split, attention a "
+                                                         "ring (its engine has not landed: cp > 1 is refused)")):
+        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×cp×tp×pp")
+    run.add_argument("--cp-balance", default=d.cp_balance, choices=("head-tail", "none"))
+    run.add_argument("--cp-rotate", default=d.cp_rotate, choices=("ring", "allgather"))
     run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3),
                      help="ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned")
     run.add_argument("--offload-optimizer", action="store_true",
                      help="ZeRO-Offload (zero 1, 2 or 3): master weights, gradient slices and Adam's moments in host "
                           "memory, the update on the CPU (torch's AdamW), each gradient slice copied once reduced")
     run.add_argument("--no-prefetch", action="store_true", help="ZeRO-3: do not gather the next layer ahead")
-    run.add_argument("--cp", type=int, default=d.cp, help="context parallelism: the sequence over cp ranks "
-                     "(ring attention; its engine has not landed yet, so cp > 1 is refused before launch)")
-    run.add_argument("--cp-balance", default=d.cp_balance, choices=("head-tail", "none"))
-    run.add_argument("--cp-rotate", default=d.cp_rotate, choices=("ring", "allgather"))
     run.add_argument("--schedule", default=d.schedule, metavar="|".join(SCHEDULES) + "|csv:FILE",
                      help="pipeline schedule; csv:FILE runs a torch pipelining CSV (0F0, 0I0, 0W0 ...)")
     run.add_argument("--microbatches", type=int, default=d.microbatches)
