@@ -56,7 +56,8 @@ class PipelineExecutor:
                 last[(item.stage, item.kind)] = i
         self.last_backward = set(last.values())
         self.store = WeightGradStore(memory)
-        if any(a.kind == "I" for a in schedule.actions[rank]):
+        self.split = {(a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"}  # backward split
+        if self.split:
             for chunk in chunks.values():
                 split_linears(chunk, self.store)
 
@@ -124,7 +125,7 @@ class PipelineExecutor:
     def _forward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
         chunk = self.chunks[a.stage]
         x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
-        with self.comm.recorder.span("forward", "forward", "compute", **args):
+        with self.comm.recorder.span("forward", "forward", "compute", **args), self.store.forward(key in self.split):
             with self.memory.count_saved_activations():
                 out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
                 if chunk.last:

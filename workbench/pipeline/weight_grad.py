@@ -7,11 +7,13 @@ For a Linear layer y = x·Wᵀ + b with output gradient dy:
     I   dx = dy · W                      (needs W, which stays on the rank anyway)
     W   dW = dyᵀ · x,  db = Σ dy         (needs x and dy: kept from I until W runs — the "stash")
 
-So I runs autograd as usual, except that each Linear's backward (`_SplitLinear`) returns no weight
-gradient and stashes (x, dy) instead; W then computes dW and db exactly as autograd would have and
-hands them to autograd's accumulation of the parameter (`torch.autograd.backward` on the leaf), so
-every gradient hook — fp32 main gradients, the data-parallel buckets — fires as after a full backward.
-B (I and W together) is autograd unchanged. Parameters that are not a Linear's (layer norms, the
+So a microbatch whose backward the schedule splits runs its forward through `_SplitLinear`, given the
+weights *detached* (no edge to their gradient accumulators: a Function that returns no gradient for a
+parameter still fires its post-accumulate hooks, which the data-parallel buckets count); its backward
+(I) returns dx and stashes (x, dy); W then computes dW and db exactly as autograd would have and hands
+them to autograd's accumulation of the parameter (`torch.autograd.backward` on the leaf), so every
+gradient hook — fp32 main gradients, the data-parallel buckets — fires once, as after a full backward.
+A microbatch run as B uses F.linear unchanged. Parameters that are not a Linear's (layer norms, the
 embeddings) get their gradients in I: they are small, and Megatron's zero-bubble implementation does
 the same. Under sequence parallelism the column-parallel layers (their own autograd function) compute
 their weight gradients in I too.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -46,6 +49,16 @@ class WeightGradStore:
         self.memory = memory
         self.stash: dict[Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]] = {}
         self._into: list | None = None  # where the Linear backwards running now stash (None: not split)
+        self.split_forward = False  # the forward running now belongs to a microbatch whose backward is split
+
+    @contextmanager
+    def forward(self, split: bool) -> Iterator[None]:
+        """Inside: the forward of a microbatch whose backward will be I then W (split) or B."""
+        before, self.split_forward = self.split_forward, split
+        try:
+            yield
+        finally:
+            self.split_forward = before
 
     @contextmanager
     def input_grad(self, key: Key) -> Iterator[None]:
@@ -89,36 +102,50 @@ def _weight_grads(x: torch.Tensor, dy: torch.Tensor, bias: bool) -> tuple[torch.
     return dy2.t().mm(x2), (dy2.sum(0) if bias else None)
 
 
+@dataclass
+class _Params:
+    """The Linear's parameters, handed to `_SplitLinear` inside an object so that autograd draws no edge
+    to them; kept as themselves (an unpacked save of a leaf can be another tensor object on its storage,
+    and W must accumulate into the parameter and fire its hooks)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+
 class _SplitLinear(torch.autograd.Function):
-    """F.linear whose backward, inside `WeightGradStore.input_grad`, returns only dx and stashes (x, dy)."""
+    """F.linear of detached weights whose backward (inside `WeightGradStore.input_grad`) returns only dx
+    and stashes (x, dy) for W."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None,
-                store: WeightGradStore) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, params: _Params, store: WeightGradStore) -> torch.Tensor:
         ctx.save_for_backward(x)  # an activation (measure/memory.py counts it as one)
-        # the parameters themselves, not saved tensors: an unpacked save of a leaf can be another tensor
-        # object on its storage, and W must accumulate into the parameter (and fire its hooks)
-        ctx.weight, ctx.bias, ctx.store = weight, bias, store
-        return F.linear(x, weight, bias)
+        ctx.params, ctx.store = params, store
+        bias = params.bias.detach() if params.bias is not None else None
+        return F.linear(x, params.weight.detach(), bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (x,), weight = ctx.saved_tensors, ctx.weight
-        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
+        (x,), p = ctx.saved_tensors, ctx.params
+        dx = dy.matmul(p.weight.detach()) if ctx.needs_input_grad[0] else None
         if ctx.store.splitting:
-            ctx.store.put(weight, ctx.bias, x, dy)
-            return dx, None, None, None
-        dw, db = _weight_grads(x, dy, ctx.bias is not None)
-        return dx, dw, db, None
+            ctx.store.put(p.weight, p.bias, x, dy)
+        else:  # a split forward met a full backward: the weights' gradients now (what B does)
+            dw, db = _weight_grads(x, dy, p.bias is not None)
+            leaves, grads = ([p.weight, p.bias], [dw, db]) if p.bias is not None else ([p.weight], [dw])
+            torch.autograd.backward(leaves, grads)
+        return dx, None, None
 
 
 def split_linear(x: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None = None, *,
                  store: WeightGradStore) -> torch.Tensor:
-    return _SplitLinear.apply(x, weight, bias, store)
+    """F.linear, through `_SplitLinear` while a split microbatch's forward (or its I) runs."""
+    if store.split_forward or store.splitting:
+        return _SplitLinear.apply(x, _Params(weight, bias), store)
+    return F.linear(x, weight, bias)
 
 
 def _linear_forward(m: nn.Linear, store: WeightGradStore, x: torch.Tensor) -> torch.Tensor:
-    return _SplitLinear.apply(x, m.weight, m.bias, store)
+    return split_linear(x, m.weight, m.bias, store=store)
 
 
 def split_linears(module: nn.Module, store: WeightGradStore) -> int:
