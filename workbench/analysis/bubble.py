@@ -34,23 +34,13 @@ import statistics
 from typing import Any
 
 from workbench.pipeline.schedule import Action, Schedule, simulate
+from workbench.pipeline.simulator import idle_rate
 from workbench.predict import formulas
 from workbench.trace.recorder import LANES
 
 Intervals = list[tuple[float, float]]
 #: the split's terms, in the order each is added (their sum is the measured bubble)
 TERMS = ("formula", "uneven_stage_costs", "transfers", "host_gaps", "entry_skew", "unexplained")
-
-
-def idle_rate(per_rank: list[Intervals]) -> float:
-    """The zero-bubble paper's bubble rate: the most idle time any rank has between its first and last
-    busy moment, over that rank's busy time (`pipeline.Timeline.bubble_rate` on a recorded timeline)."""
-    rates = []
-    for iv in per_rank:
-        busy = sum(b - a for a, b in iv)
-        if iv and busy > 0:
-            rates.append((max(b for _, b in iv) - min(a for a, _ in iv) - busy) / busy)
-    return max(rates, default=0.0)
 
 
 def idle_fraction(per_rank: list[Intervals]) -> float:

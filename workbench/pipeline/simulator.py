@@ -30,6 +30,17 @@ class ScheduleError(ValueError):
     pass
 
 
+def idle_rate(per_rank: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """The most idle time any rank has between its first and last busy moment, over its busy time (the
+    zero-bubble paper's bubble rate), from each rank's busy intervals: simulated or recorded."""
+    rates = []
+    for iv in per_rank:
+        busy = sum(b - a for a, b in iv)
+        if iv and busy > 0:
+            rates.append((max(b for _, b in iv) - min(a for a, _ in iv) - busy) / busy)
+    return max(rates, default=0.0)
+
+
 @dataclass
 class Timeline:
     """Simulated (or measured) compute intervals: per rank, (action, start, end)."""
@@ -54,13 +65,7 @@ class Timeline:
         ZB-H1: (p − 1)/3m and ZBV: 0 at T_F = T_I = T_W. The start-up stagger is not counted — it is the
         slanted edge of the "parallelogram" that a step without optimizer synchronisation would overlap
         with the next (and that `bubble_fraction` does count)."""
-        rates = []
-        for rank in self.spans:
-            if rank:
-                busy = sum(e - b for _, b, e in rank)
-                span = max(e for _, _, e in rank) - min(b for _, b, _ in rank)
-                rates.append((span - busy) / busy if busy > 0 else 0.0)
-        return max(rates, default=0.0)
+        return idle_rate([[(b, e) for _, b, e in rank] for rank in self.spans])
 
 
 @dataclass
