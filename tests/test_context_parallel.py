@@ -94,17 +94,3 @@ def test_head_tail_balances_the_causal_work():
                 assert work == sorted(work) and work[-1] / work[0] == pytest.approx(2 * cp - 1, rel=0.1), work
     assert chunks_of(1, 4) == [1, 6] and chunks_of(1, 4, "none") == [1]
     assert positions(16, 0, 2).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
-
-
-def test_cp_is_refused_by_name_before_launch_until_its_engine_lands():
-    from workbench import ConfigError, RunConfig
-
-    assert RunConfig(cp=2, dp=2).world_size == 4
-    with pytest.raises(ConfigError, match="cp=2: context parallelism's training engine has not landed"):
-        RunConfig(cp=2).validate()
-    with pytest.raises(ConfigError, match="seq_len=16 must be a multiple of 6"):
-        RunConfig(cp=3).validate()
-    with pytest.raises(ConfigError, match="cp_balance='zigzag'"):
-        RunConfig(cp_balance="zigzag").validate()
-    with pytest.raises(ConfigError, match="cp_rotate='alltoall'"):
-        RunConfig(cp_rotate="alltoall").validate()

@@ -24,7 +24,7 @@ from workbench.config import RunConfig
 
 MARKER = "workbench.json"
 #: the layout a checkpoint was saved under (recorded; another layout loads it: engine/checkpoint_layout.py)
-LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "virtual_stages", "schedule", "precision", "grad_reduce_dtype")
+LAYOUT_KEYS = ("dp", "cp", "tp", "pp", "zero", "virtual_stages", "schedule", "precision", "grad_reduce_dtype")
 #: what must be equal between the run that saved and the run that loads: the tensors' dtypes and roles
 SAME = ("precision",)
 

@@ -146,9 +146,10 @@ CP_ROTATIONS = ("ring", "allgather")
 
 
 def check_context_parallel(cfg: Any) -> None:
-    """cp: the sequence must split into 2·cp chunks (head-tail) or cp (none); the engine's side — each
-    rank's tokens, attention as a ring, gradients over dp × cp — has not landed yet, so cp > 1 is
-    refused by name (the ring itself: parallel/ring_attention.py, tests/test_context_parallel.py)."""
+    """cp: the sequence must split into 2·cp chunks (head-tail) or cp (none), and each rank's s/cp tokens
+    over tp under sequence parallelism. cp > 1 runs its own ring attention (so not attention='sdpa'); its
+    gradients reduce over the dp×cp group, which 1-bit Adam's and the hierarchical all-reduce's dp-only
+    groups do not know."""
     if cfg.cp_balance not in CP_BALANCES:
         raise ConfigError(f"cp_balance={cfg.cp_balance!r}: valid are {', '.join(CP_BALANCES)}")
     if cfg.cp_rotate not in CP_ROTATIONS:
@@ -160,6 +161,13 @@ def check_context_parallel(cfg: Any) -> None:
     if seq % chunks:
         raise ConfigError(f"cp={cfg.cp} with cp_balance={cfg.cp_balance!r} cuts the sequence into {chunks} chunks: "
                           f"model.seq_len={seq} must be a multiple of {chunks}")
-    raise ConfigError(f"cp={cfg.cp}: context parallelism's training engine has not landed yet (its ring attention "
-                      f"has: workbench/parallel/ring_attention.py); valid today: cp=1")
+    if cfg.sequence_parallel and (seq // cfg.cp) % cfg.tp:
+        raise ConfigError(f"cp={cfg.cp} with sequence_parallel and tp={cfg.tp}: each rank's {seq // cfg.cp} tokens "
+                          f"must split over tp; make model.seq_len a multiple of {chunks * cfg.tp}")
+    clash = {"attention": ("sdpa", "'eager' (cp runs its own ring attention)"),
+             "optimizer": ("onebit-adam", "'adamw' (1-bit Adam compresses over dp only)"),
+             "allreduce": ("hierarchical", "'backend' or 'ring' (the machine split is of dp groups only)")}
+    for key, (bad, valid) in clash.items():
+        if getattr(cfg, key) == bad:
+            raise ConfigError(f"cp={cfg.cp} with {key}={bad!r}: valid with context parallelism is {key}={valid}")
 

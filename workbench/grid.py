@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 AXES = ("pp", "dp", "cp", "tp")  # slowest to fastest
+#: groups along two axes: "dp_cp", the ranks that hold the same parameters under context parallelism
+#: (each its own samples or its own part of their sequence), over which gradients are reduced (Megatron-LM's
+#: data-parallel-with-context-parallel group); created only when cp > 1
+COMBINED = {"dp_cp": ("dp", "cp")}
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,13 @@ class RankGrid:
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def group_ranks(self, axis: str, rank: int) -> list[int]:
-        """The global ranks that share `rank`'s group along `axis` (all other coordinates fixed)."""
+        """The global ranks that share `rank`'s group along `axis` (all other coordinates fixed); `axis`
+        may be a combined one of COMBINED ("dp_cp": the ranks that hold the same parameters)."""
         c = self.coords(rank)
-        size = getattr(self, axis)
-        return [self.rank(**{**c, axis: i}) for i in range(size)]
+        members = [c]
+        for a in COMBINED.get(axis, (axis,)):
+            members = [{**m, a: i} for m in members for i in range(getattr(self, a))]
+        return sorted(self.rank(**m) for m in members)
 
     def all_groups(self, axis: str) -> list[list[int]]:
         """Every group along `axis`, in a deterministic order (every rank must create them alike)."""
@@ -99,6 +106,11 @@ class ProcessGroups:
                 pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")  # named in torch's dumps
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
+        if grid.cp > 1:
+            for members in grid.all_groups("dp_cp"):
+                pg = dist.new_group(members, timeout=timeout, group_desc=f"dp_cp {members}")
+                if rank in members:
+                    groups["dp_cp"], ranks["dp_cp"] = pg, members
         if ranks_per_node:
             for name, members in node_groups(grid, ranks_per_node):
                 pg = dist.new_group(members, timeout=timeout, group_desc=f"{name} {members}")

@@ -11,9 +11,10 @@ consecutive elements [start, start + n), each a 1-D view into the rank's live st
                                       per row for row-parallel ones), found by sharding an index tensor
     ZeRO slice of a flat bucket/unit  the overlap of [r·per, (r+1)·per) with each parameter's range
 
-A piece is *owned* (written) by one rank only: the first data-parallel replica, and for a parameter every
-tensor-parallel rank holds whole, tensor-parallel rank 0 — so the bytes on disk are the sharded states,
-once. Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
+A piece is *owned* (written) by one rank only: the first data-parallel replica (and context-parallel rank 0:
+cp ranks hold the same parameters), and for a parameter every tensor-parallel rank holds whole,
+tensor-parallel rank 0 — so the bytes on disk are the sharded states, once; ZeRO's slices are each one
+rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp. Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     """Every piece of this rank's training state: parameters, and from the updater's `state`
     (`checkpoint_state()`) Adam's moments and the fp32 masters."""
     ctx, sync = strategy.ctx, strategy.grad_sync
-    dp_rank, tp_rank = ctx.groups.index("dp"), ctx.groups.index("tp")
+    dp_rank, tp_rank, cp_rank = ctx.groups.index("dp"), ctx.groups.index("tp"), ctx.groups.index("cp")
     names = {p: n for n, p in strategy.model.named_parameters()}
     zero = next((s for s in getattr(sync, "parts", [sync]) if isinstance(s, ZeroDataParallel | Zero3DataParallel)),
                 None)
@@ -96,7 +97,7 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     params = list(strategy.model.parameters())
     for i, p in enumerate(params):
         name = names[p]
-        owned = dp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
+        owned = dp_rank == cp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
         tensors = {"model": p.data}
         if zero is None:
             tensors |= {kind: state[f"{i}.{kind}"] for kind in ("exp_avg", "exp_avg_sq")}

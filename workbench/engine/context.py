@@ -62,8 +62,9 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world_size != config.world_size:  # an elastic run's config already follows WORLD_SIZE (restart.py)
         raise RuntimeError(
-            f"torchrun started {world_size} processes but dp×tp×pp = {config.dp}×{config.tp}×{config.pp} "
-            f"= {config.world_size}: launch with --nproc-per-node × --nnodes = {config.world_size}"
+            f"torchrun started {world_size} processes but dp×cp×tp×pp = "
+            f"{config.dp}×{config.cp}×{config.tp}×{config.pp} = {config.world_size}: "
+            f"launch with --nproc-per-node × --nnodes = {config.world_size}"
         )
     torch_flight_recorder.enable(run_dir, backend)  # torch's record of its collectives, dumped on failure
     if backend == "nccl":
@@ -105,8 +106,8 @@ def warm_up(groups: ProcessGroups, device: torch.device) -> None:
     at its first collective, which every member must join — and a pipeline's first use of its group is a
     batch of transfers between two neighbours only (torch's batch_isend_irecv documents the rule)."""
     one = torch.ones(1, device=device)
-    for axis in ("pp", "dp", "tp", "dp_intra", "dp_inter"):
-        if axis in groups.groups and groups.size(axis) > 1:
+    for axis in ("pp", "dp", "cp", "dp_cp", "tp", "dp_intra", "dp_inter"):
+        if groups.groups.get(axis) is not None and groups.size(axis) > 1:
             dist.all_reduce(one, group=groups.groups[axis])
     torch.cuda.synchronize(device)
 

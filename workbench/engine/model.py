@@ -10,7 +10,8 @@ couple the first and last pipeline stages).
 The model is always built dense. Strategies are applied to it afterwards, by `engine/parallelize.py`:
 tensor parallelism swaps modules (`parallel.tensor_parallel.apply_tensor_parallel`: qkv and fc
 column-parallel, the projections row-parallel, the embedding, head and `loss` split by vocabulary,
-`wpe` sliced by sequence), recomputation sets `Block.recompute` / `CausalSelfAttention.recompute`
+`wpe` sliced by sequence), context parallelism sets `CausalSelfAttention.context` and `GPT.positions`
+(`parallel/context_parallel.py`), recomputation sets `Block.recompute` / `CausalSelfAttention.recompute`
 (`engine/recompute.py`). This file knows nothing of either.
 
 Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`): a shard is
@@ -49,6 +50,9 @@ class CausalSelfAttention(nn.Module):
     #: set by engine/parallelize.py for attention='sdpa': torch's fused scaled_dot_product_attention (flash
     #: attention where the device has it) — saves no s×s probabilities, faster on GPUs
     fused: bool = False
+    #: set by engine/parallelize.py for context parallelism (cp > 1): a parallel.context_parallel.ContextParallel
+    #: whose ring attention, over the cp group, replaces the core (the sequence here is this rank's s/cp tokens)
+    context: Any = None
 
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
@@ -70,6 +74,8 @@ class CausalSelfAttention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) inputs, returned as (b, s, heads·d)."""
         b, heads, s, d = q.shape
+        if self.context is not None:
+            return self.context.attention(self.name, q, k, v).transpose(1, 2).reshape(b, s, heads * d)
         if self.fused:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
@@ -169,9 +175,14 @@ class GPT(nn.Module):
             if isinstance(module, CausalSelfAttention):
                 module.mask = causal_mask(self.cfg.seq_len).to(module.mask.device)
 
+    #: set by engine/parallelize.py under context parallelism: the global positions of this rank's tokens
+    positions: torch.Tensor | None = None
+
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token plus position embeddings of every position (a sequence-parallel `wpe` keeps its slice)."""
-        return self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        """Token plus position embeddings of the tokens held (a sequence-parallel `wpe` keeps its slice)."""
+        # under context parallelism a copy per forward, as arange's: each microbatch's lookup saves its own
+        pos = torch.arange(idx.size(1), device=idx.device) if self.positions is None else self.positions.clone()
+        return self.wte(idx) + self.wpe(pos)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """First stage: x is token ids (b, s); later stages: the hidden states (b, s, h) — (b, s/t, h)

@@ -2,11 +2,13 @@
 
     dense GPT, on the meta device (nothing allocated)            engine/model.py
       → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
+      → context parallelism: ring attention, this rank's positions parallel/context_parallel.ContextParallel
       → materialise on the device, initialise by parameter name  GPT.init_weights
       → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
+        (over dp, or dp×cp — the `dp_cp` group — under context parallelism)
         (a 16-bit model's gradients in fp32 main_grad buckets unless grad_reduce_dtype says 16 bits)
       → updater: sharded AdamW (ZeRO; on the host with offload) | mixed precision | AdamW  an Updater
       → forward/backward: the pipeline executor running the schedule, or one batch
@@ -29,6 +31,7 @@ from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
 from workbench.engine.model import GPT, CausalSelfAttention
 from workbench.engine.recompute import Recompute, apply_recompute
+from workbench.parallel.context_parallel import ContextParallel
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
 from workbench.parallel.offload import OffloadedAdamWUpdater
@@ -55,6 +58,7 @@ class Strategy:
     state_params: list[torch.Tensor]  # what the `parameter` memory category holds
     schedule: Schedule | None = None  # when the step runs a microbatch schedule
     loss_spike: LossSpike | None = None  # skips a step whose loss jumps (engine/anomaly.py)
+    context: ContextParallel | None = None  # cp > 1: shards each batch's sequence, counts attention work
 
     def count_model_states(self) -> None:
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
@@ -73,15 +77,16 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     tp = TPContext(ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel) \
         if cfg.tp > 1 else None
     rc = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
+    cp = ContextParallel(ctx.comm, cfg.model_config.seq_len, cfg.cp_balance, cfg.cp_rotate) if cfg.cp > 1 else None
     schedule = None
     if runs_schedule(cfg):
         schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
                                   cfg.virtual_stages)
         chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"),
-                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last))
+                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last, cp))
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
-        model = build_chunk(cfg, ctx, tp, rc)
+        model = build_chunk(cfg, ctx, tp, rc, cp=cp)
     grad_sync = wrap_data_parallel(cfg, ctx, model, tp)
     updater = build_updater(cfg, ctx, model, grad_sync, tp)
     if schedule is not None:
@@ -91,13 +96,14 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
     ctx.memory.register_model(model)
     spike = LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None
-    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike)
+    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike, cp)
 
 
 def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Recompute | None,
-                layers: range | None = None, first: bool = True, last: bool = True) -> GPT:
+                layers: range | None = None, first: bool = True, last: bool = True,
+                cp: ContextParallel | None = None) -> GPT:
     """The model (or one pipeline stage of it): dense on meta → TP swap → device, init by name →
-    recompute → precision."""
+    context parallelism → recompute → precision."""
     with torch.device("meta"):
         chunk = GPT(cfg.model_config, layers=layers, first=first, last=last)
     if tp is not None:
@@ -107,7 +113,9 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Reco
     if rc is not None:
         apply_recompute(chunk, rc)
     for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
-        attn.fused = cfg.attention == "sdpa"
+        attn.fused, attn.context = cfg.attention == "sdpa", cp
+    if cp is not None and first:
+        chunk.positions = cp.local_positions.to(ctx.device)
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
     return chunk
@@ -126,15 +134,17 @@ def materialize(module: nn.Module, device: torch.device) -> None:
 
 
 def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None) -> GradSync:
+    group = "dp_cp" if cfg.cp > 1 else "dp"  # the ranks that hold the same parameters (grid.COMBINED)
     if cfg.zero == 3:
-        dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch)
+        dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch, group)
     elif cfg.zero in (1, 2):
-        dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, ring=cfg.allreduce == "ring")
+        dp = ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, ring=cfg.allreduce == "ring", group=group)
     elif cfg.dp_impl == "naive":
-        dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg))
+        dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg), group)
     else:
         compression = DTYPES.get(cfg.grad_compression)  # None: no compression
-        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), compression)
+        dp = BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), compression,
+                                  group)
     return dp if tp is None else ChainedGradSync([dp, TensorParallelGrads(model, tp)])
 
 
@@ -149,10 +159,12 @@ def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync:
     if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel):  # each rank updates its partition
         after = grad_sync.gather_params if isinstance(grad_sync, ZeroDataParallel) else None
         if cfg.offload_optimizer:  # ZeRO-Offload: the update on the host, each slice's gradient copied as it is final
-            updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after)
+            updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after,
+                                            grad_sync.group)
             grad_sync.on_reduced = updater.offload_grad
             return updater
-        return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after)
+        return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after,
+                                   grad_sync.group)
     params = list(model.parameters())
     if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
         return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, cfg.weight_decay,
@@ -166,7 +178,7 @@ def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chun
                       grad_sync: GradSync) -> PipelineExecutor:
     mcfg = cfg.model_config
     micro = cfg.local_batch // cfg.microbatches
-    seq = mcfg.seq_len // (cfg.tp if cfg.sequence_parallel else 1)  # what travels between stages
+    seq = mcfg.seq_len // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1)  # what travels between stages
     return PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, ctx.comm, ctx.memory,
                             (micro, seq, mcfg.hidden), ctx.device, grad_sync, DTYPES.get(cfg.precision, torch.float32))
 

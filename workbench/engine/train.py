@@ -25,6 +25,7 @@ from workbench.engine.tensorboard import TensorBoard
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.memory_profile import MemoryProfile
 from workbench.measure.torch_profile import TorchProfile
+from workbench.parallel.context_parallel import ContextParallel
 from workbench.pipeline.stages import global_name
 
 
@@ -40,7 +41,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
     start = resume_step(strategy)
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
-    source = batches(cfg, ctx.device, dp_index, dp_size)
+    source = batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
     tb = TensorBoard(ctx.run_dir, ctx.recorder, ctx.memory) if cfg.tensorboard and ctx.rank == 0 else None
     kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
               if cfg.profile_steps else None)
@@ -49,6 +50,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
         if kineto is not None:
             kineto.before(step)
         results.append(train_step(strategy, source(step), step))
+        if strategy.context is not None:  # each rank's attention work, per layer: the balance, measured
+            ctx.recorder.info["cp_pairs"] = dict(strategy.context.pairs)
         if kineto is not None:
             kineto.after(step)
         if profile is not None and step == cfg.profile_memory_step:
@@ -66,9 +69,11 @@ def train(ctx: RankContext) -> dict[str, Any]:
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count()}
 
 
-def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int) -> Callable[[int], tuple[Any, ...]]:
+def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int,
+            cp: ContextParallel | None = None) -> Callable[[int], tuple[Any, ...]]:
     """step → this data-parallel rank's (inputs, targets): its rows of the step's global batch — the synthetic
-    chain's, or a data file's windows (data_source.py); either way a function of (seed, step)."""
+    chain's, or a data file's windows (data_source.py); either way a function of (seed, step). Under context
+    parallelism, of those rows only this cp rank's tokens."""
     m = cfg.model_config
     if cfg.data == "synthetic":
         def whole(step: int) -> tuple[Any, Any]:
@@ -79,7 +84,8 @@ def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int) -> Callabl
         def whole(step: int) -> tuple[Any, Any]:
             return tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len)
 
-    return lambda step: tuple(shard_rows(t, dp_index, dp_size).to(device) for t in whole(step))
+    mine = (lambda t: t) if cp is None else cp.shard
+    return lambda step: tuple(mine(shard_rows(t, dp_index, dp_size)).to(device) for t in whole(step))
 
 
 def describe(strategy: Strategy) -> None:

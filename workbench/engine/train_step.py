@@ -82,12 +82,14 @@ def loss_scale(cfg: RunConfig, rank: int, step: int, strategy: Strategy) -> floa
 
 def global_loss(ctx: RankContext, loss: torch.Tensor) -> float:
     """The mean loss of the global batch on every rank: the pipeline's last stage holds it (summed over
-    pp), each dp rank its share (averaged over dp)."""
+    pp), each dp rank its share (averaged over dp; under context parallelism each dp×cp rank its share, of
+    equally many tokens)."""
     total = loss.detach().reshape(1).clone()
     if ctx.config.pp > 1:
         ctx.comm.all_reduce(total, "pp", label="loss")
-    ctx.comm.all_reduce(total, "dp", label="loss")
-    return total.item() / ctx.groups.size("dp")
+    group = "dp_cp" if ctx.config.cp > 1 else "dp"
+    ctx.comm.all_reduce(total, group, label="loss")
+    return total.item() / ctx.groups.size(group)
 
 
 def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:

@@ -45,10 +45,11 @@ from workbench.parallel.main_grad import accumulate_main_grad, grad_of, main_gra
 class NaiveDataParallel(SyncToggle):
     """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back."""
 
-    def __init__(self, model: nn.Module, comm: Communicator, grad_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: nn.Module, comm: Communicator, grad_dtype: torch.dtype | None = None,
+                 group: str = "dp") -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.comm = comm
-        self.n = comm.size("dp")
+        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (grid.py)
+        self.n = comm.size(group)
         if uses_main_grads(self.params, grad_dtype):
             for p in self.params:
                 p.main_grad = torch.zeros_like(p, dtype=grad_dtype)
@@ -60,7 +61,7 @@ class NaiveDataParallel(SyncToggle):
             grad = grad_of(p)
             grad.div_(self.n)
             if self.n > 1:
-                self.comm.all_reduce(grad, "dp", label=f"param {i}")
+                self.comm.all_reduce(grad, self.group, label=f"param {i}")
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -104,9 +105,9 @@ def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[
 class BucketedDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
                  algorithm: str = "backend", grad_dtype: torch.dtype | None = None,
-                 compression: torch.dtype | None = None) -> None:
-        self.comm = comm
-        self.n = comm.size("dp")
+                 compression: torch.dtype | None = None, group: str = "dp") -> None:
+        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (grid.py)
+        self.n = comm.size(group)
         self.algorithm, self.compression = algorithm, compression
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()  # backward produces the last layers' gradients first
@@ -156,11 +157,11 @@ class BucketedDataParallel(SyncToggle):
             return
         label = f"bucket {bucket.index}"
         if self.algorithm == "ring":
-            ring_all_reduce(self.comm, wire, "dp", label=label)
+            ring_all_reduce(self.comm, wire, self.group, label=label)
         elif self.algorithm == "hierarchical":
             hierarchical_all_reduce(self.comm, wire, label=label)
         else:
-            bucket.handle = self.comm.all_reduce(wire, "dp", async_op=True, label=label)
+            bucket.handle = self.comm.all_reduce(wire, self.group, async_op=True, label=label)
 
     def _count_wire(self, bucket: Bucket, sign: int) -> None:
         if self.comm.memory is not None:

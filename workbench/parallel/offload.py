@@ -48,8 +48,9 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
     of this rank's slices."""
 
     def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
-                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None) -> None:
-        super().__init__(shards, comm, lr, weight_decay, pp_comm, after_step)
+                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
+                 group: str = "dp") -> None:
+        super().__init__(shards, comm, lr, weight_decay, pp_comm, after_step, group)
         self.device = self.params[0].device
         cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if cuda else None

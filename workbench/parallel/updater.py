@@ -113,12 +113,12 @@ def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
 
 
 def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
-                      pp_comm: Communicator | None = None) -> torch.Tensor:
+                      pp_comm: Communicator | None = None, group: str = "dp") -> torch.Tensor:
     """‖g‖ when each dp rank holds disjoint slices of the gradient (ZeRO): the slices' squares summed
     over dp (padding is zero and adds nothing), then over pp."""
     sq = sum((s.grad.float().pow(2).sum() for s in shards), torch.zeros((), device=shards[0].device))
     sq = sq.reshape(1).clone()
-    comm.all_reduce(sq, "dp", label="zero grad norm")
+    comm.all_reduce(sq, group, label="zero grad norm")
     return _sum_over_pp(sq[0], pp_comm).sqrt()
 
 
@@ -190,12 +190,13 @@ class ShardedAdamWUpdater(AdamWUpdater):
     the next forward gathers)."""
 
     def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
-                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None) -> None:
+                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
+                 group: str = "dp") -> None:
         super().__init__(shards, lr, weight_decay, None, pp_comm)
-        self.comm, self.after_step = comm, after_step
+        self.comm, self.after_step, self.group = comm, after_step, group  # the group the slices span
 
     def grad_norm(self) -> torch.Tensor:
-        return sharded_grad_norm(self.params, self.comm, self.pp_comm)
+        return sharded_grad_norm(self.params, self.comm, self.pp_comm, self.group)
 
     def after_update(self) -> None:
         if self.after_step is not None:

@@ -65,13 +65,14 @@ class ZeroDataParallel(SyncToggle):
     changes nothing (and stage 1 reduces once, in `wait()`)."""
 
     def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float,
-                 ring: bool = False) -> None:
+                 ring: bool = False, group: str = "dp") -> None:
         assert stage in (1, 2) and not (ring and stage == 2)
         self.comm, self.stage = comm, stage
         # stage 1 with ring=True: our send/recv rings (comm/ring_primitives.py) instead of the backend's
         self.reduce_scatter = partial(ring_reduce_scatter, comm) if ring else comm.reduce_scatter
         self.all_gather = partial(ring_all_gather, comm) if ring else comm.all_gather
-        self.n, self.r = comm.size("dp"), comm.groups.index("dp")
+        self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
+        self.n, self.r = comm.size(group), comm.groups.index(group)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         named.reverse()
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
@@ -123,7 +124,7 @@ class ZeroDataParallel(SyncToggle):
             self.comm.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
             self.comm.memory.snapshot()
         self._in_flight.append(bucket)
-        bucket.handle = self.comm.reduce_scatter(bucket.result, staging, "dp", async_op=True,
+        bucket.handle = self.comm.reduce_scatter(bucket.result, staging, self.group, async_op=True,
                                                  label=f"zero2 bucket {bucket.index}")
 
     def _finish_bucket(self, bucket: ZeroBucket) -> None:
@@ -145,7 +146,7 @@ class ZeroDataParallel(SyncToggle):
         for bucket in self.buckets:
             if self.stage == 1:
                 bucket.grad.div_(self.n)
-                self.reduce_scatter(bucket.shard.grad, bucket.grad, "dp", label=f"zero1 bucket {bucket.index}")
+                self.reduce_scatter(bucket.shard.grad, bucket.grad, self.group, label=f"zero1 bucket {bucket.index}")
             else:
                 if bucket.ready:
                     raise RuntimeError(f"zero2 bucket {bucket.index}: {bucket.ready}/{len(bucket.params)} gradients "
@@ -157,7 +158,7 @@ class ZeroDataParallel(SyncToggle):
     def gather_params(self) -> None:
         """After the update: all-gather every bucket's slices into the full parameters."""
         for b in self.buckets:
-            self.all_gather(b.flat, b.shard.data, "dp", label=f"zero params bucket {b.index}")
+            self.all_gather(b.flat, b.shard.data, self.group, label=f"zero params bucket {b.index}")
 
     def zero_grad(self) -> None:
         for b in self.buckets:

@@ -68,9 +68,11 @@ class _ReduceScatter:
 
 
 class Zero3DataParallel(SyncToggle):
-    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, prefetch: bool = True) -> None:
+    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, prefetch: bool = True,
+                 group: str = "dp") -> None:
         self.comm, self.prefetch = comm, prefetch
-        self.n, self.r = comm.size("dp"), comm.groups.index("dp")
+        self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
+        self.n, self.r = comm.size(group), comm.groups.index(group)
         self.memory = comm.memory
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
@@ -104,7 +106,7 @@ class Zero3DataParallel(SyncToggle):
         if self.memory is not None:
             self.memory.add("temporary", unit.nbytes)
             self.memory.not_activation(unit.flat)  # a new allocation each time: its address changes
-        h = self.comm.all_gather(unit.flat, unit.shard.data, "dp", async_op=async_op,
+        h = self.comm.all_gather(unit.flat, unit.shard.data, self.group, async_op=async_op,
                                  label=f"zero3 {unit.name} {why}", meta={"layer": unit.name, "direction": why})
         if async_op:
             unit.gather_handle = h
@@ -162,7 +164,7 @@ class Zero3DataParallel(SyncToggle):
         staging.div_(self.n)
         self._free(unit)
         out = torch.empty_like(unit.shard)
-        h = self.comm.reduce_scatter(out, staging, "dp", async_op=True, label=f"zero3 {unit.name} grads",
+        h = self.comm.reduce_scatter(out, staging, self.group, async_op=True, label=f"zero3 {unit.name} grads",
                                      meta={"layer": unit.name, "direction": "backward"})
         self._in_flight.append(_ReduceScatter(unit, h, out, staging))
         if self.memory is not None:

@@ -36,7 +36,7 @@ MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "
 
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
-    "ring_step", "wait", "schedule", "checkpoint", "emulated", "launch", "offload",
+    "ring_step", "cp_ring", "wait", "schedule", "checkpoint", "emulated", "launch", "offload",
 )
 
 

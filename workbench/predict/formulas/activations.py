@@ -7,7 +7,7 @@ from workbench.config import ModelConfig
 
 
 def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                               sequence_parallel: bool = False, device: str = "cpu") -> float:
+                               sequence_parallel: bool = False, device: str = "cpu", core: str = "eager") -> float:
     """Bytes one transformer block of *our* GPT saves for backward, counted from its code the way
     Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
 
@@ -20,14 +20,36 @@ def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_val
 
     (r = mlp_ratio, 4: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and
     the layer-norm statistics t ways too, so everything is divided by t. On CUDA (`device='cuda'`) the
-    layer norm keeps its statistics in fp32 whatever the activations' precision (`stats_width`).
+    layer norm keeps its statistics in fp32 whatever the activations' precision (`stats_width`). `core`
+    says what the attention core keeps instead of the probabilities (`core_saved_bytes`); under context
+    parallelism `cfg.seq_len` is each rank's s/cp tokens and the core is the ring.
     """
-    s, b, h, a, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, cfg.mlp_ratio, tp
+    s, b, h, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.mlp_ratio, tp
     replicated, stats = 4 * s * b * h, 4 * s * b
     if sequence_parallel:
         replicated, stats = replicated / t, stats / t
-    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t + a * s * s * b / t) + \
+    core_bytes = core_saved_bytes(cfg, micro_batch, bytes_per_value, tp, device, core)
+    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t) + core_bytes + \
         stats_width(bytes_per_value, device) * stats
+
+
+def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1, device: str = "cpu",
+                     core: str = "eager") -> float:
+    """What the attention core saves for backward besides q, k and v (views of the qkv output), per layer:
+    eager: the softmax probabilities, a·s²·b/t values; fused (sdpa, flash attention): its log-sum-exp
+    (`lse_values`, fp32); ring (context parallelism, parallel/ring_attention.py): its log-sum-exp (a·s·b/t,
+    fp32) and the merged output (s·b·h/t: a tensor of its own, the projection's input is a reshaped copy)
+    — no s × s anything, whatever the sequence; allgather (the rotation that gathers every rank's K/V at
+    once): the ring's, and the cp gathered K/V blocks (2·cp·s·b·h/t, cp given as `core="allgather:CP"`)."""
+    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
+    if core == "eager":
+        return w * a * s * s * b / t
+    if core == "fused":
+        return 4 * lse_values(cfg, micro_batch, w, t, device)
+    ring = 4 * a * s * b / t + w * s * b * h / t
+    if core.startswith("allgather:"):
+        return ring + w * 2 * int(core.split(":")[1]) * s * b * h / t
+    return ring
 
 
 def stats_width(bytes_per_value: int, device: str) -> int:
@@ -48,7 +70,7 @@ def lse_values(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int
 
 def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               device: str = "cpu") -> tuple[float, float]:
+                               device: str = "cpu", core: str = "eager") -> tuple[float, float]:
     """(bytes a block keeps after forward, bytes held on top while one block is recomputed in backward).
 
     full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
@@ -59,17 +81,19 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
     fused:      attention='sdpa' (flash attention) without recomputation: no probabilities are saved, the
                 kernel keeps its log-sum-exp instead (a·s·b/t values, fp32: `lse_values`) and recomputes the
                 rest in its backward — measured equal on CPU (tests/test_models.py).
+    With the ring core (context parallelism) selective drops the ring's output and log-sum-exp, and its rerun
+    makes no copies of q, k, v.
     """
-    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
-    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device)
+    s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
+    if recompute == "fused":
+        return activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel, device, "fused"), 0.0
+    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device, core)
     if recompute == "full":
         kept = w * s * b * h / (t if sequence_parallel else 1)
         return kept, whole - kept
     if recompute == "selective":
-        probs = w * a * s * s * b / t
-        return whole - probs, probs + w * 3 * s * b * h / t
-    if recompute == "fused":
-        return whole - w * a * s * s * b / t + 4 * lse_values(cfg, micro_batch, w, t, device), 0.0
+        saved = core_saved_bytes(cfg, micro_batch, w, tp, device, core)
+        return whole - saved, saved + (w * 3 * s * b * h / t if core == "eager" else 0.0)
     return whole, 0.0
 
 
@@ -100,9 +124,10 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
                            tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-                           device: str = "cpu") -> float:
+                           device: str = "cpu", core: str = "eager") -> float:
     """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
-    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device)
+    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device,
+                                         core)
     out = cfg.layers // stages * kept
     if stage == 0:
         out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
@@ -112,7 +137,8 @@ def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stage
 
 
 def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_per_value: int = 4, tp: int = 1,
-                         sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu") -> float:
+                         sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu",
+                         core: str = "eager") -> float:
     """How far a stage's activations rise, during its backward, above what its forward left saved (0
     without recomputation: backward only releases). Backward releases each tensor once it has used it,
     so the rise happens at the stage's last block, after the head's tensors (last stage) are gone:
@@ -125,27 +151,29 @@ def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_p
     """
     if recompute in ("none", "fused"):
         return 0.0
-    s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
-    kept, _ = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute, device)
+    s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
+    kept, rise = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute, device, core)
     if recompute == "full":
-        during = activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel, device) - kept
-    else:
+        during = rise
+    else:  # ln_1's tensors, and the core's rerun: what it saves and the copies it makes
         split = t if sequence_parallel else 1
         ln_1 = w * 2 * s * b * h + stats_width(w, device) * 2 * s * b
-        during = ln_1 / split + w * (a * s * s * b + 3 * s * b * h) / t - kept
+        during = ln_1 / split + rise - kept
     head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
     return max(0.0, during - head)
 
 
 def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                     sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu") -> float:
+                     sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu",
+                     core: str = "eager") -> float:
     """Peak bytes saved for backward by one micro-batch through the whole model on one rank: what the
     forward keeps, or — with recomputation — more while the last block reruns (`backward_extra_bytes`).
     `device`: 'cuda' counts the CUDA kernels' own saves (fp32 layer-norm statistics, sdpa's padded
     log-sum-exp)."""
-    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device)
+    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device,
+                                  core)
     return kept + backward_extra_bytes(cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute,
-                                       device)
+                                       device, core)
 
 
 def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:

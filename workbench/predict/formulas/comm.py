@@ -24,7 +24,8 @@ def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
 
 def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
                            microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
-                           bytes_per_value: int = 4, recompute: str = "none", grad_bytes: int = 4) -> dict[str, float]:
+                           bytes_per_value: int = 4, recompute: str = "none", grad_bytes: int = 4,
+                           positions: int | None = None) -> dict[str, float]:
     """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
     training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
     head and loss if `last` — from the operators our layers use:
@@ -36,7 +37,8 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     the gradients left partial (layer norms, positions, row biases) are all-reduced once per step, at
     `grad_bytes` per value (fp32, or a 16-bit run's 16-bit gradients).
     The loss adds three all-reduces of one value per token; the gradient norm one scalar per step.
-    Full recomputation runs each block's forward twice, so its forward collectives twice.
+    Full recomputation runs each block's forward twice, so its forward collectives twice. Under context
+    parallelism `cfg.seq_len` is each rank's s/cp tokens and `positions` the position table's rows (s).
     """
     if tp == 1:
         return {}
@@ -47,7 +49,7 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     again = 2 * L if recompute == "full" else 0  # the forward's collectives of every block, rerun
     if not sequence_parallel:
         return {"all_reduce": m * ((4 * L + again + first + last) * full + loss) + 4}
-    partial = L * 6 * h + (s * h if first else 0) + (2 * h if last else 0)
+    partial = L * 6 * h + ((positions or s) * h if first else 0) + (2 * h if last else 0)
     return {"all_gather": m * (6 * L + again + first + 2 * last) * full,
             "reduce_scatter": m * (4 * L + again + first + last) * full,
             "all_reduce": m * loss + grad_bytes * partial + 4}

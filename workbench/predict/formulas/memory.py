@@ -80,6 +80,7 @@ def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, buck
     copies = 1 + 1 / dp + (1 if backend_copies else 0)  # staging, the slice it lands in, gloo's copy
     if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
         staged = min(max(bucket_mb * 2**20, max(v * h, r * h * h) * width), local_params * width)
-        return {"comm_buffer": ZERO_IN_FLIGHT * staged * copies, "temporary": 0.0}
+        in_flight = min(ZERO_IN_FLIGHT, -(-local_params * width // staged))  # a model in one bucket: one
+        return {"comm_buffer": in_flight * staged * copies, "temporary": 0.0}
     return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,
             "temporary": (2 if prefetch else 1) * unit * width}

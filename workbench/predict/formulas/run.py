@@ -3,32 +3,37 @@ puts beside each measurement. Plain arithmetic, no torch."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from workbench.config import ModelConfig
 from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
+from workbench.predict.formulas.context_parallel import cp_comm_bytes_per_step
 from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
 from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
 
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
     """The formulas' memory per rank for this run, by category: model states, activations, and the
-    buffers ZeRO-2/3 stage and gather (`buffer_bytes`)."""
+    buffers ZeRO-2/3 stage and gather (`buffer_bytes`). Under context parallelism ZeRO shards over dp×cp
+    and the activations are those of each rank's s/cp tokens, with the ring's attention core."""
     model = run_model(config)
+    shards = config["dp"] * config.get("cp", 1)  # the ranks holding the same parameters
+    acts, core = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
                              placement(config))
     width = 4 if precision == "fp32" else 2
     offload = bool(config.get("offload_optimizer")) and config.get("zero", 0) > 0
-    states = {**model_state_bytes(params, config["dp"], config.get("zero", 0), precision, grad_width(config), offload),
-              **buffer_bytes(model, params, config["dp"], config.get("zero", 0), config.get("bucket_mb", 25.0),
+    states = {**model_state_bytes(params, shards, config.get("zero", 0), precision, grad_width(config), offload),
+              **buffer_bytes(model, params, shards, config.get("zero", 0), config.get("bucket_mb", 25.0),
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
     if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
         states["temporary"] += 4 * params
-    if config.get("grad_compression", "none") != "none" and config["dp"] > 1:  # every bucket's 16-bit copy,
+    if config.get("grad_compression", "none") != "none" and shards > 1:  # every bucket's 16-bit copy,
         states["comm_buffer"] += 2 * params  # in flight until wait() after backward
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
@@ -37,17 +42,17 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
         rc = "fused"
     device = config.get("device", "cpu")  # config.json's resolved device: CUDA's kernels save other extras
     if config.get("pp", 1) == 1 and m == 1:
-        return {**states, "activation": activation_bytes(model, micro, width, tp, sp, rc, device)}
+        return {**states, "activation": activation_bytes(acts, micro, width, tp, sp, rc, device, core)}
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
     sched = run_schedule(config)
-    stage_bytes = {k: stage_activation_bytes(model, micro, k, sched.stages, width, tp, sp, rc, device)
+    stage_bytes = {k: stage_activation_bytes(acts, micro, k, sched.stages, width, tp, sp, rc, device, core)
                    for k in range(sched.stages)}
-    extra = {k: backward_extra_bytes(model, micro, k == sched.stages - 1, width, tp, sp, rc, device)
+    extra = {k: backward_extra_bytes(acts, micro, k == sched.stages - 1, width, tp, sp, rc, device, core)
              for k in range(sched.stages)}
     layers = model.layers // sched.stages
-    stash = {k: wgrad_stash_bytes(model, micro, layers, k == sched.stages - 1, width, tp, sp)
+    stash = {k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
              for k in range(sched.stages)}
     live = peak = stashed = peak_stash = 0.0
     for a in sched.actions[pp_rank]:
@@ -71,7 +76,15 @@ def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     model = run_model(config)
     params = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
                              placement(config))
-    return offload_host_bytes(params, config["dp"])
+    return offload_host_bytes(params, config["dp"] * config.get("cp", 1))
+
+
+def cp_local(model: ModelConfig, cp: int, rotate: str = "ring") -> tuple[ModelConfig, str]:
+    """The model as each context-parallel rank's activations see it — its s/cp tokens — and the attention
+    core that saves them ("ring", "allgather:CP"; "eager" without context parallelism)."""
+    if cp == 1:
+        return model, "eager"
+    return replace(model, seq_len=model.seq_len // cp), ("ring" if rotate == "ring" else f"allgather:{cp}")
 
 
 def placement(config: dict[str, Any]) -> str:
@@ -98,41 +111,47 @@ def run_schedule(config: dict[str, Any]) -> Schedule:
 
 
 def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
-    """Bytes per step by op and group: the gradient all-reduce over dp (4 bytes per local parameter when
-    dp > 1) and the loss's one value; the tensor-parallel collectives of the layers; and for pipelines
-    the activations and gradients sent between stages (one b·s·h buffer per microbatch and boundary),
-    the loss brought to every stage and the gradient norm's share."""
+    """Bytes per step by op and group: the gradient all-reduce over dp — over dp×cp, the `dp_cp` group, under
+    context parallelism — (4 bytes per local parameter when it has more than one rank) and the loss's one
+    value; the tensor-parallel collectives of the layers; the context-parallel ring's K/V and dK/dV; and for
+    pipelines the activations and gradients sent between stages (one b·s/cp·h buffer per microbatch and
+    boundary), the loss brought to every stage and the gradient norm's share."""
     model = run_model(config)
-    dp, tp, pp = config["dp"], config.get("tp", 1), config.get("pp", 1)
+    dp, tp, pp, cp = config["dp"], config.get("tp", 1), config.get("pp", 1), config.get("cp", 1)
     v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
     local = params_per_rank(model, tp, pp, v, pp_rank, placement(config))
-    zero = config.get("zero", 0)
-    if zero and dp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+    zero, group = config.get("zero", 0), ("dp_cp" if cp > 1 else "dp")
+    if zero and dp * cp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
         scatters = m if zero == 2 else 1
-        out: dict[str, dict[str, float]] = {"all_reduce": {"dp": 4 + 4}, "reduce_scatter": {"dp": 4 * local * scatters},
-                                            "all_gather": {"dp": 4 * local * (2 if zero == 3 else 1)}}
+        out: dict[str, dict[str, float]] = {"all_reduce": {group: 4 + 4},
+                                            "reduce_scatter": {group: 4 * local * scatters},
+                                            "all_gather": {group: 4 * local * (2 if zero == 3 else 1)}}
     else:
         wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
-        out = {"all_reduce": {"dp": 4 + (wire * local if dp > 1 else 0)}}
+        out = {"all_reduce": {group: 4 + (wire * local if dp * cp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     sched = run_schedule(config) if pp > 1 else None
     mine = [k for k in range(stages) if sched is None or sched.rank_of(k) == pp_rank]
     layers = model.layers // stages * len(mine)
-    tp_bytes = tp_comm_bytes_per_step(model, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine,
-                                               4 if config.get("precision", "fp32") == "fp32" else 2,
-                                               config.get("recompute", "none"), grad_width(config))
+    width = 4 if config.get("precision", "fp32") == "fp32" else 2
+    acts, _ = cp_local(model, cp)
+    tp_bytes = tp_comm_bytes_per_step(acts, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine, width,
+                                      config.get("recompute", "none"), grad_width(config), model.seq_len)
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
+    for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, layers, m, tp, width,
+                                             config.get("cp_rotate", "ring"),
+                                             config.get("recompute", "none") != "none").items():
+        out.setdefault(op, {})["cp"] = nbytes
     if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world
         out["all_reduce"]["world"] = 4
     if pp > 1:
-        width = 4 if config.get("precision", "fp32") == "fp32" else 2
-        buffer = micro * model.seq_len // (tp if sp else 1) * model.hidden * width
-        acts = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
-        out["send"] = {"pp": sum(a.is_send for a in acts) * buffer}
-        out["recv"] = {"pp": sum(a.is_recv for a in acts) * buffer}
+        buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width
+        acts_of_rank = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
+        out.setdefault("send", {})["pp"] = sum(a.is_send for a in acts_of_rank) * buffer
+        out.setdefault("recv", {})["pp"] = sum(a.is_recv for a in acts_of_rank) * buffer
         out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
     return out
 
