@@ -14,7 +14,8 @@ consecutive elements [start, start + n), each a 1-D view into the rank's live st
 A piece is *owned* (written) by one rank only: the first data-parallel replica (and context-parallel rank 0:
 cp ranks hold the same parameters), and for a parameter every tensor-parallel rank holds whole,
 tensor-parallel rank 0 — so the bytes on disk are the sharded states, once; ZeRO's slices are each one
-rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp. Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
+rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp.
+Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ under full recomputation):
     per layer   layer_fwd_s (fixed: Python, launches)  + matmul FLOPs / matmul_flops
                 + attention FLOPs / attention_flops     + element-wise bytes / memory_bw
                 + its tensor-parallel collectives: α(ranks) each + bytes · bus factor / β
+                + under context parallelism (s/cp tokens a rank): the ring's K/V transfers, each hidden
+                  under one block's attention in forward (exposed: what it lasts beyond it), and
+                  backward's K/V with dK/dV, waited for at once (parallel/ring_attention.py)
     per stage   the embeddings on the first, the head and loss on the last (fixed + per sample)
 
 On a CPU with more ranks than cores every compute term is stretched by the measured share of a core
@@ -16,7 +19,7 @@ the stretch is 1 and α, β are the links'. No torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workbench.config import ModelConfig
@@ -45,10 +48,12 @@ class Layout:
     #: the step's data-parallel bytes each rank sends per link class (("intra", b), ("inter", b)): compression,
     #: 1-bit Adam and the hierarchical all-reduce included (estimator.Traffic); () → the ring's
     dp_link_bytes: tuple[tuple[str, float], ...] = ()
+    cp: int = 1  # context parallelism: each rank's s/cp tokens, attention as a ring over cp ranks
+    cp_rotate: str = "ring"
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
 
 def layer_matmul_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
@@ -56,9 +61,10 @@ def layer_matmul_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
     return 2 * micro * cfg.seq_len * (4 + 2 * cfg.mlp_ratio) * cfg.hidden ** 2 / tp
 
 
-def attention_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
-    """q·kᵀ and probs·v: 2 · 2·b·s²·h / t (causal masking still computes every score in eager mode)."""
-    return 4 * micro * cfg.seq_len ** 2 * cfg.hidden / tp
+def attention_flops(cfg: ModelConfig, micro: int, tp: int, keys: int | None = None) -> float:
+    """q·kᵀ and probs·v: 2 · 2·b·s·s_k·h / t (causal masking still computes every score in eager mode; the
+    ring computes every block it does not skip whole — the slowest rank all cp of them: s_k = cp·s)."""
+    return 4 * micro * cfg.seq_len * (keys or cfg.seq_len) * cfg.hidden / tp
 
 
 def head_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
@@ -110,6 +116,7 @@ class _Ctx:
     alpha: float  # one collective, emulated links' latency included
     alpha_p2p: float  # one pipeline transfer, likewise
     beta_tp: float
+    beta_cp: float
     beta_dp: float
     beta_pp: float
     beta_intra: float
@@ -125,7 +132,9 @@ def _ctx(L: Layout, hw: Any) -> _Ctx:
     intra, inter = hw.intra_node_bw, hw.inter_node_bw
     return _Ctx(mm=mm, at=hw.attention_flops or mm, bw_mem=hw.memory_bw, stretch=stretch,
                 alpha=alpha + hw.extra_latency_s, alpha_p2p=p2p + hw.extra_latency_s, beta_tp=intra,
-                beta_dp=intra if L.tp * L.dp <= per_node else inter, beta_pp=intra if L.world <= per_node else inter,
+                beta_cp=intra if L.tp * L.cp <= per_node else inter,
+                beta_dp=intra if L.tp * L.cp * L.dp <= per_node else inter,
+                beta_pp=intra if L.world <= per_node else inter,
                 beta_intra=intra, beta_inter=inter, step_s=step,
                 kappa=_interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0)
 
@@ -138,8 +147,8 @@ def _collective(c: _Ctx, nbytes: float, factor: float, beta: float) -> float:
 def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     """One block, one micro-batch, one rank: (forward, backward) seconds of compute, fixed cost and tp
     collectives."""
-    cfg, b, t = L.model, L.micro, L.tp
-    attn = attention_flops(cfg, b, t) / c.at
+    cfg, b, t = local_model(L), L.micro, L.tp
+    attn = attention_flops(cfg, b, t, L.model.seq_len) / c.at
     work = layer_matmul_flops(cfg, b, t) / c.mm + attn + \
         elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width) / c.bw_mem
     fwd, bwd = work, hw.backward_ratio * work
@@ -158,13 +167,38 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
         bwd, fixed_b, comm_b = bwd + fwd, fixed_b + fixed_f, comm_b + comm_f
     elif L.recompute == "selective":
         bwd += attn
+    ring_f, ring_b = _ring(L, c, c.stretch * attn / L.cp)
+    if L.recompute != "none":  # the rerun of the core rotates K/V again
+        ring_b += ring_f
     return {"compute": (c.stretch * fwd, c.stretch * bwd), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
-            "tp": (comm_f, comm_b)}
+            "tp": (comm_f, comm_b), "cp": (ring_f, ring_b)}
+
+
+def local_model(L: Layout) -> ModelConfig:
+    """The model as one rank's tokens see it: s/cp of them under context parallelism."""
+    return replace(L.model, seq_len=L.model.seq_len // L.cp) if L.cp > 1 else L.model
+
+
+def _ring(L: Layout, c: _Ctx, block_s: float) -> tuple[float, float]:
+    """Context parallelism's exposed (forward, backward) seconds per layer and micro-batch: K/V blocks of
+    2·b·(s/cp)·(h/t) values; forward's cp − 1 each hidden under a block's attention (`block_s`), backward's
+    cp − 1 with fp32 dK/dV beside and one last dK/dV hop, not hidden; rotate='allgather': one all-gather
+    and one reduce-scatter of the cp blocks."""
+    if L.cp == 1:
+        return 0.0, 0.0
+    kv = 2 * L.micro * L.model.seq_len / L.cp * L.model.hidden / L.tp
+    beta = c.beta_cp
+    if L.cp_rotate != "ring":
+        n = L.cp
+        return (_collective(c, n * kv * L.width, (n - 1) / n, beta), _collective(c, n * kv * 4, (n - 1) / n, beta))
+    hop = c.alpha_p2p + c.stretch * kv * L.width / beta
+    back = (L.cp - 1) * (c.alpha_p2p + c.stretch * kv * (L.width + 4) / beta) + c.alpha_p2p + c.stretch * kv * 4 / beta
+    return (L.cp - 1) * max(hop - block_s, 0.0), back
 
 
 def _ends(L: Layout, hw: Any, c: _Ctx, first: bool, last: bool) -> dict[str, tuple[float, float]]:
     """The embeddings (first stage) and the head with its loss (last stage), one micro-batch."""
-    cfg, b, t = L.model, L.micro, L.tp
+    cfg, b, t = local_model(L), L.micro, L.tp
     e = hw.stage_ends or (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     fixed_f = (e[0] if first else 0.0) + (e[4] if last else 0.0)
     fixed_b = (e[2] if first else 0.0) + (e[6] if last else 0.0)

@@ -69,6 +69,7 @@ class Estimate:
     #: seconds each term of the step-time model adds (predict/step_time.py: compute, overhead, tp, zero3,
     #: pipeline, dp, optimizer, step, offload)
     step_terms: dict[str, float] = field(default_factory=dict)
+    cp: int = 1  # context parallelism: gradients and ZeRO's shards span dp×cp
 
     @property
     def dominant_term(self) -> str | None:
@@ -96,13 +97,14 @@ class Traffic:
     def apply(self, out: Estimate, local: float, grad_bytes: int) -> None:
         """Set out's dp bytes per step (and per link class, and 1-bit Adam's warm-up bytes)."""
         wire = 2 if self.grad_compression != "none" else grad_bytes
-        dp_bytes = formulas.dp_bytes_per_step(local, out.dp, out.zero, grad_bytes=wire)
+        n = out.dp * out.cp  # the ranks that hold the same parameters
+        dp_bytes = formulas.dp_bytes_per_step(local, n, out.zero, grad_bytes=wire)
         out.ranks_per_node = self.ranks_per_node
         if self.optimizer == "onebit-adam":
-            out.dp_bytes_warmup, dp_bytes = dp_bytes, formulas.onebit_bytes_per_step(local, out.dp)
+            out.dp_bytes_warmup, dp_bytes = dp_bytes, formulas.onebit_bytes_per_step(local, n)
         out.comm_bytes_per_step["dp"] = dp_bytes
         if self.ranks_per_node and out.zero == 0 and self.optimizer != "onebit-adam":
-            out.dp_link_bytes = formulas.dp_link_bytes(local * wire, out.dp, self.ranks_per_node,
+            out.dp_link_bytes = formulas.dp_link_bytes(local * wire, n, self.ranks_per_node,
                                                        self.allreduce == "hierarchical")
 
 
@@ -149,7 +151,8 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
              backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
-             offload: bool = False, schedule: str = "1f1b", rule: str | None = None) -> Estimate:
+             offload: bool = False, schedule: str = "1f1b", rule: str | None = None, cp: int = 1,
+             cp_rotate: str = "ring") -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
@@ -158,63 +161,84 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     device for the host (`host_bytes`), and each step copies the gradient slice out and the parameters'
     back over the host link (the CPU's update time itself is not modelled). `schedule` and `rule` (the
     pipeline simulator's: 'gloo' or 'nccl'; None: gloo on a CPU hardware, else nccl) shape the pipeline's
-    step time."""
+    step time. `cp`: context parallelism — s/cp tokens a rank (activations ÷ cp, the ring's K/V bytes in
+    `comm_bytes_per_step['cp']`), gradients and ZeRO's shards over dp×cp."""
     if config is not None:
-        model, dp, tp, pp, zero = config.model_config, config.dp, config.tp, config.pp, config.zero
-        precision, global_batch, microbatches = config.precision, config.global_batch, config.microbatches
-        virtual_stages, sequence_parallel, recompute = config.virtual_stages, config.sequence_parallel, config.recompute
-        bucket_mb, prefetch, traffic = config.bucket_mb, config.prefetch, Traffic.of(config)
-        grad_bytes, offload = 4 if config.grad_reduce_dtype == "fp32" else 2, config.offload_optimizer
-        schedule, rule = config.schedule, {"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule)
+        return estimate(None, **_run_kwargs(config), activations=activations, hardware=hardware,
+                        backend_copies=backend_copies, rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule))
     params = _checked(params, model, precision, dp, tp, pp, zero)
     if offload and zero == 0:
         raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
-    w = _width(precision)
-    # model states: what one rank holds of its tp × pp shard, partitioned over dp by ZeRO
+    w, shards = _width(precision), dp * cp  # ZeRO shards, and gradients reduce, over dp×cp
+    # model states: what one rank holds of its tp × pp shard, partitioned over dp×cp by ZeRO
     local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
-    states = formulas.model_state_bytes(local, dp, zero, precision, grad_bytes, offload)
+    states = formulas.model_state_bytes(local, shards, zero, precision, grad_bytes, offload)
     out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches,
-                   offload=offload, host_bytes=formulas.offload_host_bytes(local, dp) if offload else {},
-                   host_link_bytes_per_step=local / dp * (4 + w) if offload else 0.0)
+                   offload=offload, host_bytes=formulas.offload_host_bytes(local, shards) if offload else {},
+                   host_link_bytes_per_step=local / shards * (4 + w) if offload else 0.0, cp=cp)
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
         return _timed(out, hardware, None, {})
     micro = global_batch // dp // microbatches
-    act = _activations(model, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
-                       activations)
+    acts, core = formulas.cp_local(model, cp, cp_rotate)
+    act = _activations(acts, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
+                       activations, core)
     out.activation_bytes_per_rank = act
-    out.buffer_bytes = formulas.buffer_bytes(model, local, dp, zero, bucket_mb, w, prefetch, backend_copies)
+    out.buffer_bytes = formulas.buffer_bytes(model, local, shards, zero, bucket_mb, w, prefetch, backend_copies)
     # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
     # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
     masters = 4 * local if g == 2 and not offload else 0
     out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
-    tokens = global_batch * model.seq_len
     factor = 4 / 3 if recompute == "full" else 1.0
-    out.flops_per_step = formulas.training_flops_per_token(params, model) * tokens * factor
-    tp_bytes = formulas.tp_comm_bytes_per_step(model, micro, tp, sequence_parallel, microbatches,
-                                               model.layers // pp, True, pp == 1, w, recompute, g)
-    out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
-    if pp > 1:
-        seq = model.seq_len // (tp if sequence_parallel else 1)
-        out.comm_bytes_per_step["pp"] = 2 * microbatches * micro * seq * model.hidden * w
+    out.flops_per_step = formulas.training_flops_per_token(params, model) * global_batch * model.seq_len * factor
+    _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
     return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
-                                         "recompute": recompute, "schedule": schedule, "width": w,
-                                         "grad_bytes": g, "bucket_mb": bucket_mb, "rule": rule})
+                                         "recompute": recompute, "schedule": schedule, "width": w, "cp": cp,
+                                         "cp_rotate": cp_rotate, "grad_bytes": g, "bucket_mb": bucket_mb,
+                                         "rule": rule})
+
+
+def _activation_traffic(out: Estimate, model: ModelConfig, micro: int, sequence_parallel: bool, recompute: str,
+                        w: int, g: int, cp_rotate: str) -> None:
+    """Bytes each rank sends per step for the activations: tensor-parallel collectives (bus share), the
+    context-parallel ring's K/V (or, all-gathering, its bus share) and the pipeline's transfers."""
+    tp, pp, cp, m = out.tp, out.pp, out.cp, out.microbatches
+    acts, _ = formulas.cp_local(model, cp, cp_rotate)
+    tp_bytes = formulas.tp_comm_bytes_per_step(acts, micro, tp, sequence_parallel, m, model.layers // pp, True,
+                                               pp == 1, w, recompute, g, model.seq_len)
+    out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
+    if cp > 1:
+        ring = formulas.cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, model.layers // pp, m, tp, w,
+                                               cp_rotate, recompute != "none")
+        out.comm_bytes_per_step["cp"] = ring.get("send", 0.0) + (cp - 1) / cp * (
+            ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0))
+    if pp > 1:
+        out.comm_bytes_per_step["pp"] = 2 * m * micro * acts.seq_len // (tp if sequence_parallel else 1) \
+            * model.hidden * w
+
+
+def _run_kwargs(c: RunConfig) -> dict[str, Any]:
+    """estimate()'s arguments from a RunConfig."""
+    return {"model": c.model_config, "dp": c.dp, "tp": c.tp, "pp": c.pp, "zero": c.zero, "precision": c.precision,
+            "global_batch": c.global_batch, "microbatches": c.microbatches, "virtual_stages": c.virtual_stages,
+            "sequence_parallel": c.sequence_parallel, "recompute": c.recompute, "bucket_mb": c.bucket_mb,
+            "prefetch": c.prefetch, "traffic": Traffic.of(c), "grad_bytes": 4 if c.grad_reduce_dtype == "fp32" else 2,
+            "offload": c.offload_optimizer, "schedule": c.schedule, "cp": c.cp, "cp_rotate": c.cp_rotate}
 
 
 def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,
-                 sequence_parallel: bool, recompute: str, activations: str) -> float:
+                 sequence_parallel: bool, recompute: str, activations: str, core: str = "eager") -> float:
     """The first stage's activations: it holds the most microbatches (1F1B: min(p, m); GPipe would hold m)."""
     in_flight = min(pp, microbatches) if pp > 1 else 1
     if activations == "megatron":
         return in_flight * (model.layers // pp) * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
     stages = pp * virtual_stages
-    kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute)
+    kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute, core=core)
     return in_flight * virtual_stages * kept + \
-        formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute)
+        formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute, core=core)
 
 
 def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout: dict[str, Any]) -> Estimate:
@@ -231,7 +255,7 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
     from workbench.predict.step_time import predict_step
 
     rule = layout.pop("rule", None) or ("gloo" if hw.cores else "nccl")
-    intra = out.tp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
+    intra = out.tp * out.cp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
     links = out.dp_link_bytes or {"intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)}
     layout["dp_link_bytes"] = tuple(links.items())
     step = predict_step(Layout(model=model, dp=out.dp, tp=out.tp, pp=out.pp, m=out.microbatches,
@@ -239,6 +263,6 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
     host_s = out.host_link_bytes_per_step / hw.host_link_bw
     out.step_terms = {**step.terms, "offload": host_s}
     out.compute_s = step.terms["compute"] + step.terms["overhead"]
-    out.comm_s = step.terms["tp"] + step.terms["zero3"] + step.terms["dp"] + host_s
+    out.comm_s = step.terms["tp"] + step.terms["cp"] + step.terms["zero3"] + step.terms["dp"] + host_s
     out.step_time_s = step.total_s + host_s
     return out

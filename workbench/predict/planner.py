@@ -1,4 +1,4 @@
-"""The planner: search dp × tp × pp × ZeRO × microbatches for a model on a cluster, keep what fits in
+"""The planner: search dp × tp × pp (× cp) × ZeRO × microbatches for a model on a cluster, keep what fits in
 memory, rank by estimated step time, and say why.
 
     plan(GPT3_175B, Cluster(nodes=96, hardware=A100_80GB), global_batch=1536, zero_stages=(0,),
@@ -11,6 +11,7 @@ must fit `usable_memory` of the device (allocator and workspace headroom).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -53,39 +54,50 @@ class Plan:
 
 
 def _terms(e: Estimate) -> dict[str, float]:
-    """The step time's split (seconds): compute, tensor-parallel, pipeline (bubble and transfers) and
-    exposed data-parallel communication, and the rest (optimizer, ZeRO traffic, offload, fixed costs)."""
-    main = {"compute_s": "compute", "tp_s": "tp", "pipeline_s": "pipeline", "dp_s": "dp"}
+    """The step time's split (seconds): compute, tensor-parallel, the context-parallel ring's exposed part,
+    pipeline (bubble and transfers) and exposed data-parallel communication, and the rest (optimizer, ZeRO
+    traffic, offload, fixed costs)."""
+    main = {"compute_s": "compute", "tp_s": "tp", "cp_s": "cp", "pipeline_s": "pipeline", "dp_s": "dp"}
     out = {col: e.step_terms.get(term, 0.0) for col, term in main.items()}
     out["other_s"] = sum(e.step_terms.values()) - sum(out.values())
     return out
 
 
-def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
-         zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
-         sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,)) -> Plan:
-    hw, world = cluster.hardware, cluster.gpus
-    rows = []
+def _layouts(model: ModelConfig, hw: Hardware, world: int, global_batch: int, micro_batch: int,
+             cps: tuple[int, ...]) -> Iterator[tuple[int, int, int, int, int]]:
+    """(tp, pp, cp, dp, microbatches) of every grid the field's rules allow: tp inside a node and dividing
+    the heads, pp dividing the layers, cp cutting the sequence into 2·cp equal chunks (head-tail), dp the
+    rest of the world with a whole number of microbatches."""
     for tp in (t for t in range(1, hw.devices_per_node + 1)
                if hw.devices_per_node % t == 0 and not tp_indivisible(model, t)):
         for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
-            dp = world // (tp * pp)
-            if global_batch % (dp * micro_batch):
-                continue
-            m = global_batch // (dp * micro_batch)
-            for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
-                if zero >= 2 and pp > 1:
-                    continue  # partitioned gradients and parameters per microbatch: not with pipelines
-                e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
-                                       global_batch=global_batch, microbatches=m, recompute=recompute,
-                                       sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,
-                                       offload=off)
-                rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "offload": off, "microbatches": m,
-                             "host_GB": sum(e.host_bytes.values()) / 1e9,
-                             "model_states_GB": e.model_state_bytes_per_rank / 1e9,
-                             "activations_GB": e.activation_bytes_per_rank / 1e9,
-                             "memory_GB": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
-                             "bubble": e.bubble_fraction, "step_time_s": e.step_time_s, **_terms(e)})
+            for cp in (c for c in cps if world % (tp * pp * c) == 0 and model.seq_len % (2 * c) == 0):
+                dp = world // (tp * pp * cp)
+                if global_batch % (dp * micro_batch) == 0:
+                    yield tp, pp, cp, dp, global_batch // (dp * micro_batch)
+
+
+def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
+         zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
+         sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,), cp: tuple[int, ...] = (1,)) -> Plan:
+    """Every layout of `_layouts` (context parallelism: the degrees in `cp`) with each ZeRO stage and offload
+    choice, estimated; the table sorted by fit, then step time."""
+    hw, world = cluster.hardware, cluster.gpus
+    rows = []
+    for tp, pp, c, dp, m in _layouts(model, hw, world, global_batch, micro_batch, cp):
+        for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
+            if zero >= 2 and pp > 1:
+                continue  # partitioned gradients and parameters per microbatch: not with pipelines
+            e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
+                                   global_batch=global_batch, microbatches=m, recompute=recompute,
+                                   sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,
+                                   offload=off, cp=c)
+            rows.append({"tp": tp, "pp": pp, "cp": c, "dp": dp, "zero": zero, "offload": off, "microbatches": m,
+                         "host_GB": sum(e.host_bytes.values()) / 1e9,
+                         "model_states_GB": e.model_state_bytes_per_rank / 1e9,
+                         "activations_GB": e.activation_bytes_per_rank / 1e9,
+                         "memory_GB": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
+                         "bubble": e.bubble_fraction, "step_time_s": e.step_time_s, **_terms(e)})
     table = pd.DataFrame(rows).sort_values(["fits", "step_time_s", "memory_GB"], ascending=[False, True, True])
     table = table.reset_index(drop=True)
     fitting = table[table.fits]
@@ -95,7 +107,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
            f"{len(table)} layouts tried, {len(fitting)} fit in {usable:.0f} GB per GPU "
            f"({hw.usable_memory:.0%} of {hw.memory_bytes / 1e9:.0f} GB)."]
     if best is not None:
-        why.append(f"best: tp {best['tp']} × pp {best['pp']} × dp {best['dp']}, ZeRO-{best['zero']}"
+        grid = f"tp {best['tp']} × pp {best['pp']}" + (f" × cp {best['cp']}" if best["cp"] > 1 else "")
+        why.append(f"best: {grid} × dp {best['dp']}, ZeRO-{best['zero']}"
                    f"{' with the optimizer offloaded to the host' if best['offload'] else ''}, "
                    f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "
                    f"({best['model_states_GB']:.1f} model states + {best['activations_GB']:.1f} activations), "
@@ -103,8 +116,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
         why.append(f"tp {best['tp']}: tensor parallelism moves activations in every layer, so it stays inside a "
                    f"node's {hw.devices_per_node} GPUs; pp {best['pp']}: of the layouts that fit, the one with the "
                    f"shortest estimated step (fewer stages: less bubble, more memory); "
-                   + (f"dp {best['dp']} = {world} GPUs / (tp {best['tp']} × pp {best['pp']})." if best["dp"] > 1 else
-                      f"tp × pp uses all {world} GPUs: no data parallelism is left."))
+                   + (f"dp {best['dp']} = {world} GPUs / ({grid})." if best["dp"] > 1 else
+                      f"{grid} uses all {world} GPUs: no data parallelism is left."))
         smaller = table[(table.tp == best["tp"]) & (table.pp < best["pp"]) & (table.zero == best["zero"])]
         if len(smaller):
             s = smaller.sort_values("pp").iloc[-1]

@@ -30,7 +30,7 @@ from workbench.pipeline.schedule import Action, build_schedule, simulate
 from workbench.predict.action_costs import Layout, _collective, _Ctx, _ctx, _ends, _layer
 from workbench.predict.formulas import params_per_rank
 
-TERMS = ("compute", "overhead", "tp", "zero3", "pipeline", "dp", "optimizer", "step")
+TERMS = ("compute", "overhead", "tp", "cp", "zero3", "pipeline", "dp", "optimizer", "step")
 
 
 @dataclass
@@ -54,12 +54,13 @@ def stage_costs(L: Layout, hw: Any, c: _Ctx) -> list[dict[str, tuple[float, floa
     out = []
     for s in range(stages):
         ends = _ends(L, hw, c, s == 0, s == stages - 1)
-        cost = {k: (per_stage * layer[k][0] + ends[k][0], per_stage * layer[k][1] + ends[k][1]) for k in layer}
+        cost = {k: (per_stage * layer[k][0] + ends.get(k, (0.0, 0.0))[0], per_stage * layer[k][1] +
+                    ends.get(k, (0.0, 0.0))[1]) for k in layer}
         if L.pp > 1:  # a pipeline action's own cost: detaching its input, posting transfers, recording
             f, b = cost["overhead"]
             cost["overhead"] = (f + c.stretch * hw.action_fwd_s, b + c.stretch * hw.action_bwd_s)
         if L.zero == 3:  # each layer gathered before forward and backward; its gradients reduce-scattered
-            n = L.dp
+            n = L.dp * L.cp  # ZeRO shards over dp×cp
             layer_bytes = params_per_rank(L.model, L.tp, stages, 1, s) / max(per_stage, 1) * L.width
             launch = c.stretch * hw.launch_s  # each is launched asynchronously, then waited for
             gather = launch + _collective(c, layer_bytes, (n - 1) / n, c.beta_dp)
@@ -79,7 +80,7 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: _Ctx) -
     schedules the fill-and-drain bound: every stage once, then m − 1 more of the slowest (v chunks per
     rank: a rank's chunks are its stage's cost), each with its two transfers (activation in, gradient
     back), plus a transfer at each boundary each way to fill and drain."""
-    seq = L.model.seq_len // (L.tp if L.sequence_parallel else 1)
+    seq = L.model.seq_len // L.cp // (L.tp if L.sequence_parallel else 1)
     t_comm = c.alpha_p2p + c.stretch * L.micro * seq * L.model.hidden * L.width / c.beta_pp
     if 2 * L.pp * L.v * L.m > SIMULATE_UP_TO:
         per_rank = [sum(fwd[s] + bwd[s] for s in range(r, L.pp * L.v, L.pp)) for r in range(L.pp)]
@@ -112,7 +113,7 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
     """Exposed seconds of the gradients' reduction and ZeRO-1/2's parameter all-gather: the step's dp
     bytes on each link class (L.dp_link_bytes, or the ring's 2(n−1)/n · S) at that link's β, spread over
     the buckets in proportion to their size, α each."""
-    n = L.dp
+    n = L.dp * L.cp  # gradients reduce over dp×cp
     if n == 1 or L.zero == 3:
         return 0.0  # ZeRO-3 reduces layer by layer inside backward (stage_costs)
     grads = _buckets(local * L.grad_bytes, L.bucket_mb)
@@ -134,7 +135,7 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
 
 
 def _optimizer(L: Layout, hw: Any, c: _Ctx, local: float) -> float:
-    values = local / (L.dp if L.zero else 1)
+    values = local / (L.dp * L.cp if L.zero else 1)
     stages = L.pp * L.v
     tensors = len(_buckets(local * L.grad_bytes, L.bucket_mb)) if L.zero else \
         12 * L.model.layers // L.pp + 2 * (1 if L.pp == 1 else 0) + 4 * (1 if stages == 1 else 0) + 2
@@ -148,7 +149,7 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     fwd = [sum(v[0] for v in st.values()) for st in stages]
     bwd = [sum(v[1] for v in st.values()) for st in stages]
     mine = range(0, L.pp * L.v, L.pp)  # rank 0's stages
-    terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:4]}
+    terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:5]}
     busy = sum(terms.values())
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
     local = params_per_rank(L.model, L.tp, L.pp, L.v, 0)

@@ -7,6 +7,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     memory.py        model states per ZeRO stage and precision, parameters per rank, ZeRO's buffers
     activations.py   what our GPT saves for backward, with recomputation and release in backward
     comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
+    context_parallel.py  the ring's K/V bytes and each rank's share of the causal attention work
     run.py           a run's predicted memory and bytes per step, from its config
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
     zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash
@@ -30,6 +31,12 @@ from workbench.predict.formulas.comm import (
     tp_comm_bytes_per_step,
     training_flops_per_token,
 )
+from workbench.predict.formulas.context_parallel import (
+    cp_comm_bytes_per_step,
+    kv_block_bytes,
+    ring_bytes_per_layer,
+    unmasked_pairs_per_rank,
+)
 from workbench.predict.formulas.faults import checkpoint_overhead, young_daly_interval
 from workbench.predict.formulas.memory import (
     STATE_BYTES,
@@ -41,6 +48,7 @@ from workbench.predict.formulas.memory import (
     stage_params,
 )
 from workbench.predict.formulas.run import (
+    cp_local,
     predicted_bytes,
     predicted_comm_bytes,
     predicted_host_bytes,
@@ -63,5 +71,6 @@ __all__ = [
     "predicted_comm_bytes", "predicted_host_bytes", "recompute_activation_bytes", "run_model", "run_schedule",
     "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
     "young_daly_interval", "bubble_rate", "named_bubble_fraction", "schedule_bubble_fraction",
-    "wgrad_stash_bytes",
+    "wgrad_stash_bytes", "cp_comm_bytes_per_step", "cp_local", "kv_block_bytes", "ring_bytes_per_layer",
+    "unmasked_pairs_per_rank",
 ]
