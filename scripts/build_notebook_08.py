@@ -54,6 +54,12 @@ pd.DataFrame([{"rank": r, "span": e["name"], "time (ms)": e["dur"] / 1e3, "bytes
                "model states of this rank (12Ψ/N)": 12 * psi / 2} for r, e in saves])
 """),
 code("""
+extra = marker["tensor_bytes"] - 12 * psi
+viz.check("the checkpoint's tensors are the model states, 12Ψ, written once (beside them only Adam's step "
+          "and each rank's RNG state: a few kB)", 0 < extra < 11_000, extra_bytes=extra)
+written = [e["args"]["bytes"] for _, e in saves if e["name"] == "checkpoint save step 8"]
+viz.check("ZeRO-3: each of the two ranks writes its own half", min(written) > 0.4 * sum(written),
+          bytes_per_rank=written)
 pd.Series({"tensors in the checkpoint": marker["tensor_bytes"], "12Ψ (formula)": 12 * psi,
            "files on disk": marker["bytes"]}, name="bytes")
 """),

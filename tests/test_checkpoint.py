@@ -54,6 +54,7 @@ def test_resume_continues_bit_identically(launched, name, tmp_path):
     assert [e["name"] for e in spans] == ["checkpoint load step 3"] and spans[0]["args"]["bytes"] > 0
 
 
+@pytest.mark.slow  # notebook 08 checks a checkpoint's bytes against 12Ψ/N in make test
 def test_checkpoint_bytes_are_the_sharded_states_written_once(launched):
     """dp2: the replicated model and Adam state are written by one rank (the first replica owns them);
     ZeRO-3: each rank writes its 1/N of parameters and moments. Tensor bytes = 12Ψ (4 parameter + 8

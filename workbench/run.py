@@ -25,7 +25,7 @@ _LANE_NAMES = {tid: name for name, tid in LANES.items()}
 _ARG_COLUMNS = ("step", "microbatch", "stage", "chunk", "layer", "op", "group", "seq", "peer", "bytes",
                 "label", "algorithm", "phase", "ring_step", "send_chunk", "recv_chunk", "recv_peer",
                 "chunks", "recv_bytes", "algbw_GBps", "busbw_GBps", "async", "link", "seconds", "emulated_s",
-                "emulated_link")
+                "emulated_link", "block_of", "pairs")
 
 
 class Run:

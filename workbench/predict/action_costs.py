@@ -71,14 +71,15 @@ def head_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
     return 2 * micro * cfg.seq_len * cfg.hidden * cfg.vocab_size / tp
 
 
-def elementwise_bytes(cfg: ModelConfig, micro: int, tp: int, sequence_parallel: bool, width: int) -> float:
+def elementwise_bytes(cfg: ModelConfig, micro: int, tp: int, sequence_parallel: bool, width: int,
+                      keys: int | None = None) -> float:
     """What one block's forward reads and writes outside its matmuls: two layer norms and two residual
     adds on b·s·h (10 passes: replicated over tp unless sequence-parallel), GELU and the four biases on
     the sharded widths (3r + 5 passes of b·s·h/t), and scale, mask and softmax on the a/t heads' s×s
-    scores (6 passes)."""
+    scores (6 passes; s × s_k under context parallelism, as `attention_flops`)."""
     s, h, r = cfg.seq_len, cfg.hidden, cfg.mlp_ratio
     replicated = 10 * s * h / (tp if sequence_parallel else 1)
-    sharded = ((3 * r + 5) * s * h + 6 * cfg.heads * s * s) / tp
+    sharded = ((3 * r + 5) * s * h + 6 * cfg.heads * s * (keys or s)) / tp
     return micro * (replicated + sharded) * width
 
 
@@ -150,7 +151,7 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     cfg, b, t = local_model(L), L.micro, L.tp
     attn = attention_flops(cfg, b, t, L.model.seq_len) / c.at
     work = layer_matmul_flops(cfg, b, t) / c.mm + attn + \
-        elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width) / c.bw_mem
+        elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width, L.model.seq_len) / c.bw_mem
     fwd, bwd = work, hw.backward_ratio * work
     fixed_f, fixed_b = hw.layer_fwd_s, hw.layer_bwd_s
     comm_f = comm_b = 0.0

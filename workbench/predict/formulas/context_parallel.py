@@ -62,5 +62,10 @@ def unmasked_pairs_per_rank(seq_len: int, cp: int, balance: str = "head-tail") -
             return size * size
         return size * (size + 1) // 2 if k == q else 0
 
-    owned = [[r, 2 * cp - 1 - r] if balance == "head-tail" else [r] for r in range(cp)]
-    return [sum(chunk_pairs(q, k) for q in mine for k in range(n)) for mine in owned]
+    return [sum(chunk_pairs(q, k) for q in owned_chunks(r, cp, balance) for k in range(n)) for r in range(cp)]
+
+
+def owned_chunks(rank: int, cp: int, balance: str = "head-tail") -> list[int]:
+    """The sequence chunks a rank holds: r and 2cp − 1 − r of 2·cp (head-tail), or r of cp (none) — the
+    arithmetic of parallel/ring_attention.chunks_of, without torch, for the charts."""
+    return [rank, 2 * cp - 1 - rank] if balance == "head-tail" else [rank]
