@@ -22,6 +22,7 @@ from workbench.config_rules import (
     check_context_parallel,
     check_data_and_tools,
     check_elastic,
+    check_experts,
     check_optimizer,
     check_zero,
 )
@@ -55,6 +56,14 @@ class RunConfig:
     cp: int = 1
     cp_balance: str = "head-tail"
     cp_rotate: str = "ring"
+    #: expert parallelism (a model with experts, engine/moe.py): each MoE layer's experts sharded over ep ranks
+    #: carved from dp (parallel/expert_parallel.py); dispatch 'dropless' or 'capacity' (capacity_factor); the
+    #: Switch aux loss's coefficient and the aux-loss-free bias rate (config_rules.check_experts)
+    ep: int = 1
+    moe_dispatch: str = "dropless"
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    router_bias_rate: float = 0.0
     zero: int = 0
     #: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV; config_pipeline.py)
     schedule: str = "1f1b"
@@ -166,7 +175,7 @@ class RunConfig:
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first bad value and what would be valid; return self."""
-        for name in ("dp", "tp", "pp", "cp", "microbatches", "virtual_stages", "global_batch", "steps"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "global_batch", "steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
@@ -201,6 +210,7 @@ class RunConfig:
         check_pipeline(self)
         check_zero(self)
         check_context_parallel(self)
+        check_experts(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")

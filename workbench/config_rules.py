@@ -171,3 +171,40 @@ def check_context_parallel(cfg: Any) -> None:
         if getattr(cfg, key) == bad:
             raise ConfigError(f"cp={cfg.cp} with {key}={bad!r}: valid with context parallelism is {key}={valid}")
 
+
+
+MOE_DISPATCH = ("dropless", "capacity")
+
+
+def check_experts(cfg: Any) -> None:
+    """A mixture of experts (model.experts > 0) and its expert parallelism: ep divides dp (its groups are
+    carved from dp) and the experts; dispatch is 'dropless' or 'capacity' (capacity_factor > 0). What the
+    MoE layers do not compose with yet is refused by name: tensor parallelism (experts are whole), context
+    parallelism, recomputation (a rerun router would count its tokens twice), 1-bit Adam, and with ep > 1
+    ZeRO (expert and dense slices over two groups), 16-bit precision, naive DP and compressed buckets."""
+    m = cfg.model_config
+    if cfg.moe_dispatch not in MOE_DISPATCH:
+        raise ConfigError(f"moe_dispatch={cfg.moe_dispatch!r}: valid are {', '.join(MOE_DISPATCH)}")
+    if cfg.capacity_factor <= 0 or cfg.aux_loss_coef < 0 or cfg.router_bias_rate < 0:
+        raise ConfigError(f"capacity_factor={cfg.capacity_factor} must be > 0, aux_loss_coef={cfg.aux_loss_coef} "
+                          f"and router_bias_rate={cfg.router_bias_rate} ≥ 0")
+    if not m.experts:
+        if cfg.ep > 1:
+            raise ConfigError(f"ep={cfg.ep} shards experts, and the model has none: use a model with experts "
+                              f"(model.experts > 0, e.g. model='tiny-moe')")
+        return
+    if cfg.dp % cfg.ep or m.experts % cfg.ep:
+        valid = [d for d in range(1, cfg.dp + 1) if cfg.dp % d == 0 and m.experts % d == 0]
+        raise ConfigError(f"ep={cfg.ep} must divide dp={cfg.dp} (expert-parallel groups are carved from data "
+                          f"parallelism) and model.experts={m.experts}; valid ep: {valid}")
+    clash = {"tp": (cfg.tp > 1, "tp=1"), "cp": (cfg.cp > 1, "cp=1"),
+             "recompute": (cfg.recompute != "none", "recompute='none'"),
+             "zero": (cfg.zero > 0 and cfg.ep > 1, "zero=0 with ep > 1 (ZeRO with ep=1 works)"),
+             "optimizer": (cfg.optimizer != "adamw", "optimizer='adamw'"),
+             "precision": (cfg.precision != "fp32" and cfg.ep > 1, "precision='fp32' with ep > 1"),
+             "dp_impl": (cfg.dp_impl != "bucketed" and cfg.ep > 1, "dp_impl='bucketed' with ep > 1"),
+             "grad_compression": (cfg.grad_compression != "none" and cfg.ep > 1, "grad_compression='none' with ep > 1")}
+    for key, (bad, valid) in clash.items():
+        if bad:
+            raise ConfigError(f"model.experts={m.experts} with {key}={getattr(cfg, key)!r}: the MoE layers do not "
+                              f"compose with it yet; valid: {valid}")

@@ -38,6 +38,10 @@ class RankGrid:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    #: expert parallelism, carved from dp (not a grid axis): ep groups are runs of ep consecutive dp
+    #: indices (the ranks that share out the experts), edp groups the dp ranks at the same place in each
+    #: run (the ranks that hold the same experts, over which expert gradients reduce)
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -58,6 +62,11 @@ class RankGrid:
         """The global ranks that share `rank`'s group along `axis` (all other coordinates fixed); `axis`
         may be a combined one of COMBINED ("dp_cp": the ranks that hold the same parameters)."""
         c = self.coords(rank)
+        if axis in ("ep", "edp"):
+            block, place = divmod(c["dp"], self.ep)
+            dps = [block * self.ep + i for i in range(self.ep)] if axis == "ep" else \
+                [j * self.ep + place for j in range(self.dp // self.ep)]
+            return [self.rank(**{**c, "dp": d}) for d in dps]
         members = [c]
         for a in COMBINED.get(axis, (axis,)):
             members = [{**m, a: i} for m in members for i in range(getattr(self, a))]
@@ -104,6 +113,11 @@ class ProcessGroups:
             for members in grid.all_groups(axis):
                 # new_group is collective over the whole world, even for ranks outside `members`.
                 pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")  # named in torch's dumps
+                if rank in members:
+                    groups[axis], ranks[axis] = pg, members
+        for axis in ("ep", "edp") if grid.ep > 1 else ():
+            for members in grid.all_groups(axis):
+                pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
         if grid.cp > 1:

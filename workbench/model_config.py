@@ -14,7 +14,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head)."""
+    """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head). With
+    `experts` > 0 every block's MLP is a mixture of that many expert MLPs (engine/moe.py), each token routed
+    to `top_k` of them by a `router` ('softmax' or 'sigmoid' scores, top-k, in fp32)."""
 
     vocab_size: int = 64
     seq_len: int = 16
@@ -22,6 +24,9 @@ class ModelConfig:
     heads: int = 4
     layers: int = 2
     mlp_ratio: int = 4
+    experts: int = 0
+    top_k: int = 2
+    router: str = "softmax"
 
     @property
     def head_dim(self) -> int:
@@ -35,8 +40,8 @@ class ModelConfig:
             + h * 3 * h + 3 * h  # qkv projection
             + h * h + h  # attention output projection
             + 2 * h  # ln_2
-            + h * f + f  # mlp up
-            + f * h + h  # mlp down
+            + max(self.experts, 1) * (h * f + f + f * h + h)  # mlp up and down (each expert's)
+            + h * self.experts  # the router (no bias)
         )
         return v * h + s * h + self.layers * per_layer + 2 * h + h * v + v
 
@@ -45,6 +50,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"model.{name}={value!r}: must be a positive integer")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ConfigError(f"model.top_k={self.top_k}: each token goes to 1 to experts={self.experts} experts")
+        if self.router not in ("softmax", "sigmoid"):
+            raise ConfigError(f"model.router={self.router!r}: valid are 'softmax' and 'sigmoid'")
         if self.hidden % self.heads:
             divisors = [a for a in range(1, self.hidden + 1) if self.hidden % a == 0]
             raise ConfigError(
@@ -64,6 +73,11 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2-small": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12),
     "gpt2-medium": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=1024, heads=16, layers=24),
     "gpt-1.3b": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=2048, heads=16, layers=24),
+    # mixtures of experts (engine/moe.py): the same shapes, every MLP replaced by E experts, top-k routed
+    "tiny-moe": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2, experts=4, top_k=2),
+    "small-moe": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4, experts=8, top_k=2),
+    "gpt2-small-moe": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12,
+                                  experts=8, top_k=2),
 }
 
 

@@ -206,11 +206,21 @@ class Communicator:
                          [output, input], label)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp", label: str | None = None,
-                   meta: dict[str, Any] | None = None) -> None:
-        """Block r of every rank's `input` (n equal blocks) goes to rank r: `output` holds them in rank order."""
+                   meta: dict[str, Any] | None = None, output_splits: list[int] | None = None,
+                   input_splits: list[int] | None = None) -> None:
+        """Block r of every rank's `input` goes to rank r: `output` holds them in rank order. Equal blocks, or
+        rows of dim 0 by `input_splits` (sent to each rank) and `output_splits` (received from each): the
+        variable all-to-all of expert parallelism's dropless dispatch. The record has both lists."""
+        if input_splits is not None:
+            meta = {**(meta or {}), "send_splits": list(input_splits), "recv_splits": list(output_splits or [])}
         args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
-        fn = lambda a: dist.all_to_all_single(output.view(-1), input.reshape(-1), group=pg, async_op=a)  # noqa: E731
+        if input_splits is None:
+            out, inp = output.view(-1), input.reshape(-1)
+        else:
+            out, inp = output, input
+        fn = lambda a: dist.all_to_all_single(out, inp, output_split_sizes=output_splits,  # noqa: E731
+                                              input_split_sizes=input_splits, group=pg, async_op=a)
         self._run(args, fn, False, self.size(group), [output, input], label)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,

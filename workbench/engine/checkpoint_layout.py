@@ -14,7 +14,9 @@ consecutive elements [start, start + n), each a 1-D view into the rank's live st
 A piece is *owned* (written) by one rank only: the first data-parallel replica (and context-parallel rank 0:
 cp ranks hold the same parameters), and for a parameter every tensor-parallel rank holds whole,
 tensor-parallel rank 0 — so the bytes on disk are the sharded states, once; ZeRO's slices are each one
-rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp.
+rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp;
+expert parallelism's expert shards are located like tensor-parallel ones (by `shard_param`), written by the
+first of the ranks holding them (edp index 0), so it reshards across ep.
 Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
 """
 
@@ -98,7 +100,9 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     params = list(strategy.model.parameters())
     for i, p in enumerate(params):
         name = names[p]
-        owned = dp_rank == cp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
+        # an expert-parallel shard's first holder is the first of the ranks holding the same experts (edp)
+        first = (ctx.groups.index("edp") if getattr(p, "expert_sharded", False) else dp_rank) == 0
+        owned = first and cp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
         tensors = {"model": p.data}
         if zero is None:
             tensors |= {kind: state[f"{i}.{kind}"] for kind in ("exp_avg", "exp_avg_sq")}

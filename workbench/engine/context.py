@@ -75,7 +75,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         device = torch.device("cpu")
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
                             rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
-    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp)
+    grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep)
     groups = ProcessGroups.create(grid, rank, config.timeout_s,
                                   ranks_per_node(config) if config.allreduce == "hierarchical" else 0)
     if backend == "nccl":
@@ -106,7 +106,7 @@ def warm_up(groups: ProcessGroups, device: torch.device) -> None:
     at its first collective, which every member must join — and a pipeline's first use of its group is a
     batch of transfers between two neighbours only (torch's batch_isend_irecv documents the rule)."""
     one = torch.ones(1, device=device)
-    for axis in ("pp", "dp", "cp", "dp_cp", "tp", "dp_intra", "dp_inter"):
+    for axis in ("pp", "dp", "cp", "dp_cp", "ep", "edp", "tp", "dp_intra", "dp_inter"):
         if groups.groups.get(axis) is not None and groups.size(axis) > 1:
             dist.all_reduce(one, group=groups.groups[axis])
     torch.cuda.synchronize(device)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.engine.moe import MoE
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -110,7 +111,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(cfg.hidden)
         self.attn = CausalSelfAttention(cfg, name)
         self.ln_2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg, name) if cfg.experts else MLP(cfg)  # engine/moe.py: a mixture of experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute is not None:
@@ -174,6 +175,8 @@ class GPT(nn.Module):
                 del full  # one full parameter at a time
             if isinstance(module, CausalSelfAttention):
                 module.mask = causal_mask(self.cfg.seq_len).to(module.mask.device)
+            if isinstance(module, MoE):  # the balancing bias starts at zero (materialised uninitialised)
+                module.expert_bias.zero_()
 
     #: set by engine/parallelize.py under context parallelism: the global positions of this rank's tokens
     positions: torch.Tensor | None = None

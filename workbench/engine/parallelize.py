@@ -3,12 +3,13 @@
     dense GPT, on the meta device (nothing allocated)            engine/model.py
       → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
       → context parallelism: ring attention, this rank's positions parallel/context_parallel.ContextParallel
+      → expert parallelism: this ep rank's experts, the dispatcher   parallel/expert_parallel.py, engine/moe.py
       → materialise on the device, initialise by parameter name  GPT.init_weights
       → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
-        (over dp, or dp×cp — the `dp_cp` group — under context parallelism)
+        (over dp, or dp×cp — the `dp_cp` group — under context parallelism; experts over edp when ep > 1)
         (a 16-bit model's gradients in fp32 main_grad buckets unless grad_reduce_dtype says 16 bits)
       → updater: sharded AdamW (ZeRO; on the host with offload) | mixed precision | AdamW  an Updater
       → forward/backward: the pipeline executor running the schedule, or one batch
@@ -30,9 +31,11 @@ from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
 from workbench.engine.model import GPT, CausalSelfAttention
+from workbench.engine.moe import MoE, MoEState, moe_state
 from workbench.engine.recompute import Recompute, apply_recompute
 from workbench.parallel.context_parallel import ContextParallel
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+from workbench.parallel.expert_parallel import expert_params, shard_experts
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
 from workbench.parallel.offload import OffloadedAdamWUpdater
 from workbench.parallel.onebit_adam import OneBitAdamUpdater
@@ -59,6 +62,7 @@ class Strategy:
     schedule: Schedule | None = None  # when the step runs a microbatch schedule
     loss_spike: LossSpike | None = None  # skips a step whose loss jumps (engine/anomaly.py)
     context: ContextParallel | None = None  # cp > 1: shards each batch's sequence, counts attention work
+    moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (engine/moe.py)
 
     def count_model_states(self) -> None:
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
@@ -78,15 +82,16 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         if cfg.tp > 1 else None
     rc = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
     cp = ContextParallel(ctx.comm, cfg.model_config.seq_len, cfg.cp_balance, cfg.cp_rotate) if cfg.cp > 1 else None
+    moe = moe_state(cfg, ctx.comm)
     schedule = None
     if runs_schedule(cfg):
         schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
                                   cfg.virtual_stages)
         chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"),
-                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last, cp))
+                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last, cp, moe))
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
-        model = build_chunk(cfg, ctx, tp, rc, cp=cp)
+        model = build_chunk(cfg, ctx, tp, rc, cp=cp, moe=moe)
     grad_sync = wrap_data_parallel(cfg, ctx, model, tp)
     updater = build_updater(cfg, ctx, model, grad_sync, tp)
     if schedule is not None:
@@ -96,18 +101,20 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
     ctx.memory.register_model(model)
     spike = LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None
-    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike, cp)
+    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike, cp, moe)
 
 
 def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Recompute | None,
                 layers: range | None = None, first: bool = True, last: bool = True,
-                cp: ContextParallel | None = None) -> GPT:
+                cp: ContextParallel | None = None, moe: MoEState | None = None) -> GPT:
     """The model (or one pipeline stage of it): dense on meta → TP swap → device, init by name →
     context parallelism → recompute → precision."""
     with torch.device("meta"):
         chunk = GPT(cfg.model_config, layers=layers, first=first, last=last)
     if tp is not None:
         apply_tensor_parallel(chunk, tp)
+    if cfg.ep > 1:
+        shard_experts(chunk, ctx.groups.index("ep"), cfg.ep)
     materialize(chunk, ctx.device)
     chunk.init_weights(cfg.seed)
     if rc is not None:
@@ -116,6 +123,8 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Reco
         attn.fused, attn.context = cfg.attention == "sdpa", cp
     if cp is not None and first:
         chunk.positions = cp.local_positions.to(ctx.device)
+    for layer in (m for m in chunk.modules() if isinstance(m, MoE)):
+        layer.state = moe
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
     return chunk
@@ -135,6 +144,12 @@ def materialize(module: nn.Module, device: torch.device) -> None:
 
 def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None) -> GradSync:
     group = "dp_cp" if cfg.cp > 1 else "dp"  # the ranks that hold the same parameters (grid.COMBINED)
+    if cfg.ep > 1:  # experts over the ranks holding the same ones (their sum ÷ dp), the rest over dp
+        dense, experts = expert_params(model)
+        return ChainedGradSync([
+            BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), only=dense),
+            BucketedDataParallel(model, ctx.comm, cfg.bucket_mb, "backend", grad_dtype(cfg), group="edp",
+                                 only=experts, average_over=cfg.dp)])
     if cfg.zero == 3:
         dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch, group)
     elif cfg.zero in (1, 2):
@@ -171,7 +186,7 @@ def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync:
                                      cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm, ctx.memory)
     if cfg.optimizer == "onebit-adam":  # AdamW during the warm-up, then compressed momentum
         return OneBitAdamUpdater(params, ctx.comm, cfg.lr, cfg.weight_decay, cfg.onebit_warmup_steps, grad_sync)
-    return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm)
+    return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm, ctx.comm if cfg.ep > 1 else None)
 
 
 def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chunks: dict[int, nn.Module],

@@ -109,6 +109,9 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
            "world_size": ctx.world_size}
     row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
     row["anomaly"] = r.extra.get("anomaly")
+    for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (engine/moe.py)
+        if key in r.extra:
+            row[key] = r.extra[key]
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row

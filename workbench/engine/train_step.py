@@ -20,6 +20,8 @@ import torch
 from workbench.config import RunConfig
 from workbench.engine.context import RankContext
 from workbench.engine.lr_schedule import lr_at
+from workbench.engine.moe import end_step as moe_end
+from workbench.engine.moe import start_step as moe_start
 from workbench.engine.parallelize import Strategy
 from workbench.engine.restart import attempt
 from workbench.measure.device import sync_compute
@@ -44,7 +46,10 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
     with rec.span(f"ProfilerStep#{step}", "step", "compute", step=step):
         inject_fault(cfg, ctx.rank, step)
         spike = spike_factor(cfg, ctx.rank, step)
-        loss = strategy.forward_backward.run(*batch, step, loss_scale(cfg, ctx.rank, step, strategy) * spike) * spike
+        scale = loss_scale(cfg, ctx.rank, step, strategy) * spike
+        if strategy.moe is not None:  # the aux loss's gradient joins backward at this scale
+            moe_start(strategy.moe, scale / cfg.microbatches)
+        loss = strategy.forward_backward.run(*batch, step, scale) * spike
         memory.release_activations()  # backward consumed them: normally nothing is left
         strategy.count_model_states()
         memory.snapshot()
@@ -59,6 +64,8 @@ def train_step(strategy: Strategy, batch: tuple[torch.Tensor, torch.Tensor], ste
                 grad_norm = strategy.updater.step(lr, cfg.grad_clip)
                 facts = strategy.updater.metrics()
             opt_args.update(facts)
+            if strategy.moe is not None:
+                facts = {**facts, **moe_end(strategy.moe, strategy.model)}
             strategy.grad_sync.zero_grad()
             sync_compute(ctx.device)
         strategy.count_model_states()

@@ -105,11 +105,16 @@ def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[
 class BucketedDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
                  algorithm: str = "backend", grad_dtype: torch.dtype | None = None,
-                 compression: torch.dtype | None = None, group: str = "dp") -> None:
-        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (grid.py)
+                 compression: torch.dtype | None = None, group: str = "dp",
+                 only: list[tuple[str, nn.Parameter]] | None = None, average_over: int | None = None) -> None:
+        """`group`: "dp", "dp_cp" under context parallelism, "edp" for expert parallelism's experts (grid.py);
+        `only`: these of the model's parameters (expert parallelism syncs experts and the rest apart);
+        `average_over`: the divisor of the sum (the group's size; dp for experts reduced over edp)."""
+        self.comm, self.group = comm, group
         self.n = comm.size(group)
+        self.divisor = average_over or self.n
         self.algorithm, self.compression = algorithm, compression
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        named = [(name, p) for name, p in (only if only is not None else model.named_parameters()) if p.requires_grad]
         named.reverse()  # backward produces the last layers' gradients first
         self.main = uses_main_grads([p for _, p in named], grad_dtype)
         dtype = grad_dtype if self.main else named[0][1].dtype
@@ -152,7 +157,7 @@ class BucketedDataParallel(SyncToggle):
         if self.compression is not None and self.n > 1:  # cast, then divide in 16 bits (DDP's hooks)
             wire = bucket.wire = bucket.buffer.to(self.compression)
             self._count_wire(bucket, +1)
-        wire.div_(self.n)
+        wire.div_(self.divisor)
         if self.n == 1:
             return
         label = f"bucket {bucket.index}"

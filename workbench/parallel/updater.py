@@ -99,16 +99,22 @@ def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor
 
 
 def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
-                     pp_comm: Communicator | None = None) -> torch.Tensor:
+                     pp_comm: Communicator | None = None, ep_comm: Communicator | None = None) -> torch.Tensor:
     """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
     summed over tp, replicated ones counted once, every stage's share summed over pp."""
     zero = torch.zeros((), device=params[0].device)
+    experts = [p.grad for p in params if p.grad is not None and getattr(p, "expert_sharded", False)]
+    params = [p for p in params if not getattr(p, "expert_sharded", False)]
     sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
     replicated = [p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)]
     sq = sum((g.float().pow(2).sum() for g in sharded), zero)
     if tp is not None and tp.size > 1:
         sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
     sq = sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    if ep_comm is not None:  # expert parallelism: each ep rank's experts are its own, their squares summed
+        ex = sum((g.float().pow(2).sum() for g in experts), zero).reshape(1).clone()
+        ep_comm.all_reduce(ex, "ep", label="expert grad norm")
+        sq = sq + ex[0]
     return _sum_over_pp(sq, pp_comm).sqrt()
 
 
@@ -137,8 +143,9 @@ class AdamWUpdater:
     skipped = False
 
     def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float,
-                 tp: TPContext | None = None, pp_comm: Communicator | None = None) -> None:
-        self.params, self.tp, self.pp_comm = list(params), tp, pp_comm
+                 tp: TPContext | None = None, pp_comm: Communicator | None = None,
+                 ep_comm: Communicator | None = None) -> None:
+        self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
         self.optimizer = adamw(self.params, lr, weight_decay)
 
     def step(self, lr: float, max_norm: float | None) -> float | None:
@@ -152,7 +159,7 @@ class AdamWUpdater:
         return float(norm)
 
     def grad_norm(self) -> torch.Tensor:
-        return global_grad_norm(self.params, self.tp, self.pp_comm)
+        return global_grad_norm(self.params, self.tp, self.pp_comm, self.ep_comm)
 
     def after_update(self) -> None:
         return None

@@ -37,11 +37,15 @@ def offload_host_bytes(params: float, dp: int = 1) -> dict[str, float]:
     return {"parameter": 4 * params / dp, "gradient": 4 * params / dp, "optimizer_state": 8 * params / dp}
 
 
-def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1) -> int:
+def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1, ep: int = 1) -> int:
     """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t,
-    the replicated ones (position embeddings, layer norms, row-parallel biases) whole."""
+    the replicated ones (position embeddings, layer norms, row-parallel biases) whole; with experts, E/ep
+    expert MLPs (whole) and the router (h·E) per layer."""
     h, v, s, r, t = cfg.hidden, cfg.vocab_size, cfg.seq_len, cfg.mlp_ratio, tp
-    per_layer = (3 * h * h + 3 * h + h * h + r * h * h + r * h + r * h * h) // t + 4 * h + 2 * h
+    mlp = (2 * r * h * h + r * h) // t + h  # fc and proj's weight split by t, proj's bias whole
+    if cfg.experts:
+        mlp = cfg.experts // ep * (2 * r * h * h + r * h + h) + h * cfg.experts
+    per_layer = (3 * h * h + 3 * h + h * h) // t + 4 * h + h + mlp
     out = cfg.layers // stages * per_layer
     if stage == 0:
         out += v * h // t + s * h
@@ -51,12 +55,12 @@ def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1)
 
 
 def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0,
-                    placement: str = "loop") -> int:
+                    placement: str = "loop", ep: int = 1) -> int:
     """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, … in a loop; pp_rank and 2p − 1 −
     pp_rank in ZBV's V) share under tensor parallelism."""
     stages = pp * virtual_stages
     mine = [pp_rank, 2 * pp - 1 - pp_rank] if placement == "v" else range(pp_rank, stages, pp)
-    return sum(stage_params(cfg, k, stages, tp) for k in mine)
+    return sum(stage_params(cfg, k, stages, tp, ep) for k in mine)
 
 
 #: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)

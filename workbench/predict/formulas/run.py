@@ -11,6 +11,7 @@ from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.context_parallel import cp_comm_bytes_per_step
+from workbench.predict.formulas.expert_parallel import moe_comm_bytes
 from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
 from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
 
@@ -25,7 +26,7 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
-                             placement(config))
+                             placement(config), config.get("ep", 1))
     width = 4 if precision == "fp32" else 2
     offload = bool(config.get("offload_optimizer")) and config.get("zero", 0) > 0
     states = {**model_state_bytes(params, shards, config.get("zero", 0), precision, grad_width(config), offload),
@@ -119,8 +120,9 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     model = run_model(config)
     dp, tp, pp, cp = config["dp"], config.get("tp", 1), config.get("pp", 1), config.get("cp", 1)
     v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
-    local = params_per_rank(model, tp, pp, v, pp_rank, placement(config))
+    local = params_per_rank(model, tp, pp, v, pp_rank, placement(config), config.get("ep", 1))
     zero, group = config.get("zero", 0), ("dp_cp" if cp > 1 else "dp")
+    wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
     if zero and dp * cp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
         scatters = m if zero == 2 else 1
@@ -128,7 +130,6 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
                                             "reduce_scatter": {group: 4 * local * scatters},
                                             "all_gather": {group: 4 * local * (2 if zero == 3 else 1)}}
     else:
-        wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
         out = {"all_reduce": {group: 4 + (wire * local if dp * cp > 1 else 0)}}
     micro = config["global_batch"] // dp // m
     stages = pp * v
@@ -141,6 +142,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
                                       config.get("recompute", "none"), grad_width(config), model.seq_len)
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
+    if model.experts:  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
+        moe_comm_bytes(out, config, model, local, micro, layers, wire)
     for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, layers, m, tp, width,
                                              config.get("cp_rotate", "ring"),
                                              config.get("recompute", "none") != "none").items():
@@ -158,5 +161,5 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
 
 def run_model(config: dict[str, Any]) -> ModelConfig:
     """The model dimensions of a resolved config.json."""
-    return ModelConfig(**{k: config["model"][k] for k in
-                          ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio")})
+    keys = ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio", "experts", "top_k", "router")
+    return ModelConfig(**{k: config["model"][k] for k in keys if k in config["model"]})

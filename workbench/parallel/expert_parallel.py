@@ -1,0 +1,114 @@
+"""Expert parallelism (GShard, Lepikhin et al. 2020; DeepSpeed-MoE; torchtitan's and Megatron-LM's token
+dispatchers): the E experts of every MoE layer (engine/moe.py) sharded over an `ep` group carved from dp.
+
+**What is sharded.** Expert weights: rank i of an ep group holds experts [i·E/ep, (i+1)·E/ep) of every layer
+(`shard_experts`, cut by index from the whole model's initial value, so every layout starts alike). The router
+and every dense weight stay whole. Expert gradients reduce over the ranks that hold the same experts — the
+`edp` group, dp/ep of them — and dense ones over all of dp (`expert_params`, engine/parallelize.py).
+
+**Collectives** per MoE layer, over the ep group. Forward: the tokens, in expert-major order, go to the
+ranks holding their experts (all-to-all 1) and the experts' outputs come back (all-to-all 2); backward the
+same two in reverse, carrying gradients. `dispatch="dropless"` (torchtitan, Megatron): variable splits, the
+per-expert counts exchanged first by an all-to-all of E numbers; `"capacity"` (DeepSpeed): every expert
+gets exactly C rows from every rank (the capacity, padded with zeros), so the all-to-alls have equal splits
+and no count exchange — at the price of the padding's compute and bytes. Each all-to-all is traced with its
+send and receive splits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.comm.traced import Communicator
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows to ranks by `send` splits, received by `recv`; backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int],
+                label: str) -> torch.Tensor:
+        ctx.comm, ctx.send, ctx.recv, ctx.label = comm, send, recv, label
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        comm.all_to_all(out, x.contiguous(), "ep", label=f"{label} forward", output_splits=recv, input_splits=send)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        ctx.comm.all_to_all(out, grad.contiguous(), "ep", label=f"{ctx.label} backward", output_splits=ctx.send,
+                            input_splits=ctx.recv)
+        return out, None, None, None, None
+
+
+def shard_experts(model: nn.Module, index: int, size: int) -> None:
+    """Cut every MoE layer's stacked expert weights to this ep rank's E/ep experts (on the meta device):
+    `full_shapes` and `shard_param` give initialisation and checkpoints the whole model's tensors by name."""
+    for module in model.modules():
+        if getattr(module, "stacked_experts", False):  # engine/moe.py's GroupedLinear
+            e = module.weight.shape[0]
+            per = e // size
+            module.full_shapes = {"weight": tuple(module.weight.shape), "bias": tuple(module.bias.shape)}
+            module.shard_param = lambda leaf, full, lo=index * per, hi=(index + 1) * per: full[lo:hi].clone()
+            module.weight = nn.Parameter(module.weight.data[index * per:(index + 1) * per])
+            module.bias = nn.Parameter(module.bias.data[index * per:(index + 1) * per])
+            for p in (module.weight, module.bias):
+                p.expert_sharded = True
+
+
+def expert_params(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+    """(dense, expert) named parameters: the experts' are reduced over edp, the rest over dp."""
+    dense, experts = [], []
+    for name, p in model.named_parameters():
+        (experts if ".experts." in f".{name}" else dense).append((name, p))
+    return dense, experts
+
+
+class ExpertParallel:
+    """One rank's token dispatcher over its ep group (module docstring)."""
+
+    def __init__(self, comm: Communicator, experts: int) -> None:
+        self.comm = comm
+        self.size, self.index = comm.size("ep"), comm.groups.index("ep")
+        self.experts, self.local = experts, experts // self.size
+        #: rows this rank sent to and received from each ep rank in the last forward, per layer
+        self.splits: dict[str, dict[str, list[int]]] = {}
+
+    def run(self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
+            capacity: int | None = None) -> torch.Tensor:
+        """Rows in expert-major order with `counts` per (global) expert → the experts' outputs, same order;
+        `capacity` (C, the same on every rank: a function of the config) for the equal-split dispatch."""
+        if capacity is not None:
+            return self._capacity(layer, rows, counts, experts, capacity)
+        per_rank = counts.view(self.size, self.local)
+        recv_counts = torch.empty_like(per_rank)
+        self.comm.all_to_all(recv_counts, per_rank.contiguous(), "ep", label=f"moe {layer} counts")
+        send, recv = per_rank.sum(1).tolist(), recv_counts.sum(1).tolist()
+        self.splits[layer] = {"send": send, "recv": recv}
+        got = _AllToAll.apply(rows, self.comm, send, recv, f"moe {layer} dispatch")
+        # (source rank, local expert) blocks → local-expert-major for the grouped experts, and back
+        src_major = recv_counts.reshape(-1).tolist()
+        blocks = list(got.split(src_major))
+        order = [s * self.local + e for e in range(self.local) for s in range(self.size)]
+        out = experts(torch.cat([blocks[i] for i in order]), recv_counts.sum(0).tolist())
+        done = dict(zip(order, out.split([src_major[i] for i in order]), strict=True))
+        back = torch.cat([done[i] for i in range(len(src_major))])
+        return _AllToAll.apply(back, self.comm, recv, send, f"moe {layer} combine")
+
+    def _capacity(self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
+                  cap: int) -> torch.Tensor:
+        """Every expert padded to C rows from this rank: equal splits, no count exchange (DeepSpeed's)."""
+        padded = rows.new_zeros((self.experts * cap, rows.shape[1]))
+        slot = torch.cat([torch.arange(int(c), device=rows.device) + e * cap for e, c in enumerate(counts.tolist())])
+        padded = padded.index_copy(0, slot, rows)
+        split = [self.local * cap] * self.size
+        self.splits[layer] = {"send": split, "recv": split}
+        got = _AllToAll.apply(padded, self.comm, split, split, f"moe {layer} dispatch")
+        blocks = got.view(self.size, self.local, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
+        out = experts(blocks, [self.size * cap] * self.local)
+        back = out.view(self.local, self.size, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
+        returned = _AllToAll.apply(back.contiguous(), self.comm, split, split, f"moe {layer} combine")
+        return returned.index_select(0, slot)
