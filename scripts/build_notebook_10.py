@@ -3,7 +3,7 @@ from notebook_cells import code, md, write
 
 write([
 md("""
-# 10 · Long sequences: context parallelism (ring attention, balanced)
+# 10 · Long sequences and experts: context parallelism (ring attention) and expert parallelism (all-to-all)
 
 Data, tensor and pipeline parallelism split the batch, the layers' matrices and the layers. None of them
 splits the **sequence**: every rank still holds activations for all s tokens of its samples, and
@@ -174,5 +174,106 @@ md("""
 The same tokens per GPU at every cp, so the compute hardly moves; what cp buys is memory — activations ÷ cp,
 which is what lets the sequence fit at all — and what it costs is the ring: K/V bytes per step grow towards
 2× the activations of attention's inputs, and the part of them a block's attention does not hide.
+"""),
+md("""
+# Experts: a mixture of experts, and expert parallelism
+
+A mixture-of-experts MLP (GShard, Switch, Mixtral, DeepSeek) replaces each block's MLP by E expert MLPs and a
+router: each token goes to the top-k experts by the router's scores, and its output is the gate-weighted sum
+of theirs. The parameters grow E-fold, the compute per token only k-fold. **Expert parallelism** shards the
+experts over an `ep` group carved from dp: every rank still routes its own tokens, then an **all-to-all**
+sends each token to the rank holding its expert and a second one brings the outputs back (and two more in
+backward). Expert gradients are reduced over the ranks that hold the same experts, dense ones over all of dp.
+
+`tiny-moe` is `tiny` with 4 experts, top-2. Three runs: one process; dp = ep = 2, dropless (torchtitan's and
+Megatron's dispatch: the per-expert counts exchanged first, then variable splits); the same without the
+Switch auxiliary loss (coefficient 0 instead of 0.01).
+"""),
+code("""
+MOE_STEPS = 12
+moe = {"One process": run("moe-one", model="tiny-moe", steps=MOE_STEPS),
+       "ep 2, dropless": run("moe-ep2", model="tiny-moe", dp=2, ep=2, steps=MOE_STEPS),
+       "ep 2, no aux loss": run("moe-ep2-noaux", model="tiny-moe", dp=2, ep=2, aux_loss_coef=0.0, steps=MOE_STEPS)}
+same = viz.compare_losses({k: moe[k] for k in ("One process", "ep 2, dropless")}, baseline="One process")
+viz.check("expert parallelism trains the same model as one process (within 1e-5 × loss)",
+          same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
+same
+"""),
+md("""
+## The all-to-all, as a matrix
+
+Each dispatch is traced with the rows it sent to and received from every rank. Rank r's row of the matrix:
+the tokens it sent to each rank in the first layer's forward dispatch of one step — the diagonal stays home.
+"""),
+code("""
+NAME = "all_to_all moe blocks.0 dispatch forward"
+raw = {t["distributedInfo"]["rank"]: [e["args"]["send_splits"] for e in t["traceEvents"]
+       if e.get("name") == NAME and e.get("args", {}).get("step") == MOE_STEPS - 1]
+       for t in moe["ep 2, dropless"].traces}
+matrix = pd.DataFrame({f"to rank {d}": [raw[r][0][d] for r in sorted(raw)] for d in range(2)},
+                      index=[f"from rank {r}" for r in sorted(raw)])
+viz.check("every assignment is sent somewhere: each rank sends its T·k = 8·16·2 rows", matrix.sum(axis=1) == 256)
+fig = go.Figure(go.Heatmap(z=matrix.values, x=list(matrix.columns), y=list(matrix.index), colorscale="Blues",
+                           text=matrix.values, texttemplate="%{text}"))
+fig.update_layout(height=300, title="tokens from rank to rank, layer 0's dispatch (last step)")
+fig.show()
+matrix
+"""),
+md("""
+## Tokens per expert, with and without the auxiliary loss
+
+Every step's tokens per expert (the whole batch's, in `metrics.jsonl`). The Switch loss coef·E·Σ fₑ·Pₑ is
+smallest when routing is uniform (where it equals coef); without it nothing pulls the router towards
+balance, and with a real model a few experts tend to take most tokens. Here, in 12 steps of a tiny model,
+the spread of the counts is the thing to compare.
+"""),
+code("""
+rows = []
+for name in ("ep 2, dropless", "ep 2, no aux loss"):
+    for r in moe[name].metrics.itertuples():
+        for e, n in enumerate(r.tokens_per_expert["blocks.0"]):
+            rows.append({"run": name, "step": r.step, "expert": f"expert {e}", "tokens": n})
+counts = pd.DataFrame(rows)
+fig = go.Figure()
+for (name, expert), d in counts.groupby(["run", "expert"]):
+    fig.add_trace(go.Scatter(x=d.step, y=d.tokens, mode="lines", name=f"{expert} · {name}",
+                             line={"dash": "solid" if name == "ep 2, dropless" else "dot"}))
+fig.update_layout(height=380, title="layer 0: tokens per expert per step (solid: aux loss 0.01; dotted: none)",
+                  xaxis_title="step", yaxis_title="tokens (of 16·16·2 = 512 assignments)")
+fig.show()
+spread = counts.groupby("run").tokens.std()
+spread
+"""),
+md("""
+## Capacity: what a fixed budget per expert drops
+
+DeepSpeed's dispatch gives every expert a fixed C = ⌈F·T·k/E⌉ rows from each rank, so that the all-to-all
+has equal splits; what routes beyond C is dropped (the token keeps its residual only). The slider takes the
+recorded counts of the dropless run (each rank's share taken as half the batch's) and counts what each
+capacity factor F would drop.
+"""),
+code("""
+import ipywidgets as widgets
+import numpy as np
+from workbench.predict.formulas.expert_parallel import capacity
+
+per_rank_tokens = 16 // 2 * 16                       # T: a rank's tokens per step
+def dropped_share(f):
+    cap = capacity(per_rank_tokens, 2, 4, f)
+    steps = moe["ep 2, dropless"].metrics.tokens_per_expert
+    return float(np.mean([sum(max(0, n / 2 - cap) for n in s["blocks.0"]) / 256 for s in steps]))
+
+FACTORS = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+def capacity_chart(factor=1.0):
+    fig = go.Figure(go.Scatter(x=FACTORS, y=[dropped_share(f) for f in FACTORS], mode="lines+markers",
+                               name="dropped share (from the recorded counts)"))
+    fig.add_trace(go.Scatter(x=[factor], y=[dropped_share(factor)], mode="markers+text", name="chosen",
+                             text=[f"{dropped_share(factor):.1%}"], textposition="top center",
+                             marker={"size": 14, "symbol": "diamond", "color": "black"}))
+    fig.update_layout(height=340, xaxis_title="capacity factor F", yaxis={"title": "assignments dropped",
+                      "tickformat": ".0%"}, title="capacity against drops")
+    fig.show()
+widgets.interact(capacity_chart, factor=widgets.SelectionSlider(options=FACTORS, value=1.0, description="F"));
+viz.check("a factor of 2 drops nothing here", dropped_share(2.0) == 0.0);
 """),
 ], "10_long_sequences_and_experts.ipynb")

@@ -139,6 +139,24 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
     ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
 
 
+def _grid_args(run: argparse.ArgumentParser, d: RunConfig) -> None:
+    """The parallel axes: dp, tp, pp, cp (and how its ring balances and rotates), ep and the MoE's dispatch."""
+    for axis, text in (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks (Megatron)"),
+                       ("pp", "pipeline stages"), ("cp", "context-parallel ranks: each holds s/cp tokens, "
+                                                         "attention is a ring")):
+        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×cp×tp×pp")
+    run.add_argument("--cp-balance", default=d.cp_balance, choices=("head-tail", "none"))
+    run.add_argument("--cp-rotate", default=d.cp_rotate, choices=("ring", "allgather"))
+    run.add_argument("--ep", type=int, default=d.ep, help="expert-parallel ranks, carved from dp (a model with "
+                                                          "experts: tiny-moe, small-moe, gpt2-small-moe)")
+    run.add_argument("--moe-dispatch", default=d.moe_dispatch, choices=("dropless", "capacity"))
+    run.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
+                     help="capacity dispatch: each expert takes ⌈F·T·k/E⌉ of a rank's assignments, the rest dropped")
+    run.add_argument("--aux-loss-coef", type=float, default=d.aux_loss_coef, help="the Switch load-balancing loss")
+    run.add_argument("--router-bias-rate", type=float, default=d.router_bias_rate,
+                     help="aux-loss-free balancing (DeepSeek-V3): the per-expert bias's step; 0 off")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench import __version__
 
@@ -150,15 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = RunConfig()
     run.add_argument("--model", type=_model, default=d.model,
-                     help="a preset (tiny, small, gpt2-small, gpt2-medium, gpt-1.3b), or JSON changes to one: "
+                     help="a preset (tiny, small, gpt2-small, gpt2-medium, gpt-1.3b; tiny-moe, small-moe, "
+                          "gpt2-small-moe), "
+                          "or JSON changes to one: "
                           "'{\"base\": \"small\", \"layers\": 8}' "
                           "(base tiny when left out; the dims that result are printed)")
-    for axis, text in (("dp", "data-parallel replicas"), ("tp", "tensor-parallel ranks (Megatron)"),
-                       ("pp", "pipeline stages"), ("cp", "context-parallel ranks: the sequence split, attention a "
-                                                         "ring (its engine has not landed: cp > 1 is refused)")):
-        run.add_argument(f"--{axis}", type=int, default=getattr(d, axis), help=f"{text}; world size = dp×cp×tp×pp")
-    run.add_argument("--cp-balance", default=d.cp_balance, choices=("head-tail", "none"))
-    run.add_argument("--cp-rotate", default=d.cp_rotate, choices=("ring", "allgather"))
+    _grid_args(run, d)
     run.add_argument("--zero", type=int, default=d.zero, choices=(0, 1, 2, 3),
                      help="ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned")
     run.add_argument("--offload-optimizer", action="store_true",

@@ -67,6 +67,8 @@ def cmd_schedule(a: argparse.Namespace) -> int:
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     return RunConfig(
         model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, cp=a.cp, cp_balance=a.cp_balance, cp_rotate=a.cp_rotate,
+        ep=a.ep, moe_dispatch=a.moe_dispatch, capacity_factor=a.capacity_factor, aux_loss_coef=a.aux_loss_coef,
+        router_bias_rate=a.router_bias_rate,
         zero=a.zero, schedule=absolute_csv(a.schedule),
         microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
         grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
