@@ -222,18 +222,21 @@ class RunConfig:
         check_optimizer(self)
         check_elastic(self)
         check_data_and_tools(self)
-        if self.bucket_mb <= 0:
-            raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ConfigError(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
+        self._validate_limits()
         if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
             raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
                               f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
         if self.allreduce != "backend" and self.dp_impl == "naive":
             raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
         return self
+
+    def _validate_limits(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp

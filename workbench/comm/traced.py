@@ -215,10 +215,7 @@ class Communicator:
             meta = {**(meta or {}), "send_splits": list(input_splits), "recv_splits": list(output_splits or [])}
         args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
-        if input_splits is None:
-            out, inp = output.view(-1), input.reshape(-1)
-        else:
-            out, inp = output, input
+        out, inp = (output.view(-1), input.reshape(-1)) if input_splits is None else (output, input)
         fn = lambda a: dist.all_to_all_single(out, inp, output_split_sizes=output_splits,  # noqa: E731
                                               input_split_sizes=input_splits, group=pg, async_op=a)
         self._run(args, fn, False, self.size(group), [output, input], label)
