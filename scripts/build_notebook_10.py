@@ -225,7 +225,9 @@ md("""
 Every step's tokens per expert (the whole batch's, in `metrics.jsonl`). The Switch loss coef·E·Σ fₑ·Pₑ is
 smallest when routing is uniform (where it equals coef); without it nothing pulls the router towards
 balance, and with a real model a few experts tend to take most tokens. Here, in 12 steps of a tiny model,
-the spread of the counts is the thing to compare.
+the spread of the counts is the thing to compare — and, from the same counts, how much longer the busiest
+ep rank's experts work than a balanced share (`formulas.expert_imbalance`): the step's expert compute waits
+for it.
 """),
 code("""
 rows = []
@@ -241,8 +243,13 @@ for (name, expert), d in counts.groupby(["run", "expert"]):
 fig.update_layout(height=380, title="layer 0: tokens per expert per step (solid: aux loss 0.01; dotted: none)",
                   xaxis_title="step", yaxis_title="tokens (of 16·16·2 = 512 assignments)")
 fig.show()
-spread = counts.groupby("run").tokens.std()
-spread
+from workbench.predict.formulas import expert_imbalance
+imbalance = pd.DataFrame({name: [expert_imbalance(s["blocks.0"], 2) for s in moe[name].metrics.tokens_per_expert]
+                          for name in ("ep 2, dropless", "ep 2, no aux loss")})
+viz.check("an ep rank's experts never get fewer than the mean: the busiest one sets the pace",
+          (imbalance >= 1).all().all(), worst=imbalance.max().max())
+pd.DataFrame({"spread of tokens per expert (std)": counts.groupby("run").tokens.std(),
+              "busiest ep rank / mean, median over steps": imbalance.median()})
 """),
 md("""
 ## Capacity: what a fixed budget per expert drops

@@ -50,6 +50,7 @@ class Layout:
     dp_link_bytes: tuple[tuple[str, float], ...] = ()
     cp: int = 1  # context parallelism: each rank's s/cp tokens, attention as a ring over cp ranks
     cp_rotate: str = "ring"
+    ep: int = 1  # expert parallelism (a model with experts): the dispatch's all-to-alls over ep ranks
 
     @property
     def world(self) -> int:
@@ -57,8 +58,10 @@ class Layout:
 
 
 def layer_matmul_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
-    """One block's forward matmuls for `micro` sequences on one tp rank: qkv, proj, fc, proj."""
-    return 2 * micro * cfg.seq_len * (4 + 2 * cfg.mlp_ratio) * cfg.hidden ** 2 / tp
+    """One block's forward matmuls for `micro` sequences on one tp rank: qkv, proj, fc, proj (a mixture of
+    experts: each token through top_k experts' fc and proj, and the router's h·E)."""
+    mlp = 2 * cfg.mlp_ratio * (cfg.top_k if cfg.experts else 1) + cfg.experts / cfg.hidden
+    return 2 * micro * cfg.seq_len * (4 + mlp) * cfg.hidden ** 2 / tp
 
 
 def attention_flops(cfg: ModelConfig, micro: int, tp: int, keys: int | None = None) -> float:
@@ -118,6 +121,7 @@ class _Ctx:
     alpha_p2p: float  # one pipeline transfer, likewise
     beta_tp: float
     beta_cp: float
+    beta_ep: float
     beta_dp: float
     beta_pp: float
     beta_intra: float
@@ -134,6 +138,7 @@ def _ctx(L: Layout, hw: Any) -> _Ctx:
     return _Ctx(mm=mm, at=hw.attention_flops or mm, bw_mem=hw.memory_bw, stretch=stretch,
                 alpha=alpha + hw.extra_latency_s, alpha_p2p=p2p + hw.extra_latency_s, beta_tp=intra,
                 beta_cp=intra if L.tp * L.cp <= per_node else inter,
+                beta_ep=intra if L.tp * L.cp * L.ep <= per_node else inter,  # ep: consecutive dp ranks
                 beta_dp=intra if L.tp * L.cp * L.dp <= per_node else inter,
                 beta_pp=intra if L.world <= per_node else inter,
                 beta_intra=intra, beta_inter=inter, step_s=step,
@@ -171,8 +176,12 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     ring_f, ring_b = _ring(L, c, c.stretch * attn / L.cp)
     if L.recompute != "none":  # the rerun of the core rotates K/V again
         ring_b += ring_f
+    a2a = 0.0
+    if L.ep > 1:  # dispatch and combine, each way: T·k rows of h values, (ep − 1)/ep of them leaving the rank
+        rows = b * cfg.seq_len * cfg.top_k * cfg.hidden * L.width
+        a2a = 2 * _collective(c, rows, (L.ep - 1) / L.ep, c.beta_ep)
     return {"compute": (c.stretch * fwd, c.stretch * bwd), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
-            "tp": (comm_f, comm_b), "cp": (ring_f, ring_b)}
+            "tp": (comm_f, comm_b), "cp": (ring_f, ring_b), "ep": (a2a, a2a)}
 
 
 def local_model(L: Layout) -> ModelConfig:

@@ -70,6 +70,7 @@ class Estimate:
     #: pipeline, dp, optimizer, step, offload)
     step_terms: dict[str, float] = field(default_factory=dict)
     cp: int = 1  # context parallelism: gradients and ZeRO's shards span dp×cp
+    ep: int = 1  # expert parallelism: E/ep experts a rank
 
     @property
     def dominant_term(self) -> str | None:
@@ -152,7 +153,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
              backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
              offload: bool = False, schedule: str = "1f1b", rule: str | None = None, cp: int = 1,
-             cp_rotate: str = "ring") -> Estimate:
+             cp_rotate: str = "ring", ep: int = 1) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
@@ -162,7 +163,9 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     back over the host link (the CPU's update time itself is not modelled). `schedule` and `rule` (the
     pipeline simulator's: 'gloo' or 'nccl'; None: gloo on a CPU hardware, else nccl) shape the pipeline's
     step time. `cp`: context parallelism — s/cp tokens a rank (activations ÷ cp, the ring's K/V bytes in
-    `comm_bytes_per_step['cp']`), gradients and ZeRO's shards over dp×cp."""
+    `comm_bytes_per_step['cp']`), gradients and ZeRO's shards over dp×cp. `ep`: a model with experts holds
+    E/ep of them a rank, and its dispatch sends (ep − 1)/ep of each all-to-all's rows (`comm_bytes_per_step
+    ['ep']`, the `ep` term)."""
     if config is not None:
         return estimate(None, **_run_kwargs(config), activations=activations, hardware=hardware,
                         backend_copies=backend_copies, rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule))
@@ -171,11 +174,12 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
     w, shards = _width(precision), dp * cp  # ZeRO shards, and gradients reduce, over dp×cp
     # model states: what one rank holds of its tp × pp shard, partitioned over dp×cp by ZeRO
-    local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0)
+    local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0,
+                                                                              ep=ep)
     states = formulas.model_state_bytes(local, shards, zero, precision, grad_bytes, offload)
     out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches,
                    offload=offload, host_bytes=formulas.offload_host_bytes(local, shards) if offload else {},
-                   host_link_bytes_per_step=local / shards * (4 + w) if offload else 0.0, cp=cp)
+                   host_link_bytes_per_step=local / shards * (4 + w) if offload else 0.0, cp=cp, ep=ep)
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
@@ -196,7 +200,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     out.flops_per_step = formulas.training_flops_per_token(params, model) * global_batch * model.seq_len * factor
     _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
     return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
-                                         "recompute": recompute, "schedule": schedule, "width": w, "cp": cp,
+                                         "recompute": recompute, "schedule": schedule, "width": w, "cp": cp, "ep": ep,
                                          "cp_rotate": cp_rotate, "grad_bytes": g, "bucket_mb": bucket_mb,
                                          "rule": rule})
 
@@ -215,6 +219,9 @@ def _activation_traffic(out: Estimate, model: ModelConfig, micro: int, sequence_
                                                cp_rotate, recompute != "none")
         out.comm_bytes_per_step["cp"] = ring.get("send", 0.0) + (cp - 1) / cp * (
             ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0))
+    if out.ep > 1:  # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
+        rows = micro * model.seq_len * model.top_k * model.hidden * w
+        out.comm_bytes_per_step["ep"] = 4 * rows * (out.ep - 1) / out.ep * (model.layers // pp) * m
     if pp > 1:
         out.comm_bytes_per_step["pp"] = 2 * m * micro * acts.seq_len // (tp if sequence_parallel else 1) \
             * model.hidden * w
@@ -226,7 +233,8 @@ def _run_kwargs(c: RunConfig) -> dict[str, Any]:
             "global_batch": c.global_batch, "microbatches": c.microbatches, "virtual_stages": c.virtual_stages,
             "sequence_parallel": c.sequence_parallel, "recompute": c.recompute, "bucket_mb": c.bucket_mb,
             "prefetch": c.prefetch, "traffic": Traffic.of(c), "grad_bytes": 4 if c.grad_reduce_dtype == "fp32" else 2,
-            "offload": c.offload_optimizer, "schedule": c.schedule, "cp": c.cp, "cp_rotate": c.cp_rotate}
+            "offload": c.offload_optimizer, "schedule": c.schedule, "cp": c.cp, "cp_rotate": c.cp_rotate,
+            "ep": c.ep}
 
 
 def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,
@@ -263,6 +271,7 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
     host_s = out.host_link_bytes_per_step / hw.host_link_bw
     out.step_terms = {**step.terms, "offload": host_s}
     out.compute_s = step.terms["compute"] + step.terms["overhead"]
-    out.comm_s = step.terms["tp"] + step.terms["cp"] + step.terms["zero3"] + step.terms["dp"] + host_s
+    out.comm_s = step.terms["tp"] + step.terms["cp"] + step.terms["ep"] + step.terms["zero3"] + step.terms["dp"] + \
+        host_s
     out.step_time_s = step.total_s + host_s
     return out

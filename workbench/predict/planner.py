@@ -57,24 +57,26 @@ def _terms(e: Estimate) -> dict[str, float]:
     """The step time's split (seconds): compute, tensor-parallel, the context-parallel ring's exposed part,
     pipeline (bubble and transfers) and exposed data-parallel communication, and the rest (optimizer, ZeRO
     traffic, offload, fixed costs)."""
-    main = {"compute_s": "compute", "tp_s": "tp", "cp_s": "cp", "pipeline_s": "pipeline", "dp_s": "dp"}
+    main = {"compute_s": "compute", "tp_s": "tp", "cp_s": "cp", "ep_s": "ep", "pipeline_s": "pipeline", "dp_s": "dp"}
     out = {col: e.step_terms.get(term, 0.0) for col, term in main.items()}
     out["other_s"] = sum(e.step_terms.values()) - sum(out.values())
     return out
 
 
 def _layouts(model: ModelConfig, hw: Hardware, world: int, global_batch: int, micro_batch: int,
-             cps: tuple[int, ...]) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tp, pp, cp, dp, microbatches) of every grid the field's rules allow: tp inside a node and dividing
+             cps: tuple[int, ...]) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(tp, pp, cp, dp, ep, microbatches) of every grid the field's rules allow: tp inside a node and dividing
     the heads, pp dividing the layers, cp cutting the sequence into 2·cp equal chunks (head-tail), dp the
-    rest of the world with a whole number of microbatches."""
+    rest of the world with a whole number of microbatches; with experts, every ep dividing dp and E."""
     for tp in (t for t in range(1, hw.devices_per_node + 1)
                if hw.devices_per_node % t == 0 and not tp_indivisible(model, t)):
         for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
             for cp in (c for c in cps if world % (tp * pp * c) == 0 and model.seq_len % (2 * c) == 0):
                 dp = world // (tp * pp * cp)
-                if global_batch % (dp * micro_batch) == 0:
-                    yield tp, pp, cp, dp, global_batch // (dp * micro_batch)
+                if global_batch % (dp * micro_batch):
+                    continue
+                for ep in (e for e in range(1, dp + 1) if dp % e == 0 and (model.experts or 1) % e == 0):
+                    yield tp, pp, cp, dp, ep, global_batch // (dp * micro_batch)
 
 
 def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
@@ -84,15 +86,17 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
     choice, estimated; the table sorted by fit, then step time."""
     hw, world = cluster.hardware, cluster.gpus
     rows = []
-    for tp, pp, c, dp, m in _layouts(model, hw, world, global_batch, micro_batch, cp):
+    for tp, pp, c, dp, ep, m in _layouts(model, hw, world, global_batch, micro_batch, cp):
         for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
-            if zero >= 2 and pp > 1:
-                continue  # partitioned gradients and parameters per microbatch: not with pipelines
+            if zero >= 2 and pp > 1 or zero and ep > 1:
+                continue  # partitioned gradients and parameters per microbatch: not with pipelines; ZeRO's
+                # slices of experts and dense weights over two groups: not built (config_rules.check_experts)
             e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
                                    global_batch=global_batch, microbatches=m, recompute=recompute,
                                    sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,
-                                   offload=off, cp=c)
-            rows.append({"tp": tp, "pp": pp, "cp": c, "dp": dp, "zero": zero, "offload": off, "microbatches": m,
+                                   offload=off, cp=c, ep=ep)
+            rows.append({"tp": tp, "pp": pp, "cp": c, "dp": dp, "ep": ep, "zero": zero, "offload": off,
+                         "microbatches": m,
                          "host_GB": sum(e.host_bytes.values()) / 1e9,
                          "model_states_GB": e.model_state_bytes_per_rank / 1e9,
                          "activations_GB": e.activation_bytes_per_rank / 1e9,
@@ -107,7 +111,8 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
            f"{len(table)} layouts tried, {len(fitting)} fit in {usable:.0f} GB per GPU "
            f"({hw.usable_memory:.0%} of {hw.memory_bytes / 1e9:.0f} GB)."]
     if best is not None:
-        grid = f"tp {best['tp']} × pp {best['pp']}" + (f" × cp {best['cp']}" if best["cp"] > 1 else "")
+        grid = f"tp {best['tp']} × pp {best['pp']}" + (f" × cp {best['cp']}" if best["cp"] > 1 else "") + \
+            (f" (ep {best['ep']} of dp)" if best["ep"] > 1 else "")
         why.append(f"best: {grid} × dp {best['dp']}, ZeRO-{best['zero']}"
                    f"{' with the optimizer offloaded to the host' if best['offload'] else ''}, "
                    f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "

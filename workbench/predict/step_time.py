@@ -30,7 +30,7 @@ from workbench.pipeline.schedule import Action, build_schedule, simulate
 from workbench.predict.action_costs import Layout, _collective, _Ctx, _ctx, _ends, _layer
 from workbench.predict.formulas import params_per_rank
 
-TERMS = ("compute", "overhead", "tp", "cp", "zero3", "pipeline", "dp", "optimizer", "step")
+TERMS = ("compute", "overhead", "tp", "cp", "ep", "zero3", "pipeline", "dp", "optimizer", "step")
 
 
 @dataclass
@@ -149,10 +149,10 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     fwd = [sum(v[0] for v in st.values()) for st in stages]
     bwd = [sum(v[1] for v in st.values()) for st in stages]
     mine = range(0, L.pp * L.v, L.pp)  # rank 0's stages
-    terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:5]}
+    terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:6]}
     busy = sum(terms.values())
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
-    local = params_per_rank(L.model, L.tp, L.pp, L.v, 0)
+    local = params_per_rank(L.model, L.tp, L.pp, L.v, 0, ep=L.ep)
     small = (L.world > 1) + (L.zero > 0 or L.tp > 1 or L.pp > 1)  # the loss; the gradient norm's parts
     terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha
     terms["optimizer"] = _optimizer(L, hw, c, local)

@@ -8,6 +8,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     activations.py   what our GPT saves for backward, with recomputation and release in backward
     comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
     context_parallel.py  the ring's K/V bytes and each rank's share of the causal attention work
+    expert_parallel.py   the MoE dispatch's bytes, expert parameters ÷ ep, imbalance from router counts
     run.py           a run's predicted memory and bytes per step, from its config
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
     zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash
@@ -36,6 +37,12 @@ from workbench.predict.formulas.context_parallel import (
     kv_block_bytes,
     ring_bytes_per_layer,
     unmasked_pairs_per_rank,
+)
+from workbench.predict.formulas.expert_parallel import (
+    capacity,
+    dispatch_bytes_per_layer,
+    expert_imbalance,
+    expert_params_per_layer,
 )
 from workbench.predict.formulas.faults import checkpoint_overhead, young_daly_interval
 from workbench.predict.formulas.memory import (
@@ -72,5 +79,5 @@ __all__ = [
     "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
     "young_daly_interval", "bubble_rate", "named_bubble_fraction", "schedule_bubble_fraction",
     "wgrad_stash_bytes", "cp_comm_bytes_per_step", "cp_local", "kv_block_bytes", "ring_bytes_per_layer",
-    "unmasked_pairs_per_rank",
+    "unmasked_pairs_per_rank", "capacity", "dispatch_bytes_per_layer", "expert_imbalance", "expert_params_per_layer",
 ]

@@ -61,3 +61,13 @@ def moe_comm_bytes(out: dict[str, dict[str, float]], config: dict[str, Any], mod
                                                else 2, config.get("moe_dispatch", "dropless"),
                                                config.get("capacity_factor", 1.25)).items():
         out.setdefault(op, {})["ep"] = nbytes * layers * m
+
+
+def expert_imbalance(counts: list[float], ep: int) -> float:
+    """From measured router counts (tokens per expert, E of them): the busiest ep rank's tokens over the mean
+    rank's — how much longer the experts' compute (and the combine's wait) takes than under perfect balance.
+    Rank i holds experts [i·E/ep, (i+1)·E/ep)."""
+    per = len(counts) // ep
+    loads = [sum(counts[i * per:(i + 1) * per]) for i in range(ep)]
+    mean = sum(loads) / ep
+    return max(loads) / mean if mean else 1.0
