@@ -187,8 +187,18 @@ The chart replays one recorded all-reduce of the 4-rank run: each cell shows how
 contributions that chunk holds on that rank; arrows are the transfers of the step (from the spans' args).
 """),
 code("""
+from workbench.viz.ring import replay
+
 ring4 = runs["4 ranks, ring all-reduce"]
 viz.ring_steps(ring4).show()
+ev = ring4.events
+steps = ev[ev.cat == "ring_step"]
+last_step = steps[steps.step == steps.step.max()]
+states = replay(last_step[last_step.seq == last_step.seq.min()], 4)   # one all-reduce, step by step
+viz.check("the replay: 2(n−1) = 6 steps; after the reduce-scatter's 3 each rank holds one chunk summed over all 4 "
+          "ranks, after the all-gather's 3 every chunk everywhere",
+          len(states) == 7 and sorted(max(len(c) for c in row) for row in states[3]) == [4, 4, 4, 4]
+          and all(len(c) == 4 for row in states[-1] for c in row))
 viz.ring_all_reduces(ring4).head()
 """),
 md("""

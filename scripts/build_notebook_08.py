@@ -220,12 +220,22 @@ error file keeps its flight recorder — its last collectives, with their per-gr
 and `workbench doctor RUN` lines them up: who was blocked where, and who never got there.
 """),
 code("""
+import time
+from workbench.comm.torch_flight_recorder import behind as torch_behind, read_dumps
+
+started = time.time()
 try:
     run("hang", dp=2, steps=4, fault="hang", fault_rank=1, fault_step=1, timeout_s=5)
 except wb.RunFailed as e:
-    report = diagnose(e.run.path)
+    failed, report = e, diagnose(e.run.path)
 print(report)
+viz.check("the job ends within seconds, rank 0's error naming the operation and its group",
+          time.time() - started < 60 and failed.rank == 0 and "all_reduce" in str(failed) and "group dp" in str(failed),
+          seconds=time.time() - started)
 viz.check("doctor names rank 1 as the one behind", "behind: rank 1" in report)
+torch_view = [g for g in torch_behind(read_dumps(failed.run.path)) if g["group"] == "dp [0, 1]"]
+viz.check("torch's own flight recorder, dumped by both ranks, says the same",
+          bool(torch_view) and torch_view[0]["behind"] == [1])
 """),
 md("""
 ## Elastic: a machine leaves, and comes back

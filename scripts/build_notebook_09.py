@@ -42,8 +42,22 @@ has arrived. The title compares the bytes the busiest rank sent with the formula
 all-reduce — which *is* a reduce-scatter followed by an all-gather, (N−1)/N·S each — and S for a broadcast.
 """),
 code("""
+from workbench.viz.ring import SENT, replay
+
 demo = ring_demo(ranks=4, numel=3, out=os.path.join(OUT, "ring-demo"), force=True)
-ring_collectives(demo)
+table = ring_collectives(demo)
+ev, full, ends, sent_ok = demo.events, {0, 1, 2, 3}, {}, {}
+for row in table.itertuples():   # each replayed to its end, and the busiest rank's bytes against the formula
+    steps = ev[(ev.cat == "ring_step") & (ev.seq == row.seq)]
+    last = replay(steps, 4, row.op, source=0)[-1]
+    ends[row.op] = (all(last[r][r] == full for r in range(4)) if row.op == "reduce_scatter" else
+                    all(c == full for rank in last for c in rank) if row.op == "all_reduce" else
+                    all(c for rank in last for c in rank))
+    sent_ok[row.op] = steps.groupby("rank").bytes.sum().max() == SENT[row.op](4) * row.bytes
+viz.check("every ring ends where its collective does: all-reduce every chunk summed everywhere, reduce-scatter "
+          "chunk i summed on rank i, all-gather and broadcast every chunk everywhere", all(ends.values()), **ends)
+viz.check("the busiest rank sent the formula's bytes in each", all(sent_ok.values()), **sent_ok)
+table
 """),
 code("""
 for op in ("reduce_scatter", "all_gather", "all_reduce", "broadcast"):

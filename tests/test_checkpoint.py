@@ -29,7 +29,8 @@ STRATEGIES = {
     "fp16-scaler": {"dp": 2, "precision": "fp16", "loss_scale_growth_interval": 2},
 }
 #: `make test-all` resumes every one bit-identically, the loss scaler's state among them; `make test` resumes a
-#: ZB-H1 pipeline so (tests/test_zero_bubble.py), and notebook 08 resumes dp2 ZeRO-3 on other layouts
+#: cp and an ep run so (tests/test_context_parallel_engine.py, tests/test_expert_parallel.py; a ZB-H1 pipeline in
+#: make test-all, tests/test_zero_bubble.py), and notebook 08 resumes dp2 ZeRO-3 on other layouts
 IN_CI: set[str] = set()  # all in make test-all (make test stays under 15 minutes on 2 cores)
 
 

@@ -52,6 +52,15 @@ def test_context_parallel_trains_the_same_model_as_one_process(launched, single,
             assert rank["peak_bytes"][category] == round(value), (rank["rank"], category)
 
 
+@pytest.mark.slow  # fp32's bytes are checked in make test (above, and notebook 10)
+@pytest.mark.parametrize("rotate", ["ring", "allgather"])
+def test_bf16_ring_bytes_equal_the_formula(launched, rotate):
+    """K/V travel at the activations' width (2 bytes), dK/dV in fp32 (4): the formula counts both."""
+    for rank in launched(cp=2, precision="bf16", cp_rotate=rotate).summary["ranks"]:
+        for op in ("send", "recv") if rotate == "ring" else ("all_gather", "reduce_scatter"):
+            assert rank["comm_bytes_per_step"][op]["cp"] == rank["predicted_comm_bytes_per_step"][op]["cp"], op
+
+
 def test_each_layer_rotates_cp_minus_one_blocks_forward_and_cp_backward(launched):
     """Per layer and step: cp − 1 ring steps in forward (each rank computes on its own block, then on
     those arriving), cp − 1 in backward carrying K/V with dK/dV, and one more bringing dK/dV home."""

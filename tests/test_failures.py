@@ -28,6 +28,7 @@ def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path):
     assert os.path.exists(os.path.join(run.path, "trace.json"))
 
 
+@pytest.mark.slow  # notebook 08's hang checks the same in make test: the error, doctor's and torch's views
 def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     t = time.time()
     with pytest.raises(wb.RunFailed) as e:

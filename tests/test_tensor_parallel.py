@@ -34,12 +34,13 @@ def test_tensor_parallel_matches_single_process(launched, single, config):
 
 
 def test_every_tp_collective_names_group_layer_and_direction(launched):
-    ev = launched(tp=2, sequence_parallel=True).events
+    sp = {"dp": 2, "tp": 2, "sequence_parallel": True, "bucket_mb": 0.01}  # the oracle test's make-test run
+    ev = launched(**sp).events
     tp_ops = ev[(ev.cat == "collective") & (ev.group == "tp")]
     assert set(tp_ops.op) == {"all_gather", "reduce_scatter", "all_reduce"}
     names = tp_ops["name"]
     assert names.str.contains("forward").any() and names.str.contains("backward").any()
-    events = [e for t in launched(tp=2, sequence_parallel=True).traces for e in t["traceEvents"]
+    events = [e for t in launched(**sp).traces for e in t["traceEvents"]
               if e.get("cat") == "collective" and e.get("args", {}).get("group") == "tp"]
     assert all({"layer", "direction", "bytes", "seq"} <= set(e["args"]) for e in events)
     layers = {e["args"]["layer"] for e in events}

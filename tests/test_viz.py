@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from workbench import viz
 from workbench.analysis.collectives import bandwidth_by_size, collectives
 from workbench.launcher import ring_demo
@@ -24,6 +26,7 @@ def test_charts_build_from_a_run(launched):
     assert len(bandwidth_by_size(ring)) > 0
 
 
+@pytest.mark.slow  # notebook 01 checks this replay of its dp4 ring run in make test
 def test_ring_replay_ends_with_every_chunk_complete_on_every_rank(launched):
     run = launched(dp=4, allreduce="ring", bucket_mb=0.03)
     ev = run.events
@@ -37,6 +40,7 @@ def test_ring_replay_ends_with_every_chunk_complete_on_every_rank(launched):
     assert all(len(chunk) == 4 for row in states[-1] for chunk in row)
 
 
+@pytest.mark.slow  # notebook 09 replays the 4-rank demo's rings to their ends, bytes checked, in make test
 def test_every_ring_collective_replays_to_its_result(tmp_path):
     """The four rings of engine/ring_demo.py (each checked there against the backend's collective),
     replayed from their spans: all-reduce leaves every chunk summed on every rank, reduce-scatter

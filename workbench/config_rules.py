@@ -181,7 +181,8 @@ def check_experts(cfg: Any) -> None:
     carved from dp) and the experts; dispatch is 'dropless' or 'capacity' (capacity_factor > 0). What the
     MoE layers do not compose with yet is refused by name: tensor parallelism (experts are whole), context
     parallelism, recomputation (a rerun router would count its tokens twice), 1-bit Adam, and with ep > 1
-    ZeRO (expert and dense slices over two groups), 16-bit precision, naive DP and compressed buckets."""
+    ZeRO-3 and offload (ZeRO-1/2 cut dense slices over dp, experts' over edp), 16-bit precision, naive DP
+    and compressed buckets."""
     m = cfg.model_config
     if cfg.moe_dispatch not in MOE_DISPATCH:
         raise ConfigError(f"moe_dispatch={cfg.moe_dispatch!r}: valid are {', '.join(MOE_DISPATCH)}")
@@ -199,7 +200,8 @@ def check_experts(cfg: Any) -> None:
                           f"parallelism) and model.experts={m.experts}; valid ep: {valid}")
     clash = {"tp": (cfg.tp > 1, "tp=1"), "cp": (cfg.cp > 1, "cp=1"),
              "recompute": (cfg.recompute != "none", "recompute='none'"),
-             "zero": (cfg.zero > 0 and cfg.ep > 1, "zero=0 with ep > 1 (ZeRO with ep=1 works)"),
+             "zero": (cfg.zero == 3 and cfg.ep > 1, "zero 0, 1 or 2 with ep > 1"),
+             "offload_optimizer": (cfg.offload_optimizer and cfg.ep > 1, "no offload with ep > 1"),
              "optimizer": (cfg.optimizer != "adamw", "optimizer='adamw'"),
              "precision": (cfg.precision != "fp32" and cfg.ep > 1, "precision='fp32' with ep > 1"),
              "dp_impl": (cfg.dp_impl != "bucketed" and cfg.ep > 1, "dp_impl='bucketed' with ep > 1"),

@@ -86,8 +86,8 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     ctx, sync = strategy.ctx, strategy.grad_sync
     dp_rank, tp_rank, cp_rank = ctx.groups.index("dp"), ctx.groups.index("tp"), ctx.groups.index("cp")
     names = {p: n for n, p in strategy.model.named_parameters()}
-    zero = next((s for s in getattr(sync, "parts", [sync]) if isinstance(s, ZeroDataParallel | Zero3DataParallel)),
-                None)
+    zeros = [s for s in getattr(sync, "parts", [sync]) if isinstance(s, ZeroDataParallel | Zero3DataParallel)]
+    zero = zeros[0] if zeros else None
     out: list[Piece] = []
     if isinstance(zero, Zero3DataParallel):
         for i, u in enumerate(zero.units):
@@ -111,9 +111,11 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
         for prefix, t in tensors.items():
             out += [Piece(f"{prefix}/{global_name(name)}", start, t.reshape(-1)[lo:lo + n], owned)
                     for lo, start, n in located[name]]
-    if isinstance(zero, ZeroDataParallel):
-        for b, bucket in enumerate(zero.buckets):
+    b = 0  # the updater's slices in order: each ZeRO sync's buckets (expert parallelism: dense, then experts)
+    for part in (z for z in zeros if isinstance(z, ZeroDataParallel)):
+        for bucket in part.buckets:
             bn = [names[p] for p in bucket.params]
             for kind in ("exp_avg", "exp_avg_sq"):
-                out += _flat_pieces(kind, bn, bucket.params, bucket.shard.numel(), zero.r, state[f"{b}.{kind}"])
+                out += _flat_pieces(kind, bn, bucket.params, bucket.shard.numel(), part.r, state[f"{b}.{kind}"])
+            b += 1
     return out

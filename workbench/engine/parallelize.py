@@ -42,7 +42,7 @@ from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
 from workbench.parallel.tp_communications import TPContext
 from workbench.parallel.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
-from workbench.parallel.zero import ZeroDataParallel
+from workbench.parallel.zero import ZeroDataParallel, ZeroGroups
 from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.schedule import Schedule, build_schedule
@@ -144,6 +144,11 @@ def materialize(module: nn.Module, device: torch.device) -> None:
 
 def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None) -> GradSync:
     group = "dp_cp" if cfg.cp > 1 else "dp"  # the ranks that hold the same parameters (grid.COMBINED)
+    if cfg.ep > 1 and cfg.zero:  # ZeRO's slices: dense ones over dp, experts' over edp (their sum ÷ dp)
+        dense, experts = expert_params(model)
+        return ZeroGroups([ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, only=dense),
+                           ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, group="edp", only=experts,
+                                            average_over=cfg.dp)])
     if cfg.ep > 1:  # experts over the ranks holding the same ones (their sum ÷ dp), the rest over dp
         dense, experts = expert_params(model)
         return ChainedGradSync([
@@ -171,8 +176,8 @@ def grad_dtype(cfg: RunConfig) -> torch.dtype:
 def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync: GradSync,
                   tp: TPContext | None) -> Updater:
     pp_comm = ctx.comm if cfg.pp > 1 else None  # the gradient norm sums every stage's share
-    if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel):  # each rank updates its partition
-        after = grad_sync.gather_params if isinstance(grad_sync, ZeroDataParallel) else None
+    if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel | ZeroGroups):  # each rank updates its partition
+        after = None if isinstance(grad_sync, Zero3DataParallel) else grad_sync.gather_params
         if cfg.offload_optimizer:  # ZeRO-Offload: the update on the host, each slice's gradient copied as it is final
             updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after,
                                             grad_sync.group)

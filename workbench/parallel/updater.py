@@ -121,11 +121,19 @@ def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
 def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
                       pp_comm: Communicator | None = None, group: str = "dp") -> torch.Tensor:
     """‖g‖ when each dp rank holds disjoint slices of the gradient (ZeRO): the slices' squares summed
-    over dp (padding is zero and adds nothing), then over pp."""
-    sq = sum((s.grad.float().pow(2).sum() for s in shards), torch.zeros((), device=shards[0].device))
-    sq = sq.reshape(1).clone()
-    comm.all_reduce(sq, group, label="zero grad norm")
-    return _sum_over_pp(sq[0], pp_comm).sqrt()
+    over the group they were cut over (padding is zero and adds nothing) — dp, or under expert parallelism
+    the experts' over edp and then over ep (each ep rank's experts are its own) —, then over pp."""
+    by_group: dict[str, list[nn.Parameter]] = {}
+    for s in shards:
+        by_group.setdefault(getattr(s, "zero_group", group), []).append(s)
+    total = torch.zeros((), device=shards[0].device)
+    for g, mine in by_group.items():  # the same order on every rank: the grad sync's
+        sq = sum((s.grad.float().pow(2).sum() for s in mine), torch.zeros((), device=total.device)).reshape(1).clone()
+        comm.all_reduce(sq, g, label="zero grad norm")
+        if g == "edp":
+            comm.all_reduce(sq, "ep", label="zero expert grad norm")
+        total = total + sq[0]
+    return _sum_over_pp(total, pp_comm).sqrt()
 
 
 def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> None:

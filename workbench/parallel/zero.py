@@ -39,7 +39,7 @@ from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.data_parallel import plan_buckets
 from workbench.parallel.flat import flatten_params, grads_as_views, pack_grads
-from workbench.parallel.grad_sync import SyncToggle
+from workbench.parallel.grad_sync import ChainedGradSync, SyncToggle
 
 #: buckets (ZeRO-3: units) whose full-size gradient copy may be in flight at once; the memory formula
 #: (predict/formulas/memory.py, ZERO_IN_FLIGHT) counts the same number, a test holds them equal
@@ -65,7 +65,11 @@ class ZeroDataParallel(SyncToggle):
     changes nothing (and stage 1 reduces once, in `wait()`)."""
 
     def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float,
-                 ring: bool = False, group: str = "dp") -> None:
+                 ring: bool = False, group: str = "dp", only: list[tuple[str, nn.Parameter]] | None = None,
+                 average_over: int | None = None) -> None:
+        """`group`: the ranks holding the same parameters ("dp", "dp_cp", or "edp" for expert parallelism's
+        experts); `only`: these of the model's parameters; `average_over`: the divisor of the sum (the
+        group's size; dp for experts, whose tokens came from all of dp)."""
         assert stage in (1, 2) and not (ring and stage == 2)
         self.comm, self.stage = comm, stage
         # stage 1 with ring=True: our send/recv rings (comm/ring_primitives.py) instead of the backend's
@@ -73,7 +77,8 @@ class ZeroDataParallel(SyncToggle):
         self.all_gather = partial(ring_all_gather, comm) if ring else comm.all_gather
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
         self.n, self.r = comm.size(group), comm.groups.index(group)
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.divisor = average_over or self.n
+        named = [(name, p) for name, p in (only if only is not None else model.named_parameters()) if p.requires_grad]
         named.reverse()
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
@@ -89,6 +94,7 @@ class ZeroDataParallel(SyncToggle):
         per = flat.numel() // self.n
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
+        shard.zero_group = self.group  # the norm sums its squares over this group (parallel/updater.py)
         bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)
@@ -118,7 +124,7 @@ class ZeroDataParallel(SyncToggle):
         while len(self._in_flight) >= MAX_IN_FLIGHT:  # bound the full-size copies alive at once
             self._finish_bucket(self._in_flight[0])
         staging = pack_grads(bucket.params, bucket.flat)  # the full gradient is gone: only the slice remains
-        staging.div_(self.n)
+        staging.div_(self.divisor)
         bucket.staging, bucket.result = staging, torch.empty_like(bucket.shard)
         if self.comm.memory is not None:
             self.comm.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
@@ -145,7 +151,7 @@ class ZeroDataParallel(SyncToggle):
         """After backward: every rank holds the summed gradient of its slices."""
         for bucket in self.buckets:
             if self.stage == 1:
-                bucket.grad.div_(self.n)
+                bucket.grad.div_(self.divisor)
                 self.reduce_scatter(bucket.shard.grad, bucket.grad, self.group, label=f"zero1 bucket {bucket.index}")
             else:
                 if bucket.ready:
@@ -174,3 +180,21 @@ class ZeroDataParallel(SyncToggle):
 
 def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
+
+
+class ZeroGroups(ChainedGradSync):
+    """ZeRO-1/2 over two groups at once — expert parallelism: the dense parameters' slices over dp, the
+    experts' over edp (the ranks holding the same experts). The sharded updater sees both slice lists
+    (`shards`), and `gather_params` restores both after the update."""
+
+    group = "dp"
+    on_reduced = None
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        return [s for part in self.parts for s in part.shards]  # type: ignore[attr-defined]
+
+    def gather_params(self) -> None:
+        for part in self.parts:
+            part.gather_params()  # type: ignore[attr-defined]
+

@@ -28,8 +28,7 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
                              placement(config), config.get("ep", 1))
     width = 4 if precision == "fp32" else 2
-    offload = bool(config.get("offload_optimizer")) and config.get("zero", 0) > 0
-    states = {**model_state_bytes(params, shards, config.get("zero", 0), precision, grad_width(config), offload),
+    states = {**zero_states(config, model, params, shards, pp_rank),
               **buffer_bytes(model, params, shards, config.get("zero", 0), config.get("bucket_mb", 25.0),
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
     if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
@@ -67,6 +66,22 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
     return {**states, "activation": peak, "wgrad_stash": peak_stash}
+
+
+def zero_states(config: dict[str, Any], model: ModelConfig, params: float, shards: int,
+                pp_rank: int) -> dict[str, float]:
+    """Model states per rank: `model_state_bytes` over the ranks holding the same parameters; under expert
+    parallelism with ZeRO the dense slices over dp, the experts' over edp (dp/ep ranks)."""
+    ep, zero, precision = config.get("ep", 1), config.get("zero", 0), config.get("precision", "fp32")
+    offload = bool(config.get("offload_optimizer")) and zero > 0
+    if ep == 1 or not zero:
+        return model_state_bytes(params, shards, zero, precision, grad_width(config), offload)
+    whole = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
+                            placement(config))
+    experts = (whole - params) / (ep - 1)  # this rank's E/ep experts: the whole model's experts less theirs
+    dense = model_state_bytes(params - experts, shards, zero, precision, grad_width(config), offload)
+    sharded = model_state_bytes(experts, shards // ep, zero, precision, grad_width(config), offload)
+    return {k: dense[k] + sharded[k] for k in dense}
 
 
 def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
