@@ -79,11 +79,11 @@ def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
     from workbench.config import ConfigError
 
     low, high = nodes.range
-    per_node, cell = config.world_size // high, config.tp * config.pp
+    per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
     for n in range(low, high + 1):
         if (n * per_node) % cell:
             raise ConfigError(f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
-                              f"tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas")
+                              f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas")
         try:
             config.replace(dp=n * per_node // cell, elastic=True).validate()
         except ConfigError as e:

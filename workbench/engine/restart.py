@@ -55,13 +55,14 @@ def attempt() -> int:
 
 
 def elastic_world(cfg: RunConfig) -> RunConfig:
-    """An elastic run's config for the world torchrun formed: dp = WORLD_SIZE / (tp·pp)."""
+    """An elastic run's config for the world torchrun formed: dp = WORLD_SIZE / (cp·tp·pp)."""
     world = int(os.environ.get("WORLD_SIZE", cfg.world_size))
     if not cfg.elastic or world == cfg.world_size:
         return cfg
-    if world % (cfg.tp * cfg.pp):
-        raise RuntimeError(f"torchrun formed a world of {world} ranks, not a multiple of tp×pp = {cfg.tp * cfg.pp}")
-    return cfg.replace(dp=world // (cfg.tp * cfg.pp)).validate()
+    cell = cfg.cp * cfg.tp * cfg.pp
+    if world % cell:
+        raise RuntimeError(f"torchrun formed a world of {world} ranks, not a multiple of cp×tp×pp = {cell}")
+    return cfg.replace(dp=world // cell).validate()
 
 
 def begin_attempt(run_dir: str, device: torch.device) -> int:
