@@ -48,16 +48,15 @@ next-fastest links). The table's last column is the group the gradients are redu
 
 ## The same model as one process
 
-Four runs of the `tiny` model (sequence 16): one process; cp = 2 with head-tail and the ring; cp = 2 with
+Three runs of the `tiny` model (sequence 16): one process; cp = 2 with head-tail and the ring; cp = 2 with
 the contiguous split and the **all-gather** rotation (torch's other design: every rank's K/V in one
-collective — more memory, one latency instead of cp − 1); cp = 4. Each must train the same model,
-step by step.
+collective — more memory, one latency instead of cp − 1). Each must train the same model, step by step.
+(cp = 4, and cp beside dp, tp, pp and ZeRO, are held to one process by tests/test_context_parallel_engine.py.)
 """),
 code("""
 runs = {"1 process": run("one", dp=1),
         "cp 2, head-tail, ring": run("cp2", cp=2),
-        "cp 2, contiguous, all-gather": run("cp2-none-allgather", cp=2, cp_balance="none", cp_rotate="allgather"),
-        "cp 4, head-tail, ring": run("cp4", cp=4)}
+        "cp 2, contiguous, all-gather": run("cp2-none-allgather", cp=2, cp_balance="none", cp_rotate="allgather")}
 same = viz.compare_losses(runs, baseline="1 process")
 viz.check("every cp run trains the same model as one process (within 1e-5 × loss)",
           same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
@@ -71,16 +70,16 @@ the rank computed on and the bytes it passed on. The chart lays the causal score
 (queries down, keys across; above the diagonal everything is masked) and colours each block by the rank
 that computes it, with the ring step at which its keys arrive there: step 1 is the rank's own K/V.
 
-*Predict first:* with cp = 4 and head-tail, how many blocks of the triangle does each rank compute?
+*Predict first:* with cp = 2 and head-tail (4 chunks), how many blocks of the triangle does each rank compute?
 """),
 code("""
-viz.ring_replay(runs["cp 4, head-tail, ring"]).show()
+viz.ring_replay(runs["cp 2, head-tail, ring"]).show()
 viz.ring_replay(runs["cp 2, contiguous, all-gather"], height=300).show()
 """),
 md("""
 Head-tail: every rank has an early chunk (few keys to see) and a late one (many), so each colour covers
-the same area: 9 of the 36 blocks each at cp = 4 (2 of them half-masked diagonals). Contiguous: rank 0
-owns one half-masked block, rank 1 the rest of the triangle.
+the same area: 5 of the 10 blocks each (2 of them half-masked diagonals); at cp = 4, 9 of 36. Contiguous:
+rank 0 owns one half-masked block, rank 1 the rest of the triangle.
 
 ## Each rank's share of the work, recorded
 
@@ -136,10 +135,14 @@ md("""
 
 Each rank keeps the activations of its s/cp tokens, and the ring's attention keeps no s × s probabilities
 at all (its merged output and log-sum-exp instead): the peak activation bytes fall by a little more than
-cp. Measured by the rank's memory tracker beside the formula (`formulas.predicted_bytes`).
+cp — and the all-gather rotation keeps every rank's K/V until backward. Measured by the rank's memory
+tracker beside the formula (`formulas.predicted_bytes`), with cp = 4's formula beside them.
 """),
 code("""
 acts = viz.activations_vs_cp(runs)
+cp4 = wb.RunConfig(model="tiny", global_batch=16, cp=4).to_dict()
+cp4["model"] = {**wb.RunConfig().model_config.__dict__}
+print(f"cp = 4, head-tail, ring (formula): {formulas.predicted_bytes(cp4)['activation'] / 1e3:.3f} kB per rank")
 viz.check("measured activation bytes equal the formula for every cp",
           acts["measured (kB)"] == acts["predicted (kB)"].round(3))
 fig = go.Figure([go.Bar(x=acts.run, y=acts["measured (kB)"], name="measured", marker_color="#4C78A8"),

@@ -91,16 +91,21 @@ def test_attention_work_per_rank_is_balanced_by_head_tail_and_skewed_without(lau
     assert unmasked_pairs_per_rank(seq, 2, "none") == [36, 100]
 
 
-def test_a_cp_run_resumes_bit_identically_and_reshards_to_one_process(launched, single):
-    """fp32 on gloo is deterministic: resumed on cp = 2, the losses equal the uninterrupted run's exactly.
-    Context parallelism shards no state, so the same checkpoint loads into one process and trains on
-    (within the oracle's tolerance: one process sums attention in one piece)."""
+def test_a_cp_run_resumes_bit_identically(launched):
+    """fp32 on gloo is deterministic: resumed on cp = 2, the losses equal the uninterrupted run's exactly."""
     full = launched(steps=6, **DEFAULT)
     step3 = os.path.join(full.path, "checkpoints", "step_000003")
     resumed = launched(steps=6, cp=2, resume=step3)
     tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss)
     assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
+
+
+@pytest.mark.slow  # make test: notebook 08 reshards a checkpoint across layouts (ZeRO-3 → 1 process, tp 2)
+def test_a_cp_checkpoint_reshards_to_one_process(launched, single):
+    """Context parallelism shards no state, so a cp = 2 checkpoint loads into one process and trains on
+    (within the oracle's tolerance: one process sums attention in one piece)."""
+    step3 = os.path.join(launched(steps=6, **DEFAULT).path, "checkpoints", "step_000003")
     one = launched(steps=6, dp=1, resume=step3)
     assert list(one.metrics.step) == [3, 4, 5]
     assert_same_training(one, _steps_from(single, 3))
