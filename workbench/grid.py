@@ -32,6 +32,12 @@ AXES = ("pp", "dp", "cp", "tp")  # slowest to fastest
 COMBINED = {"dp_cp": ("dp", "cp")}
 
 
+def replica_group(cp: int) -> str:
+    """The group whose ranks hold the same parameters — over which gradients reduce and ZeRO shards: "dp",
+    or "dp_cp" under context parallelism."""
+    return "dp_cp" if cp > 1 else "dp"
+
+
 @dataclass(frozen=True)
 class RankGrid:
     dp: int = 1

@@ -133,19 +133,20 @@ class MoE(nn.Module):
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
         scores, chosen, gates = self.route(tokens)
-        flat = chosen.reshape(-1)
         order, counts = expert_order(chosen, self.n_experts)
-        cap = self.capacity(flat.numel())
+        kept_counts, cap = counts, self.capacity(chosen.numel())
         if cap is not None:
+            flat = chosen.reshape(-1)
             order = order[self._kept(flat[order], counts, cap)]
-        kept_counts = torch.bincount(flat[order], minlength=self.n_experts)
-        rows = tokens[order // self.k]
+            kept_counts = torch.bincount(flat[order], minlength=self.n_experts)
+        token_of = order // self.k  # the token each kept assignment came from
+        rows = tokens[token_of]
         if self.state.dispatcher is None:
             out_rows = self.experts(rows, kept_counts.tolist())
         else:
             out_rows = self.state.dispatcher.run(self.name, rows, kept_counts, self.experts, cap)
         weighted = out_rows * gates.reshape(-1)[order].unsqueeze(-1).to(out_rows.dtype)
-        out = torch.zeros_like(tokens).index_add_(0, order // self.k, weighted)
+        out = torch.zeros_like(tokens).index_add_(0, token_of, weighted)
         out = self._with_aux(out, scores, counts)
         return out.view(b, s, h)
 

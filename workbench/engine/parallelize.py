@@ -33,6 +33,7 @@ from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
 from workbench.engine.model import GPT, CausalSelfAttention
 from workbench.engine.moe import MoE, MoEState, moe_state
 from workbench.engine.recompute import Recompute, apply_recompute
+from workbench.grid import replica_group
 from workbench.parallel.context_parallel import ContextParallel
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.expert_parallel import expert_params, shard_experts
@@ -143,7 +144,7 @@ def materialize(module: nn.Module, device: torch.device) -> None:
 
 
 def wrap_data_parallel(cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None) -> GradSync:
-    group = "dp_cp" if cfg.cp > 1 else "dp"  # the ranks that hold the same parameters (grid.COMBINED)
+    group = replica_group(cfg.cp)
     if cfg.ep > 1 and cfg.zero:  # ZeRO's slices: dense ones over dp, experts' over edp (their sum ÷ dp)
         dense, experts = expert_params(model)
         return ZeroGroups([ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, only=dense),

@@ -24,6 +24,7 @@ from workbench.engine.moe import end_step as moe_end
 from workbench.engine.moe import start_step as moe_start
 from workbench.engine.parallelize import Strategy
 from workbench.engine.restart import attempt
+from workbench.grid import replica_group
 from workbench.measure.device import sync_compute
 
 
@@ -94,7 +95,7 @@ def global_loss(ctx: RankContext, loss: torch.Tensor) -> float:
     total = loss.detach().reshape(1).clone()
     if ctx.config.pp > 1:
         ctx.comm.all_reduce(total, "pp", label="loss")
-    group = "dp_cp" if ctx.config.cp > 1 else "dp"
+    group = replica_group(ctx.config.cp)
     ctx.comm.all_reduce(total, group, label="loss")
     return total.item() / ctx.groups.size(group)
 

@@ -40,7 +40,6 @@ class ContextParallel:
         self.members = comm.groups.ranks["cp"]
         self.size, self.index = len(self.members), comm.groups.index("cp")
         self.pos = [positions(seq_len, r, self.size, balance) for r in range(self.size)]
-        self.seq_len = seq_len
         #: unmasked query-key pairs this rank computed per attention layer (the last forward's), the work
         self.pairs: dict[str, int] = {}
 

@@ -60,10 +60,11 @@ def shard_experts(model: nn.Module, index: int, size: int) -> None:
 
 
 def expert_params(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
-    """(dense, expert) named parameters: the experts' are reduced over edp, the rest over dp."""
+    """(dense, expert) named parameters — the experts', marked by `shard_experts`, are reduced over edp, the
+    rest over dp."""
     dense, experts = [], []
     for name, p in model.named_parameters():
-        (experts if ".experts." in f".{name}" else dense).append((name, p))
+        (experts if getattr(p, "expert_sharded", False) else dense).append((name, p))
     return dense, experts
 
 

@@ -41,8 +41,8 @@ def dispatch_bytes_per_layer(tokens: int, cfg: ModelConfig, ep: int, width: int 
     return {"all_to_all": 4 * tokens * cfg.top_k * row + 8 * cfg.experts}
 
 
-def moe_comm_bytes(out: dict[str, dict[str, float]], config: dict[str, Any], model: ModelConfig, local: float,
-                   micro: int, layers: int, wire: int) -> None:
+def moe_comm_bytes(out: dict[str, dict[str, float]], config: dict[str, Any], model: ModelConfig, micro: int,
+                   layers: int, wire: int) -> None:
     """Into `out` (formulas.predicted_comm_bytes's dict): the gradient all-reduce split — dense parameters
     over dp, experts over edp (the ranks holding the same ones, dp/ep of them) —, the expert gradient norm's
     sum over ep, the counts all-reduced over dp (E per layer and microbatch, fp32), and the dispatch."""

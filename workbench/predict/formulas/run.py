@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.config import ModelConfig
+from workbench.grid import replica_group
 from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
@@ -136,7 +137,7 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     dp, tp, pp, cp = config["dp"], config.get("tp", 1), config.get("pp", 1), config.get("cp", 1)
     v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
     local = params_per_rank(model, tp, pp, v, pp_rank, placement(config), config.get("ep", 1))
-    zero, group = config.get("zero", 0), ("dp_cp" if cp > 1 else "dp")
+    zero, group = config.get("zero", 0), replica_group(cp)
     wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
     if zero and dp * cp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
@@ -158,7 +159,7 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
     if model.experts:  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
-        moe_comm_bytes(out, config, model, local, micro, layers, wire)
+        moe_comm_bytes(out, config, model, micro, layers, wire)
     for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, layers, m, tp, width,
                                              config.get("cp_rotate", "ring"),
                                              config.get("recompute", "none") != "none").items():
