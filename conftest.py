@@ -8,10 +8,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
-from nbclient_poll import POLL_SLICE_S, install  # noqa: E402
-
-install()
-__all__ = ["POLL_SLICE_S"]
+try:
+    from nbclient_poll import install  # noqa: E402
+except ModuleNotFoundError as missing:  # a machine without Jupyter (a bare GPU image) runs tests/, no notebooks
+    if missing.name not in ("jupyter_client", "zmq"):
+        raise
+else:
+    install()
 
 
 # Strict mode for the whole suite, notebooks included (their kernels and every rank inherit it): every tensor

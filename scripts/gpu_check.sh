@@ -1,56 +1,62 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one script for a machine with NVIDIA GPUs (a borrowed one too). It stops
-# at the first failure with a non-zero exit and prints, as it goes:
+# The checks that need a GPU, as one script for a machine with NVIDIA GPUs (a borrowed one too, with no
+# network: nothing is installed, the checkout is put on PYTHONPATH and the machine's torch is used). Every
+# section runs; the script exits non-zero at the end if any failed. It prints, as it goes:
 #   1. the GPU acceptance suite (make test-gpu: every strategy on NCCL on as many GPUs as there are,
 #      equality to one GPU, valid traces, bytes counted once, the allocator explained, a pipeline's
-#      waits, resume, restart, a hang ending in CommError);
-#   2. gpt2-small and gpt-1.3b (bf16, fused attention) as dp × tp over every GPU: tokens/s and MFU
+#      waits, resume, restart, a hang ending in CommError; on one GPU: one GPU equal to one CPU process,
+#      ZeRO-Offload, recomputation, fp16 loss scaling, resume — tests/gpu/test_one_gpu.py);
+#   2. this machine's compute measured as the calibration measures it (matmul FLOP/s, element-wise bytes/s);
+#   3. gpt2-small and gpt-1.3b (bf16, fused attention) as dp × tp over every GPU: tokens/s and MFU
 #      (model FLOPs utilisation: (6·Ψ + 12·L·s·h) per token × tokens/s over the GPUs' bf16 dense peak:
-#      989 TFLOP/s for an H100/H200; set PEAK_TFLOPS for another GPU);
-#   3. our bucketed data parallelism against torch DDP on NCCL: the step-time ratio (losses checked first).
-# Everything it prints is also kept under $OUT (default /tmp/gpu_check).
-set -euo pipefail
+#      989 TFLOP/s for an H100/H200; set PEAK_TFLOPS for another GPU), the allocator's peak beside the
+#      categories', and the estimator's step time (H100 figures) beside the measured one;
+#   4. our bucketed data parallelism against torch DDP on NCCL: the step-time ratio (losses checked first).
+# Everything it prints is also kept under $OUT (default /tmp/gpu_check), with gpt2-small's run (traces too).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
 PY=${PY:-python3}
-export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+FAILED=()
+# a borrowed machine's time is short: SUITE_LIMIT_S and RUN_LIMIT_S bound the suite and each other section
+# (0, the default: no bound)
+suite() { timeout "${SUITE_LIMIT_S:-0}" "$@"; }
+bounded() { timeout "${RUN_LIMIT_S:-0}" "$@"; }
 nvidia-smi -L | tee "$OUT/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-"$PY" -m pip install -q -e ".[dev]" 2>&1 | tail -1 || true   # keeps the machine's torch
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL', torch.cuda.nccl.version())" || exit 1
 
 echo "== 1. the GPU acceptance suite on $NGPU GPU(s)"
-"$PY" -m pytest -q -rs -m gpu tests/gpu 2>&1 | tee "$OUT/test_gpu.log"
+suite "$PY" -m pytest -q -rs -m gpu --durations=12 tests/gpu 2>&1 | tee "$OUT/test_gpu.log" || FAILED+=("suite")
+
+echo "== 2. compute, as the calibration measures it"
+bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/compute.log" || FAILED+=("compute")
+from workbench.config import PRESETS
+from workbench.predict.compute_calibration import measure_compute
+for name in ("gpt2-small",):
+    c = measure_compute(PRESETS[name], (1, 2, 4), "cuda")
+    print(name, {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in c.items()})
+PY
 
 throughput() {  # preset, global batch per dp rank
   local model=$1 per=$2 tp dp
   tp=$(( NGPU >= 2 ? 2 : 1 )); dp=$(( NGPU / tp ))
-  "$PY" -m workbench.cli run --model "$model" --dp "$dp" --tp "$tp" --precision bf16 --attention sdpa --backend nccl \
-      --global-batch $(( per * dp )) --lr 3e-4 --steps 12 --out "$OUT/$model" --force --quiet 2>&1 | tail -3
-  PEAK_TFLOPS=${PEAK_TFLOPS:-989} NGPU=$NGPU "$PY" - "$OUT/$model" "$model" <<'PY'
-import json, os, sys
-import pandas as pd
-from workbench.model_config import PRESETS
-run, name = sys.argv[1], sys.argv[2]
-m = PRESETS[name]
-rows = pd.read_json(os.path.join(run, "metrics.jsonl"), lines=True).iloc[2:]  # warm-up left out
-tps = rows.tokens_per_s.median()
-flops_per_token = 6 * m.param_count() + 12 * m.layers * m.seq_len * m.hidden
-mfu = flops_per_token * tps / (float(os.environ["PEAK_TFLOPS"]) * 1e12 * int(os.environ["NGPU"]))
-s = json.load(open(os.path.join(run, "summary.json")))["ranks"][0]
-print(f"{name}: {tps:,.0f} tokens/s, MFU {mfu:.1%} over {os.environ['NGPU']} GPU(s); rank 0 peak allocated "
-      f"{s['allocator_peak_bytes']['allocated'] / 2**30:.2f} GiB, categories' total {s['peak_total_bytes'] / 2**30:.2f} GiB")
-PY
+  bounded "$PY" -m workbench.cli run --model "$model" --dp "$dp" --tp "$tp" --precision bf16 --attention sdpa --backend nccl \
+      --global-batch $(( per * dp )) --lr 3e-4 --steps 12 --out "$OUT/$model" --force --quiet 2>&1 | tail -3 &&
+  "$PY" scripts/gpu_throughput.py "$OUT/$model"
 }
-echo "== 2. throughput"
-throughput gpt2-small 8 | tee "$OUT/gpt2_small.log"
-throughput gpt-1.3b 2 | tee "$OUT/gpt_1.3b.log"
+echo "== 3. throughput, memory and the estimate"
+throughput gpt2-small 8 2>&1 | tee "$OUT/gpt2_small.log" || FAILED+=("gpt2-small")
+throughput gpt-1.3b 2 2>&1 | tee "$OUT/gpt_1.3b.log" || FAILED+=("gpt-1.3b")
+tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small" "$OUT/gpt-1.3b"
 
-echo "== 3. our data parallelism against DDP on NCCL"
+echo "== 4. our data parallelism against DDP on NCCL"
 if [ "$NGPU" -ge 2 ]; then
-  "$PY" benchmarks/dp_vs_ddp.py --backend nccl --ranks "$NGPU" --model small --global-batch $(( 8 * NGPU )) \
-      --bucket-mb 25 --rounds 20 2>&1 | grep -v "^W" | tee "$OUT/dp_vs_ddp.log"
+  bounded "$PY" benchmarks/dp_vs_ddp.py --backend nccl --ranks "$NGPU" --model small --global-batch $(( 8 * NGPU )) \
+      --bucket-mb 25 --rounds 20 2>&1 | grep -v "^W" | tee "$OUT/dp_vs_ddp.log" || FAILED+=("dp_vs_ddp")
 else
-  echo "one GPU: data parallelism needs two (skipped)" | tee "$OUT/dp_vs_ddp.log"
+  echo "one GPU: data parallelism needs two (not run)" | tee "$OUT/dp_vs_ddp.log"
 fi
+if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}; logs in $OUT"; exit 1; fi
 echo "gpu_check: all passed; logs in $OUT"

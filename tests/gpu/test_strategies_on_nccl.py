@@ -53,6 +53,10 @@ CASES = [
     ("interleaved", 2, {**PIPE, "pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}, True),
     ("1f1b-pp4", 4, {**PIPE, "pp": 4, "schedule": "1f1b", "microbatches": 4}, True),
     ("3d", 8, {**PIPE, "dp": 2, "tp": 2, "pp": 2, "microbatches": 2}, True),
+    ("cp2-ring", 2, {**SMALL, "cp": 2}, True),
+    ("cp2-allgather", 2, {**SMALL, "cp": 2, "cp_rotate": "allgather", "cp_balance": "none"}, True),
+    ("ep2-dropless", 2, {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2}, False),  # bytes follow the routing
+    ("ep2-capacity", 2, {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2, "moe_dispatch": "capacity"}, False),
 ]
 
 
