@@ -11,6 +11,7 @@
 #      (model FLOPs utilisation: (6·Ψ + 12·L·s·h) per token × tokens/s over the GPUs' bf16 dense peak:
 #      989 TFLOP/s for an H100/H200; set PEAK_TFLOPS for another GPU), the allocator's peak beside the
 #      categories', and the estimator's step time (H100 figures) beside the measured one;
+#      gpt2-small once more with nothing traced, the cost of recording;
 #   4. our bucketed data parallelism against torch DDP on NCCL: the step-time ratio (losses checked first).
 # Everything it prints is also kept under $OUT (default /tmp/gpu_check), with gpt2-small's run (traces too).
 set -uo pipefail
@@ -20,7 +21,7 @@ PY=${PY:-python3}
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 FAILED=()
 # a borrowed machine's time is short: SUITE_LIMIT_S and RUN_LIMIT_S bound the suite and each other section
-# (0, the default: no bound)
+# (0, the default: no bound); GPU_TESTS_K selects some of the suite's cases (pytest -k)
 suite() { timeout "${SUITE_LIMIT_S:-0}" "$@"; }
 bounded() { timeout "${RUN_LIMIT_S:-0}" "$@"; }
 nvidia-smi -L | tee "$OUT/gpus.txt"
@@ -28,7 +29,7 @@ NGPU=$(nvidia-smi -L | wc -l)
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL', torch.cuda.nccl.version())" || exit 1
 
 echo "== 1. the GPU acceptance suite on $NGPU GPU(s)"
-suite "$PY" -m pytest -q -rs -m gpu --durations=12 tests/gpu 2>&1 | tee "$OUT/test_gpu.log" || FAILED+=("suite")
+suite "$PY" -m pytest -q -rs -m gpu --durations=12 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/gpu 2>&1 | tee "$OUT/test_gpu.log" || FAILED+=("suite")
 
 echo "== 2. compute, as the calibration measures it"
 bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/compute.log" || FAILED+=("compute")
@@ -49,6 +50,15 @@ throughput() {  # preset, global batch per dp rank
 echo "== 3. throughput, memory and the estimate"
 throughput gpt2-small 8 2>&1 | tee "$OUT/gpt2_small.log" || FAILED+=("gpt2-small")
 throughput gpt-1.3b 2 2>&1 | tee "$OUT/gpt_1.3b.log" || FAILED+=("gpt-1.3b")
+bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/untraced.log" || FAILED+=("untraced")
+import os, tempfile
+import workbench as wb
+with tempfile.TemporaryDirectory() as d:  # gpt2-small again, one GPU, nothing recorded: what tracing costs
+    run = wb.launch(wb.RunConfig(model="gpt2-small", precision="bf16", attention="sdpa", backend="nccl",
+                                 global_batch=8, lr=3e-4, steps=12, trace=False), out=os.path.join(d, "r"),
+                    progress=False)
+    print(f"gpt2-small untraced: step {run.metrics.step_time_s.iloc[2:].median() * 1e3:.1f} ms")
+PY
 tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small" "$OUT/gpt-1.3b"
 
 echo "== 4. our data parallelism against DDP on NCCL"

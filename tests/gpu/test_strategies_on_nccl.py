@@ -115,7 +115,8 @@ def test_16_bit_training_on_nccl(launched, precision):
 def test_one_gpu_records_the_allocator_and_activations_as_predicted(launched):
     """The CUDA case of the activation formula: fp32 LayerNorm statistics and sdpa's saved extras
     (formulas/activations.py, device='cuda')."""
-    for config in ({"precision": "fp32"}, {"precision": "bf16", "attention": "sdpa"}):
+    for config in ({"precision": "fp32"}, {"precision": "fp32", "attention": "sdpa"},
+                   {"precision": "bf16", "attention": "sdpa"}):
         run = launched(backend="nccl", **SMALL, **config)
         r = run.summary["ranks"][0]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], config

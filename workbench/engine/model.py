@@ -35,14 +35,15 @@ from workbench.engine.moe import MoE
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """The initial value of parameter `name` (full, unsharded shape): N(0, 0.02) weights drawn from a
-    generator seeded by (seed, name), zero biases, unit layer-norm gains."""
+    generator seeded by (seed, name), zero biases, unit layer-norm gains. Drawn on the CPU, whatever the
+    default device (the same values on every machine; the caller copies them where the model lives)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "bias":
-        return torch.zeros(shape)
+        return torch.zeros(shape, device="cpu")
     if ".ln" in f".{name}" and leaf == "weight":
-        return torch.ones(shape)
+        return torch.ones(shape, device="cpu")
     g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-    return torch.randn(shape, generator=g) * 0.02
+    return torch.randn(shape, generator=g, device="cpu") * 0.02
 
 
 class CausalSelfAttention(nn.Module):

@@ -27,11 +27,13 @@ class AdamW:
     """AdamW on a fixed list of tensors (the parameters, shards or masters this rank updates)."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, foreach: bool = False) -> None:
+                 eps: float = 1e-8, weight_decay: float = 1e-2, foreach: bool | None = None) -> None:
         self.params = list(params)
         #: torch's multi-tensor kernel (one op over all tensors: ZeRO-Offload's update on the host); on the CPU
-        #: it computes exactly what the one-tensor-at-a-time kernel does (tests/test_adamw.py)
-        self.foreach = foreach
+        #: it computes exactly what the one-tensor-at-a-time kernel does (tests/test_adamw.py). None: torch's
+        #: own default — multi-tensor on CUDA, where one tensor at a time is ~10 kernel launches a tensor
+        #: (measured on an H200: 22 ms of gpt2-small's 65 ms step), one at a time on the CPU
+        self.foreach = foreach if foreach is not None else any(p.is_cuda for p in self.params)
         self.param_groups: list[dict[str, Any]] = [
             {"params": self.params, "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)

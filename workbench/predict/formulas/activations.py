@@ -37,19 +37,26 @@ def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 
                      core: str = "eager") -> float:
     """What the attention core saves for backward besides q, k and v (views of the qkv output), per layer:
     eager: the softmax probabilities, a·s²·b/t values; fused (sdpa, flash attention): its log-sum-exp
-    (`lse_values`, fp32); ring (context parallelism, parallel/ring_attention.py): its log-sum-exp (a·s·b/t,
-    fp32) and the merged output (s·b·h/t: a tensor of its own, the projection's input is a reshaped copy)
-    — no s × s anything, whatever the sequence; allgather (the rotation that gathers every rank's K/V at
-    once): the ring's, and the cp gathered K/V blocks (2·cp·s·b·h/t, cp given as `core="allgather:CP"`)."""
+    (`lse_values`, fp32), and on CUDA the generator's seed and offset (`CUDA_RNG_STATE_BYTES`); ring
+    (context parallelism, parallel/ring_attention.py): its log-sum-exp (a·s·b/t, fp32) and the merged
+    output (s·b·h/t: a tensor of its own, the projection's input is a reshaped copy) — no s × s anything,
+    whatever the sequence; allgather (the rotation that gathers every rank's K/V at once): the ring's, and
+    the cp gathered K/V blocks (2·cp·s·b·h/t, cp given as `core="allgather:CP"`)."""
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
     if core == "eager":
         return w * a * s * s * b / t
     if core == "fused":
-        return 4 * lse_values(cfg, micro_batch, w, t, device)
+        return 4 * lse_values(cfg, micro_batch, w, t, device) + (CUDA_RNG_STATE_BYTES if device == "cuda" else 0)
     ring = 4 * a * s * b / t + w * s * b * h / t
     if core.startswith("allgather:"):
         return ring + w * 2 * int(core.split(":")[1]) * s * b * h / t
     return ring
+
+
+#: what CUDA's fused attention kernels (flash and memory-efficient) also save for backward, per call: the
+#: dropout generator's seed and offset, two int64 scalars, kept even without dropout (measured on an H200,
+#: torch 2.11: 16 bytes a layer beyond the log-sum-exp)
+CUDA_RNG_STATE_BYTES = 16
 
 
 def stats_width(bytes_per_value: int, device: str) -> int:
