@@ -248,6 +248,11 @@ size. Below, two "machines" on this one (two `workbench run` agents, one rank ea
 rendezvous endpoint): the second is killed after step 4, and started again once the first goes on alone.
 Rank 0 sleeps 0.2 s per step (`straggle`) so that the run lasts long enough for the second machine to
 come back. `metrics.jsonl` records each step's world size and attempt.
+
+The c10d rendezvous keeps its state in one store, served by the agent that opened the endpoint first —
+here the first machine's, which is why the second starts only once that store answers. Lose the machine
+that hosts the store and every agent loses the rendezvous with it: on a real cluster the endpoint is a
+machine that stays (or an etcd service), not one that may leave.
 """),
 code("""
 import shutil, signal, socket, subprocess, sys, time
@@ -278,8 +283,12 @@ def wait_for(what, done, timeout_s=120):
             raise TimeoutError(f"waited {timeout_s} s for {what}")
         time.sleep(0.2)
 
+def hosting():  # an agent has opened the rendezvous store at the endpoint
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))) == 0
+
 first = machine()
-wait_for("the first machine's request", lambda: os.path.exists(os.path.join(ELASTIC, "request.json")))
+wait_for("the first machine's agent to host the rendezvous store", hosting)
 second = machine()
 wait_for("steps on two machines", lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in rows()))
 second.kill()          # the machine goes: its agent, then (parent-death signals) its torchrun and rank

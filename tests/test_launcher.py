@@ -16,40 +16,59 @@ from workbench import ConfigError, RunConfig
 from workbench.cli import main
 
 
-def _processes_of(run_dir: str) -> list[int]:
-    """Every process whose command line names the run directory (torchrun and its ranks do)."""
-    found = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root`: torchrun (a subprocess, or forked warm by workbench.warm_torchrun's
+    server) and its ranks."""
+    parents = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if run_dir.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
+            with open(f"/proc/{pid}/stat") as f:
+                parents[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists processes through /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig):
-    """The CLI is stopped in the middle of a long run: torchrun and its two ranks are gone within 10 s
-    (SIGTERM: forwarded to torchrun, which stops the ranks; SIGKILL: torchrun's parent-death signal,
-    then the ranks')."""
+@pytest.mark.parametrize("sig, warm", [(signal.SIGTERM, "1"), (signal.SIGKILL, "1"), (signal.SIGKILL, "0")],
+                         ids=["SIGTERM-warm", "SIGKILL-warm", "SIGKILL-subprocess"])
+def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
+    """The CLI is stopped in the middle of a long run: torchrun and its two ranks (and the warm server,
+    warm_torchrun.py) are gone within 10 s (SIGTERM: forwarded to torchrun, which stops the ranks;
+    SIGKILL: parent-death signals, down the line)."""
     run_dir = str(tmp_path / "long")
     cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--dp", "2", "--steps", "1000", "--fault",
                             "straggle", "--fault-delay-s", "0.05", "--out", run_dir, "--quiet"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "WORKBENCH_WARM_TORCHRUN": warm})
     metrics = os.path.join(run_dir, "metrics.jsonl")
     deadline = time.monotonic() + 60
     while not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_processes_of(run_dir)) >= 3, "torchrun and two ranks are running"
+    family = _descendants(cli.pid)
+    assert len(family) >= 3 + (warm == "1"), "torchrun and two ranks are running (and the warm server)"
     cli.send_signal(sig)
     out, _ = cli.communicate(timeout=60)
     deadline = time.monotonic() + 10
-    while _processes_of(run_dir) and time.monotonic() < deadline:
+    while _alive(family) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_of(run_dir) == [], "a process of the run outlived the launcher"
+    assert _alive(family) == set(), "a process of the run outlived the launcher"
     if sig == signal.SIGTERM:
         assert cli.returncode == 130 and "partial results in" in out, out[-2000:]
         assert os.path.exists(metrics), "what the ranks wrote stays"

@@ -29,6 +29,7 @@ from workbench.model_config import lr_warning
 from workbench.progress import Progress
 from workbench.run import Run, load
 from workbench.trace.merge import recover_partials, write_merged
+from workbench.warm_torchrun import WarmTorchrun, wanted
 
 
 class RunFailed(RuntimeError):
@@ -184,12 +185,22 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
-                                env=env, preexec_fn=die_with_parent)  # it and its ranks end with us
+        proc = _start_torchrun(cmd, env, log, log_path, echo)
         rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
     return load(run_dir)
+
+
+def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str,
+                    echo: bool = False) -> subprocess.Popen | WarmTorchrun:
+    """torchrun, writing into the run's log (or, with `echo`, to the terminal): forked from a process that
+    has imported it already where warm launches are on (warm_torchrun.py), else its command as a
+    subprocess. Either way it and its ranks end with us (parent-death signals)."""
+    if not echo and wanted():
+        return WarmTorchrun(cmd, env, log_path)
+    return subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
+                            env=env, preexec_fn=die_with_parent)
 
 
 def _warn_lr(config: RunConfig) -> None:
@@ -232,8 +243,8 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
         json.dump({"numel": numel}, f)
     log_path = os.path.join(run_dir, "launcher.log")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
-                                stdout=log, stderr=subprocess.STDOUT, env=rank_env(chosen), preexec_fn=die_with_parent)
+        proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                               rank_env(chosen), log, log_path)
         if proc.wait() != 0:
             raise _failure(run_dir, proc.returncode, log_path)
     return load(run_dir)
