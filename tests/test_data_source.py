@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import workbench as wb
+from workbench.config import ConfigError
 from workbench.data_source import TokenFile, check_data
 
 TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -59,3 +60,29 @@ def test_dp2_on_text_trains_the_same_model_as_one_process(launched, text_file):
     a, b = one.metrics.loss.to_numpy(), two.metrics.loss.to_numpy()
     assert np.allclose(a, b, rtol=1e-5, atol=0), (a, b)
     assert a[-1] < a[0] - 0.5, "the model learns the text"
+
+
+def test_a_meta_pkl_that_would_run_code_is_refused(tmp_path):
+    """meta.pkl beside a .bin is read as plain data only: nanoGPT's own loads, one carrying a callable
+    (here os.system, through __reduce__) is refused by name before it can run — nothing is executed."""
+    import os
+    import pickle
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d in (good, bad):
+        d.mkdir()
+        (np.arange(100) % 65).astype(np.uint16).tofile(d / "train.bin")
+    chars = [chr(c) for c in range(32, 97)]
+    (good / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 65, "itos": dict(enumerate(chars)),
+                                                  "stoi": {c: i for i, c in enumerate(chars)}}))
+    check_data(str(good / "train.bin"), vocab_size=65, seq_len=16)
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (bad / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 65, "x": Payload()}))
+    with pytest.raises(ConfigError, match=r"refusing to load .*meta.pkl: it asks for posix.system"):
+        check_data(str(bad / "train.bin"), vocab_size=65, seq_len=16)
+    assert not marker.exists(), "nothing was executed"

@@ -75,13 +75,36 @@ def _largest_id(path: str, size: int, mtime: float) -> int:
     return int(_tokens("bin", path)[:CHECK_TOKENS].max())
 
 
+class _PlainData(pickle.Unpickler):
+    """An unpickler that builds no object of any class: a pickle of dicts, lists, tuples, sets, strings,
+    bytes, numbers, booleans and None loads (those need no class lookup); anything else names a global
+    (a class or a callable: how a pickle runs code) and is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise ConfigError(f"refusing to load {self.path}: it asks for {module}.{name}, and a data directory's "
+                          f"meta.pkl may hold only plain data (nanoGPT's vocab_size, stoi, itos). A pickle can run "
+                          f"code when it is loaded; remove the file, or write it again from a source you trust")
+
+    def __init__(self, f: Any, path: str) -> None:
+        super().__init__(f)
+        self.path = path
+
+
+def read_meta(meta: str) -> dict[str, Any]:
+    """nanoGPT's meta.pkl, loaded as plain data only (`_PlainData`): no code from a data directory."""
+    with open(meta, "rb") as f:
+        data = _PlainData(f, meta).load()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{meta}: expected nanoGPT's dict (vocab_size, stoi, itos), found {type(data).__name__}")
+    return data
+
+
 def _meta_vocab(path: str) -> int | None:
     """nanoGPT's character-level datasets keep their vocab_size in meta.pkl beside train.bin."""
     meta = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
     if not os.path.exists(meta):
         return None
-    with open(meta, "rb") as f:
-        return int(pickle.load(f).get("vocab_size", 0)) or None
+    return int(read_meta(meta).get("vocab_size", 0)) or None
 
 
 class TokenFile:
