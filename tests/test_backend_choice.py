@@ -90,3 +90,29 @@ def test_the_ring_demo_stays_on_the_cpu_unless_asked(gpus):
     assert inspect.signature(ring_demo).parameters["backend"].default == "gloo"
     gpus(8)
     assert choose_backend(RunConfig(dp=4, backend="gloo", global_batch=12)) == "gloo"
+
+
+def test_mpi_and_ccl_are_refused_with_what_is_missing_before_launch(monkeypatch, tmp_path):
+    """PyPI's torch has no MPI, and oneCCL's bindings are a separate install: both are ConfigErrors naming
+    the missing piece and the fix (the CLI's exit code 2), with no run directory made. A torch built with MPI
+    is refused too, with the reason (its ranks come from mpirun, ours from torchrun)."""
+    import importlib.util
+
+    import torch.distributed as dist
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    with pytest.raises(ConfigError, match="backend='mpi': this torch was built without MPI.*backend='gloo'"):
+        wb.launch(RunConfig(backend="mpi"), out=str(out), progress=False)
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)
+    with pytest.raises(ConfigError, match="takes its ranks from mpirun"):
+        choose_backend(RunConfig(backend="mpi"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "oneccl_bindings_for_pytorch" else real(name, *a))
+    with pytest.raises(ConfigError, match="backend='ccl': Intel's oneCCL bindings are not installed.*oneccl_bind_pt"):
+        wb.launch(RunConfig(backend="ccl"), out=str(out), progress=False)
+    assert not out.exists()
+    from workbench.cli import main
+
+    assert main(["run", "--backend", "ccl", "--out", str(out), "--quiet"]) == 2

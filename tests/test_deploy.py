@@ -31,3 +31,57 @@ def test_the_kubernetes_job_runs_a_command_workbench_accepts():
     assert a.rdzv_endpoint == f"{job['metadata']['name']}-0.{service['metadata']['name']}:29500"
     gpus_per_pod = container["resources"]["limits"]["nvidia.com/gpu"]
     assert config.world_size == gpus_per_pod * spec["completions"], "one rank per GPU over all pods"
+
+
+SBATCH = MANIFEST.parent.parent / "slurm" / "workbench.sbatch"
+VCJOB = MANIFEST.parent.parent / "volcano" / "workbench-vcjob.yaml"
+
+
+def _accepted(line: str, env: dict[str, str]):
+    """`line` with the scheduler's variables filled in, through `workbench run`'s parser and validation."""
+    for name, value in sorted(env.items(), key=lambda kv: -len(kv[0])):
+        line = line.replace(f'"${name}"', value).replace(f"${name}", value)
+    argv = shlex.split(line)
+    assert argv[:2] == ["workbench", "run"], argv[:2]
+    a = build_parser().parse_args(argv[1:])
+    return a, config_from_args(a).validate()
+
+
+def test_the_slurm_script_runs_a_command_workbench_accepts():
+    import subprocess
+
+    text = SBATCH.read_text()
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0, "valid bash"
+    directives = dict(line.split()[1].lstrip("-").split("=", 1) for line in text.splitlines()
+                      if line.startswith("#SBATCH "))
+    nodes, gpus = int(directives["nodes"]), int(directives["gpus-per-node"])
+    assert directives["ntasks-per-node"] == "1", "one torchrun agent per machine"
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    inner = shlex.split(srun)[-1]  # bash -c '...': the command each task runs
+    a, config = _accepted(inner, {"SLURM_NNODES": str(nodes), "SLURM_NODEID": "1", "WORKBENCH_RDZV": "node0:29500",
+                                  "SLURM_JOB_ID": "42"})
+    assert a.nnodes == str(nodes) and a.node_rank == 1 and a.rdzv_endpoint == "node0:29500"
+    assert config.world_size == nodes * gpus, "one rank per GPU over all nodes"
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text, "the first node hosts it"
+
+
+def test_the_volcano_job_is_gang_scheduled_and_runs_a_command_workbench_accepts():
+    job = yaml.safe_load(VCJOB.read_text())
+    spec = job["spec"]
+    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1" and job["kind"] == "Job"
+    assert spec["schedulerName"] == "volcano"
+    pods = sum(t["replicas"] for t in spec["tasks"])
+    assert spec["minAvailable"] == pods, "gang scheduling: every machine or none"
+    assert "svc" in spec["plugins"] and "--master=master" in spec["plugins"]["pytorch"]
+    port = next(a.split("=")[1] for a in spec["plugins"]["pytorch"] if a.startswith("--port="))
+    rank = 0
+    for task in spec["tasks"]:  # the pytorch plugin's variables: master first, then the workers
+        container = task["template"]["spec"]["containers"][0]
+        for _ in range(task["replicas"]):
+            a, config = _accepted(container["args"][0], {
+                "WORLD_SIZE": str(pods), "RANK": str(rank), "MASTER_ADDR": "workbench-master-0.workbench",
+                "MASTER_PORT": port})
+            assert a.nnodes == str(pods) and a.node_rank == rank
+            assert a.rdzv_endpoint == f"workbench-master-0.workbench:{port}"
+            assert config.world_size == container["resources"]["limits"]["nvidia.com/gpu"] * pods
+            rank += 1

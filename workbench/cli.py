@@ -89,6 +89,9 @@ def _add_data_and_tools(run: argparse.ArgumentParser, d: RunConfig) -> None:
                      help="eager: written out (what the activation formula counts); sdpa: torch's fused kernel")
     run.add_argument("--tensorboard", action="store_true",
                      help="write loss, lr, grad norm, tokens/s, time split and memory per step into RUN/tb")
+    run.add_argument("--nsys", action="store_true",
+                     help="each rank under Nsight Systems (nsys profile -t cuda,nvtx,osrt) into RUN/nsys/rank<r>"
+                          ".nsys-rep; our spans are its NVTX ranges (needs nsys on PATH and CUDA ranks)")
     run.add_argument("--profile-steps", default=None,
                      help="'A:B': a torch.profiler (Kineto) trace of steps A..B-1 per rank into RUN/profile "
                           "(Perfetto, TensorBoard's profiler, Holistic Trace Analysis)")

@@ -81,7 +81,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         trace=not a.no_trace, warmup_steps_excluded=a.warmup_steps_excluded,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
-        data=a.data, attention=a.attention, tensorboard=a.tensorboard, profile_steps=a.profile_steps,
+        data=a.data, attention=a.attention, tensorboard=a.tensorboard, profile_steps=a.profile_steps, nsys=a.nsys,
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
         resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
         fault=a.fault, fault_rank=a.fault_rank,

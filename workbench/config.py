@@ -33,7 +33,7 @@ from workbench.model_config import check_tensor_parallel, model_from_dict
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
-BACKENDS = ("auto", "gloo", "nccl")
+BACKENDS = ("auto", "gloo", "nccl", "mpi", "ccl")
 ALLREDUCE = ("backend", "ring", "hierarchical")
 DP_IMPLS = ("bucketed", "naive")
 FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "straggle")
@@ -116,6 +116,8 @@ class RunConfig:
     tensorboard: bool = False
     #: 'A:B': a torch.profiler (Kineto) trace of steps A..B−1 per rank in RUN/profile (measure/torch_profile.py)
     profile_steps: str | None = None
+    #: each rank under Nsight Systems (`nsys profile -t cuda,nvtx,osrt`) into RUN/nsys/rank<r>.nsys-rep (CUDA only)
+    nsys: bool = False
     #: summary.json's time figures (step time, compute, comm, overlap, idle) and the charts' default window
     #: leave out this many first steps: warm-up, where one rank starting later makes the others wait
     warmup_steps_excluded: int = 1

@@ -129,6 +129,9 @@ def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
     its own fails later with "invalid device ordinal")."""
     if requested == "auto" and os.environ.get(BACKEND_ENV) in ("gloo", "nccl"):
         requested = os.environ[BACKEND_ENV]
+    if requested in ("mpi", "ccl"):
+        check_backend_installed(requested)
+        return requested
     if requested == "gloo" or (requested == "auto" and gpus == 0):
         return "gloo"
     if gpus == 0:
@@ -139,6 +142,29 @@ def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
                           f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
                           f"(backend='gloo'), or use at most {gpus} rank(s) per machine")
     return "nccl"
+
+
+def check_backend_installed(backend: str) -> None:
+    """mpi and ccl exist only in some builds: a ConfigError naming what is missing and the fix, before launch.
+
+    mpi: torch's MPI backend is compiled into torch (PyPI's wheels have none) and takes its ranks from
+    `mpirun`, not torchrun — workbench launches with torchrun, so even a torch built with MPI is refused,
+    with that reason. ccl: Intel's oneCCL bindings (`oneccl_bindings_for_pytorch`, pip package
+    oneccl_bind_pt) register the backend when imported; the ranks import them (engine/context.py)."""
+    if backend == "mpi":
+        import torch.distributed as dist
+
+        if not dist.is_mpi_available():
+            raise ConfigError("backend='mpi': this torch was built without MPI (PyPI's wheels are); build torch from "
+                              "source against an MPI library, or use backend='gloo' (CPUs) or 'nccl' (GPUs)")
+        raise ConfigError("backend='mpi': torch's MPI backend takes its ranks from mpirun, and workbench launches "
+                          "with torchrun; use backend='gloo' (CPUs) or 'nccl' (GPUs)")
+    import importlib.util
+
+    if importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
+        raise ConfigError("backend='ccl': Intel's oneCCL bindings are not installed (module "
+                          "oneccl_bindings_for_pytorch): pip install oneccl_bind_pt (the build matching your torch, "
+                          "from Intel's index), or use backend='gloo' (CPUs) or 'nccl' (GPUs)")
 
 
 CP_BALANCES = ("head-tail", "none")

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 
 from workbench.checkpoint_files import archive_attempt, check_resume
 from workbench.config import ConfigError, RunConfig
@@ -28,8 +27,11 @@ from workbench.lifetime import die_with_parent, stop
 from workbench.model_config import lr_warning
 from workbench.progress import Progress
 from workbench.run import Run, load
+from workbench.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
 from workbench.trace.merge import recover_partials, write_merged
 from workbench.warm_torchrun import WarmTorchrun, wanted
+
+__all__ = ["Nodes", "RunFailed", "elastic_config", "launch", "ring_demo", "torchrun_command"]
 
 
 class RunFailed(RuntimeError):
@@ -40,83 +42,9 @@ class RunFailed(RuntimeError):
         self.rank, self.traceback, self.run = rank, traceback, run
 
 
-#: elastic rendezvous: a silent agent is dropped after 5 missed 1-second heartbeats, and a round closes 2 s
-#: after the minimum number of agents arrived (torchrun's defaults, 3 × 5 s and 30 s, suit large clusters)
-ELASTIC_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """Multi-machine settings passed to torchrun; the defaults run everything on this machine.
-
-    `nnodes` is a count, or "MIN:MAX" for elastic membership: the run goes on while at least MIN machines'
-    agents take part, re-forming its group (and its dp) when one leaves or joins (RunConfig.elastic)."""
-
-    nnodes: int | str = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None  # host:port of the rendezvous (node 0)
-    rdzv_id: str = "workbench"
-
-    @property
-    def range(self) -> tuple[int, int]:
-        """(MIN, MAX) machines."""
-        lo, _, hi = str(self.nnodes).partition(":")
-        try:
-            low, high = int(lo), int(hi or lo)
-        except ValueError:
-            low = high = 0
-        if not 1 <= low <= high:
-            raise ConfigError(f"nnodes={self.nnodes!r}: a number of machines ≥ 1, or MIN:MAX with 1 ≤ MIN ≤ MAX")
-        return low, high
-
-    @property
-    def elastic(self) -> bool:
-        return self.range[0] < self.range[1]
-
-
-def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
-    """An elastic launch: the config marked elastic, after checking that every world the machines can form
-    (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model."""
-    from workbench.config import ConfigError
-
-    low, high = nodes.range
-    per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
-    for n in range(low, high + 1):
-        if (n * per_node) % cell:
-            raise ConfigError(f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
-                              f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas")
-        try:
-            config.replace(dp=n * per_node // cell, elastic=True).validate()
-        except ConfigError as e:
-            raise ConfigError(f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={n * per_node // cell}): {e}") from e
-    return config.replace(elastic=True)
-
-
 def default_run_dir(config: RunConfig) -> str:
     name = config.name or time.strftime("run-%Y%m%d-%H%M%S")
     return os.path.join("traces", name)
-
-
-def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = Nodes(),
-                     module: str = "workbench.engine.worker") -> list[str]:
-    """torchrun's command line; an elastic one (nnodes MIN:MAX) sizes each machine for MAX of them."""
-    from workbench.config import ConfigError
-
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
-    low, high = nodes.range
-    if high == 1 and nodes.rdzv_endpoint is None:
-        cmd += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(config.world_size)]
-    else:
-        if config.world_size % high:
-            raise ConfigError(f"world size {config.world_size} (dp×tp×pp) is not divisible by nnodes="
-                              f"{nodes.nnodes}: every machine runs the same number of ranks")
-        if nodes.rdzv_endpoint is None:
-            raise ConfigError("nnodes > 1 needs rdzv_endpoint=HOST:PORT (the first machine's address)")
-        cmd += ["--nnodes", str(nodes.nnodes), "--nproc-per-node", str(config.world_size // high),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", nodes.rdzv_endpoint, "--rdzv-id", nodes.rdzv_id]
-        cmd += ["--rdzv-conf", ELASTIC_RDZV_CONF] if nodes.elastic else ["--node-rank", str(nodes.node_rank)]
-    cmd += ["--max-restarts", str(config.max_restarts), "-m", module, "--run-dir", run_dir]
-    return cmd
 
 
 def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = False) -> None:
@@ -147,7 +75,7 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def choose_backend(config: RunConfig, nodes: Nodes = Nodes()) -> str:
+def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE) -> str:
     """The backend the ranks will use (config_rules.backend_for): NCCL only where every rank of a machine
     has a GPU; a ConfigError naming both counts otherwise — before any process starts."""
     return backend_for(config.backend, config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo"
@@ -164,13 +92,14 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
         return f.read() == config.to_json()
 
 
-def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = Nodes(),
+def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
            echo: bool = False, force: bool = False) -> Run:
     """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError). An
     earlier run in `out` is replaced only with `force=True` (FileExistsError otherwise)."""
     _warn_lr(config)
     config.validate()
     backend = choose_backend(config, nodes)
+    check_nsys(config, backend)
     if nodes.elastic:
         config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))

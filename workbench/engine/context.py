@@ -73,6 +73,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
+        if backend == "ccl":  # Intel's oneCCL bindings register the backend when imported (config_rules.py)
+            import oneccl_bindings_for_pytorch  # noqa: F401
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
                             rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep)
