@@ -11,7 +11,7 @@
 #      (model FLOPs utilisation: (6·Ψ + 12·L·s·h) per token × tokens/s over the GPUs' bf16 dense peak:
 #      989 TFLOP/s for an H100/H200; set PEAK_TFLOPS for another GPU), the allocator's peak beside the
 #      categories', and the estimator's step time (H100 figures) beside the measured one;
-#      gpt2-small once more with nothing traced, the cost of recording;
+#      gpt2-small once more with nothing traced, the cost of recording; doctor's view of the GPU (NVML);
 #   4. our bucketed data parallelism against torch DDP on NCCL: the step-time ratio (losses checked first).
 # Everything it prints is also kept under $OUT (default /tmp/gpu_check), with gpt2-small's run (traces too).
 set -uo pipefail
@@ -21,7 +21,8 @@ PY=${PY:-python3}
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 FAILED=()
 # a borrowed machine's time is short: SUITE_LIMIT_S and RUN_LIMIT_S bound the suite and each other section
-# (0, the default: no bound); GPU_TESTS_K selects some of the suite's cases (pytest -k)
+# (0, the default: no bound); GPU_TESTS_K selects some of the suite's cases (pytest -k); SKIP_1_3B=1 leaves
+# gpt-1.3b out
 suite() { timeout "${SUITE_LIMIT_S:-0}" "$@"; }
 bounded() { timeout "${RUN_LIMIT_S:-0}" "$@"; }
 nvidia-smi -L | tee "$OUT/gpus.txt"
@@ -49,7 +50,8 @@ throughput() {  # preset, global batch per dp rank
 }
 echo "== 3. throughput, memory and the estimate"
 throughput gpt2-small 8 2>&1 | tee "$OUT/gpt2_small.log" || FAILED+=("gpt2-small")
-throughput gpt-1.3b 2 2>&1 | tee "$OUT/gpt_1.3b.log" || FAILED+=("gpt-1.3b")
+"$PY" -m workbench.cli doctor "$OUT/gpt2-small" 2>&1 | tail -4 | tee -a "$OUT/gpt2_small.log"  # NVML's view
+if [ -z "${SKIP_1_3B:-}" ]; then throughput gpt-1.3b 2 2>&1 | tee "$OUT/gpt_1.3b.log" || FAILED+=("gpt-1.3b"); fi
 bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/untraced.log" || FAILED+=("untraced")
 import os, tempfile
 import workbench as wb
@@ -59,7 +61,7 @@ with tempfile.TemporaryDirectory() as d:  # gpt2-small again, one GPU, nothing r
                     progress=False)
     print(f"gpt2-small untraced: step {run.metrics.step_time_s.iloc[2:].median() * 1e3:.1f} ms")
 PY
-tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small" "$OUT/gpt-1.3b"
+tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small" "$OUT/gpt-1.3b" || true
 
 echo "== 4. our data parallelism against DDP on NCCL"
 if [ "$NGPU" -ge 2 ]; then

@@ -32,6 +32,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 "${PIP[@]}" -e ".[dev]"
+# NVML's bindings where there is an NVIDIA GPU: each CUDA rank reads its GPU's health (measure/gpu_health.py)
+if [ "$WANT" = cuda ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  "${PIP[@]}" -e ".[gpu]"
+fi
 # JupyterLab saves the widgets' state with the notebook: a saved notebook reopens with its sliders and charts
 # instead of "Error displaying widget: model not found" (the setting's default is off).
 mkdir -p "$VENV/share/jupyter/lab/settings"

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import workbench as wb
 from workbench.measure.torch_profile import MARKER, load_ops
 
 
@@ -85,3 +86,27 @@ def test_holistic_trace_analysis_reads_the_profile(watched):
     assert 2 in iterations and iterations <= {2, 3}, "HTA's iterations are our step numbers (ProfilerStep#N)"
     overlap = analysis.get_comm_comp_overlap(visualize=False)
     assert sorted(overlap["rank"]) == [0, 1]
+
+
+def test_wandb_offline_holds_the_config_each_steps_points_and_the_summary(tmp_path, monkeypatch):
+    """--wandb without a login writes an offline run under RUN/wandb/ (read back here from its own records):
+    the run's config, each step's loss equal to metrics.jsonl's, the summary's figures, and a table of the
+    ranks."""
+    import glob
+    import json
+
+    from tests.wandb_records import offline_run
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = wb.launch(wb.RunConfig(model="tiny", dp=2, global_batch=8, steps=3, wandb="workbench-test"),
+                    out=str(tmp_path / "r"), progress=False)
+    logged = offline_run(run.path)
+    assert logged["config"]["dp"] == 2 and logged["config"]["wandb"] == "workbench-test"
+    assert [row["train/loss"] for row in logged["history"]] == list(run.metrics.loss)
+    assert logged["summary"]["workbench/world_size"] == 2
+    assert logged["summary"]["workbench/step_time_s"] == run.summary["step_time_s"]
+    (table,) = glob.glob(os.path.join(logged["dir"], "files", "media", "table", "workbench", "ranks_*.table.json"))
+    with open(table) as f:
+        ranks = json.load(f)
+    assert [row[0] for row in ranks["data"]] == [0, 1] and ranks["columns"][0] == "rank"

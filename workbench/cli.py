@@ -89,6 +89,12 @@ def _add_data_and_tools(run: argparse.ArgumentParser, d: RunConfig) -> None:
                      help="eager: written out (what the activation formula counts); sdpa: torch's fused kernel")
     run.add_argument("--tensorboard", action="store_true",
                      help="write loss, lr, grad norm, tokens/s, time split and memory per step into RUN/tb")
+    run.add_argument("--wandb", nargs="?", const="workbench", default=None, metavar="PROJECT",
+                     help="log what --tensorboard logs, the config and the summary to W&B (project 'workbench' "
+                          "unless named); offline under RUN/wandb/ unless you have logged in (wandb sync uploads it)")
+    run.add_argument("--gpu-health-every", type=int, default=d.gpu_health_every, metavar="K",
+                     help="CUDA ranks read their GPU through NVML (temperature, power, SM clock, throttling, ECC, "
+                          "Xid) every K steps into gpu_health.jsonl and the trace; 0: never")
     run.add_argument("--nsys", action="store_true",
                      help="each rank under Nsight Systems (nsys profile -t cuda,nvtx,osrt) into RUN/nsys/rank<r>"
                           ".nsys-rep; our spans are its NVTX ranges (needs nsys on PATH and CUDA ranks)")
@@ -119,6 +125,8 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--out", default="traces/compare", help="where the runs, table.csv and report.html go")
     cmp.add_argument("--force", action="store_true", help="replace the runs of an earlier comparison in --out")
     cmp.add_argument("--no-calibrate", action="store_true", help="skip measuring this machine (no time estimates)")
+    cmp.add_argument("--wandb", nargs="?", const="workbench", default=None, metavar="PROJECT",
+                     help="also log the table to W&B as a run of its own (offline under OUT/wandb/ without a login)")
 
     for name, text in (("validate", "check a run's traces against the run format"),
                        ("show", "print a run's summary"),

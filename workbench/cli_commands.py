@@ -82,6 +82,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
         data=a.data, attention=a.attention, tensorboard=a.tensorboard, profile_steps=a.profile_steps, nsys=a.nsys,
+        gpu_health_every=a.gpu_health_every, wandb=a.wandb,
         checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
         resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
         fault=a.fault, fault_rank=a.fault_rank,
@@ -159,6 +160,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         return 2
     print(result.table.to_string(index=False))
     print(f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv")
+    if a.wandb:
+        from workbench.engine.wandb_log import log_table
+
+        log_table(a.wandb, a.out, f"compare-{os.path.basename(os.path.abspath(a.out))}", result.table)
+        print(f"W&B: the table logged to project {a.wandb!r} (offline runs: wandb sync {a.out}/wandb/offline-run-*)")
     return 0
 
 

@@ -114,8 +114,12 @@ class RunConfig:
     attention: str = "eager"
     #: rank 0 writes loss, lr, time split and memory per step into RUN/tb (engine/tensorboard.py)
     tensorboard: bool = False
+    #: a W&B project: rank 0 logs what tensorboard logs, the config and the summary (engine/wandb_log.py)
+    wandb: str | None = None
     #: 'A:B': a torch.profiler (Kineto) trace of steps A..B−1 per rank in RUN/profile (measure/torch_profile.py)
     profile_steps: str | None = None
+    #: CUDA ranks read their GPU through NVML every this many steps (0: never): measure/gpu_health.py
+    gpu_health_every: int = 1
     #: each rank under Nsight Systems (`nsys profile -t cuda,nvtx,osrt`) into RUN/nsys/rank<r>.nsys-rep (CUDA only)
     nsys: bool = False
     #: summary.json's time figures (step time, compute, comm, overlap, idle) and the charts' default window
@@ -188,6 +192,8 @@ class RunConfig:
                               f"valid are 'fp32' or the parameters' own {self.precision!r}")
         _choice("recompute", self.recompute, RECOMPUTE)
         _choice("backend", self.backend, BACKENDS)
+        if self.gpu_health_every < 0:
+            raise ConfigError(f"gpu_health_every={self.gpu_health_every}: a number of steps ≥ 1, or 0 for never")
         _choice("allreduce", self.allreduce, ALLREDUCE)
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
         _choice("grad_compression", self.grad_compression, ("none", "bf16", "fp16"))

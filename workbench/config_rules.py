@@ -95,6 +95,14 @@ def check_data_and_tools(cfg: Any) -> None:
                           f"recomputation is not modelled yet — use recompute='none'")
     m = cfg.model_config
     check_data(cfg.data, m.vocab_size, m.seq_len)
+    if cfg.wandb is not None:
+        import importlib.util
+
+        if not cfg.wandb.strip():
+            raise ConfigError("wandb='': name a W&B project (or leave wandb unset)")
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"wandb={cfg.wandb!r}: the wandb package is not installed here; pip install wandb "
+                              f"(or `pip install workbench[wandb]`), or leave --wandb off")
     if cfg.profile_steps is None:
         return
     first, stop = profile_range(cfg.profile_steps)

@@ -18,6 +18,7 @@ from typing import Any
 
 from workbench.comm import torch_flight_recorder
 from workbench.comm.flight_recorder import lagging
+from workbench.measure.gpu_health import HARMFUL
 
 
 def _errors(run_dir: str) -> dict[int, dict[str, Any]]:
@@ -110,7 +111,7 @@ def diagnose(run_dir: str) -> str:
     errors = _errors(run_dir)
     if not errors:
         return "\n".join([f"{run_dir}: no rank left an error file: the run did not fail (or died before it "
-                          f"could write one)"] + balance(run_dir))
+                          f"could write one)"] + balance(run_dir) + gpu_view(run_dir))
     first = min(errors.values(), key=lambda e: (e.get("secondary", False), e.get("time", 0)))
     lines = [f"{run_dir}: {len(errors)} rank(s) failed; the first cause: rank {first['rank']}: "
              f"{first['type']}: {_shortened(first['message'])}", ""]
@@ -127,7 +128,34 @@ def diagnose(run_dir: str) -> str:
         for r in g["behind"]:
             lines.append(f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
                          f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped")
-    return "\n".join(lines + torch_view(run_dir))
+    return "\n".join(lines + torch_view(run_dir) + gpu_view(run_dir))
+
+
+def gpu_view(run_dir: str) -> list[str]:
+    """What each rank's GPU reported through NVML (gpu_health.jsonl: measure/gpu_health.py): its hottest
+    and slowest sample, the harmful throttling, ECC errors and Xid events seen, and the anomalies."""
+    path = os.path.join(run_dir, "gpu_health.jsonl")
+    if not os.path.exists(path):
+        return []
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                s = json.loads(line)
+                by_rank.setdefault(s["rank"], []).append(s)
+    lines = ["", f"GPU health (NVML, {sum(map(len, by_rank.values()))} sample(s) in gpu_health.jsonl):"]
+    for rank, samples in sorted(by_rank.items()):
+        def most(key: str, pick: Any = max, samples: list[dict[str, Any]] = samples) -> Any:
+            values = [s[key] for s in samples if s.get(key) is not None]
+            return pick(values) if values else "n/a"
+        throttled = sorted({r for s in samples for r in s.get("throttle", []) if r in HARMFUL})
+        xids = sorted({x for s in samples for x in s.get("xid", [])})
+        lines.append(f"  rank {rank}: up to {most('temperature_c')} °C, {most('power_w')} W, SM clock down to "
+                     f"{most('sm_clock_mhz', min)} MHz; throttled: {', '.join(throttled) or 'no'}; uncorrected "
+                     f"ECC: {most('ecc_uncorrected')}; Xid: {', '.join(map(str, xids)) or 'none'}")
+        for s in [s for s in samples if s.get("anomaly")][:3]:
+            lines.append(f"    step {s['step']}: {s['anomaly']}")
+    return lines
 
 
 def torch_view(run_dir: str) -> list[str]:

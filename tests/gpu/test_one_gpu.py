@@ -109,3 +109,18 @@ def test_adamw_on_cuda_is_torch_adamw():
         ref.step()
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@needs(1)
+def test_the_gpu_reports_its_health_through_nvml(launched):
+    """Each step a CUDA rank reads its GPU through NVML (measure/gpu_health.py): rank 0's figures in
+    metrics.jsonl, every sample in gpu_health.jsonl, doctor's summary of them."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (NVML's bindings) is not installed here")
+    from workbench.doctor import diagnose
+
+    run = launched(backend="nccl", **ONE)
+    for gpu in run.metrics.gpu:
+        assert 0 < gpu["temperature_c"] < 120 and gpu["power_w"] > 0 and gpu["sm_clock_mhz"] > 0, gpu
+    with open(os.path.join(run.path, "gpu_health.jsonl")) as f:
+        assert len(f.readlines()) == ONE["steps"]
+    assert "GPU health (NVML" in diagnose(run.path)

@@ -1,5 +1,6 @@
 """TensorBoard while it trains (`--tensorboard`): rank 0 writes one point per step into RUN/tb/ through
-torch.utils.tensorboard, so `tensorboard --logdir traces/` follows a run as it goes.
+torch.utils.tensorboard, so `tensorboard --logdir traces/` follows a run as it goes. The same points go to
+W&B with `--wandb` (engine/wandb_log.py); `StepLogs` computes them once for both.
 
     train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/step_time_s    metrics.jsonl's row
     time_ms/<category>     rank 0's time in the step by span category (forward, backward, optimizer,
@@ -23,41 +24,57 @@ TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 
 
 class TensorBoard:
-    """Opened on rank 0 before the first step; `write(row, since_us)` after each, `close()` at the end."""
+    """RUN/tb through torch.utils.tensorboard: one point per scalar and step."""
 
-    def __init__(self, run_dir: str, recorder: Any, memory: Any) -> None:
+    def __init__(self, run_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(os.path.join(run_dir, "tb"))
-        self.recorder, self.memory = recorder, memory
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self, summary_path: str | None = None) -> None:
+        self.writer.close()
+
+
+class StepLogs:
+    """Rank 0's step points for the loggers asked for (TensorBoard, W&B: engine/wandb_log.py): each step's
+    events are read once from the recorder, the points computed once and handed to every logger."""
+
+    def __init__(self, recorder: Any, memory: Any, loggers: list[Any]) -> None:
+        self.recorder, self.memory, self.loggers = recorder, memory, loggers
         self.scanned = 0  # events of the recorder already read
 
     def write(self, row: dict[str, Any], since_us: float) -> None:
-        step = int(row["step"])
-        for key in TRAIN_KEYS:
-            if row.get(key) is not None:
-                self.writer.add_scalar(f"train/{key}", float(row[key]), step)
-        events = self._events_of_step()
-        for cat, ms in _time_by_category(events, since_us).items():
-            self.writer.add_scalar(f"time_ms/{cat}", ms, step)
-        if events:
-            comm = [(a, b) for _, a, b in comm_intervals(events) if a >= since_us]
-            self.writer.add_scalar("time_ms/compute", union_length(compute_intervals(events, since_us)) / 1e3, step)
-            self.writer.add_scalar("time_ms/communication", union_length(comm) / 1e3, step)
-        for cat, value in self.memory.peak.items():
-            if value:
-                self.writer.add_scalar(f"memory_MB/{cat}", value / 1e6, step)
-        self.writer.add_scalar("memory_MB/total", self.memory.peak_total / 1e6, step)
-        self.writer.flush()
-
-    def _events_of_step(self) -> list[dict[str, Any]]:
-        """The recorder's events since the last call (each event is read once)."""
         end = len(self.recorder.events)
         events, self.scanned = self.recorder.events[self.scanned:end], end
-        return events
+        scalars = step_scalars(row, events, since_us, self.memory)
+        for logger in self.loggers:
+            logger.write(int(row["step"]), scalars)
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, summary_path: str | None = None) -> None:
+        for logger in self.loggers:
+            logger.close(summary_path)
+
+
+def step_scalars(row: dict[str, Any], events: list[dict[str, Any]], since_us: float, memory: Any) -> dict[str, float]:
+    """What is logged for a step (TensorBoard's and W&B's points): metrics.jsonl's row, rank 0's time by span
+    category and the compute/communication split of the step's events, the memory categories' peaks so far."""
+    out = {f"train/{key}": float(row[key]) for key in TRAIN_KEYS if row.get(key) is not None}
+    for cat, ms in _time_by_category(events, since_us).items():
+        out[f"time_ms/{cat}"] = ms
+    if events:
+        comm = [(a, b) for _, a, b in comm_intervals(events) if a >= since_us]
+        out["time_ms/compute"] = union_length(compute_intervals(events, since_us)) / 1e3
+        out["time_ms/communication"] = union_length(comm) / 1e3
+    for cat, value in memory.peak.items():
+        if value:
+            out[f"memory_MB/{cat}"] = value / 1e6
+    out["memory_MB/total"] = memory.peak_total / 1e6
+    return out
 
 
 def _time_by_category(events: list[dict[str, Any]], since_us: float) -> dict[str, float]:

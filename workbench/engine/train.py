@@ -21,8 +21,10 @@ from workbench.engine.context import RankContext, write_json, write_resolved_con
 from workbench.engine.data import global_batch, shard_rows
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
-from workbench.engine.tensorboard import TensorBoard
+from workbench.engine.tensorboard import StepLogs, TensorBoard
 from workbench.engine.train_step import StepResult, train_step
+from workbench.engine.wandb_log import WandB
+from workbench.measure.gpu_health import GpuHealth, record
 from workbench.measure.memory_profile import MemoryProfile
 from workbench.measure.torch_profile import TorchProfile
 from workbench.parallel.context_parallel import ContextParallel
@@ -42,9 +44,10 @@ def train(ctx: RankContext) -> dict[str, Any]:
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
     source = batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
-    tb = TensorBoard(ctx.run_dir, ctx.recorder, ctx.memory) if cfg.tensorboard and ctx.rank == 0 else None
+    logs = step_logs(ctx)
     kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
               if cfg.profile_steps else None)
+    health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
     for step in range(start, cfg.steps):
         step_start = ctx.recorder.now_us()
         if kineto is not None:
@@ -56,17 +59,28 @@ def train(ctx: RankContext) -> dict[str, Any]:
             kineto.after(step)
         if profile is not None and step == cfg.profile_memory_step:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
+        if health is not None and step % cfg.gpu_health_every == 0:
+            results[-1].extra["gpu"] = record(health, ctx.recorder, ctx.run_dir, ctx.rank, step)
         if ctx.rank == 0:
             row = append_metrics(ctx, results[-1])
-            if tb is not None:
-                tb.write(row, since_us=step_start)
+            if logs is not None:
+                logs.write(row, since_us=step_start)
         maybe_save(strategy, step)
         ctx.recorder.flush()
-    if tb is not None:
-        tb.close()
     return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
             "loss": results[-1].loss if results else float("nan"),
-            "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count()}
+            "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count(), "logs": logs}
+
+
+def step_logs(ctx: RankContext) -> StepLogs | None:
+    """Rank 0's loggers (TensorBoard, W&B), or None when none was asked for; the worker closes them once
+    summary.json exists (W&B attaches it)."""
+    cfg = ctx.config
+    if ctx.rank != 0 or not (cfg.tensorboard or cfg.wandb):
+        return None
+    loggers = ([TensorBoard(ctx.run_dir)] if cfg.tensorboard else []) + \
+        ([WandB(ctx.run_dir, cfg.wandb, cfg.to_dict())] if cfg.wandb else [])
+    return StepLogs(ctx.recorder, ctx.memory, loggers)
 
 
 def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int,
@@ -109,6 +123,9 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
            "world_size": ctx.world_size}
     row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
     row["anomaly"] = r.extra.get("anomaly")
+    if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)
+        row["gpu"] = {k: v for k, v in r.extra["gpu"].items() if k != "anomaly"}
+        row["anomaly"] = row["anomaly"] or r.extra["gpu"]["anomaly"]
     for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (engine/moe.py)
         if key in r.extra:
             row[key] = r.extra[key]

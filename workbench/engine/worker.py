@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume
         ctx.recorder.info["attempt"] = begin_attempt(args.run_dir, ctx.device)
         ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
-        train(ctx)
+        logs = train(ctx)["logs"]
         finish(ctx)
+        if logs is not None:  # rank 0's TensorBoard and W&B, closed once summary.json exists
+            logs.close(os.path.join(args.run_dir, "summary.json"))
         ctx.comm.barrier()  # a barrier before destroy avoids rare gloo aborts at exit
         dist.destroy_process_group()
         return 0
