@@ -26,6 +26,7 @@ test: lint compile
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu" tests --nbmake notebooks
 
 test-all: setup compile  # also the `slow` cases: more strategies for behaviours `make test` checks once each
+	$(PY) -m pip install -q -e ".[ray]"   # --launcher ray's cases run on a local Ray
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu" tests --nbmake notebooks
 
 test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); each case skips without its GPUs

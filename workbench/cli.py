@@ -106,6 +106,10 @@ def _add_data_and_tools(run: argparse.ArgumentParser, d: RunConfig) -> None:
 def _add_launch(run: argparse.ArgumentParser) -> None:
     """Where the run goes and which machines take part."""
     run.add_argument("--out", default=None, help="run directory (default traces/<name>, or traces/run-<time>)")
+    run.add_argument("--launcher", default="torchrun", choices=("torchrun", "ray"),
+                     help="torchrun (default), or ray: the ranks as Ray Train workers (a local Ray unless "
+                          "--ray-address; pip install 'ray[train]')")
+    run.add_argument("--ray-address", default=None, metavar="ADDR", help="a running Ray cluster (--launcher ray)")
     run.add_argument("--force", action="store_true",
                      help="replace an earlier run in --out (without it, an existing run directory is an error)")
     run.add_argument("--name", default=None)

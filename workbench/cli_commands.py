@@ -114,7 +114,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force)
+        run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force, launcher=a.launcher,
+                     ray_address=a.ray_address)
     except (ConfigError, FileExistsError) as e:
         print(f"workbench: {e}", file=sys.stderr)
         return 2
@@ -123,7 +124,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt as e:
         why = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
-        print(f"\nworkbench: {why} — torchrun and its ranks were stopped; partial results in {out}/ "
+        print(f"\nworkbench: {why} — {a.launcher} and its ranks were stopped; partial results in {out}/ "
               f"(workbench show {out})", file=sys.stderr)
         return 130
     print_summary(run.path)

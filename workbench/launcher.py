@@ -93,13 +93,14 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
 
 
 def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
-           echo: bool = False, force: bool = False) -> Run:
-    """Validate, run with torchrun, and return the loaded Run (or raise RunFailed / ConfigError). An
-    earlier run in `out` is replaced only with `force=True` (FileExistsError otherwise)."""
+           echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None) -> Run:
+    """Validate, run with torchrun (or as Ray Train workers: launcher='ray', ray_launch.py), and return the
+    loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
+    `force=True` (FileExistsError otherwise)."""
     _warn_lr(config)
     config.validate()
     backend = choose_backend(config, nodes)
-    check_nsys(config, backend)
+    _check_launcher(launcher, config, backend, nodes, ray_address)
     if nodes.elastic:
         config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))
@@ -110,6 +111,15 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
             f.write(config.to_json())
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
+    if launcher == "ray":
+        from workbench.ray_launch import run_on_ray
+
+        with open(log_path, "w") as log:
+            log.write(f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n")
+        rc = run_on_ray(config, run_dir, backend, env, ray_address)
+        if rc != 0:
+            raise _failure(run_dir, rc, log_path)
+        return load(run_dir)
     cmd = torchrun_command(config, run_dir, nodes)
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -119,6 +129,23 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
     return load(run_dir)
+
+
+def _check_launcher(launcher: str, config: RunConfig, backend: str, nodes: Nodes, ray_address: str | None) -> None:
+    """torchrun (with --nsys where asked) or Ray (ray_launch.check_ray): what each cannot do, before launch."""
+    if launcher == "torchrun":
+        check_nsys(config, backend)
+        if ray_address is not None:
+            raise ConfigError("ray_address is for launcher='ray'")
+        return
+    if launcher != "ray":
+        raise ConfigError(f"launcher={launcher!r}: valid are 'torchrun' and 'ray'")
+    from workbench.ray_launch import check_ray
+
+    if nodes.range != (1, 1) or nodes.rdzv_endpoint is not None:
+        raise ConfigError("launcher='ray' places the workers on the cluster itself: leave nnodes, node_rank and "
+                          "rdzv_endpoint unset (give the cluster with ray_address)")
+    check_ray(config, backend, ray_address)
 
 
 def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str,

@@ -75,8 +75,9 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         device = torch.device("cpu")
         if backend == "ccl":  # Intel's oneCCL bindings register the backend when imported (config_rules.py)
             import oneccl_bindings_for_pytorch  # noqa: F401
-    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
-                            rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+    if not dist.is_initialized():  # Ray Train joins the group itself, with this backend and timeout (ray_launch.py)
+        dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
+                                rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep)
     groups = ProcessGroups.create(grid, rank, config.timeout_s,
                                   ranks_per_node(config) if config.allreduce == "hierarchical" else 0)

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    die_with_parent()  # a killed torchrun takes its ranks along (workbench/lifetime.py)
+    if threading.current_thread() is threading.main_thread():  # a Ray Train worker runs this in a thread
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        die_with_parent()  # a killed torchrun takes its ranks along (workbench/lifetime.py)
     rank = int(os.environ.get("RANK", 0))
     ctx: RankContext | None = None
     try:
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as e:
         # torchrun's SIGTERM to a rank already failing (its peer died first) must not cut this record short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
                "traceback": traceback.format_exc(),
                "coords": ctx.grid.coords(rank) if ctx is not None else None,
