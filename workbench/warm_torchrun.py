@@ -93,8 +93,10 @@ class WarmTorchrun:
         global _server
         if _server is None or not _server.alive():
             _server = _Server(env)
+        if cmd[1:3] != ["-m", "torch.distributed.run"]:
+            raise ValueError(f"not a torchrun command line: {cmd[:3]}")
         self.server, self.args, self.returncode = _server, cmd, None
-        self.pid = _server.fork(cmd[3:], env, log)  # cmd: [python, -m, torch.distributed.run, ...]
+        self.pid = _server.fork(cmd[3:], env, log)  # torchrun's own arguments
 
     def poll(self) -> int | None:
         if self.returncode is None:
