@@ -75,8 +75,10 @@ from each rank, so
 written below as t = α + 2(n−1)/n·S/β with α the whole latency of the collective. Below the size
 **α·β** (the crossover, marked) latency dominates and bigger messages come almost free; above it the
 time grows with S. *Predict first:* where does the crossover of gloo on this machine lie — kilobytes or
-megabytes? Then the measurement: all-reduces of 1 KB to 64 MB on 2 and on 4 ranks (the clock, the median
-of 6 after a barrier), with the fit.
+megabytes? Then the measurement: all-reduces of 1 KB to 64 MB on 2 and on 4 ranks (the clock, the
+fastest of 6 after a barrier: the model's α and β are what the link and the algorithm cost, and on a
+shared machine any one call can lose a time slice to something else — a median of so few still moved
+the fit by 40 % from one run to the next here), with the fit.
 """),
 code("""
 from workbench.predict.comm_calibration import allreduce_times, alpha_beta
@@ -84,7 +86,7 @@ from workbench.predict.comm_calibration import allreduce_times, alpha_beta
 SIZES = tuple(1 << k for k in range(10, 27, 2))          # 1 KB … 64 MB
 fits, ab = {}, []
 for n in (2, 4):
-    times = allreduce_times(SIZES, world=n, repeats=6)
+    times = allreduce_times(SIZES, world=n, repeats=8, stat="min")
     a, b = alpha_beta(times, n)
     fits[n] = (a, b)
     for size, t in times.items():

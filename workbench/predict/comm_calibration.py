@@ -42,7 +42,7 @@ def _spawn(fn, world: int, *args) -> dict:
 
 
 def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str,
-                      sizes: tuple[int, ...] = (1 << 10, 1 << 22), repeats: int = 12) -> None:
+                      sizes: tuple[int, ...] = (1 << 10, 1 << 22), repeats: int = 12, stat: str = "median") -> None:
     import torch
     import torch.distributed as dist
 
@@ -58,7 +58,7 @@ def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend:
             if device != "cpu":
                 torch.cuda.synchronize()
             ts.append(time.perf_counter() - t)
-        results[buf.numel() * 4] = statistics.median(ts[2:])
+        results[buf.numel() * 4] = statistics.median(ts[2:]) if stat == "median" else min(ts[2:])
     if rank == 0:
         with open(out, "w") as f:
             f.write(repr(results))
@@ -67,10 +67,14 @@ def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend:
 
 
 def allreduce_times(sizes: tuple[int, ...], world: int = 2, backend: str = "gloo",
-                    repeats: int = 12) -> dict[int, float]:
-    """Median seconds of a `world`-rank all-reduce of each size in bytes (fp32 values, `repeats` times
-    each after a barrier, the first two dropped): {bytes: seconds}, measured by the clock."""
-    return _spawn(_allreduce_worker, world, backend, tuple(sizes), repeats)
+                    repeats: int = 12, stat: str = "median") -> dict[int, float]:
+    """Seconds of a `world`-rank all-reduce of each size in bytes (fp32 values, `repeats` times each after a
+    barrier, the first two dropped): {bytes: seconds}, measured by the clock — the median (what a step
+    typically pays), or with stat='min' the fastest (what the link and the algorithm cost when nothing else
+    on a shared machine gets in the way: the α–β model's own quantity)."""
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat={stat!r}: 'median' or 'min'")
+    return _spawn(_allreduce_worker, world, backend, tuple(sizes), repeats, stat)
 
 
 def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
