@@ -217,8 +217,7 @@ def test_gradients_equal_1f1bs(launched):
         torch.testing.assert_close(moments["zbh1"][k], v, rtol=1e-4, atol=1e-8, msg=k)
 
 
-@pytest.mark.slow  # make test resumes a cp and an ep run bit-identically (test_context_parallel_engine.py,
-def test_a_zbh1_run_resumes_bit_identically(launched):  # test_expert_parallel.py); this one in make test-all
+def test_a_zbh1_run_resumes_bit_identically(launched):
     config = {"model": FOUR, "pp": 2, "microbatches": 4, "steps": 6, "checkpoint_every": 3}
     runs = {"zbh1": launched(schedule="zbh1", **config)}
     resumed = launched(schedule="zbh1", resume=os.path.join(runs["zbh1"].path, "checkpoints", "step_000003"),
