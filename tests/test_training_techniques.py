@@ -91,7 +91,7 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     assert_same_training(run, launched(model=four))
     assert validate_run(run.path) == []
     grid = run.config["grid"]
-    assert grid["5"] == {"pp": 1, "dp": 0, "tp": 1}
+    assert grid["5"] == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
 
 
 @pytest.mark.parametrize("config", [
