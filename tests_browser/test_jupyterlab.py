@@ -156,7 +156,11 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
 
 def _saved_notebook_reopens_clean(page, browser, lab: str, notebook: str) -> None:
     """Save, shut the kernel down, open the notebook again: its outputs (progress lines, charts, widgets
-    from their saved state) show without "Error displaying widget" or console errors."""
+    from their saved state) show without "Error displaying widget" or console errors. The save waits for the
+    kernel to finish what the last moved control asked (its new widgets' models must exist to be saved)."""
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status"
+                           " === 'idle'", timeout=120_000)
+    page.wait_for_timeout(1500)  # the last comm messages (new widget models) reach the page
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
