@@ -119,8 +119,8 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
     ctx.comm.barrier()
     with ctx.recorder.span(f"checkpoint save step {step}", "checkpoint", "compute", step=step) as args:
         metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
-        ctx.comm.barrier()
-        args["bytes"] = _file_bytes(partial, ctx.rank)
+        args["bytes"] = _file_bytes(partial, ctx.rank)  # this rank's files: written when its save returns
+        ctx.comm.barrier()  # every rank has read its files before rank 0 renames the directory
         if ctx.rank == 0:
             args["total_bytes"] = write_marker(partial, step, config, tensor_bytes(metadata))["bytes"]
             os.rename(partial, final)
