@@ -117,15 +117,13 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
         with open(log_path, "w") as log:
             log.write(f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n")
         rc = run_on_ray(config, run_dir, backend, env, ray_address)
-        if rc != 0:
-            raise _failure(run_dir, rc, log_path)
-        return load(run_dir)
-    cmd = torchrun_command(config, run_dir, nodes)
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = _start_torchrun(cmd, env, log, log_path, echo)
-        rc = _follow(proc, run_dir, config, progress)
+    else:
+        cmd = torchrun_command(config, run_dir, nodes)
+        with open(log_path, "w") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            proc = _start_torchrun(cmd, env, log, log_path, echo)
+            rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
     return load(run_dir)

@@ -52,8 +52,6 @@ ONE_MACHINE = Nodes()
 def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
     """An elastic launch: the config marked elastic, after checking that every world the machines can form
     (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model."""
-    from workbench.config import ConfigError
-
     low, high = nodes.range
     per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
     for n in range(low, high + 1):

@@ -36,12 +36,19 @@ def mode() -> str:
     return os.environ.get("WANDB_MODE") or ("online" if logged_in() else "offline")
 
 
+def start(project: str, name: str, out_dir: str, **kwargs: Any) -> Any:
+    """A W&B run written under out_dir/wandb, in `mode()`, W&B's console capture off."""
+    import wandb
+
+    return wandb.init(project=project, name=name, dir=out_dir, mode=mode(),
+                      settings=wandb.Settings(console="off", silent=True), **kwargs)
+
+
 def log_table(project: str, out_dir: str, name: str, table: Any) -> None:
     """`workbench compare --wandb`: the comparison's table (a DataFrame) as a W&B run of its own, in out_dir."""
     import wandb
 
-    run = wandb.init(project=project, name=name, dir=out_dir, job_type="compare", mode=mode(),
-                     settings=wandb.Settings(console="off", silent=True))
+    run = start(project, name, out_dir, job_type="compare")
     run.log({"compare": wandb.Table(dataframe=table)})
     run.finish()
 
@@ -53,8 +60,7 @@ class WandB:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
-                              config=config, mode=mode(), settings=wandb.Settings(console="off", silent=True))
+        self.run = start(project, os.path.basename(os.path.abspath(run_dir)), run_dir, config=config)
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)

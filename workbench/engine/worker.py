@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
-    if threading.current_thread() is threading.main_thread():  # a Ray Train worker runs this in a thread
+    own_signals = threading.current_thread() is threading.main_thread()  # a Ray Train worker runs in a thread
+    if own_signals:
         signal.signal(signal.SIGTERM, _on_sigterm)
         die_with_parent()  # a killed torchrun takes its ranks along (workbench/lifetime.py)
     rank = int(os.environ.get("RANK", 0))
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as e:
         # torchrun's SIGTERM to a rank already failing (its peer died first) must not cut this record short
-        if threading.current_thread() is threading.main_thread():
+        if own_signals:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
                "traceback": traceback.format_exc(),
