@@ -26,6 +26,7 @@ from workbench.config_rules import (
     check_optimizer,
     check_zero,
 )
+from workbench.measure.schedule import parse_measure
 from workbench.model_config import PRESETS as PRESETS
 from workbench.model_config import ConfigError as ConfigError
 from workbench.model_config import ModelConfig as ModelConfig
@@ -108,6 +109,7 @@ class RunConfig:
     #: memory, the update on the CPU (parallel/offload.py); on a CPU run the same code keeps separate host copies
     offload_optimizer: bool = False
     trace: bool = True
+    measure: str = "auto"  # measured steps (memory, synced spans) or fast: auto|all|none|A:B (measure/schedule.py)
     #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (data_source.py)
     data: str = "synthetic"
     #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
@@ -230,6 +232,7 @@ class RunConfig:
         check_optimizer(self)
         check_elastic(self)
         check_data_and_tools(self)
+        parse_measure(self.measure, self.steps)
         self._validate_limits()
         if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
             raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
@@ -288,7 +291,8 @@ class RunConfig:
 
 
 #: what config.json adds to the request: facts of the launch, not settings
-RESOLVED = ("params", "params_per_rank", "world_size", "device", "local_batch", "torch_version", "hosts", "grid")
+RESOLVED = ("params", "params_per_rank", "world_size", "device", "device_name", "local_batch", "torch_version",
+            "hosts", "grid")
 
 
 def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:

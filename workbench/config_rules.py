@@ -132,15 +132,16 @@ RESOLVED_BACKEND = "WORKBENCH_RESOLVED_BACKEND"
 
 def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
     """The backend a launch runs on: 'gloo' as asked; 'nccl' as asked where every rank of a machine has a
-    GPU of its own; 'auto' → NCCL when every rank has a GPU, gloo on a machine without any. Anything
-    else is a ConfigError naming both counts — before any process starts (an NCCL rank without a GPU of
-    its own fails later with "invalid device ordinal")."""
+    GPU of its own; 'auto' → NCCL where every rank has a GPU of its own, else gloo on the CPU (a notebook's
+    4-rank cell on a 1-GPU machine runs, on the CPU: `auto_fallback` says so). An explicit 'nccl' without
+    a GPU per rank is a ConfigError naming both counts — before any process starts (an NCCL rank without a
+    GPU of its own fails later with "invalid device ordinal")."""
     if requested == "auto" and os.environ.get(BACKEND_ENV) in ("gloo", "nccl"):
         requested = os.environ[BACKEND_ENV]
     if requested in ("mpi", "ccl"):
         check_backend_installed(requested)
         return requested
-    if requested == "gloo" or (requested == "auto" and gpus == 0):
+    if requested == "gloo" or (requested == "auto" and (gpus == 0 or ranks_per_machine > gpus)):
         return "gloo"
     if gpus == 0:
         raise ConfigError("backend='nccl' needs CUDA GPUs, and none is visible here (torch.cuda.device_count() = 0): "
@@ -150,6 +151,15 @@ def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
                           f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
                           f"(backend='gloo'), or use at most {gpus} rank(s) per machine")
     return "nccl"
+
+
+def auto_fallback(requested: str, ranks_per_machine: int, gpus: int) -> str | None:
+    """The one line a launch prints where 'auto' chose the CPU on a machine that has GPUs (too few of them for
+    one a rank); None otherwise."""
+    if requested != "auto" or os.environ.get(BACKEND_ENV) or gpus == 0 or ranks_per_machine <= gpus:
+        return None
+    return (f"[workbench] backend auto: {ranks_per_machine} ranks per machine and {gpus} GPU(s) — NCCL needs one "
+            f"GPU a rank, so this run goes on the CPU with gloo (ask for backend='nccl' to refuse instead)")
 
 
 def check_backend_installed(backend: str) -> None:

@@ -114,14 +114,18 @@ class TokenFile:
         self.kind, self.path = parse_data(spec)
         self.tokens = _tokens(self.kind, self.path)
 
-    def global_batch(self, seed: int, step: int, batch: int, seq_len: int) -> tuple[Any, Any]:
-        """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step)."""
+    def global_batch(self, seed: int, step: int, batch: int, seq_len: int,
+                     rows: tuple[int, int] | None = None) -> tuple[Any, Any]:
+        """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step); `rows`:
+        only rows lo..hi−1 of them (a data-parallel rank's)."""
         import torch
 
         from workbench.engine.data import step_generator
 
         g = step_generator(seed, step)
         offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
+        if rows is not None:
+            offsets = offsets[rows[0]:rows[1]]
         rows = np.stack([np.asarray(self.tokens[o:o + seq_len + 1], dtype=np.int64) for o in offsets])
         window = torch.from_numpy(rows)
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()

@@ -22,10 +22,10 @@ import warnings
 
 from workbench.checkpoint_files import archive_attempt, check_resume
 from workbench.config import ConfigError, RunConfig
-from workbench.config_rules import RESOLVED_BACKEND, backend_for
+from workbench.config_rules import RESOLVED_BACKEND, auto_fallback, backend_for
 from workbench.lifetime import die_with_parent, stop
 from workbench.model_config import lr_warning
-from workbench.progress import Progress
+from workbench.progress import Progress, Speed
 from workbench.run import Run, load
 from workbench.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
 from workbench.trace.merge import recover_partials, write_merged
@@ -75,11 +75,15 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE) -> str:
+def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE, say: bool = False) -> str:
     """The backend the ranks will use (config_rules.backend_for): NCCL only where every rank of a machine
-    has a GPU; a ConfigError naming both counts otherwise — before any process starts."""
-    return backend_for(config.backend, config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo"
-                       else 0)
+    has a GPU; 'auto' falls back to gloo on the CPU where there are fewer (and, with `say`, prints the one
+    line that says so); an explicit 'nccl' is a ConfigError naming both counts — before any process starts."""
+    ranks, gpus = config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo" else 0
+    chosen = backend_for(config.backend, ranks, gpus)
+    if say and (note := auto_fallback(config.backend, ranks, gpus)):
+        print(note, file=sys.stderr, flush=True)
+    return chosen
 
 
 def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
@@ -99,7 +103,7 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     `force=True` (FileExistsError otherwise)."""
     _warn_lr(config)
     config.validate()
-    backend = choose_backend(config, nodes)
+    backend = choose_backend(config, nodes, say=True)
     _check_launcher(launcher, config, backend, nodes, ray_address)
     if nodes.elastic:
         config = elastic_config(config, nodes)
@@ -205,9 +209,11 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
 
 
 def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: bool) -> int:
-    """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: progress.py)."""
+    """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: progress.py), with
+    tokens/s and, on GPUs, MFU."""
     metrics = os.path.join(run_dir, "metrics.jsonl")
     shown = Progress(os.path.basename(run_dir), config.steps, config.world_size, enabled=progress)
+    speed = Speed(run_dir, config)
     rc, read, rows = None, 0, 0  # metrics.jsonl: bytes read so far, and the rows in them
     try:
         while rc is None:
@@ -218,8 +224,9 @@ def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: b
                 with open(metrics, "rb") as f:
                     f.seek(read)
                     new = f.read()
+                new = new[:new.rfind(b"\n") + 1]  # whole rows only: rank 0 may be writing one
                 read, rows = read + len(new), rows + new.count(b"\n")
-                shown.update(rows)
+                shown.update(rows, speed.line(new))
             if rc is None:
                 time.sleep(0.1)
         return rc

@@ -1,8 +1,9 @@
 """A launch's progress as plain text: start-up as its own phase, then steps, then one line that stays.
 
     dp2: starting 2 ranks (torchrun, imports, process groups)…
-    dp2: step 7/20 · 4.1 s
+    dp2: step 7/20 · 4.1 s · 1.2k tokens/s
     dp2: 20 steps in 9.8 s (start-up 3.2 s, then 0.33 s/step)
+    gpt2: step 9/20 · 12.5 s · 352k tokens/s · MFU 41 %          (a CUDA run: formulas/flops.py)
 
 In Jupyter the line is one display updated in place (text/plain, no widget: a saved notebook reopens with
 the last line, never "Error displaying widget"); in a terminal it is rewritten with a carriage return on
@@ -13,6 +14,8 @@ nothing.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 
@@ -34,20 +37,23 @@ class Progress:
         self.t0 = time.monotonic()
         self.first_step_at: float | None = None
         self.done = -1
+        self.speed: str | None = None  # the last step's tokens/s (and MFU on GPUs): Speed.line
         self.last_shown = 0.0
         self.handle = None
         self.jupyter = enabled and _in_jupyter()
         self._show(f"{name}: starting {ranks} rank{'s' if ranks > 1 else ''} (torchrun, imports, process groups)…",
                    force=True)
 
-    def update(self, done: int) -> None:
+    def update(self, done: int, speed: str | None = None) -> None:
         if done == self.done:
             return
         if done > 0 and self.first_step_at is None:
             self.first_step_at = time.monotonic()
         self.done = done
+        self.speed = speed or self.speed
         if done > 0:
-            self._show(f"{self.name}: step {done}/{self.steps} · {time.monotonic() - self.t0:.1f} s")
+            tail = f" · {self.speed}" if self.speed else ""
+            self._show(f"{self.name}: step {done}/{self.steps} · {time.monotonic() - self.t0:.1f} s{tail}")
 
     def close(self, ok: bool = True) -> None:
         elapsed = time.monotonic() - self.t0
@@ -60,6 +66,8 @@ class Progress:
             per = (elapsed - startup) / max(self.done - 1, 1)
             line = (f"{self.name}: {self.steps} steps in {elapsed:.1f} s "
                     f"(start-up {startup:.1f} s, then {per:.2f} s/step)")
+            if self.speed:
+                line += f"; last step {self.speed}"
         self._show(line, force=True, final=True)
 
     def _show(self, line: str, force: bool = False, final: bool = False) -> None:
@@ -78,3 +86,45 @@ class Progress:
             sys.stderr.flush()
         elif final:
             print(line, file=sys.stderr)
+
+
+class Speed:
+    """The last step's tokens/s from metrics.jsonl rows and, once rank 0's config.json says the ranks are on
+    CUDA, its MFU (predict/formulas/flops.py over the device's peak: predict/hardware.py)."""
+
+    def __init__(self, run_dir: str, config) -> None:  # noqa: ANN001 - a RunConfig
+        self.run_dir, self.config = run_dir, config
+        self.peak: float | None = None
+        self.looked = False
+
+    def line(self, rows: bytes) -> str | None:
+        lines = [x for x in rows.splitlines() if x.strip()]
+        if not lines:
+            return None
+        try:
+            tps = float(json.loads(lines[-1])["tokens_per_s"])
+        except (ValueError, KeyError):
+            return None
+        text = f"{tps / 1e3:,.1f}k tokens/s" if tps >= 1e3 else f"{tps:,.0f} tokens/s"
+        peak = self._peak()
+        if peak:
+            from workbench.predict.formulas.flops import mfu
+
+            text += f" · MFU {mfu(self.config.model_config, tps, peak, self.config.world_size):.0%}"
+        return text
+
+    def _peak(self) -> float | None:
+        """The devices' peak FLOP/s, read once from config.json (None on the CPU or an unknown GPU)."""
+        if self.looked:
+            return self.peak
+        path = os.path.join(self.run_dir, "config.json")
+        if not os.path.exists(path):
+            return None
+        self.looked = True
+        with open(path) as f:
+            resolved = json.load(f)
+        if resolved.get("device") == "cuda":
+            from workbench.predict.hardware import PEAK_ENV, peak_flops
+
+            self.peak = peak_flops(resolved.get("device_name", ""), self.config.precision, os.environ.get(PEAK_ENV))
+        return self.peak

@@ -12,6 +12,14 @@ default 1 — `steps_excluded` says how many were left out —; memory and bytes
 - `comm_bytes`: bytes by op and group (S as nccl-tests counts it), in total and per step: each operation
   once (the host's launch spans, category `launch`, are not operations).
 - ZeRO-Offload: `host_peak_bytes` / `predicted_host_bytes`, what the host holds for the optimizer.
+- `data_s`: time spent making batches (the `data` lane) in those steps.
+
+Measured and fast steps (measure/schedule.py): memory figures come from the measured steps only (a fast
+step takes no snapshot); `step_time_s` is the median of the fast steps where there are any (the speed
+nothing was measured in), else of the measured ones; `step_time_measured_s` / `step_time_fast_s` are
+both, and `measure_cost` their ratio — what measuring costs a step. `figures_from` names the steps.
+Run-wide: `mfu` on CUDA (formulas/flops.py: 6·N + 12·L·s·h FLOPs a token, over the device's dense peak
+by its name, predict/hardware.py, or PEAK_TFLOPS).
 
 No torch here: it runs in the rank that writes the summary, in the launcher after a failure, and in
 any notebook.
@@ -19,12 +27,14 @@ any notebook.
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
 from workbench.analysis.bubble import bubble
 from workbench.comm.bandwidth import bytes_sent
 from workbench.predict import formulas
+from workbench.predict.hardware import PEAK_ENV, peak_flops
 from workbench.trace.recorder import LANES
 
 COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
@@ -96,6 +106,22 @@ def timed_steps(steps: list[dict[str, Any]], excluded: int) -> list[dict[str, An
     return ordered[excluded:] if len(ordered) > excluded else ordered
 
 
+def timed_step_figures(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median step time of the fast steps (or, where none ran fast, the measured ones), each kind's, the
+    cost of measuring (measured ÷ fast) and which steps each comes from."""
+    def median(xs: list[dict[str, Any]]) -> float | None:
+        return statistics.median(e["dur"] for e in xs) / 1e6 if xs else None
+
+    measured = [e for e in timed if e.get("args", {}).get("measured", True)]
+    fast = [e for e in timed if not e.get("args", {}).get("measured", True)]
+    m, f = median(measured), median(fast)
+    return {"step_time_s": f if fast else m, "step_time_measured_s": m, "step_time_fast_s": f,
+            "measure_cost": m / f if m and f else None,
+            "step_time_from": "fast steps" if fast else "measured steps",
+            "measured_steps": sorted(e["args"]["step"] for e in measured if "step" in e.get("args", {})),
+            "fast_steps": sorted(e["args"]["step"] for e in fast if "step" in e.get("args", {}))}
+
+
 def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     events = trace["traceEvents"]
     info = trace["workbench"]
@@ -104,6 +130,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     timed = timed_steps(steps, int(config.get("warmup_steps_excluded", 0)))
     since = timed[0]["ts"] if timed else 0.0  # the time figures leave the warm-up steps out
     compute = compute_intervals(spans, since)
+    data_us = union_length([(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "data" and e["ts"] >= since])
     comms = comm_intervals(events)
     comm_iv = [(a, b) for _, a, b in comms if a >= since]
     step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in timed]
@@ -123,13 +150,14 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "dp": info["dp"], "tp": info["tp"], "pp": info["pp"],
         "steps": len(steps),
         "steps_excluded": len(steps) - len(timed),
-        "step_time_s": statistics.median(e["dur"] for e in timed) / 1e6 if timed else None,
+        **timed_step_figures(timed),
         "total_step_s": total / 1e6,
         "compute_s": compute_us / 1e6,
         "comm_s": comm_us / 1e6,
         "overlap_s": overlap_us / 1e6,
         "exposed_comm_s": (comm_us - overlap_us) / 1e6,
         "idle_s": max(total - busy_us, 0.0) / 1e6,
+        "data_s": data_us / 1e6,
         **memory_figures(events),
         "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
         **({"predicted_host_bytes": host} if (host := formulas.predicted_host_bytes(config, info["pp"])) else {}),
@@ -206,4 +234,22 @@ def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: 
     }
     if config.get("pp", 1) > 1:
         out["bubble_fraction"] = bubble(config, traces)
+    if ranks:
+        out["figures_from"] = {"step_time_s": f"{ranks[0]['step_time_from']} after the first "
+                                              f"{ranks[0]['steps_excluded']} (median)",
+                               "memory": f"measured steps {ranks[0]['measured_steps'] or 'none'}"}
+    if config.get("device") == "cuda" and out["step_time_s"]:
+        out["mfu"] = model_utilisation(config, out["step_time_s"])
     return out
+
+
+def model_utilisation(config: dict[str, Any], step_time_s: float) -> dict[str, Any]:
+    """MFU of the run at its step time (the slowest rank's): the model's FLOPs a token × tokens/s over the
+    devices' dense peak (their name, or PEAK_TFLOPS); `value` None where the device is unknown."""
+    model = formulas.run_model(config)
+    tokens_per_s = config["global_batch"] * model.seq_len / step_time_s
+    peak = peak_flops(config.get("device_name", ""), config.get("precision", "fp32"), os.environ.get(PEAK_ENV))
+    return {"value": formulas.mfu(model, tokens_per_s, peak, config["world_size"]) if peak else None,
+            "flops_per_token": formulas.model_flops_per_token(model), "tokens_per_s": tokens_per_s,
+            "peak_flops": peak, "device_name": config.get("device_name"),
+            "note": None if peak else f"unknown device {config.get('device_name')!r}: set {PEAK_ENV}"}

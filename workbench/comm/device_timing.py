@@ -23,10 +23,18 @@ as compute. So on CUDA the traced layer (comm/traced.py, comm/handle.py):
 
 The cost of blocking: one host–device round trip per waited operation, and the launch gap after it
 (the GPU idles while the host queues the next kernels) — the same synchronisation that every compute
-span already makes (`measure/device.sync_compute`), so a trace's times are what the GPU did.
+span of a measured step already makes (`TraceRecorder.sync_compute`), so a trace's times are what the GPU did.
 
-Host and device clocks: a reference event recorded right after a synchronisation at the step's start is
-taken to be at that host instant; every event's host time is the reference's plus its elapsed time.
+Fast steps (measure/schedule.py) block nowhere: at a wait the caller's stream is ordered after the operation
+(`Work.wait()`) and an event recorded, nothing more; the operation's span runs from its launch event to that
+event (an upper bound: NCCL's own duration needs the Work kept to the step's end, and it holds the
+operation's tensors). Compute spans are a start and an end event each (`mark`, `defer_span`: the trace
+recorder's fast spans). A hung peer is then ended by NCCL's watchdog, with the process group's timeout.
+
+Host and device clocks: a reference event recorded right after a synchronisation is taken to be at that
+host instant (the stream is idle, so the event passes at once); every event's host time is the reference's
+plus its elapsed time. A measured step synchronises at its start to take it; a fast step uses the one taken
+after the previous step's synchronisation (the training step's single read of its loss, `end_step`).
 `DeviceClock(now_us, synchronize=..., event=...)` takes the event type as a parameter so that the
 arithmetic, the ordering and the deadline are tested on a CPU with a fake clock.
 """
@@ -65,20 +73,37 @@ class DeviceTimeout(TimeoutError):
 
 class DeviceClock:
     def __init__(self, now_us: Callable[[], float], synchronize: Callable[[], None] | None = None,
-                 event: Callable[[], Any] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 event: Callable[[], Any] | None = None, sleep: Callable[[float], None] = time.sleep,
+                 measured: Callable[[], bool] = lambda: True,
+                 sync_compute: Callable[[], None] | None = None) -> None:
+        """`measured`: whether the current step is measured (the trace recorder's flag); `sync_compute`:
+        wait for the compute stream only (a measured step's compute spans)."""
         self.now_us = now_us
         self.synchronize = synchronize or torch.cuda.synchronize
+        self.sync_compute = sync_compute or (lambda: torch.cuda.current_stream().synchronize())
         self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
         self.sleep = sleep
+        self.measured = measured
         self.pending: list[Timed] = []
+        self.spans: list[tuple[Any, Any, Callable[[float, float], None]]] = []  # a fast step's compute spans
         self.ref: Any = None
         self.ref_us = 0.0
 
     def start_step(self) -> None:
-        """Synchronise, then take the reference: host and device agree at this instant."""
-        self.synchronize()
+        """A measured step (or the first): synchronise, then take the reference — host and device agree at
+        this instant. A fast step keeps the reference the last step's end took."""
+        if self.measured() or self.ref is None:
+            self.synchronize()
+            self.reference()
+
+    def reference(self) -> None:
+        """Right after a synchronisation: an event that passes now, at this host instant."""
         self.ref = self.mark()
         self.ref_us = self.now_us()
+
+    def defer_span(self, start: Any, emit: Callable[[float, float], None]) -> None:
+        """A fast step's span ends now: its end event; `emit(start_us, end_us)` once the step has synchronised."""
+        self.spans.append((start, self.mark(), emit))
 
     def mark(self) -> Any:
         e = self.event()
@@ -92,9 +117,13 @@ class DeviceClock:
         return timed
 
     def waited(self, timed: Timed, works: list[Any], deadline_us: float) -> None:
-        """At a wait (after Work.wait()): block the host until the operation is done on the device, or
-        raise DeviceTimeout at `deadline_us` (host clock); then read NCCL's duration."""
+        """At a wait (after Work.wait()): in a measured step block the host until the operation is done on the
+        device, or raise DeviceTimeout at `deadline_us` (host clock), then read NCCL's duration; in a fast
+        step only mark the event after it."""
         timed.end = self.mark()
+        if not self.measured():
+            timed.waited = True
+            return
         self.block_until(timed.end, deadline_us)
         durations = [d for d in (device_duration_us(w) for w in works) if d is not None]
         timed.duration_us = max(durations) if durations else None
@@ -113,13 +142,19 @@ class DeviceClock:
     def host_us(self, event: Any) -> float:
         return self.ref_us + self.ref.elapsed_time(event) * 1000.0
 
-    def end_step(self) -> int:
-        """Synchronise, give every waited operation its device span in launch order; returns how many.
-        One not yet waited for stays for the next step."""
+    def end_step(self, synchronized: bool = False) -> int:
+        """Synchronise (unless the caller just did: a fast step's one read), give every waited operation its
+        device span in launch order and every fast span its times; take the next step's reference. Returns
+        how many operations were written; one not yet waited for stays for the next step."""
         if self.ref is None:
             self.pending.clear()
+            self.spans.clear()
             return 0
-        self.synchronize()
+        if not synchronized:
+            self.synchronize()
+        for start, end, emit in self.spans:
+            emit(self.host_us(start), self.host_us(end))
+        self.spans.clear()
         free: dict[Hashable, float] = {}  # when each stream is next free
         kept, done = [], 0
         for t in self.pending:
@@ -133,6 +168,7 @@ class DeviceClock:
                 emit(start, end)
             done += 1
         self.pending = kept
+        self.reference()
         return done
 
 

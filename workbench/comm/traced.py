@@ -96,10 +96,11 @@ class Communicator:
         if self.clock is not None:
             self.clock.start_step()
 
-    def end_step(self) -> None:
-        """CUDA: write the step's operations with their device times."""
+    def end_step(self, synchronized: bool = False) -> None:
+        """CUDA: write the step's operations (and a fast step's spans) with their device times; `synchronized`:
+        the caller has just synchronised the device (a fast step's one read)."""
         if self.clock is not None:
-            self.clock.end_step()
+            self.clock.end_step(synchronized)
 
     def size(self, group: str) -> int:
         return self.groups.size(group)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import time
 from dataclasses import dataclass
@@ -87,8 +88,9 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
     memory = MemoryTracker(recorder, device)
     clock = None
-    if device.type == "cuda":  # communication on device time; every span an NVTX range for Nsight Systems
-        clock = DeviceClock(recorder.now_us)
+    if device.type == "cuda":  # communication and fast steps' spans on device time; every span an NVTX range
+        clock = DeviceClock(recorder.now_us, measured=lambda: recorder.measured)
+        recorder.device_clock = clock
         recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
     comm = Communicator(groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s)
     recorder.info["strict_comm"] = comm.strict  # every tensor checked as NCCL would (comm/strict.py)
@@ -151,6 +153,7 @@ def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -
         "world_size": ctx.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
+        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else platform.processor(),
         "local_batch": cfg.local_batch,
         "torch_version": torch.__version__,
         "hosts": ctx.hosts,

@@ -15,7 +15,6 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from workbench.measure.device import sync_compute
 from workbench.measure.memory import MemoryTracker
 from workbench.trace.recorder import TraceRecorder
 
@@ -35,9 +34,9 @@ class SingleBatch:
         with self.recorder.span("forward", "forward", "compute", step=step, microbatch=0):
             with self.memory.count_saved_activations():
                 loss = self.model(x, y)
-            sync_compute(self.device)
+            self.recorder.sync_compute()
         self.memory.snapshot()
         with self.recorder.span("backward", "backward", "compute", step=step, microbatch=0):
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-            sync_compute(self.device)
+            self.recorder.sync_compute()
         return loss

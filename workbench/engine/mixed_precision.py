@@ -18,8 +18,14 @@ The fp32 gradients: with `grad_reduce_dtype='fp32'` (the default, Megatron's) ea
 unscaled in place, no copy. With 16-bit reduction the update makes fp32 copies of every gradient
 (4 bytes per parameter) that live until the step ends: counted under `temporary` while they do.
 
+Flat buffers: the 16-bit parameters live end to end in one buffer and the fp32 masters in another
+(parallel/flat.py), so the copy back is one kernel; the norm is one multi-tensor kernel and the update
+torch's fused AdamW on CUDA, with the loss scale's division, the clipping and the skip of a non-finite step
+inside it (parallel/adamw.apply_update) — no kernel per tensor, and for bf16 nothing the host waits for.
+fp16's dynamic scale is read on the host once a step (the overflow flag every rank agrees on).
+
 `MixedPrecisionUpdater` is the `Updater` (parallel/updater.py) of a 16-bit model: `step` returns None
-for a skipped step.
+for a step skipped on an fp16 overflow.
 """
 
 from __future__ import annotations
@@ -32,17 +38,11 @@ from torch import nn
 
 from workbench.comm.traced import Communicator
 from workbench.measure.memory import MemoryTracker
+from workbench.parallel.adamw import apply_update
+from workbench.parallel.flat import flatten_params, views
 from workbench.parallel.main_grad import grad_of
 from workbench.parallel.tp_communications import TPContext
-from workbench.parallel.updater import (
-    adam_checkpoint_state,
-    adam_state,
-    adamw,
-    clip_coefficient,
-    global_grad_norm,
-    scale_grads,
-    set_lr,
-)
+from workbench.parallel.updater import adam_checkpoint_state, adam_state, adamw, global_grad_norm, set_lr
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,61 +54,56 @@ class MixedPrecisionUpdater:
                  memory: MemoryTracker | None = None) -> None:
         self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
         self.tp, self.pp_comm = tp, pp_comm
-        self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.params]
-        for p, m in zip(self.params, self.masters, strict=True):  # the gradient norm needs to know the shards
-            m.tp_sharded = getattr(p, "tp_sharded", False)
+        self.flat16 = flatten_params(self.params)  # each p.data a view of it
+        self.flat32 = self.flat16.float()
+        self.masters = [nn.Parameter(v) for v in views(self.flat32, self.params)]  # views: no copy
         self.optimizer = adamw(self.masters, lr, weight_decay)
         self.scale = init_scale if precision == "fp16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0
-        self.skipped = False
-        self.anomaly: str | None = None  # why a step was skipped, other than an fp16 overflow
 
     @property
     def loss_scale(self) -> float:
         return self.scale
 
-    def step(self, lr: float, max_norm: float | None) -> float | None:
-        """Skip on overflow (halving the fp16 scale); else unscale into the fp32 masters, clip, update,
-        copy back into the 16-bit parameters."""
+    @torch.no_grad()
+    def step(self, lr: float, max_norm: float | None) -> torch.Tensor | None:
+        """Skip on overflow (halving the fp16 scale); else the masters' fp32 gradients unscaled and clipped,
+        AdamW on the masters, and the masters copied back into the 16-bit parameters (one kernel). Returns
+        the norm, not read (a non-finite one skipped the update)."""
         set_lr(self.optimizer, lr)
         if self.found_overflow():
             self.update_scale(True)
             return None
-        copies = self.master_grads()
-        norm = global_grad_norm(self.masters, self.tp, self.pp_comm)
-        if not bool(torch.isfinite(norm)):  # a gradient anomaly (bf16, or fp16 past the overflow check)
-            for m in self.masters:
-                m.grad = None
-            self.count_temporary(-copies)
-            self.skipped, self.anomaly = True, "non-finite gradient norm"
-            return None
-        scale_grads(self.masters, clip_coefficient(norm, max_norm))
-        self.optimizer.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters, strict=True):
-                p.copy_(m)
-        for m in self.masters:
-            m.grad = None  # the fp32 gradients live only during the update
+        grads, copies = self.master_grads()
+        fused = self.optimizer.fused
+        present = [g for g in grads if g is not None]
+        if self.scale != 1.0 and not fused:  # the CPU divides first, then takes the norm of what it steps with
+            torch._foreach_div_(present, self.scale)
+        norm = global_grad_norm(self.params, self.tp, self.pp_comm, grads=grads)
+        if self.scale != 1.0 and fused:  # the fused kernel divides: the norm of the scaled gradients, unscaled
+            norm = norm / self.scale
+        taken = apply_update(self.optimizer, grads, norm, max_norm, self.scale if fused else 1.0)
+        if taken is not False:
+            self.flat16.copy_(self.flat32)
+        del grads, present
         self.count_temporary(-copies)
-        self.update_scale(False)
-        return float(norm)
+        if taken is not False:
+            self.update_scale(False)
+        return norm
 
-    def master_grads(self) -> int:
-        """Give every master its unscaled fp32 gradient: the main_grad itself where there is one, else
-        an fp32 copy of the 16-bit gradient. Returns the bytes of copies made."""
-        copies = 0
-        for p, m in zip(self.params, self.masters, strict=True):
-            g = grad_of(p)
-            if g is None:
-                m.grad = None
-            elif g.dtype == torch.float32:
-                m.grad = g.div_(self.scale)
-            else:
-                m.grad = g.float().div_(self.scale)
-                copies += m.grad.numel() * 4
-        self.count_temporary(copies)
-        return copies
+    def master_grads(self) -> tuple[list[torch.Tensor | None], int]:
+        """Each master's fp32 gradient, still scaled: the main_grad itself where there is one, else a copy of
+        the 16-bit gradient into one flat fp32 buffer (counted under `temporary` while it lives). Returns them
+        and the bytes of copies."""
+        raw = [grad_of(p) for p in self.params]
+        if all(g is None or g.dtype == torch.float32 for g in raw):
+            return raw, 0
+        copies = torch.empty_like(self.flat32)
+        out = [None if g is None else c for g, c in zip(raw, views(copies, self.params), strict=True)]
+        torch._foreach_copy_([c for c in out if c is not None], [g for g in raw if g is not None])
+        self.count_temporary(copies.numel() * 4)
+        return out, copies.numel() * 4
 
     def count_temporary(self, nbytes: int) -> None:
         if self.memory is not None and nbytes:
@@ -123,7 +118,7 @@ class MixedPrecisionUpdater:
         return adam_state(self.optimizer)[1]
 
     def metrics(self) -> dict[str, Any]:
-        return {"loss_scale": self.scale, "skipped": self.skipped, "anomaly": self.anomaly}
+        return {"loss_scale": self.scale}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Adam's state, the fp32 masters, and the loss scaler (scale, good steps in a row)."""
@@ -150,11 +145,11 @@ class MixedPrecisionUpdater:
         # once per parameter as `if not torch.isfinite(g).all()` would make it
         flags = [torch.isfinite(g).all().logical_not() for p in self.params if (g := grad_of(p)) is not None]
         bad = torch.stack(flags).any().float().reshape(1) if flags else torch.zeros(1, device=self.params[0].device)
-        self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")
+        if self.comm.size("world") > 1:
+            self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")
         return bool(bad.item() > 0)
 
     def update_scale(self, overflow: bool) -> None:
-        self.skipped, self.anomaly = overflow, None
         if self.precision != "fp16":
             return
         if overflow:

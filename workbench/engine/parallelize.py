@@ -66,6 +66,9 @@ class Strategy:
     moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (engine/moe.py)
 
     def count_model_states(self) -> None:
+        """Re-count parameters, gradients and optimizer state (a measured step's)."""
+        if not self.ctx.recorder.measured:
+            return
         self.ctx.memory.count_model_states(self.state_params, self.grad_sync.grad_tensors(),
                                            self.updater.state_tensors(), self.updater.counter_tensors())
         if host := self.updater.host_tensors():  # ZeRO-Offload: what the host holds

@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import Callable
 from typing import Any
 
-from workbench.config import RunConfig
 from workbench.config_rules import profile_range
-from workbench.data_source import TokenFile
+from workbench.engine.batches import Batches
 from workbench.engine.checkpoint import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
-from workbench.engine.data import global_batch, shard_rows
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
 from workbench.engine.tensorboard import StepLogs, TensorBoard
@@ -26,8 +23,8 @@ from workbench.engine.train_step import StepResult, train_step
 from workbench.engine.wandb_log import WandB
 from workbench.measure.gpu_health import GpuHealth, record
 from workbench.measure.memory_profile import MemoryProfile
+from workbench.measure.schedule import MeasureSchedule, measure_schedule
 from workbench.measure.torch_profile import TorchProfile
-from workbench.parallel.context_parallel import ContextParallel
 from workbench.pipeline.stages import global_name
 
 
@@ -43,7 +40,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
     start = resume_step(strategy)
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
-    source = batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
+    source = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
+    schedule = measured_steps(ctx)
     logs = step_logs(ctx)
     kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
               if cfg.profile_steps else None)
@@ -52,7 +50,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
         step_start = ctx.recorder.now_us()
         if kineto is not None:
             kineto.before(step)
-        results.append(train_step(strategy, source(step), step))
+        results.append(train_step(strategy, source, step, schedule.measured(step)))
         if strategy.context is not None:  # each rank's attention work, per layer: the balance, measured
             ctx.recorder.info["cp_pairs"] = dict(strategy.context.pairs)
         if kineto is not None:
@@ -83,23 +81,15 @@ def step_logs(ctx: RankContext) -> StepLogs | None:
     return StepLogs(ctx.recorder, ctx.memory, loggers)
 
 
-def batches(cfg: RunConfig, device: Any, dp_index: int, dp_size: int,
-            cp: ContextParallel | None = None) -> Callable[[int], tuple[Any, ...]]:
-    """step → this data-parallel rank's (inputs, targets): its rows of the step's global batch — the synthetic
-    chain's, or a data file's windows (data_source.py); either way a function of (seed, step). Under context
-    parallelism, of those rows only this cp rank's tokens."""
-    m = cfg.model_config
-    if cfg.data == "synthetic":
-        def whole(step: int) -> tuple[Any, Any]:
-            return global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size)
-    else:
-        tokens = TokenFile(cfg.data)
-
-        def whole(step: int) -> tuple[Any, Any]:
-            return tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len)
-
-    mine = (lambda t: t) if cp is None else cp.shard
-    return lambda step: tuple(mine(shard_rows(t, dp_index, dp_size)).to(device) for t in whole(step))
+def measured_steps(ctx: RankContext) -> MeasureSchedule:
+    """Which steps this rank measures (measure/schedule.py), written into its trace (summary.json says which
+    steps each figure comes from). The CPU memory profile's step is always measured: it reads the
+    snapshots' marks."""
+    cfg = ctx.config
+    also = (cfg.profile_memory_step,) if cfg.profile_memory and ctx.device.type != "cuda" else ()
+    schedule = measure_schedule(cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also)
+    ctx.recorder.info["measured_steps"] = schedule.describe()
+    return schedule
 
 
 def describe(strategy: Strategy) -> None:
@@ -120,7 +110,7 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
     row = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_time_s": r.step_time_s,
            "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt(),
-           "world_size": ctx.world_size}
+           "world_size": ctx.world_size, "measured": r.measured}
     row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
     row["anomaly"] = r.extra.get("anomaly")
     if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)

@@ -17,6 +17,10 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
 - wgrad_stash: a zero-bubble schedule's Linear inputs and output gradients, kept from each I until its
   W (pipeline/weight_grad.py).
 
+All of it runs in *measured* steps only (measure/schedule.py; `recorder.measured`): a fast step pushes no
+saved-tensor hook, takes no snapshot, re-counts nothing and never reads the allocator. `add` still counts
+(Python arithmetic, no tensor touched), so what a step holds balances whichever kind it is.
+
 These are the device's (on a CPU run, the rank's) bytes. With ZeRO-Offload the optimizer lives in host
 memory: a second counter, `host_memory`, holds its parameter (fp32 master slices), gradient and
 optimizer_state bytes there.
@@ -105,7 +109,9 @@ class MemoryTracker:
                            states: Iterable[torch.Tensor] = (), counters: Iterable[torch.Tensor] = ()) -> None:
         """Re-count the model-state categories from the live tensors: parameters, gradients, optimizer
         states (moments and fp32 masters, `Updater.state_tensors()`) and, under `other`, Adam's step
-        counters (`Updater.counter_tensors()`)."""
+        counters (`Updater.counter_tensors()`). Measured steps only."""
+        if not self.recorder.measured:
+            return
         self.current["parameter"] = storage_bytes(params)
         self.current["gradient"] = storage_bytes(grads)
         self.current["optimizer_state"] = storage_bytes(states)
@@ -114,6 +120,8 @@ class MemoryTracker:
 
     def count_host(self, tensors: dict[str, list[torch.Tensor]]) -> None:
         """ZeRO-Offload's host side: bytes of the master, gradient and moment slices kept in host memory."""
+        if not self.recorder.measured and self.host is not None:
+            return
         self.host = {k: storage_bytes(v) for k, v in tensors.items()}
         for k, v in self.host.items():
             self.host_peak[k] = max(self.host_peak.get(k, 0), v)
@@ -122,7 +130,11 @@ class MemoryTracker:
     @contextmanager
     def count_saved_activations(self) -> Iterator[None]:
         """Inside the block, every tensor autograd saves for backward adds its storage to `activation`
-        (once, however many nodes save it); backward's last unpack of it takes it off again."""
+        (once, however many nodes save it); backward's last unpack of it takes it off again. A fast step
+        pushes no hook."""
+        if not self.recorder.measured:
+            yield
+            return
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
 
@@ -164,6 +176,9 @@ class MemoryTracker:
 
     # ---- records -----------------------------------------------------------------------------
     def snapshot(self) -> None:
+        """The categories as a `memory` counter now (and on CUDA the allocator's figures): measured steps only."""
+        if not self.recorder.measured:
+            return
         self._activation_at_snapshot = self.current["activation"]
         ts = self.recorder.now_us()
         self.recorder.counter("memory", self.current, ts=ts)
@@ -179,8 +194,9 @@ class MemoryTracker:
 
     def start_step(self) -> None:
         """CUDA: the allocator's peak restarts with each step (once per step, not at every snapshot: the
-        reset is a call into the allocator, and a user's own peak readings would be wiped each time)."""
-        if self.device.type == "cuda":
+        reset is a call into the allocator, and a user's own peak readings would be wiped each time). Measured
+        steps only."""
+        if self.device.type == "cuda" and self.recorder.measured:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def record_allocator(self, at_marker: dict[int, dict[str, int]], since_us: float = 0.0) -> None:

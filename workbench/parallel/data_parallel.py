@@ -57,11 +57,12 @@ class NaiveDataParallel(SyncToggle):
 
     def wait(self) -> None:
         """One all-reduce per parameter, after the whole backward."""
+        if self.n == 1:
+            return
         for i, p in enumerate(self.params):
             grad = grad_of(p)
             grad.div_(self.n)
-            if self.n > 1:
-                self.comm.all_reduce(grad, self.group, label=f"param {i}")
+            self.comm.all_reduce(grad, self.group, label=f"param {i}")
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -128,7 +129,10 @@ class BucketedDataParallel(SyncToggle):
             (main_grads_as_views if self.main else grads_as_views)(params, bucket.buffer)
             for p in params:
                 self._bucket_of[p] = bucket
-                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                if self.n > 1:  # one rank has nothing to reduce: no hook (a 16-bit model's main_grad add only)
+                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                elif self.main:
+                    p.register_post_accumulate_grad_hook(accumulate_main_grad)
             self.buckets.append(bucket)
         self._next_launch = 0
         #: gradients stay on each rank (1-bit Adam after its warm-up reduces the momentum instead)
@@ -157,7 +161,8 @@ class BucketedDataParallel(SyncToggle):
         if self.compression is not None and self.n > 1:  # cast, then divide in 16 bits (DDP's hooks)
             wire = bucket.wire = bucket.buffer.to(self.compression)
             self._count_wire(bucket, +1)
-        wire.div_(self.divisor)
+        if self.divisor != 1:
+            wire.div_(self.divisor)
         if self.n == 1:
             return
         label = f"bucket {bucket.index}"
@@ -174,7 +179,10 @@ class BucketedDataParallel(SyncToggle):
             self.comm.memory.snapshot()
 
     def wait(self) -> None:
-        """Wait for every bucket's all-reduce; call after backward, before the optimizer step."""
+        """Wait for every bucket's all-reduce; call after backward, before the optimizer step (one rank: nothing
+        was launched, nothing to wait for)."""
+        if self.n == 1:
+            return
         for bucket in self.buckets:
             if not bucket.launched:
                 missing = [n for n, p in zip(bucket.names, bucket.params, strict=True)

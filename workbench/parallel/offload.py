@@ -93,12 +93,12 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         self.copied = [None] * len(self.params)
 
     # ---- the step -----------------------------------------------------------------------------------------
-    def step(self, lr: float, max_norm: float | None) -> float | None:
+    def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
         set_lr(self.optimizer, lr)
         norm = self.grad_norm()
-        if self.anomaly(norm):
+        if self.anomaly(norm):  # skipped: the training step reads the norm and says why
             self.copied = [None] * len(self.params)
-            return None
+            return norm
         value = float(norm)
         self._gradients_on_host()
         scale_grads(self.host_params, clip_coefficient(norm.to("cpu"), max_norm))  # on the host's copies

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.parallel.updater import AdamWUpdater, adamw, clip_coefficient, scale_grads
+from workbench.parallel.updater import AdamWUpdater, adamw, clip_coefficient, scale_grads, squares
 
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
@@ -98,18 +98,18 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.m = self.denom = None  # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
         self.reduce = CompressedAllReduce(comm, self.padded, self.params[0].device)
 
-    def step(self, lr: float, max_norm: float | None) -> float | None:
+    def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
         self.t += 1
         if self.t <= self.warmup_steps:
             norm = super().step(lr, max_norm)
             if self.t == self.warmup_steps:
                 self.freeze()
             return norm
-        sq = sum(p.grad.float().pow(2).sum() for p in self.params).reshape(1).clone()
+        sq = squares([p.grad for p in self.params], self.params[0].device).reshape(1).clone()
         self.comm.all_reduce(sq, "dp", label="onebit grad norm")
         norm = (sq[0] / self.comm.size("dp")).sqrt()
-        if self.anomaly(norm):
-            return None
+        if self.anomaly(norm):  # skipped: the training step reads the norm and says why
+            return norm
         scale_grads(self.params, clip_coefficient(norm, max_norm))
         g = self.flat([p.grad for p in self.params])
         self.m = self.reduce(self.beta1 * self.m + (1 - self.beta1) * g)

@@ -2,9 +2,12 @@
 
     step(lr, max_norm)   the norm of the *whole* model's gradient (every shard, every stage), clipping
                          as torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6),
-                         at most 1), then AdamW. Returns the norm, or None when the step was skipped
-                         (an fp16 overflow, or a gradient anomaly: a norm that is inf or NaN — every rank
-                         computes the same global norm, so every rank skips the same step).
+                         at most 1), then AdamW. Returns the norm — a 0-d tensor on the device, not read
+                         (the training step reads it with the loss, once: engine/train_step.py), or a float —
+                         or None when the step was skipped before a norm existed (an fp16 overflow). A norm
+                         that is inf or NaN is a gradient anomaly: the update is skipped (every rank holds
+                         the same global norm, so every rank skips the same step) — on CUDA inside the fused
+                         kernel, without the host looking (parallel/adamw.apply_update).
     state_tensors()      what the `optimizer_state` memory category holds (Adam's moments, fp32 masters)
     counter_tensors()    Adam's per-tensor step counters (counted under `other`)
     loss_scale           what backward multiplies the loss by (1 except for fp16)
@@ -17,8 +20,9 @@ Implemented by `AdamWUpdater` (fp32, replicated or tensor-parallel parameters), 
 (ZeRO: each rank updates its slices), `OffloadedAdamWUpdater` (ZeRO-Offload: parallel/offload.py) and
 `MixedPrecisionUpdater` (engine/mixed_precision.py).
 
-The norm: squares are summed locally, then over tp for tensor-parallel shards (replicated parameters
-count once), over dp for ZeRO slices, and over pp when the model is cut into stages.
+The norm: each tensor's norm in one multi-tensor kernel (`torch._foreach_norm`, as clip_grad_norm_), their
+squares summed locally, then over tp for tensor-parallel shards (replicated parameters count once), over dp
+for ZeRO slices, and over pp when the model is cut into stages.
 """
 
 from __future__ import annotations
@@ -30,21 +34,24 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.parallel.adamw import AdamW
+from workbench.parallel.adamw import AdamW, apply_update, clip_coefficient
 from workbench.parallel.tp_communications import TPContext, all_reduce_tp
+
+__all__ = ["AdamWUpdater", "ShardedAdamWUpdater", "Updater", "adamw", "clip_coefficient", "global_grad_norm",
+           "scale_grads", "sharded_grad_norm", "squares"]
 
 
 class Updater(Protocol):
     loss_scale: float
 
-    def step(self, lr: float, max_norm: float | None) -> float | None: ...
+    def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None: ...
 
     def state_tensors(self) -> list[torch.Tensor]: ...
 
     def counter_tensors(self) -> list[torch.Tensor]: ...
 
     def metrics(self) -> dict[str, Any]:
-        """Extra facts of the last step for the trace and metrics.jsonl (loss scale, skipped, anomaly)."""
+        """Extra facts of the last step for the trace and metrics.jsonl (the fp16 loss scale ...)."""
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]: ...
 
@@ -56,7 +63,7 @@ class Updater(Protocol):
 
 
 def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> AdamW:
-    """torch's AdamW arithmetic, one tensor at a time (the same on every layout): parallel/adamw.py."""
+    """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): parallel/adamw.py."""
     return AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
@@ -85,9 +92,13 @@ def set_lr(optimizer: AdamW, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_coefficient(norm: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
-    """torch.nn.utils.clip_grad_norm_'s scale: max_norm / (norm + 1e-6), at most 1 (None: no clipping)."""
-    return None if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+def squares(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ‖g‖² of `grads` in fp32: each tensor's norm in one multi-tensor kernel (clip_grad_norm_'s
+    `_foreach_norm`), then the squares summed — a handful of kernels whatever the number of tensors."""
+    if not grads:
+        return torch.zeros((), device=device)
+    norms = torch._foreach_norm([g if g.dtype == torch.float32 else g.float() for g in grads])
+    return torch.stack(norms).square().sum()
 
 
 def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor:
@@ -99,20 +110,25 @@ def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor
 
 
 def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
-                     pp_comm: Communicator | None = None, ep_comm: Communicator | None = None) -> torch.Tensor:
+                     pp_comm: Communicator | None = None, ep_comm: Communicator | None = None,
+                     grads: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
     """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
-    summed over tp, replicated ones counted once, every stage's share summed over pp."""
-    zero = torch.zeros((), device=params[0].device)
-    experts = [p.grad for p in params if p.grad is not None and getattr(p, "expert_sharded", False)]
-    params = [p for p in params if not getattr(p, "expert_sharded", False)]
-    sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
-    replicated = [p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)]
-    sq = sum((g.float().pow(2).sum() for g in sharded), zero)
+    summed over tp, replicated ones counted once, every stage's share summed over pp. `grads`: one per
+    parameter (a 16-bit model's fp32 ones), else each `p.grad`."""
+    device = params[0].device
+    pairs = [(p, g) for p, g in zip(params, [p.grad for p in params] if grads is None else grads, strict=True)
+             if g is not None]
+    experts = [g for p, g in pairs if getattr(p, "expert_sharded", False)]
+    pairs = [(p, g) for p, g in pairs if not getattr(p, "expert_sharded", False)]
+    sharded = [g for p, g in pairs if getattr(p, "tp_sharded", False)]
+    replicated = [g for p, g in pairs if not getattr(p, "tp_sharded", False)]
     if tp is not None and tp.size > 1:
-        sq = all_reduce_tp(sq.reshape(1), tp, "grad norm", "optimizer")[0]
-    sq = sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+        sq = all_reduce_tp(squares(sharded, device).reshape(1), tp, "grad norm", "optimizer")[0]
+        sq = sq + squares(replicated, device)
+    else:
+        sq = squares(sharded + replicated, device)
     if ep_comm is not None:  # expert parallelism: each ep rank's experts are its own, their squares summed
-        ex = sum((g.float().pow(2).sum() for g in experts), zero).reshape(1).clone()
+        ex = squares(experts, device).reshape(1).clone()
         ep_comm.all_reduce(ex, "ep", label="expert grad norm")
         sq = sq + ex[0]
     return _sum_over_pp(sq, pp_comm).sqrt()
@@ -128,7 +144,7 @@ def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
         by_group.setdefault(getattr(s, "zero_group", group), []).append(s)
     total = torch.zeros((), device=shards[0].device)
     for g, mine in by_group.items():  # the same order on every rank: the grad sync's
-        sq = sum((s.grad.float().pow(2).sum() for s in mine), torch.zeros((), device=total.device)).reshape(1).clone()
+        sq = squares([s.grad for s in mine], total.device).reshape(1).clone()
         comm.all_reduce(sq, g, label="zero grad norm")
         if g == "edp":
             comm.all_reduce(sq, "ep", label="zero expert grad norm")
@@ -137,18 +153,16 @@ def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
 
 
 def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> None:
-    if coef is None:
-        return
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef)
+    """Multiply every gradient by the clipping coefficient, in place (one multi-tensor kernel)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if coef is not None and grads:
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
 
 
 class AdamWUpdater:
     """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards)."""
 
     loss_scale = 1.0
-    skipped = False
 
     def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float,
                  tp: TPContext | None = None, pp_comm: Communicator | None = None,
@@ -156,15 +170,13 @@ class AdamWUpdater:
         self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
         self.optimizer = adamw(self.params, lr, weight_decay)
 
-    def step(self, lr: float, max_norm: float | None) -> float | None:
+    def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
+        """The global norm (a device tensor, not read here), clipping and AdamW: parallel/adamw.apply_update."""
         set_lr(self.optimizer, lr)
         norm = self.grad_norm()
-        if self.anomaly(norm):
-            return None
-        scale_grads(self.params, clip_coefficient(norm, max_norm))
-        self.optimizer.step()
-        self.after_update()
-        return float(norm)
+        if apply_update(self.optimizer, [p.grad for p in self.params], norm, max_norm) is not False:
+            self.after_update()  # (fused: the kernel skipped a non-finite step; gathering unchanged slices is harmless)
+        return norm
 
     def grad_norm(self) -> torch.Tensor:
         return global_grad_norm(self.params, self.tp, self.pp_comm, self.ep_comm)
@@ -173,9 +185,9 @@ class AdamWUpdater:
         return None
 
     def anomaly(self, norm: torch.Tensor) -> bool:
-        """A non-finite global gradient norm: skip the update (the same on every rank)."""
-        self.skipped = not bool(torch.isfinite(norm))
-        return self.skipped
+        """A non-finite global gradient norm: skip the update (the same on every rank). Reads the norm on the
+        host: the updaters that need it there (ZeRO-Offload, 1-bit Adam)."""
+        return not bool(torch.isfinite(norm))
 
     def state_tensors(self) -> list[torch.Tensor]:
         return adam_state(self.optimizer)[0]
@@ -184,7 +196,7 @@ class AdamWUpdater:
         return adam_state(self.optimizer)[1]
 
     def metrics(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "anomaly": "non-finite gradient norm" if self.skipped else None}
+        return {}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return adam_checkpoint_state(self.optimizer, self.params)

@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.measure.device import sync_compute
 from workbench.measure.memory import MemoryTracker
 from workbench.parallel.grad_sync import GradSync
 from workbench.pipeline.actions import Action, P2PBatch, Schedule
@@ -130,7 +129,7 @@ class PipelineExecutor:
                 out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
                 if chunk.last:
                     out = out / self.schedule.m
-            sync_compute(self.device)
+            self.comm.recorder.sync_compute()
         self.memory.snapshot()
         st.stage_out[key] = out
         if chunk.last:
@@ -148,7 +147,7 @@ class PipelineExecutor:
                 torch.autograd.backward(out, st.grad_out.pop(key))
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
-            sync_compute(self.device)
+            self.comm.recorder.sync_compute()
         if a.stage > 0 and self.schedule.local(a.stage - 1, a.stage):  # a V's turn: hand the gradient over
             st.grad_out[(a.stage - 1, a.microbatch)] = st.stage_in.pop(key).grad
         self.memory.snapshot()
@@ -157,7 +156,7 @@ class PipelineExecutor:
         """W: the weight gradients of the Linears that this microbatch's I left in the stash."""
         with self._sync_unless_last(i), self.comm.recorder.span("backward_weight", "backward", "compute", **args):
             self.store.weight_grad(key)
-            sync_compute(self.device)
+            self.comm.recorder.sync_compute()
         self.memory.snapshot()
 
     def _sync_unless_last(self, i: int) -> Any:

@@ -117,7 +117,7 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
     r0 = s["ranks"][0]
     step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
     tokens = c.global_batch * c.model_config.seq_len
-    flops = formulas.training_flops_per_token(c.model_config.param_count(), c.model_config) * tokens
+    flops = formulas.model_flops_per_token(c.model_config) * tokens
     est = estimate(c, hardware=with_emulated_links(hw, c) if hw else None,
                    backend_copies=run.config.get("backend") == "gloo")
     measured_mem = r0["peak_total_bytes"]  # the simultaneous peak of every category: what the rank pays

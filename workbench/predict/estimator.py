@@ -50,7 +50,7 @@ class Estimate:
     memory_bytes_per_rank: float | None = None
     comm_bytes_per_step: dict[str, float] = field(default_factory=dict)  # group -> bytes each rank sends
     bubble_fraction: float = 0.0
-    flops_per_step: float | None = None
+    flops_per_step: float | None = None  # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
     compute_s: float | None = None
     comm_s: float | None = None
     step_time_s: float | None = None
@@ -196,8 +196,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
-    factor = 4 / 3 if recompute == "full" else 1.0
-    out.flops_per_step = formulas.training_flops_per_token(params, model) * global_batch * model.seq_len * factor
+    out.flops_per_step = formulas.model_flops_per_token(model) * global_batch * model.seq_len
     _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
     return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
                                          "recompute": recompute, "schedule": schedule, "width": w, "cp": cp, "ep": ep,

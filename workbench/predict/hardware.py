@@ -52,6 +52,29 @@ A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8
 H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9,  # PCIe 5.0
                      memory_bw=3.35e12)
 
+#: dense peaks from the datasheets, TFLOP/s per device: (16-bit tensor cores, plain fp32) — the figures an MFU
+#: divides by. Matched in order against torch.cuda.get_device_name() (the first name contained in it wins).
+DATASHEET_TFLOPS: tuple[tuple[str, float, float], ...] = (
+    ("H100 PCIe", 756.0, 51.2), ("H100 NVL", 835.0, 60.0), ("H100", 989.4, 66.9), ("H200", 989.4, 66.9),
+    ("GH200", 989.4, 66.9), ("A100", 312.0, 19.5), ("L40S", 362.1, 91.6), ("L4", 121.0, 30.3),
+    ("RTX 4090", 165.2, 82.6),
+)
+#: the environment variable that gives another device's peak (TFLOP/s, for the run's precision)
+PEAK_ENV = "PEAK_TFLOPS"
+
+
+def peak_flops(device_name: str, precision: str = "bf16", override: str | None = None) -> float | None:
+    """The device's dense peak in FLOP/s for a run in `precision` (bf16/fp16: tensor cores; fp32: plain fp32,
+    torch's default matmul precision), from its name; `override` (PEAK_TFLOPS) wins. None: an unknown device —
+    its MFU asks for PEAK_TFLOPS."""
+    if override:
+        return float(override) * 1e12
+    for name, half, single in DATASHEET_TFLOPS:
+        if name.lower() in device_name.lower():
+            return (single if precision == "fp32" else half) * 1e12
+    return None
+
+
 def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
     """The hardware as a run with --emulate-link sees it: each emulated link's time adds to the real one
     (1/bw' = 1/bw + 1/bw_link; every operation pays the slowest link's latency on top), machines of

@@ -5,6 +5,12 @@ start-up: right after a barrier each rank takes its own monotonic clock as zero 
 barrier exit is t = 0 everywhere; the wall-clock difference to rank 0 at that moment is recorded as
 `clock_offset_us`. The file layout is the contract in docs/run-format.md.
 
+Measured and fast steps (measure/schedule.py): `measured` says which the current step is. On a CUDA rank
+a `device_clock` is attached (comm/device_timing.DeviceClock): in a measured step `sync_compute()` waits for
+the compute stream at the end of each compute span, so spans are what the GPU did; in a fast step nothing
+waits — each span records a CUDA event at its start and end, and its event is written once the step's one
+host synchronisation has passed (`DeviceClock.end_step`). On the CPU spans are host-timed either way.
+
 Lanes (`tid`) are fixed: spans on one lane nest because they come from nested `with span(...)`
 blocks in one thread; work that overlaps on a lane (gradient buckets in flight) is written as async
 `b`/`e` events instead, which Perfetto draws as separate tracks.
@@ -25,10 +31,13 @@ from typing import Any
 
 #: 2: host launch spans moved from `comm` to their own lane `launch` (category `launch`, no bytes), so that
 #: each operation has exactly one record with bytes; `host_memory` counter (ZeRO-Offload)
-SCHEMA_VERSION = 2
+#: 3: measured and fast steps (`measured` on each ProfilerStep, `measured_steps` in the workbench block); the
+#: batch's making on its own lane `data` (category `data`)
+SCHEMA_VERSION = 3
 
 #: lane name -> tid, in display order
-LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4, "launch": 5, "offload": 6}
+LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4, "launch": 5, "offload": 6,
+                         "data": 7}
 
 #: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
 MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "wgrad_stash", "comm_buffer",
@@ -36,7 +45,7 @@ MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "
 
 CATEGORIES = (
     "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
-    "ring_step", "cp_ring", "wait", "schedule", "checkpoint", "emulated", "launch", "offload",
+    "ring_step", "cp_ring", "wait", "schedule", "checkpoint", "emulated", "launch", "offload", "data",
 )
 
 
@@ -73,6 +82,10 @@ class TraceRecorder:
         self._flushed = 0
         #: (push, pop) of NVTX ranges on CUDA runs: every span is also a range Nsight Systems shows
         self.nvtx: tuple[Any, Any] | None = None
+        #: whether this step is measured (set by the training loop from measure/schedule.py)
+        self.measured = True
+        #: CUDA: the DeviceClock that times a fast step's spans by events and synchronises a measured one's
+        self.device_clock: Any = None
 
     # ---- clock -------------------------------------------------------------------------------
     def set_epoch(self, clock_offset_us: float = 0.0) -> None:
@@ -92,8 +105,10 @@ class TraceRecorder:
     @contextmanager
     def span(self, name: str, cat: str, lane: str = "compute", **args: Any) -> Iterator[dict[str, Any]]:
         """A complete ("X") event around the block. The yielded dict is the span's args: the block
-        may add to it (bytes measured inside, for instance)."""
-        start = self.now_us()
+        may add to it (bytes measured inside, for instance). In a fast step on CUDA its times are the
+        device's, from two events, written at the step's end."""
+        clock = self.device_clock if not self.measured and self.enabled else None
+        start = self.now_us() if clock is None else clock.mark()
         if self.nvtx is not None:
             self.nvtx[0](name)
         try:
@@ -101,7 +116,27 @@ class TraceRecorder:
         finally:
             if self.nvtx is not None:
                 self.nvtx[1]()
+            if clock is None:
+                self.complete(name, cat, lane, start, self.now_us() - start, args)
+            else:
+                clock.defer_span(start, lambda ts, end: self.complete(name, cat, lane, ts, end - ts, args))
+
+    @contextmanager
+    def host_span(self, name: str, cat: str, lane: str = "compute", **args: Any) -> Iterator[dict[str, Any]]:
+        """A span timed on the host's clock in every step (a whole step: it ends after the step's host
+        synchronisation, so the host's time is the device's)."""
+        start = self.now_us()
+        try:
+            yield args
+        finally:
             self.complete(name, cat, lane, start, self.now_us() - start, args)
+
+    def sync_compute(self) -> None:
+        """A measured step on CUDA: wait for the compute stream, so that the span ending now covers the kernels
+        it launched but not the communication streams (whose overlap the trace is there to show). Nothing in
+        a fast step, nor on the CPU."""
+        if self.measured and self.device_clock is not None:
+            self.device_clock.sync_compute()
 
     def complete(self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]) -> None:
         self._emit({"ph": "X", "name": name, "cat": cat, "ts": round(ts, 3), "dur": round(max(dur, 0.0), 3),

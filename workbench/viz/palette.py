@@ -17,7 +17,7 @@ SPAN_COLORS = {
     "wait": "#79706E",
     "ring_step": "#72B7B2", "schedule": "#EECA3B", "checkpoint": "#FF9DA6", "step": "#DDDDDD",
     "torch op": "#9ECAE9", "launch": "#D3D3D3", "offload": "#8CD17D", "emulated": "#C9C9C9",
-    "restart": "#D67195",
+    "restart": "#D67195", "data": "#A0CBE8",
 }
 #: memory categories, in the recorder's order
 MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#FF9DA6", "#72B7B2",

@@ -6,7 +6,8 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
 
     memory.py        model states per ZeRO stage and precision, parameters per rank, ZeRO's buffers
     activations.py   what our GPT saves for backward, with recomputation and release in backward
-    comm.py          bytes per step (data and tensor parallel), the pipeline bubble, FLOPs
+    comm.py          bytes per step (data and tensor parallel), the pipeline bubble
+    flops.py         model FLOPs per token (6·N + 12·L·s·h, embeddings' lookups and idle experts left out), MFU
     context_parallel.py  the ring's K/V bytes and each rank's share of the causal attention work
     expert_parallel.py   the MoE dispatch's bytes, expert parameters ÷ ep, imbalance from router counts
     run.py           a run's predicted memory and bytes per step, from its config
@@ -30,7 +31,6 @@ from workbench.predict.formulas.comm import (
     dp_link_bytes,
     onebit_bytes_per_step,
     tp_comm_bytes_per_step,
-    training_flops_per_token,
 )
 from workbench.predict.formulas.context_parallel import (
     cp_comm_bytes_per_step,
@@ -45,6 +45,7 @@ from workbench.predict.formulas.expert_parallel import (
     expert_params_per_layer,
 )
 from workbench.predict.formulas.faults import checkpoint_overhead, young_daly_interval
+from workbench.predict.formulas.flops import active_params, mfu, model_flops_per_token
 from workbench.predict.formulas.memory import (
     STATE_BYTES,
     ZERO_IN_FLIGHT,
@@ -76,7 +77,7 @@ __all__ = [
     "embedding_activation_bytes", "head_activation_bytes", "korthikanti_activation_bytes_per_layer",
     "model_state_bytes", "offload_host_bytes", "onebit_bytes_per_step", "params_per_rank", "predicted_bytes",
     "predicted_comm_bytes", "predicted_host_bytes", "recompute_activation_bytes", "run_model", "run_schedule",
-    "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "training_flops_per_token",
+    "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "active_params", "mfu", "model_flops_per_token",
     "young_daly_interval", "bubble_rate", "named_bubble_fraction", "schedule_bubble_fraction",
     "wgrad_stash_bytes", "cp_comm_bytes_per_step", "cp_local", "kv_block_bytes", "ring_bytes_per_layer",
     "unmasked_pairs_per_rank", "capacity", "dispatch_bytes_per_layer", "expert_imbalance", "expert_params_per_layer",

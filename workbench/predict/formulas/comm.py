@@ -1,4 +1,4 @@
-"""Communication, pipeline bubble and FLOPs per step. Plain arithmetic, no torch."""
+"""Communication and the pipeline bubble per step. Plain arithmetic, no torch."""
 
 from __future__ import annotations
 
@@ -15,11 +15,6 @@ def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4
     for plain DP and ZeRO-1/2, 3Ψ·(n−1)/n for ZeRO-3 (parameters gathered twice)."""
     factor = 3 if zero >= 3 else 2
     return factor * (dp - 1) / dp * params * grad_bytes if dp > 1 else 0.0
-
-
-def training_flops_per_token(params: float, cfg: ModelConfig) -> float:
-    """≈ 6Ψ + 12·L·h·s (Chowdhery et al. 2022, appendix B)."""
-    return 6 * params + 12 * cfg.layers * cfg.hidden * cfg.seq_len
 
 
 def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,

@@ -129,8 +129,8 @@ def run_schedule(config: dict[str, Any]) -> Schedule:
 
 def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
     """Bytes per step by op and group: the gradient all-reduce over dp — over dp×cp, the `dp_cp` group, under
-    context parallelism — (4 bytes per local parameter when it has more than one rank) and the loss's one
-    value; the tensor-parallel collectives of the layers; the context-parallel ring's K/V and dK/dV; and for
+    context parallelism — (4 bytes per local parameter) and the loss's one value, where that group has more
+    than one rank; the tensor-parallel collectives of the layers; the context-parallel ring's K/V and dK/dV; and for
     pipelines the activations and gradients sent between stages (one b·s/cp·h buffer per microbatch and
     boundary), the loss brought to every stage and the gradient norm's share."""
     model = run_model(config)
@@ -145,8 +145,10 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out: dict[str, dict[str, float]] = {"all_reduce": {group: 4 + 4},
                                             "reduce_scatter": {group: 4 * local * scatters},
                                             "all_gather": {group: 4 * local * (2 if zero == 3 else 1)}}
-    else:
-        out = {"all_reduce": {group: 4 + (wire * local if dp * cp > 1 else 0)}}
+    elif dp * cp > 1:
+        out = {"all_reduce": {group: 4 + wire * local}}
+    else:  # one replica: no gradient to average and no loss to sum (a group of one rank is not called)
+        out = {}
     micro = config["global_batch"] // dp // m
     stages = pp * v
     sched = run_schedule(config) if pp > 1 else None
@@ -164,14 +166,14 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
                                              config.get("cp_rotate", "ring"),
                                              config.get("recompute", "none") != "none").items():
         out.setdefault(op, {})["cp"] = nbytes
-    if config.get("precision") == "fp16" and not zero:  # the overflow check: one flag, max over the world
-        out["all_reduce"]["world"] = 4
+    if config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1:  # the overflow flag, max: world
+        out.setdefault("all_reduce", {})["world"] = 4
     if pp > 1:
         buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width
         acts_of_rank = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
         out.setdefault("send", {})["pp"] = sum(a.is_send for a in acts_of_rank) * buffer
         out.setdefault("recv", {})["pp"] = sum(a.is_recv for a in acts_of_rank) * buffer
-        out["all_reduce"]["pp"] = 4 + 4  # the loss, and the gradient norm's squares
+        out.setdefault("all_reduce", {})["pp"] = 4 + 4  # the loss, and the gradient norm's squares
     return out
 
 

@@ -1,0 +1,66 @@
+"""Each step's batch on the rank's device: its rows of the step's global batch — the synthetic chain's
+(engine/data.py) or a data file's windows (data_source.py), either way a function of (seed, step) — and,
+under context parallelism, of those rows only this cp rank's tokens.
+
+The batch is made inside the step's time (engine/train_step.py: a `data` span), so tokens/s counts it.
+On CUDA the next step's batch is made at the end of this one — after every kernel of the step is queued,
+while the GPU works through them and the host would only wait — into pinned memory, and its copy to the
+GPU is queued without blocking (the copy lands after the step's kernels; the caching host allocator keeps
+the pinned block until it has). No thread: a second Python thread would take the GIL from the one that
+launches the kernels. On the CPU a batch is made when its step asks for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data_source import TokenFile
+from workbench.engine.data import global_batch
+from workbench.parallel.context_parallel import ContextParallel
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Batches:
+    """`get(step)`: this rank's (inputs, targets) of step `step` on its device; `prepare(step)`: start making
+    it now (CUDA)."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, dp_index: int, dp_size: int,
+                 cp: ContextParallel | None = None) -> None:
+        self.cfg, self.device, self.cp = cfg, device, cp
+        per = cfg.global_batch // dp_size
+        self.rows = (dp_index * per, (dp_index + 1) * per)
+        self.tokens = TokenFile(cfg.data) if cfg.data != "synthetic" else None
+        self.ready: dict[int, Batch] = {}
+
+    def host(self, step: int) -> Batch:
+        """This rank's rows (and tokens) of step `step`, in host memory."""
+        cfg, m = self.cfg, self.cfg.model_config
+        if self.tokens is None:
+            x, y = global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, rows=self.rows)
+        else:
+            x, y = self.tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, rows=self.rows)
+        if self.cp is not None:
+            x, y = self.cp.shard(x), self.cp.shard(y)
+        return x, y
+
+    def prepare(self, step: int) -> None:
+        """CUDA: make step `step`'s batch now, pinned, and queue its copy; nothing on the CPU."""
+        if self.device.type != "cuda" or step >= self.cfg.steps or step in self.ready:
+            return
+        self.ready[step] = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in self.host(step))
+
+    def get(self, step: int) -> Batch:
+        batch = self.ready.pop(step, None)
+        if batch is not None:
+            return batch
+        if self.device.type == "cuda":
+            self.prepare(step)
+            return self.ready.pop(step)
+        return tuple(t.contiguous() for t in self.host(step))
+
+    def __call__(self, step: int) -> Any:
+        return self.get(step)
