@@ -1,7 +1,8 @@
 """Which backend a launch runs on, decided before any process starts. CUDA is faked by monkeypatching
 torch.cuda.device_count, so the rule is proven on a machine without GPUs: NCCL only where every rank of a
-machine has a GPU of its own, gloo on a machine with none, and a ConfigError naming both counts (and
---backend gloo) in between — where NCCL used to fail inside the ranks with "invalid device ordinal"."""
+machine has a GPU of its own; 'auto' with fewer GPUs than ranks goes on the CPU with gloo and says so in one
+line (a notebook's 4-rank cell on a 1-GPU machine runs); an explicit 'nccl' there is a ConfigError naming
+both counts (and --backend gloo) — where NCCL used to fail inside the ranks with "invalid device ordinal"."""
 
 import os
 
@@ -36,13 +37,23 @@ def test_auto_is_nccl_when_every_rank_has_a_gpu(gpus, dp, visible):
     assert choose_backend(RunConfig(dp=dp, global_batch=16)) == "nccl"
 
 
-def test_too_few_gpus_fail_before_any_process_starts(gpus, tmp_path):
-    """make demo's dp = 2 on a one-GPU machine: an error naming both counts and the way out, and no run
-    directory — nothing was started."""
+def test_auto_with_too_few_gpus_runs_on_the_cpu_and_says_so_in_one_line(gpus, capsys):
+    """make demo's dp = 2, or a notebook's 4-rank cell, on a one-GPU machine: gloo, and one line naming both
+    counts and how to refuse instead."""
+    gpus(1)
+    assert choose_backend(RunConfig(dp=2), say=True) == "gloo"
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "2 ranks per machine and 1 GPU(s)" in lines[0] and "backend='nccl'" in lines[0]
+    assert choose_backend(RunConfig(dp=1), say=True) == "nccl" and capsys.readouterr().err == "", "one rank: its GPU"
+
+
+def test_nccl_with_too_few_gpus_fails_before_any_process_starts(gpus, tmp_path):
+    """An explicit nccl on too few GPUs: an error naming both counts and the way out, and no run directory —
+    nothing was started."""
     gpus(1)
     out = tmp_path / "demo"
     with pytest.raises(ConfigError, match=r"2 ranks per machine, but 1 GPU\(s\) visible.*--backend gloo"):
-        wb.launch(RunConfig(dp=2), out=str(out), progress=False)
+        wb.launch(RunConfig(dp=2, backend="nccl"), out=str(out), progress=False)
     assert not out.exists()
 
 
@@ -67,7 +78,8 @@ def test_ranks_per_machine_count_across_machines(gpus):
     assert choose_backend(RunConfig(dp=8, global_batch=16), nodes) == "nccl"
     gpus(3)
     with pytest.raises(ConfigError, match="4 ranks per machine, but 3 GPU"):
-        choose_backend(RunConfig(dp=8, global_batch=16), nodes)
+        choose_backend(RunConfig(dp=8, global_batch=16, backend="nccl"), nodes)
+    assert choose_backend(RunConfig(dp=8, global_batch=16), nodes) == "gloo"
 
 
 def test_the_cpu_suite_runs_auto_on_gloo_even_beside_gpus(gpus, monkeypatch):

@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_communication(run, d)
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
+    run.add_argument("--measure", default=d.measure, metavar="auto|all|none|A:B",
+                     help="steps that record memory and synchronise (the rest run fast): auto = every step on a "
+                          "CPU, three after the warm-up on a GPU")
+    run.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     run.add_argument("--warmup-steps-excluded", type=int, default=d.warmup_steps_excluded,
                      help="summary time figures and charts leave out this many first steps (warm-up)")
     run.add_argument("--profile-memory", action="store_true",

@@ -78,7 +78,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
         bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
         onebit_warmup_steps=a.onebit_warmup_steps,
-        trace=not a.no_trace, warmup_steps_excluded=a.warmup_steps_excluded,
+        trace=not a.no_trace, measure=a.measure, compile=a.compile, warmup_steps_excluded=a.warmup_steps_excluded,
         timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
         profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
         data=a.data, attention=a.attention, tensorboard=a.tensorboard, profile_steps=a.profile_steps, nsys=a.nsys,

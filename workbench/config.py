@@ -19,10 +19,12 @@ from workbench.config_pipeline import SCHEDULES as SCHEDULES
 from workbench.config_pipeline import check_pipeline, check_schedule_name
 from workbench.config_rules import (
     check_communication,
+    check_compile,
     check_context_parallel,
     check_data_and_tools,
     check_elastic,
     check_experts,
+    check_limits,
     check_optimizer,
     check_zero,
 )
@@ -110,6 +112,7 @@ class RunConfig:
     offload_optimizer: bool = False
     trace: bool = True
     measure: str = "auto"  # measured steps (memory, synced spans) or fast: auto|all|none|A:B (measure/schedule.py)
+    compile: bool = False  # torch.compile each transformer block (engine/compiled.py)
     #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (data_source.py)
     data: str = "synthetic"
     #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
@@ -233,21 +236,14 @@ class RunConfig:
         check_elastic(self)
         check_data_and_tools(self)
         parse_measure(self.measure, self.steps)
-        self._validate_limits()
+        check_limits(self)
+        check_compile(self)
         if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
             raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
                               f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
         if self.allreduce != "backend" and self.dp_impl == "naive":
             raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
         return self
-
-    def _validate_limits(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ConfigError(f"bucket_mb={self.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ConfigError(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp

@@ -36,6 +36,35 @@ def check_communication(cfg: Any) -> None:
             raise ConfigError(str(e)) from None
 
 
+def check_limits(cfg: Any) -> None:
+    if cfg.bucket_mb <= 0:
+        raise ConfigError(f"bucket_mb={cfg.bucket_mb}: must be > 0 (megabytes per gradient bucket)")
+    if cfg.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={cfg.timeout_s}: must be > 0 seconds")
+    if cfg.grad_clip is not None and cfg.grad_clip <= 0:
+        raise ConfigError(f"grad_clip={cfg.grad_clip}: must be > 0, or None to disable clipping")
+
+
+def check_compile(cfg: Any) -> None:
+    """compile=True compiles each transformer block whole (engine/compiled.py), so nothing inside a block may
+    communicate, trace or count: what does is refused by name."""
+    if not cfg.compile:
+        return
+    inside = {"tp": (cfg.tp > 1, "tp=1 (its collectives sit inside the blocks)"),
+              "cp": (cfg.cp > 1, "cp=1 (the ring attention's transfers sit inside the blocks)"),
+              "model.experts": (cfg.model_config.experts > 0, "a dense model (the router counts tokens in Python)"),
+              "zero": (cfg.zero == 3, "zero 0, 1 or 2 (ZeRO-3 gathers each block's parameters in its hooks)"),
+              "recompute": (cfg.recompute != "none", "recompute='none' (a recomputed block reruns under our "
+                                                    "traced autograd function)"),
+              "schedule": (cfg.pp > 1 and cfg.schedule in ("zbh1", "zbv"),
+                           "a schedule without the zero-bubble split (its Linears stash inputs for W)")}
+    for key, (bad, valid) in inside.items():
+        if bad:
+            value = cfg.model_config.experts if key == "model.experts" else getattr(cfg, key)
+            raise ConfigError(f"compile=True with {key}={value!r}: a compiled block must not communicate or "
+                              f"trace inside; valid: {valid}")
+
+
 def check_optimizer(cfg: Any) -> None:
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"optimizer={cfg.optimizer!r}: valid optimizers are {list(OPTIMIZERS)}")

@@ -21,7 +21,6 @@ NCCL needs a GPU per rank, so a machine with one GPU runs one rank; what it can 
 import os
 
 import pytest
-import torch
 
 from tests.gpu.gpus import needs
 from tests.gpu.test_strategies_on_nccl import assert_allocator_explained
@@ -85,30 +84,6 @@ def test_resume_on_one_gpu_is_bit_identical(launched):
     tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss)
     assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
-
-
-@needs(1)
-def test_adamw_on_cuda_is_torch_adamw():
-    """On CUDA our AdamW takes torch's multi-tensor kernel (parallel/adamw.py): the same update as
-    torch.optim.AdamW's one-tensor-at-a-time one, within fp32 rounding (the kernels may fuse multiply-adds
-    differently), over steps with changing learning rates."""
-    from workbench.parallel.adamw import AdamW
-
-    torch.manual_seed(0)
-    ours = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in ((64, 33), (1000,), (7,))]
-    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
-    opt, ref = AdamW(ours, lr=3e-3, weight_decay=0.1), torch.optim.AdamW(theirs, lr=3e-3, weight_decay=0.1,
-                                                                         foreach=False)
-    assert opt.foreach
-    for lr in (3e-3, 1e-2, 5e-4):
-        for a, b in zip(ours, theirs, strict=True):
-            a.grad = torch.randn_like(a)
-            b.grad = a.grad.clone()
-        opt.param_groups[0]["lr"] = ref.param_groups[0]["lr"] = lr
-        opt.step()
-        ref.step()
-    for a, b in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 @needs(1)

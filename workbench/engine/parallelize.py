@@ -7,6 +7,7 @@
       → materialise on the device, initialise by parameter name  GPT.init_weights
       → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
+      → torch.compile of each transformer block (--compile)        engine/compiled.py
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
         (over dp, or dp×cp — the `dp_cp` group — under context parallelism; experts over edp when ep > 1)
@@ -27,6 +28,7 @@ from torch import nn
 
 from workbench.config import RunConfig
 from workbench.engine.anomaly import LossSpike
+from workbench.engine.compiled import compile_blocks
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
@@ -131,6 +133,8 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Reco
         layer.state = moe
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
+    if cfg.compile:
+        compile_blocks(chunk)
     return chunk
 
 
