@@ -25,6 +25,8 @@ with its 95 % bootstrap interval over the rounds (workbench/analysis/intervals.p
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 
@@ -32,8 +34,6 @@ from harness import check_same_losses, common_arguments, entry, interleaved_roun
 
 
 def worker(args: argparse.Namespace) -> None:
-    import os
-
     import torch
     import torch.distributed as dist
 
@@ -72,8 +72,30 @@ def worker(args: argparse.Namespace) -> None:
               f"{med['ours_measured'] * 1e3:8.2f} ms   plain {med['plain'] * 1e3:8.2f} ms")
         print("  " + report("ours (fast steps) / plain", med.ratio("ours_fast", "plain")))
         print("  " + report("ours (every step measured) / plain", med.ratio("ours_measured", "plain")))
+        speed = throughput(cfg, med, where if device.type == "cuda" else None)
+        print("  tokens/s  " + "   ".join(f"{k} {v['tokens_per_s']:,.0f}" + (f" (MFU {v['mfu']:.1%})" if v["mfu"]
+                                                                               else "") for k, v in speed.items()))
+        if path := os.environ.get("WB_BENCH_JSON"):  # scripts/gpu_check.sh's summary table reads these
+            with open(path, "a") as f:
+                f.write(json.dumps({"model": args.model, "precision": cfg.precision, "compiled": args.compile,
+                                    "device": where, "speed": speed,
+                                    "ratio_fast": vars(med.ratio("ours_fast", "plain")),
+                                    "ratio_measured": vars(med.ratio("ours_measured", "plain"))}) + "\n")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def throughput(cfg, med, gpu_name: str | None) -> dict:  # noqa: ANN001
+    """tokens/s of each candidate at its median step, and on a GPU its MFU (predict/formulas/flops.py over the
+    device's dense peak: predict/hardware.py, or PEAK_TFLOPS)."""
+    from workbench.predict.formulas import mfu
+    from workbench.predict.hardware import PEAK_ENV, peak_flops
+
+    peak = peak_flops(gpu_name, cfg.precision, os.environ.get(PEAK_ENV)) if gpu_name else None
+    tokens = cfg.global_batch * cfg.model_config.seq_len
+    return {k: {"step_s": med[k], "tokens_per_s": tokens / med[k],
+                "mfu": mfu(cfg.model_config, tokens / med[k], peak) if peak else None}
+            for k in ("ours_fast", "ours_measured", "plain")}
 
 
 def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 - the loop a user would write

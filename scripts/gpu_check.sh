@@ -1,74 +1,94 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one script for a machine with NVIDIA GPUs (a borrowed one too, with no
-# network: nothing is installed, the checkout is put on PYTHONPATH and the machine's torch is used). Every
-# section runs; the script exits non-zero at the end if any failed. It prints, as it goes:
-#   1. the GPU acceptance suite (make test-gpu: every strategy on NCCL on as many GPUs as there are,
-#      equality to one GPU, valid traces, bytes counted once, the allocator explained, a pipeline's
-#      waits, resume, restart, a hang ending in CommError; on one GPU: one GPU equal to one CPU process,
-#      ZeRO-Offload, recomputation, fp16 loss scaling, resume — tests/gpu/test_one_gpu.py);
-#   2. this machine's compute measured as the calibration measures it (matmul FLOP/s, element-wise bytes/s);
-#   3. gpt2-small and gpt-1.3b (bf16, fused attention) as dp × tp over every GPU: tokens/s and MFU
-#      (model FLOPs utilisation: (6·Ψ + 12·L·s·h) per token × tokens/s over the GPUs' bf16 dense peak:
-#      989 TFLOP/s for an H100/H200; set PEAK_TFLOPS for another GPU), the allocator's peak beside the
-#      categories', and the estimator's step time (H100 figures) beside the measured one;
-#      gpt2-small once more with nothing traced, the cost of recording; doctor's view of the GPU (NVML);
-#   4. our bucketed data parallelism against torch DDP on NCCL: the step-time ratio (losses checked first).
-# Everything it prints is also kept under $OUT (default /tmp/gpu_check), with gpt2-small's run (traces too).
+# The checks that need a GPU, as one script for a machine with NVIDIA GPUs — a borrowed one too, with no
+# network: nothing is fetched, the checkout goes on PYTHONPATH and the machine's torch is used. Every section
+# runs under its own time bound (a section cut short is reported as such); with the defaults the whole
+# script ends within 8 minutes on one GPU. It ends with ONE summary table (scripts/gpu_summary.py):
+#   1. the GPU acceptance suite (make test-gpu: every strategy on NCCL on as many GPUs as there are; on one
+#      GPU: one GPU equal to one CPU process, ZeRO-Offload, recomputation, fp16, resume, the fused AdamW,
+#      a fast step's synchronisations against a plain loop's, the measure schedules, compiled blocks);
+#   2. ours against a plain PyTorch loop (benchmarks/ours_vs_plain.py): gpt2-small at batch 16×1024 and
+#      gpt-1.3b at 8×1024, bf16, sdpa, eager and compiled — tokens/s and MFU of our fast steps, of our
+#      measured steps and of the plain loop, and ours/plain with its interval;
+#   3. one CLI run of gpt2-small (the launch path: the progress line's MFU, summary.json's mfu and
+#      measure_cost, doctor's view of the GPU through NVML);
+#   4. every notebook under nbmake (needs the wheels scripts/gpu_wheels.sh downloads into .whl/, carried);
+#   5. with two GPUs or more, our data parallelism against DDP on NCCL.
+# Bounds (seconds): SUITE_LIMIT_S=90, BENCH_LIMIT_S=70 (eager), COMPILED_LIMIT_S=100 (compiled),
+# RUN_LIMIT_S=40, NB_LIMIT_S=100; 0 = no bound. GPU_TESTS_K selects suite cases (pytest -k); BIG_EAGER=1
+# adds gpt-1.3b eager (its goals are compiled); SKIP_1_3B=1 leaves gpt-1.3b out. PEAK_TFLOPS for a GPU
+# predict/hardware.py does not know. Everything printed is kept under $OUT (default /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+START=$(date +%s)
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
 PY=${PY:-python3}
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-FAILED=()
-# a borrowed machine's time is short: SUITE_LIMIT_S and RUN_LIMIT_S bound the suite and each other section
-# (0, the default: no bound); GPU_TESTS_K selects some of the suite's cases (pytest -k); SKIP_1_3B=1 leaves
-# gpt-1.3b out
-suite() { timeout "${SUITE_LIMIT_S:-0}" "$@"; }
-bounded() { timeout "${RUN_LIMIT_S:-0}" "$@"; }
+rm -f "$OUT/bench.jsonl" "$OUT/sections.tsv"
+bounded() { local limit=$1; shift; timeout "$limit" "$@"; }
+section() {  # name, exit status: one row of sections.tsv (124 = cut at its bound)
+  local rc=$2 state=passed
+  if [ "$rc" -eq 124 ]; then state="cut at its bound"; elif [ "$rc" -ne 0 ]; then state="FAILED (exit $rc)"; fi
+  printf '%s\t%s\n' "$1" "$state" >> "$OUT/sections.tsv"
+}
 nvidia-smi -L | tee "$OUT/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL', torch.cuda.nccl.version())" || exit 1
 
+if compgen -G ".whl/*.whl" >/dev/null; then  # the notebooks' packages, carried as wheels
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
 echo "== 1. the GPU acceptance suite on $NGPU GPU(s)"
-suite "$PY" -m pytest -q -rs -m gpu --durations=12 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/gpu 2>&1 | tee "$OUT/test_gpu.log" || FAILED+=("suite")
+bounded "${SUITE_LIMIT_S:-90}" "$PY" -m pytest -q -rs -m gpu --durations=8 -p no:cacheprovider \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/gpu 2>&1 | tee "$OUT/test_gpu.log"
+section suite "${PIPESTATUS[0]}"
 
-echo "== 2. compute, as the calibration measures it"
-bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/compute.log" || FAILED+=("compute")
-from workbench.config import PRESETS
-from workbench.predict.compute_calibration import measure_compute
-for name in ("gpt2-small",):
-    c = measure_compute(PRESETS[name], (1, 2, 4), "cuda")
-    print(name, {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in c.items()})
-PY
-
-throughput() {  # preset, global batch per dp rank
-  local model=$1 per=$2 tp dp
-  tp=$(( NGPU >= 2 ? 2 : 1 )); dp=$(( NGPU / tp ))
-  bounded "$PY" -m workbench.cli run --model "$model" --dp "$dp" --tp "$tp" --precision bf16 --attention sdpa --backend nccl \
-      --global-batch $(( per * dp )) --lr 3e-4 --steps 12 --out "$OUT/$model" --force --quiet 2>&1 | tail -3 &&
-  "$PY" scripts/gpu_throughput.py "$OUT/$model"
+echo "== 2. ours against a plain PyTorch loop (the same GPT, nanoGPT's way)"
+bench() {  # label, bound, model, batch, extra flags
+  local label=$1 limit=$2 model=$3 batch=$4; shift 4
+  WB_BENCH_JSON="$OUT/bench.jsonl" bounded "$limit" "$PY" benchmarks/ours_vs_plain.py --backend nccl --model "$model" \
+      --global-batch "$batch" --precision bf16 --attention sdpa --rounds 10 --warmup 2 "$@" 2>&1 \
+      | grep -v "^W" | tee "$OUT/bench_$label.log"
+  section "bench $label" "${PIPESTATUS[0]}"
 }
-echo "== 3. throughput, memory and the estimate"
-throughput gpt2-small 8 2>&1 | tee "$OUT/gpt2_small.log" || FAILED+=("gpt2-small")
-"$PY" -m workbench.cli doctor "$OUT/gpt2-small" 2>&1 | tail -4 | tee -a "$OUT/gpt2_small.log"  # NVML's view
-if [ -z "${SKIP_1_3B:-}" ]; then throughput gpt-1.3b 2 2>&1 | tee "$OUT/gpt_1.3b.log" || FAILED+=("gpt-1.3b"); fi
-bounded "$PY" - <<'PY' 2>&1 | tee "$OUT/untraced.log" || FAILED+=("untraced")
-import os, tempfile
-import workbench as wb
-with tempfile.TemporaryDirectory() as d:  # gpt2-small again, one GPU, nothing recorded: what tracing costs
-    run = wb.launch(wb.RunConfig(model="gpt2-small", precision="bf16", attention="sdpa", backend="nccl",
-                                 global_batch=8, lr=3e-4, steps=12, trace=False), out=os.path.join(d, "r"),
-                    progress=False)
-    print(f"gpt2-small untraced: step {run.metrics.step_time_s.iloc[2:].median() * 1e3:.1f} ms")
-PY
-tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small" "$OUT/gpt-1.3b" || true
+bench gpt2-small "${BENCH_LIMIT_S:-70}" gpt2-small 16
+bench gpt2-small-compiled "${COMPILED_LIMIT_S:-100}" gpt2-small 16 --compile
+if [ -z "${SKIP_1_3B:-}" ]; then
+  [ -n "${BIG_EAGER:-}" ] && bench gpt-1.3b "${BENCH_LIMIT_S:-70}" gpt-1.3b 8
+  bench gpt-1.3b-compiled "${COMPILED_LIMIT_S:-100}" gpt-1.3b 8 --compile
+fi
 
-echo "== 4. our data parallelism against DDP on NCCL"
+echo "== 3. one run through the CLI: gpt2-small, progress with MFU, summary.json, doctor (NVML)"
+bounded "${RUN_LIMIT_S:-40}" "$PY" -m workbench.cli run --model gpt2-small --precision bf16 --attention sdpa \
+    --backend nccl --global-batch 16 --lr 3e-4 --steps 12 --out "$OUT/gpt2-small" --force 2>&1 | tail -3 \
+    | tee "$OUT/run.log"
+rc=${PIPESTATUS[0]}
+section "cli run" "$rc"
+if [ "$rc" -eq 0 ]; then
+  "$PY" -m workbench.cli doctor "$OUT/gpt2-small" 2>&1 | tail -4 | tee -a "$OUT/run.log"
+  cp "$OUT/gpt2-small/summary.json" "$OUT/run_summary.json"
+  tar -czf "$OUT/gpt2_small_run.tgz" -C "$OUT" gpt2-small && rm -rf "$OUT/gpt2-small"
+fi
+
+echo "== 4. every notebook (nbmake)"
+if "$PY" -c "import nbmake, ipykernel, plotly, ipywidgets" 2>/dev/null; then
+  bounded "${NB_LIMIT_S:-100}" "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks 2>&1 | tee "$OUT/notebooks.log"
+  section notebooks "${PIPESTATUS[0]}"
+else
+  echo "not run: Jupyter's packages are missing here (run scripts/gpu_wheels.sh where PyPI is reachable, carry .whl)" \
+    | tee "$OUT/notebooks.log"
+  printf 'notebooks\tnot run (no Jupyter packages: carry .whl)\n' >> "$OUT/sections.tsv"
+fi
+
+echo "== 5. our data parallelism against DDP on NCCL"
 if [ "$NGPU" -ge 2 ]; then
-  bounded "$PY" benchmarks/dp_vs_ddp.py --backend nccl --ranks "$NGPU" --model small --global-batch $(( 8 * NGPU )) \
-      --bucket-mb 25 --rounds 20 2>&1 | grep -v "^W" | tee "$OUT/dp_vs_ddp.log" || FAILED+=("dp_vs_ddp")
+  bounded "${BENCH_LIMIT_S:-70}" "$PY" benchmarks/dp_vs_ddp.py --backend nccl --ranks "$NGPU" --model small \
+      --global-batch $(( 8 * NGPU )) --bucket-mb 25 --rounds 20 2>&1 | grep -v "^W" | tee "$OUT/dp_vs_ddp.log"
+  section "dp vs ddp" "${PIPESTATUS[0]}"
 else
   echo "one GPU: data parallelism needs two (not run)" | tee "$OUT/dp_vs_ddp.log"
 fi
-if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}; logs in $OUT"; exit 1; fi
-echo "gpu_check: all passed; logs in $OUT"
+
+"$PY" scripts/gpu_summary.py "$OUT" "$(( $(date +%s) - START ))" | tee "$OUT/summary.txt"
+! grep -q "FAILED" "$OUT/sections.tsv"
