@@ -2,8 +2,6 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
-# NCCL where the machine has a GPU for each of the demo's 2 ranks, else gloo (auto would refuse 2 ranks on 1 GPU)
-DEMO_BACKEND = $(shell $(PY) -c "import torch; print('nccl' if torch.cuda.device_count() >= 2 else 'gloo')" 2>/dev/null || echo gloo)
 
 .PHONY: setup compile demo test test-all test-gpu test-browser lint notebook notebooks-html benchmark clean
 
@@ -13,8 +11,8 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $@
 
-demo: setup
-	$(PY) -m workbench.cli run $(DEMO_ARGS) --backend $(DEMO_BACKEND) --name demo --out traces/demo --force
+demo: setup  # backend auto: NCCL where each of the 2 ranks has a GPU, else the CPU (it says so in one line)
+	$(PY) -m workbench.cli run $(DEMO_ARGS) --backend auto --name demo --out traces/demo --force
 	$(PY) -m workbench.cli validate traces/demo
 
 # Byte-compile our sources first: where PYTHONDONTWRITEBYTECODE is set (this project's CI machines) every

@@ -159,15 +159,19 @@ md("""
 **Measured here, N = 1, 2, 4.** The same lesson on this machine: the 8-layer model of notebook 01 with
 8 sequences per rank (weak scaling), the ranks on emulated machines joined by the same 0.1 GB/s link, the
 estimate beside each. On two cores a third lever joins: four ranks share two cores, so each computes
-more slowly — the prediction counts that too (the calibrated stretch).
+more slowly — the prediction counts that too (the calibrated stretch). All three runs go on one kind of
+device: a machine's GPUs if it has four, else its CPU (on a machine with one GPU, N = 1 alone would run
+there and N = 2, 4 on the CPU — the ratio would then compare devices, not scaling).
 """),
 code("""
+from workbench.launcher import visible_gpus
 from workbench.predict.estimator import estimate, with_emulated_links
 
 EIGHT_LAYERS = {"hidden": 64, "layers": 8, "seq_len": 32}
+ONE_DEVICE = "auto" if visible_gpus() >= 4 else "gloo"
 measured_scaling = []
 for n in (1, 2, 4):
-    c = dict(model=EIGHT_LAYERS, dp=n, global_batch=8 * n, bucket_mb=0.4,
+    c = dict(model=EIGHT_LAYERS, dp=n, global_batch=8 * n, bucket_mb=0.4, backend=ONE_DEVICE,
              **({"ranks_per_node": 1, "emulate_link": "inter=0.1,10"} if n > 1 else {}))
     r = wb.launch(wb.RunConfig(steps=10, seed=0, **c), out=os.path.join("..", "traces", "nb07", f"weak-{n}"),
                   force=True)

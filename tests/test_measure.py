@@ -108,3 +108,13 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_fast_step_pushes_no_hook_reads_no_allocator_and_waits_once(tmp_path, precision):
     run_ranks(_count_what_each_step_does, 1, str(tmp_path), precision)
+
+
+def test_the_cli_takes_the_schedule_and_compile():
+    from workbench.cli import build_parser
+    from workbench.cli_commands import config_from_args
+
+    a = build_parser().parse_args(["run", "--measure", "2:5", "--compile", "--steps", "8"])
+    config = config_from_args(a).validate()
+    assert config.measure == "2:5" and config.compile is True
+    assert config_from_args(build_parser().parse_args(["run"])).measure == "auto"

@@ -81,12 +81,17 @@ def _add_communication(run: argparse.ArgumentParser, d: RunConfig) -> None:
 
 
 def _add_data_and_tools(run: argparse.ArgumentParser, d: RunConfig) -> None:
-    """The tokens, the attention kernel, and the tools people watch training with."""
+    """The tokens, the attention kernel, compilation, which steps are measured, and the tools people watch
+    training with."""
     run.add_argument("--data", default=d.data,
                      help="'synthetic' (a learnable Markov chain), a nanoGPT .bin file (uint16 token ids), or "
                           "'text:FILE' (the file's bytes as tokens: vocab 256, no tokenizer)")
     run.add_argument("--attention", default=d.attention, choices=ATTENTION,
                      help="eager: written out (what the activation formula counts); sdpa: torch's fused kernel")
+    run.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    run.add_argument("--measure", default=d.measure, metavar="auto|all|none|A:B",
+                     help="steps that record memory and synchronise (the rest run fast): auto = every step on a "
+                          "CPU, three after the warm-up on a GPU")
     run.add_argument("--tensorboard", action="store_true",
                      help="write loss, lr, grad norm, tokens/s, time split and memory per step into RUN/tb")
     run.add_argument("--wandb", nargs="?", const="workbench", default=None, metavar="PROJECT",
@@ -217,10 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_communication(run, d)
     run.add_argument("--timeout", type=float, default=d.timeout_s, help="process-group timeout, seconds")
     run.add_argument("--no-trace", action="store_true")
-    run.add_argument("--measure", default=d.measure, metavar="auto|all|none|A:B",
-                     help="steps that record memory and synchronise (the rest run fast): auto = every step on a "
-                          "CPU, three after the warm-up on a GPU")
-    run.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     run.add_argument("--warmup-steps-excluded", type=int, default=d.warmup_steps_excluded,
                      help="summary time figures and charts leave out this many first steps (warm-up)")
     run.add_argument("--profile-memory", action="store_true",

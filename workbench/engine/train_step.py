@@ -80,7 +80,7 @@ def train_step(strategy: Strategy, batch: Batch | Batches, step: int, measured: 
             strategy.grad_sync.zero_grad()
             rec.sync_compute()
         if batches is not None and batches.device.type == "cuda":  # while the GPU works through the step
-            with rec.host_span("data", "data", "data", step=step + 1, prepared=True):
+            with rec.host_span("data", "data", "data", step=step, for_step=step + 1):
                 batches.prepare(step + 1)
         loss_value, norm_value = read(total, ctx.groups, cfg, norm)  # the step's one host synchronisation
         facts.update(skip_facts(spiked, norm, norm_value))
