@@ -114,6 +114,9 @@ class BucketedDataParallel(SyncToggle):
         self.comm, self.group = comm, group
         self.n = comm.size(group)
         self.divisor = average_over or self.n
+        #: whether backward's gradients need anything: a sum over the group, or a division (expert parallelism's
+        #: experts on an edp group of one rank are still averaged over dp)
+        self.acts = self.n > 1 or self.divisor != 1
         self.algorithm, self.compression = algorithm, compression
         named = [(name, p) for name, p in (only if only is not None else model.named_parameters()) if p.requires_grad]
         named.reverse()  # backward produces the last layers' gradients first
@@ -129,7 +132,7 @@ class BucketedDataParallel(SyncToggle):
             (main_grads_as_views if self.main else grads_as_views)(params, bucket.buffer)
             for p in params:
                 self._bucket_of[p] = bucket
-                if self.n > 1:  # one rank has nothing to reduce: no hook (a 16-bit model's main_grad add only)
+                if self.acts:  # else nothing to do: no hook (a 16-bit model's main_grad add only)
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
                 elif self.main:
                     p.register_post_accumulate_grad_hook(accumulate_main_grad)
@@ -181,7 +184,7 @@ class BucketedDataParallel(SyncToggle):
     def wait(self) -> None:
         """Wait for every bucket's all-reduce; call after backward, before the optimizer step (one rank: nothing
         was launched, nothing to wait for)."""
-        if self.n == 1:
+        if not self.acts:
             return
         for bucket in self.buckets:
             if not bucket.launched:
