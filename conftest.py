@@ -22,7 +22,7 @@ else:
 os.environ["WORKBENCH_STRICT_COMM"] = "1"
 # The CPU suite runs every backend='auto' launch on gloo, also on a machine with GPUs (make test-gpu asks for nccl).
 os.environ["WORKBENCH_BACKEND"] = "gloo"
-# Launches fork torchrun from a process that imported it once (workbench/warm_torchrun.py): ~1.3 s less each.
+# Launches fork torchrun from a process that imported it once (workbench/launching/warm_torchrun.py): ~1.3 s less each.
 os.environ.setdefault("WORKBENCH_WARM_TORCHRUN", "1")
 # A notebook's check() (workbench/viz/check.py) prints ✓/✗ for a learner; under test a ✗ fails the notebook.
 os.environ["WORKBENCH_CHECKS"] = "raise"

@@ -20,7 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import workbench as wb  # noqa: E402
-from workbench.checkpoint_files import verify  # noqa: E402
+from workbench.engine.checkpoint.files import verify  # noqa: E402
 
 
 def spans(run: wb.Run, prefix: str) -> dict[int, dict]:

@@ -8,7 +8,7 @@ Prints, on rank 0:
    seed, batch, buckets, AdamW);
 2. bytes on the wire per step (from our traced collectives) and median step time: ours-bf16 / ours-fp32,
    and ours-bf16 / DDP-bf16 (the target is ≤ 1.00), steps interleaved so all see the same noise;
-3. 1-bit Adam's compressed momentum all-reduce (parallel/onebit_adam.py) on the model's Ψ values: the bytes
+3. 1-bit Adam's compressed momentum all-reduce (optim/onebit_adam.py) on the model's Ψ values: the bytes
    each rank sends against the fp32 all-reduce's (the ratio is ≈ 1/32, plus the scales).
 
 It starts itself under torchrun (free port, one thread per rank). Ratios are what count on a shared machine.
@@ -24,8 +24,8 @@ from harness import check_same_losses, common_arguments, entry, interleaved_roun
 
 def _sent(comm) -> float:
     """Bytes this rank sent in the collectives its communicator recorded (then forgets them)."""
-    from workbench.analysis.summary import comm_intervals
-    from workbench.comm.bandwidth import bytes_sent
+    from workbench.trace.bandwidth import bytes_sent
+    from workbench.trace.spans import comm_intervals
 
     sent = sum(bytes_sent(a) for a, _, _ in comm_intervals(comm.recorder.events))
     comm.recorder.events.clear()
@@ -39,10 +39,10 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch, shard_rows
-    from workbench.engine.model import GPT
+    from workbench.data.synthetic import global_batch, shard_rows
+    from workbench.model.gpt import GPT
+    from workbench.optim.onebit_adam import CompressedAllReduce
     from workbench.parallel.data_parallel import BucketedDataParallel
-    from workbench.parallel.onebit_adam import CompressedAllReduce
 
     rank, world, make_comm = join("dp")
     cfg = PRESETS[args.model]

@@ -32,12 +32,12 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workbench.comm.bandwidth import bus_factor
     from workbench.comm.ring_allreduce import ring_all_reduce
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch, shard_rows
-    from workbench.engine.model import GPT
+    from workbench.data.synthetic import global_batch, shard_rows
+    from workbench.model.gpt import GPT
     from workbench.parallel.data_parallel import BucketedDataParallel
+    from workbench.trace.bandwidth import bus_factor
 
     rank, world, make_comm = join("dp", args.backend)
     cfg = PRESETS[args.model]

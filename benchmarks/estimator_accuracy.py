@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("WORKBENCH_BACKEND", "gloo")
     import workbench as wb
-    from workbench.predict.calibration import calibrate
+    from workbench.studies.calibration import calibrate
 
     model = json.loads(args.model) if args.model.startswith("{") else args.model
     base = {"model": model, "global_batch": args.global_batch, "steps": args.steps, "backend": "gloo"}

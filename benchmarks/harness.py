@@ -99,7 +99,8 @@ def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker:
     for k in range(max(1, args.repeat)):
         if args.repeat > 1:
             print(f"\n=== run {k + 1} of {args.repeat} ===", flush=True)
-        path = os.path.abspath(f".wb_bench_results_{os.getpid()}_{k}.jsonl")
+        os.makedirs("traces", exist_ok=True)  # a run's scratch file, under traces/ (git-ignored)
+        path = os.path.abspath(os.path.join("traces", f".bench_results_{os.getpid()}_{k}.jsonl"))
         os.environ["WB_BENCH_RESULTS"] = path
         rc = self_launch(script, args.ranks)
         if rc == 0 and after is not None:
@@ -141,8 +142,9 @@ def join(axis: str, backend: str = "gloo") -> tuple[int, int, Callable[[bool], o
     import torch.distributed as dist
 
     from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
+    from workbench.comm.groups import ProcessGroups
     from workbench.comm.traced import Communicator
-    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.config.grid import RankGrid
     from workbench.trace.recorder import TraceRecorder
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@
 
 Ours: the real engine — `parallelize` builds the Strategy, `train_step` runs it on a Batches source
 (engine/batches.py), every step traced — once with fast steps (nothing measured) and once with every step
-measured (memory by category, synchronised spans: measure/schedule.py). Plain: `GPT` from engine/model.py
+measured (memory by category, synchronised spans: measure/schedule.py). Plain: `GPT` from model/gpt.py
 with `torch.optim.AdamW` (fused on CUDA, foreach on the CPU), `clip_grad_norm_`, autocast to bf16 on a GPU
 (fp32 weights: nanoGPT's recipe, where ours keeps bf16 weights and fp32 masters), `torch.compile` of the
 whole model with --compile (ours compiles each block), the next batch fetched while the forward runs, the
@@ -40,9 +40,9 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.config import RunConfig
     from workbench.engine.batches import Batches
     from workbench.engine.context import setup
-    from workbench.engine.model import GPT
     from workbench.engine.parallelize import parallelize
     from workbench.engine.train_step import train_step
+    from workbench.model.gpt import GPT
 
     torch.set_num_threads(1)
     cfg = RunConfig(model=args.model, global_batch=args.global_batch, steps=100_000, lr=args.lr,

@@ -68,13 +68,13 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _PipelineScheduleRuntime
 
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch
-    from workbench.engine.model import GPT
+    from workbench.data.synthetic import global_batch
     from workbench.measure.memory import MemoryTracker
+    from workbench.model.gpt import GPT
     from workbench.pipeline.executor import PipelineExecutor
-    from workbench.pipeline.schedule import build_schedule
     from workbench.pipeline.stages import build_stages
-    from workbench.pipeline.torch_csv import write_csv
+    from workbench.schedules.build import build_schedule
+    from workbench.schedules.torch_csv import write_csv
 
     rank, world, make_comm = join("pp")
     cfg = PRESETS[args.model]

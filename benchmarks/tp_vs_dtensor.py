@@ -28,8 +28,8 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch
-    from workbench.engine.model import GPT
+    from workbench.data.synthetic import global_batch
+    from workbench.model.gpt import GPT
     from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
     from workbench.parallel.tp_communications import TPContext
 

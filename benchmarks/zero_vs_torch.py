@@ -26,9 +26,9 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch, shard_rows
-    from workbench.engine.model import GPT
-    from workbench.parallel.updater import ShardedAdamWUpdater
+    from workbench.data.synthetic import global_batch, shard_rows
+    from workbench.model.gpt import GPT
+    from workbench.optim.updater import ShardedAdamWUpdater
     from workbench.parallel.zero import ZeroDataParallel
     from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 

@@ -22,7 +22,7 @@ import pandas as pd
 import workbench as wb
 from workbench import viz
 from workbench.predict import formulas
-from workbench.pipeline.schedule import build_schedule, validate, simulate, peak_in_flight, peak_pending_w
+from workbench.schedules.build import build_schedule, validate, simulate, peak_in_flight, peak_pending_w
 from workbench.viz.pipeline import bubble_explorer
 
 s = build_schedule("1f1b", p=4, m=8)
@@ -247,7 +247,7 @@ ZB-H1 on torch's runtime, and torch's DualPipeV on ours). Below: our action grid
 torch's visualizer spaces it (`_schedule_visualizer.add_schedule_op_spacing`: one column per time step).
 """),
 code("""
-from workbench.pipeline.torch_csv import write_csv
+from workbench.schedules.torch_csv import write_csv
 
 zbh1 = build_schedule("zbh1", 2, 4)
 write_csv(zbh1, os.path.join(OUT, "zbh1.csv"))

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.express as px
 import workbench as wb
 from workbench import viz
-from workbench.grid import RankGrid
+from workbench.config.grid import RankGrid
 
 grid = RankGrid(dp=2, tp=2, pp=2)
 rows = []

@@ -87,7 +87,7 @@ import numpy as np
 import torch
 import ipywidgets as widgets
 import plotly.graph_objects as go
-from workbench.engine.model import GPT
+from workbench.model.gpt import GPT
 
 torch.manual_seed(0)
 small = GPT(PRESETS["small"])

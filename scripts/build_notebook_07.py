@@ -7,9 +7,9 @@ md("""
 
 `workbench.predict.estimator` is the analytic model of docs/formulas.md: memory per rank by category,
 bytes moved per step by group, the pipeline bubble, and step time from a hardware description.
-`workbench.predict.calibration()` measures this machine (a matmul's FLOP/s, an all-reduce's bandwidth and
+`workbench.studies.calibration()` measures this machine (a matmul's FLOP/s, an all-reduce's bandwidth and
 latency, the fixed cost of a step), so that the estimate of each local run can be checked against its
-measurement. `workbench.predict.comparison` runs the strategies and puts both side by side.
+measurement. `workbench.studies.comparison` runs the strategies and puts both side by side.
 """),
 code("""
 import os
@@ -164,7 +164,7 @@ device: a machine's GPUs if it has four, else its CPU (on a machine with one GPU
 there and N = 2, 4 on the CPU — the ratio would then compare devices, not scaling).
 """),
 code("""
-from workbench.launcher import visible_gpus
+from workbench.launching.launcher import visible_gpus
 from workbench.predict.estimator import estimate, with_emulated_links
 
 EIGHT_LAYERS = {"hidden": 64, "layers": 8, "seq_len": 32}

@@ -20,8 +20,8 @@ import ipywidgets as widgets
 import workbench as wb
 from workbench import viz
 from workbench.predict import formulas
-from workbench.doctor import diagnose
-from workbench.engine.checkpoint import describe
+from workbench.analysis.doctor import diagnose
+from workbench.engine.checkpoint.save_load import describe
 
 OUT = os.path.join("..", "traces", "nb08")
 

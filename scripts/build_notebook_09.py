@@ -19,10 +19,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import workbench as wb
 from workbench import viz
-from workbench.analysis.summary import comm_intervals
-from workbench.comm.bandwidth import bytes_sent
+from workbench.trace.spans import comm_intervals
+from workbench.trace.bandwidth import bytes_sent
 from workbench.predict.estimator import estimate, with_emulated_links
-from workbench.launcher import ring_demo
+from workbench.launching.launcher import ring_demo
 from workbench.viz.ring import ring_collectives
 
 OUT = os.path.join("..", "traces", "nb09")
@@ -81,7 +81,7 @@ shared machine any one call can lose a time slice to something else — a median
 the fit by 40 % from one run to the next here), with the fit.
 """),
 code("""
-from workbench.predict.comm_calibration import allreduce_times, alpha_beta
+from workbench.studies.comm_calibration import allreduce_times, alpha_beta
 
 SIZES = tuple(1 << k for k in range(10, 27, 2))          # 1 KB … 64 MB
 fits, ab = {}, []

@@ -28,7 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import workbench as wb
 from workbench import viz
-from workbench.grid import RankGrid
+from workbench.config.grid import RankGrid
 from workbench.predict import formulas
 from workbench.predict.estimator import estimate, A100_80GB
 

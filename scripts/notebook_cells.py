@@ -1,5 +1,6 @@
 """Helpers for the notebook builders (scripts/build_notebook_*.py): cells from text, and writing a
-notebook with outputs stripped into notebooks/."""
+notebook with outputs stripped into notebooks/ (or the folder WORKBENCH_NOTEBOOKS_OUT names:
+tests/test_notebook_builders.py builds them there and compares them with the committed ones)."""
 
 import os
 
@@ -18,4 +19,6 @@ def write(cells: list, name: str) -> None:
     nb = nbf.v4.new_notebook()
     nb.cells = cells
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbf.write(nb, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", name))
+    folder = os.environ.get("WORKBENCH_NOTEBOOKS_OUT") or \
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
+    nbf.write(nb, os.path.join(folder, name))

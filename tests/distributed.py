@@ -34,8 +34,9 @@ def run_ranks(fn: Callable, world: int, *args) -> None:
 
 def make_comm(rank: int, world: int, dp: int = 1, tp: int = 1, name: str = "test"):
     """A traced Communicator over a fresh grid (every rank must call it)."""
+    from workbench.comm.groups import ProcessGroups
     from workbench.comm.traced import Communicator
-    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.config.grid import RankGrid
     from workbench.trace.recorder import TraceRecorder
 
     grid = RankGrid(dp=dp, tp=tp)

@@ -1,4 +1,4 @@
-"""Our AdamW (parallel/adamw.py) is torch's AdamW without torch.optim.Optimizer: bit-identical updates and
+"""Our AdamW (optim/adamw.py) is torch's AdamW without torch.optim.Optimizer: bit-identical updates and
 state, and a rank that builds one does not import torch's compiler (the start-up it saves)."""
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from workbench.parallel.adamw import AdamW
+from workbench.optim.adamw import AdamW
 
 
 def test_adamw_equals_torch_adamw_bit_for_bit():
@@ -36,10 +36,10 @@ def test_building_and_stepping_a_meta_built_model_does_not_import_the_compiler()
     torch._dynamo (~1 s of CPU per rank); a rank's model, its materialisation and its optimizer must not."""
     code = """
 import sys, torch
-from workbench.engine.model import GPT
+from workbench.model.gpt import GPT
 from workbench.engine.parallelize import materialize
 from workbench.config import PRESETS
-from workbench.parallel.adamw import AdamW
+from workbench.optim.adamw import AdamW
 with torch.device("meta"):
     model = GPT(PRESETS["tiny"])
 materialize(model, torch.device("cpu"))

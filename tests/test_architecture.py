@@ -7,13 +7,35 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "workbench"
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
-#: packages that sit below the engine: they may not import it (nor anything above it)
-LOWER = ("workbench.comm", "workbench.parallel", "workbench.pipeline", "workbench.measure", "workbench.trace")
-#: the prediction package: built on the config and the schedules, never imported by what trains
+#: review aids, not targets: a file over 400 lines or a function over 80 is worth a look (docs/architecture.md)
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 80
+#: the packages in the order data flows through them, lowest first: a package imports only from its own layer
+#: and the ones before it (anywhere in a file: at the top, inside a function, under TYPE_CHECKING)
+LAYERS = (
+    ("config", "schedules"),  # what a run is, as data (no torch)
+    ("trace",),  # the record format, written and read (no torch)
+    ("predict",),  # the cost model: formulas, estimator, planner (no torch)
+    ("comm", "measure"),  # torch.distributed, traced; what a rank measures of itself
+    ("model", "data"),  # what is trained, on which tokens
+    ("parallel", "pipeline"),  # the strategies
+    ("optim",),  # the updaters
+    ("engine",),  # one rank's training: context, parallelize, the step, checkpoints, loggers
+    ("analysis",),  # summary.json and the run reader, from the files (no torch)
+    ("viz",),  # the charts
+    ("launching",),  # starting runs and following them (its worker runs the engine in each rank)
+    ("studies",),  # what launches runs to measure or calibrate
+    ("cli",),  # the command
+)
+LAYER = {f"workbench.{pkg}": i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+#: the prediction package: never imported by what trains
 PREDICT = "workbench.predict"
-ABOVE_ENGINE = ("workbench.engine", "workbench.analysis", "workbench.viz", "workbench.launcher", "workbench.run",
-                "workbench.predict.comparison", "workbench.cli")
+TRAINS = ("workbench.comm", "workbench.measure", "workbench.model", "workbench.data", "workbench.parallel",
+          "workbench.pipeline", "workbench.optim", "workbench.engine")
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYER.get(".".join(parts[:2])) if len(parts) > 1 else None
 
 
 def _modules() -> dict[str, Path]:
@@ -40,7 +62,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_files_and_functions_are_small():
+def test_files_and_functions_stay_reviewable():
+    """Sizes are a smell detector, not a target (docs/architecture.md): this fails only past 400 lines a file or
+    80 a function — a clear 70-line function beats three fragments and a lambda."""
     too_long = []
     for path in ROOT.rglob("*.py"):
         lines = path.read_text().count("\n")
@@ -54,17 +78,25 @@ def test_files_and_functions_are_small():
     assert not too_long, f"over {MAX_FILE_LINES} lines per file / {MAX_FUNCTION_LINES} per function: {too_long}"
 
 
-def test_lower_layers_never_import_the_engine_or_above():
+def test_every_package_has_its_layer():
+    packages = {f"workbench.{p.name}" for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages == set(LAYER), f"packages without a layer: {packages - set(LAYER)}; gone: {set(LAYER) - packages}"
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside every package: {loose}"
+
+
+def test_no_import_climbs_a_layer():
+    """Data flows one way — config → grid → parallelize → train_step → trace files → analysis → charts: no
+    package imports one above it, at the top of a file or inside a function."""
     modules = _modules()
-    bad = [f"{name} imports {imp}" for name, path in modules.items() if name.startswith(LOWER)
-           for imp in _imports(path, modules) if imp.startswith(ABOVE_ENGINE)]
-    assert not bad, bad
+    climbs = [f"{name} imports {imp}" for name, path in modules.items() for imp in _imports(path, modules)
+              if layer_of(name) is not None and layer_of(imp) is not None and layer_of(imp) > layer_of(name)]
+    assert not climbs, climbs
 
 
 def test_nothing_that_trains_imports_the_predictions():
     modules = _modules()
-    bad = [f"{name} imports {imp}" for name, path in modules.items()
-           if name.startswith((*LOWER, "workbench.engine"))
+    bad = [f"{name} imports {imp}" for name, path in modules.items() if name.startswith(TRAINS)
            for imp in _imports(path, modules) if imp.startswith(PREDICT)]
     assert not bad, bad
 
@@ -90,7 +122,7 @@ def test_zero_in_flight_bound_is_the_formulas():
 
 def test_the_model_knows_nothing_of_parallelism():
     modules = _modules()
-    imported = _imports(modules["workbench.engine.model"], modules)
+    imported = _imports(modules["workbench.model.gpt"], modules)
     assert not [m for m in imported if m.startswith(("workbench.parallel", "workbench.pipeline"))], imported
 
 

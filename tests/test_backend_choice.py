@@ -11,8 +11,8 @@ import torch
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
-from workbench.config_rules import BACKEND_ENV
-from workbench.launcher import Nodes, choose_backend
+from workbench.config.backend import BACKEND_ENV
+from workbench.launching.launcher import Nodes, choose_backend
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_the_ring_demo_stays_on_the_cpu_unless_asked(gpus):
     handed CPU tensors to NCCL)."""
     import inspect
 
-    from workbench.launcher import ring_demo
+    from workbench.launching.launcher import ring_demo
 
     assert inspect.signature(ring_demo).parameters["backend"].default == "gloo"
     gpus(8)

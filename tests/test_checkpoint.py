@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from workbench import ConfigError, ModelConfig, RunConfig
-from workbench.checkpoint_files import CheckpointError, complete_steps, resolve_resume, verify
 from workbench.cli import main
+from workbench.engine.checkpoint.files import CheckpointError, complete_steps, resolve_resume, verify
 from workbench.trace.validate import validate_run
 
 FOUR = ModelConfig(layers=4)

@@ -16,8 +16,8 @@ def _against_ddp(rank, world, dtype_name):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workbench.config import PRESETS
-    from workbench.engine.data import global_batch, shard_rows
-    from workbench.engine.model import GPT
+    from workbench.data.synthetic import global_batch, shard_rows
+    from workbench.model.gpt import GPT
     from workbench.parallel.data_parallel import BucketedDataParallel
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]

@@ -38,7 +38,7 @@ def test_config_round_trips_through_json():
 
 
 def test_param_count_formula_matches_the_built_model():
-    from workbench.engine.model import GPT
+    from workbench.model.gpt import GPT
 
     for cfg in PRESETS.values():
         with torch.device("meta"):  # counted, not allocated: the presets go up to 1.4 B parameters
@@ -63,3 +63,19 @@ def test_launch_rejects_before_starting_any_process(tmp_path):
     with pytest.raises(ConfigError):
         wb.launch(RunConfig(dp=3, global_batch=16), out=str(tmp_path / "bad"), progress=False)
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("field, value", [("lr", float("nan")), ("lr", -1.0), ("lr", float("inf")),
+                                          ("weight_decay", -0.1), ("min_lr_ratio", 1.5), ("timeout_s", 0),
+                                          ("seed", 1.5), ("capacity_factor", float("nan"))])
+def test_every_numeric_field_is_checked_for_its_range(field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}={value!r}: .* must be"):
+        RunConfig(**{field: value}).validate()
+
+
+def test_a_nan_learning_rate_is_refused_before_launch(tmp_path):
+    out = tmp_path / "nan"
+    p = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--lr", "nan", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "lr=nan" in p.stderr and "finite" in p.stderr, p.stderr
+    assert not out.exists()

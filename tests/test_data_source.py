@@ -8,7 +8,8 @@ import torch
 
 import workbench as wb
 from workbench.config import ConfigError
-from workbench.data_source import TokenFile, check_data
+from workbench.config.data_spec import check_data
+from workbench.data.files import TokenFile
 
 TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
         "foolishness, it was the epoch of belief, it was the epoch of incredulity. ") * 40

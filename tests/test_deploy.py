@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from workbench.cli import build_parser
-from workbench.cli_commands import config_from_args
+from workbench.cli.commands import config_from_args
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "workbench-job.yaml"
 

@@ -169,7 +169,7 @@ def test_a_cuda_shaped_trace_is_valid(cuda_shaped):
 def test_each_operation_is_counted_once_on_cuda(cuda_shaped):
     """comm bytes from a CUDA-shaped trace: every operation once — the host's launch spans are not
     operations — so bytes per step equal what was moved."""
-    from workbench.analysis.summary import comm_intervals
+    from workbench.trace.spans import comm_intervals
 
     for trace in cuda_shaped:
         ops = comm_intervals(trace["traceEvents"])

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from workbench import ConfigError, RunConfig, load
-from workbench.launcher import Nodes, elastic_config, rank_env, torchrun_command
+from workbench.launching.launcher import Nodes, elastic_config, rank_env, torchrun_command
 
 STEPS = 30
 #: rank 0 sleeps this long in every step ("straggle"), so that the one-machine phase lasts long enough

@@ -1,4 +1,4 @@
-"""Mixtures of experts (engine/moe.py) and expert parallelism (parallel/expert_parallel.py): the routing's
+"""Mixtures of experts (model/moe.py) and expert parallelism (parallel/expert_parallel.py): the routing's
 permutation on a fixed case, the aux loss's value under uniform routing, and training equal to one process
 for ep = 2 and 4 with E = 4, dropless and with a capacity that drops nothing, beside pp — with the
 all-to-alls traced and their bytes, the tokens per expert in metrics.jsonl, a bit-exact resume and a
@@ -18,8 +18,8 @@ import torch
 from tests.test_context_parallel_engine import _steps_from
 from tests.test_data_parallel import assert_same_training
 from workbench import ConfigError, RunConfig
-from workbench.engine.moe import expert_order, switch_aux_loss
-from workbench.model_config import PRESETS
+from workbench.config.model_config import PRESETS
+from workbench.model.moe import expert_order, switch_aux_loss
 from workbench.trace.validate import validate_run
 
 MOE = {"model": "tiny-moe"}
@@ -51,7 +51,7 @@ def test_the_aux_loss_is_its_coefficient_under_uniform_routing_and_more_otherwis
 def test_an_moe_layer_equals_its_definition_token_by_token(router):
     from dataclasses import replace
 
-    from workbench.engine.model import GPT
+    from workbench.model.gpt import GPT
 
     torch.manual_seed(0)
     moe = GPT(replace(PRESETS["tiny-moe"], router=router), seed=0).blocks["0"].mlp
@@ -69,8 +69,8 @@ def test_an_moe_layer_equals_its_definition_token_by_token(router):
 
 
 def test_capacity_drops_what_routes_beyond_it_and_the_bias_favours_idle_experts():
-    from workbench.engine.model import GPT
-    from workbench.engine.moe import MoEState
+    from workbench.model.gpt import GPT
+    from workbench.model.moe import MoEState
 
     moe = GPT(PRESETS["tiny-moe"], seed=0).blocks["0"].mlp
     x = torch.randn(2, 16, 32)

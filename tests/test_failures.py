@@ -39,7 +39,7 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     assert e.value.rank == 0 and "all_reduce" in msg and "group dp" in msg
     assert len(e.value.run.metrics) == 1
     # the flight recorder's view: rank 0 is blocked in step 1's first dp collective, rank 1 never started it
-    from workbench.doctor import behind, diagnose
+    from workbench.analysis.doctor import behind, diagnose
 
     report = diagnose(e.value.run.path)
     stuck = behind({r: json.load(open(os.path.join(e.value.run.path, f"error_rank{r}.json"))) for r in (0, 1)})

@@ -74,7 +74,7 @@ def test_doctor_names_a_straggler(launched):
     is several times this machine's step: no noise makes rank 0 the slow one). A balanced run is not
     asserted to show no straggler: one 100 ms hiccup of the shared machine can put one rank 10 % of a
     step behind on average, and the read-out would say so, rightly."""
-    from workbench.doctor import diagnose
+    from workbench.analysis.doctor import diagnose
 
     slow = launched(dp=2, steps=5, fault="straggle", fault_rank=1, fault_step=1, fault_delay_s=0.04)
     report = diagnose(slow.path)

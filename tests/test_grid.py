@@ -1,6 +1,6 @@
 """The rank grid: tp fastest, then dp, then pp (Megatron-LM's order)."""
 
-from workbench.grid import RankGrid
+from workbench.config.grid import RankGrid
 
 
 def test_coordinates_put_tp_fastest_and_pp_slowest():

@@ -17,7 +17,7 @@ from workbench.cli import main
 
 
 def _descendants(root: int) -> set[int]:
-    """Every live process below `root`: torchrun (a subprocess, or forked warm by workbench.warm_torchrun's
+    """Every live process below `root`: torchrun (a subprocess, or forked warm by workbench.launching.warm_torchrun's
     server) and its ranks."""
     parents = {}
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
@@ -50,7 +50,7 @@ def _alive(pids: set[int]) -> set[int]:
                          ids=["SIGTERM-warm", "SIGKILL-warm", "SIGKILL-subprocess"])
 def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
     """The CLI is stopped in the middle of a long run: torchrun and its two ranks (and the warm server,
-    warm_torchrun.py) are gone within 10 s (SIGTERM: forwarded to torchrun, which stops the ranks;
+    launching/warm_torchrun.py) are gone within 10 s (SIGTERM: forwarded to torchrun, which stops the ranks;
     SIGKILL: parent-death signals, down the line)."""
     run_dir = str(tmp_path / "long")
     cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--dp", "2", "--steps", "1000", "--fault",

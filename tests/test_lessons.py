@@ -6,7 +6,7 @@ import pytest
 
 from workbench import viz
 from workbench.analysis.summary import memory_figures
-from workbench.predict.comm_calibration import alpha_beta
+from workbench.studies.comm_calibration import alpha_beta
 from workbench.viz.check import CheckFailed
 from workbench.viz.palette import SPAN_COLORS, UNKNOWN, span_color
 
@@ -86,7 +86,7 @@ def test_transfers_grow_the_bubble_beyond_the_formula():
 
 
 def test_a_long_error_message_is_cut_at_a_word():
-    from workbench.doctor import _shortened
+    from workbench.analysis.doctor import _shortened
 
     cut = _shortened("word " * 200)
     assert len(cut) <= 402 and cut.endswith(" …") and "wor …" not in cut

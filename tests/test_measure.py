@@ -63,7 +63,7 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
     from workbench.engine.context import setup
     from workbench.engine.parallelize import parallelize
     from workbench.engine.train_step import train_step
-    from workbench.parallel import adamw
+    from workbench.optim import adamw
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     counts: Counter = Counter()
@@ -112,7 +112,7 @@ def test_a_fast_step_pushes_no_hook_reads_no_allocator_and_waits_once(tmp_path, 
 
 def test_the_cli_takes_the_schedule_and_compile():
     from workbench.cli import build_parser
-    from workbench.cli_commands import config_from_args
+    from workbench.cli.commands import config_from_args
 
     a = build_parser().parse_args(["run", "--measure", "2:5", "--compile", "--steps", "8"])
     config = config_from_args(a).validate()

@@ -9,9 +9,9 @@ import pytest
 
 from workbench.analysis.summary import model_utilisation
 from workbench.config import PRESETS, RunConfig
+from workbench.launching.progress import Speed
 from workbench.predict.formulas import active_params, mfu, model_flops_per_token
 from workbench.predict.hardware import peak_flops
-from workbench.progress import Speed
 
 
 def test_n_is_the_matmuls_parameters_counted_from_the_layers_shapes():

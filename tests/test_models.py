@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine.model import GPT, CausalSelfAttention
-from workbench.model_config import PRESETS, lr_warning
+from workbench.config.model_config import PRESETS, lr_warning
+from workbench.model.gpt import GPT, CausalSelfAttention
 
 #: Ψ of each GPT-2-shaped preset by the README's formula, written out: V·h + s·h (embeddings) +
 #: L·(12h² + 13h) (blocks) + 2h (final norm) + h·V + V (the untied head and its bias).

@@ -1,4 +1,4 @@
-"""ZeRO-Offload (parallel/offload.py) on the CPU: the same code path a GPU runs, with the host's copies as
+"""ZeRO-Offload (optim/offload.py) on the CPU: the same code path a GPU runs, with the host's copies as
 separate tensors. The update runs on the host copies with torch's multi-tensor AdamW, which on a CPU
 computes exactly what the one-tensor kernel of ZeRO without offload computes (tests/test_adamw.py), on the
 same values: so the losses and gradient norms are *equal* to ZeRO's without offload, not merely close,

@@ -1,4 +1,4 @@
-"""1-bit Adam (parallel/onebit_adam.py): AdamW during the warm-up, then the momentum all-reduced as
+"""1-bit Adam (optim/onebit_adam.py): AdamW during the warm-up, then the momentum all-reduced as
 signs with error feedback — 1/32 of the bytes, and the loss still falls."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from tests.distributed import make_comm, run_ranks
 from workbench import ConfigError, RunConfig
-from workbench.analysis.summary import comm_intervals
-from workbench.comm.bandwidth import bytes_sent
-from workbench.parallel.onebit_adam import pack_signs, unpack_signs
+from workbench.optim.onebit_adam import pack_signs, unpack_signs
+from workbench.trace.bandwidth import bytes_sent
+from workbench.trace.spans import comm_intervals
 
 STEPS, WARMUP = 30, 8
 
@@ -21,7 +21,7 @@ def test_signs_pack_eight_to_a_byte():
 
 
 def _error_feedback(rank: int, world: int) -> None:
-    from workbench.parallel.onebit_adam import CompressedAllReduce
+    from workbench.optim.onebit_adam import CompressedAllReduce
 
     comm = make_comm(rank, world, dp=world)
     inputs = [torch.randn(64, generator=torch.Generator().manual_seed(r)) for r in range(world)]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from workbench.pipeline.schedule import Action, ScheduleError, build_schedule, peak_in_flight, simulate, validate
 from workbench.predict.formulas import bubble_fraction
+from workbench.schedules.build import Action, ScheduleError, build_schedule, peak_in_flight, simulate, validate
 
 #: every schedule the engine can generate, up to p = 8 stages, m = 16 microbatches and v = 4 chunks per rank
 EVERY = [(name, p, m, v) for name in ("gpipe", "1f1b", "interleaved") for p in range(1, 9) for m in range(1, 17)
@@ -127,7 +127,7 @@ def test_a_stage_on_the_wrong_rank_is_rejected():
 
 
 def test_schedule_round_trips_through_json():
-    from workbench.pipeline.schedule import Schedule
+    from workbench.schedules.build import Schedule
 
     s = build_schedule("interleaved", 2, 4, 2)
     assert Schedule.from_dict(s.to_dict()).actions == s.actions

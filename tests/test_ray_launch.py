@@ -1,4 +1,4 @@
-"""`--launcher ray`: the ranks as Ray Train workers (workbench/ray_launch.py). What fails before anything
+"""`--launcher ray`: the ranks as Ray Train workers (workbench/launching/ray_launch.py). What fails before anything
 starts is in make test; a dp = 2 run under a local Ray equal to torchrun's loss for loss, and a SIGTERM that
 leaves no Ray process behind, are in make test-all (which installs Ray)."""
 
@@ -14,7 +14,7 @@ import pytest
 import workbench as wb
 from tests.test_launcher import _alive, _descendants
 from workbench import ConfigError, RunConfig
-from workbench.launcher import Nodes
+from workbench.launching.launcher import Nodes
 
 
 def test_what_ray_cannot_do_fails_before_anything_starts(monkeypatch, tmp_path):

@@ -17,9 +17,10 @@ SIZES = [1, 2, 3, 7, 64, 1000, 1001, 4099]
 def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     from datetime import timedelta
 
+    from workbench.comm.groups import ProcessGroups
     from workbench.comm.ring_allreduce import ring_all_reduce
     from workbench.comm.traced import Communicator
-    from workbench.grid import ProcessGroups, RankGrid
+    from workbench.config.grid import RankGrid
     from workbench.trace.recorder import TraceRecorder
 
     torch.set_num_threads(1)

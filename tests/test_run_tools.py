@@ -7,7 +7,7 @@ import pytest
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
-from workbench.torchrun_command import NSYS_PROFILE, torchrun_command
+from workbench.launching.torchrun_command import NSYS_PROFILE, torchrun_command
 
 
 def test_nsys_wraps_each_rank_and_names_its_report(monkeypatch):
@@ -15,7 +15,7 @@ def test_nsys_wraps_each_rank_and_names_its_report(monkeypatch):
     i = cmd.index("--no-python")  # torchrun runs nsys, nsys runs the rank
     assert cmd[i + 1:i + 1 + len(NSYS_PROFILE)] == NSYS_PROFILE
     assert "cuda,nvtx,osrt" in cmd and "/runs/r/nsys/rank%q{RANK}" in cmd, "one report per rank, by its RANK"
-    assert cmd[-5:] == ["-u", "-m", "workbench.engine.worker", "--run-dir", "/runs/r"]
+    assert cmd[-5:] == ["-u", "-m", "workbench.launching.worker", "--run-dir", "/runs/r"]
     assert "--no-python" not in torchrun_command(RunConfig(dp=2), "/runs/r")
 
 
@@ -86,7 +86,7 @@ def test_gpu_health_names_heat_throttling_ecc_and_xid_and_doctor_reports_them(tm
     """A healthy sample has no anomaly; heat within 5 °C of the GPU's slowdown temperature, thermal
     throttling, a new uncorrected ECC error and an Xid each do; every sample is a trace counter and a line of
     gpu_health.jsonl, which `workbench doctor` summarises per rank."""
-    from workbench.doctor import diagnose
+    from workbench.analysis.doctor import diagnose
     from workbench.measure.gpu_health import GpuHealth, record
     from workbench.trace.recorder import TraceRecorder
 

@@ -16,7 +16,7 @@ B, S, H, O, V = 2, 4, 8, 12, 16
 
 
 def _layers_worker(rank: int, world: int) -> None:
-    from workbench.engine.model import init_tensor
+    from workbench.model.gpt import init_tensor
     from workbench.parallel.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,

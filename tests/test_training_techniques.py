@@ -4,7 +4,7 @@ import pytest
 
 from tests.test_data_parallel import assert_same_training
 from workbench import ModelConfig
-from workbench.engine.lr_schedule import lr_at
+from workbench.optim.lr_schedule import lr_at
 from workbench.trace.validate import validate_run
 
 

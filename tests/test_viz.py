@@ -7,7 +7,7 @@ import pytest
 
 from workbench import viz
 from workbench.analysis.collectives import bandwidth_by_size, collectives
-from workbench.launcher import ring_demo
+from workbench.launching.launcher import ring_demo
 from workbench.viz.ring import SENT, replay, ring_collectives
 
 

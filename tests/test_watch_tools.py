@@ -7,7 +7,7 @@ import os
 import pytest
 
 import workbench as wb
-from workbench.measure.torch_profile import MARKER, load_ops
+from workbench.trace.torch_ops import MARKER, load_ops
 
 
 @pytest.fixture(scope="module")

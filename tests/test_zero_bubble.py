@@ -17,10 +17,10 @@ import torch
 from tests.test_data_parallel import assert_same_training
 from workbench import ConfigError, ModelConfig, RunConfig
 from workbench.cli import main as cli
-from workbench.pipeline.actions import Action
-from workbench.pipeline.schedule import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
-from workbench.pipeline.torch_csv import read_csv, write_csv
 from workbench.predict import formulas
+from workbench.schedules.actions import Action
+from workbench.schedules.build import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
+from workbench.schedules.torch_csv import read_csv, write_csv
 from workbench.trace.validate import validate_run
 
 FOUR, EIGHT = ModelConfig(layers=4), ModelConfig(layers=8)
@@ -116,7 +116,7 @@ def test_every_schedule_round_trips_through_torch_csv(tmp_path, name, p, m, v):
 def test_the_split_backward_gives_autograds_gradients_in_any_order():
     """In one process: F0 F1 I0 F2 W0 I1 I2 W2 W1 accumulates exactly the gradients of three plain
     backwards (dW = dyᵀ·x is what F.linear's backward computes)."""
-    from workbench.engine.model import GPT
+    from workbench.model.gpt import GPT
     from workbench.pipeline.weight_grad import WeightGradStore, split_linears
 
     cfg = ModelConfig()

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-from workbench.engine.data import global_batch
-from workbench.engine.model import GPT
-from workbench.model_config import PRESETS
+from workbench.config.model_config import PRESETS
+from workbench.data.synthetic import global_batch
+from workbench.model.gpt import GPT
 from workbench.pipeline.stages import build_stages
-from workbench.pipeline.torch_csv import read_csv
+from workbench.schedules.torch_csv import read_csv
 
 BATCH, LR = 8, 3e-3
 

@@ -55,7 +55,7 @@ def _free_port() -> int:
 def lab(tmp_path_factory):
     """JupyterLab on 127.0.0.1 (a free port), serving a copy of notebooks/ (so that its autosave never
     writes outputs into the checkout; their runs go to the copy's ../traces); its URL."""
-    from workbench.lifetime import die_with_parent, stop
+    from workbench.launching.lifetime import die_with_parent, stop
 
     tmp = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "notebooks", tmp / "notebooks")

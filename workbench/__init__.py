@@ -19,10 +19,11 @@ from workbench.config import ConfigError, ModelConfig, RunConfig
 
 #: public name → the module that defines it (imported on first use)
 _LAZY = {"Estimate": "workbench.predict.estimator", "Hardware": "workbench.predict.estimator",
-         "estimate": "workbench.predict.estimator", "Nodes": "workbench.launcher", "RunFailed": "workbench.launcher",
-         "launch": "workbench.launcher", "Cluster": "workbench.predict.planner", "plan": "workbench.predict.planner",
-         "Run": "workbench.run", "load": "workbench.run", "compare": "workbench.predict.comparison",
-         "calibrate": "workbench.predict.calibration"}
+         "estimate": "workbench.predict.estimator", "Cluster": "workbench.predict.planner",
+         "plan": "workbench.predict.planner", "Nodes": "workbench.launching.launcher",
+         "RunFailed": "workbench.launching.launcher", "launch": "workbench.launching.launcher",
+         "Run": "workbench.analysis.run", "load": "workbench.analysis.run", "compare": "workbench.studies.comparison",
+         "calibrate": "workbench.studies.calibration"}
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ import pytest
 
 import workbench as wb
 from tests.gpu.gpus import needs
-from workbench.doctor import diagnose
+from workbench.analysis.doctor import diagnose
 
 pytestmark = pytest.mark.gpu
 

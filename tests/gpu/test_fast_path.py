@@ -32,7 +32,7 @@ ONE = {"model": "small", "global_batch": 16, "steps": 6, "backend": "nccl"}
 
 @needs(1)
 def test_our_adamw_on_cuda_is_torchs_fused_adamw():
-    from workbench.parallel.adamw import AdamW, apply_update
+    from workbench.optim.adamw import AdamW, apply_update
 
     torch.manual_seed(0)
     shapes = ((64, 33), (1000,), (7,))
@@ -77,9 +77,9 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
     from workbench.config import RunConfig
     from workbench.engine.batches import Batches
     from workbench.engine.context import setup
-    from workbench.engine.model import GPT
     from workbench.engine.parallelize import parallelize
     from workbench.engine.train_step import train_step
+    from workbench.model.gpt import GPT
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     torch.cuda.set_device(0)

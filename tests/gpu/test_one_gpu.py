@@ -91,7 +91,7 @@ def test_the_gpu_reports_its_health_through_nvml(launched):
     """Each step a CUDA rank reads its GPU through NVML (measure/gpu_health.py): rank 0's figures in
     metrics.jsonl, every sample in gpu_health.jsonl, doctor's summary of them."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py (NVML's bindings) is not installed here")
-    from workbench.doctor import diagnose
+    from workbench.analysis.doctor import diagnose
 
     run = launched(backend="nccl", **ONE)
     for gpu in run.metrics.gpu:

@@ -33,9 +33,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workbench.pipeline.schedule import Action, Schedule, simulate
-from workbench.pipeline.simulator import idle_rate
 from workbench.predict import formulas
+from workbench.schedules.build import Action, Schedule, simulate
+from workbench.schedules.simulator import idle_rate
 from workbench.trace.recorder import LANES
 
 Intervals = list[tuple[float, float]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 
 
 def collectives(run: Run) -> pd.DataFrame:

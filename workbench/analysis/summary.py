@@ -32,71 +32,15 @@ import statistics
 from typing import Any
 
 from workbench.analysis.bubble import bubble
-from workbench.comm.bandwidth import bytes_sent
 from workbench.predict import formulas
 from workbench.predict.hardware import PEAK_ENV, peak_flops
-from workbench.trace.recorder import LANES
-
-COMPUTE_CATS = {"forward", "backward", "recompute", "optimizer"}
-
-
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def intersection_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
-    xs, ys = _merge(xs), _merge(ys)
-    i = j = 0
-    total = 0.0
-    while i < len(xs) and j < len(ys):
-        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        total += max(0.0, hi - lo)
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float, float]]:
-    """(args, start_us, end_us) of every communication operation, counted once each: blocking
-    collectives and p2p from their span, async ones from their begin/end pair."""
-    out = []
-    opened: dict[Any, dict[str, Any]] = {}
-    for e in events:
-        ph = e.get("ph")
-        if ph == "X" and e.get("cat") in ("collective", "p2p") and not e.get("args", {}).get("async"):
-            out.append((e["args"], e["ts"], e["ts"] + e["dur"]))
-        elif ph == "b":
-            opened[(e["name"], str(e["id2"]))] = e
-        elif ph == "e":
-            b = opened.pop((e["name"], str(e["id2"])), None)
-            if b is not None:
-                out.append((b["args"], b["ts"], e["ts"]))
-    return out
-
-
-def compute_intervals(events: list[dict[str, Any]], since: float = 0.0) -> list[tuple[float, float]]:
-    """(start_us, end_us) of the forward / backward / recompute / optimizer spans on the compute lane that
-    start at or after `since`."""
-    return [(e["ts"], e["ts"] + e["dur"]) for e in events
-            if e.get("ph") == "X" and e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"] and e["ts"] >= since]
+from workbench.trace.bandwidth import bytes_sent
+from workbench.trace.spans import (
+    comm_intervals,
+    compute_intervals,
+    intersection_length,
+    union_length,
+)
 
 
 def timed_steps(steps: list[dict[str, Any]], excluded: int) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ crosses: 2(n−1) steps of S/n bytes for an all-reduce, n−1 for an all-gather 
 pipelined chain of n−1 hops for a broadcast; an asynchronous one holds the link from its launch (or from
 when the one before it on the link is done) for that long, and its wait() returns no earlier. Our own
 rings (comm/ring_allreduce.py, ring_primitives.py) hold each step's send on its own link.
-No torch here: the configuration validates a spec with `parse_links`.
+No torch here; the spec's parsing is the configuration's (config/links.py).
 """
 
 from __future__ import annotations
@@ -23,42 +23,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from workbench.comm.bandwidth import bus_factor
+from workbench.config.links import Link, parse_links
+from workbench.trace.bandwidth import bus_factor
 
-
-@dataclass(frozen=True)
-class Link:
-    bandwidth_GBps: float
-    latency_us: float
-
-    def seconds(self, nbytes: float) -> float:
-        """latency + bytes / bandwidth."""
-        return self.latency_us * 1e-6 + nbytes / (self.bandwidth_GBps * 1e9)
-
-
-def parse_links(spec: str) -> dict[str, Link]:
-    """'inter=12.5,5;intra=100,1' → {'inter': Link(12.5, 5.0), 'intra': Link(100.0, 1.0)}; ValueError
-    naming the bad part and the expected form."""
-    form = "'inter=BW_GBps,LATENCY_us;intra=BW_GBps,LATENCY_us' (either part may be left out)"
-    links: dict[str, Link] = {}
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        name, _, values = part.partition("=")
-        try:
-            bw, lat = (float(v) for v in values.split(","))
-        except ValueError:
-            raise ValueError(f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; "
-                             f"the whole: {form}") from None
-        if name.strip() not in ("inter", "intra") or bw <= 0 or lat < 0:
-            raise ValueError(f"emulate_link part {part!r}: the links are 'inter' and 'intra', with bandwidth > 0 "
-                             f"and latency ≥ 0; the whole: {form}")
-        links[name.strip()] = Link(bw, lat)
-    if not links:
-        raise ValueError(f"emulate_link={spec!r} names no link; expected {form}")
-    return links
+__all__ = ["EmulatedNetwork", "Link", "emulate", "hold", "parse_links"]
 
 
 #: ring steps of each collective over n ranks (each pays the latency); the bytes each rank sends in all
-#: are the bus-bandwidth factor's (comm/bandwidth.py)
+#: are the bus-bandwidth factor's (trace/bandwidth.py)
 _RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
                "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1}
 

@@ -4,7 +4,7 @@ finished — so that when a job hangs or dies, every rank's error file says wher
 
 Collectives are issued in the same order on every member of a group, so sequence numbers line up across
 ranks: a member whose newest entry in a group has a lower `seq` than the others' never reached the
-operation they are blocked in. `workbench doctor RUN` (workbench/doctor.py) reads this and says who is
+operation they are blocked in. `workbench doctor RUN` (workbench/analysis/doctor.py) reads this and says who is
 behind.
 """
 

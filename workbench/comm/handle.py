@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.comm.bandwidth import record
 from workbench.comm.device_timing import Timed
 from workbench.comm.emulated_link import hold
+from workbench.trace.bandwidth import record
 
 
 @dataclass

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.comm.bandwidth import nbytes
 from workbench.comm.traced import Communicator
+from workbench.trace.bandwidth import nbytes
 
 
 def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, label: str | None = None) -> None:

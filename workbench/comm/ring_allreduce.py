@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from workbench.comm.bandwidth import bandwidth, nbytes
 from workbench.comm.emulated_link import hold
 from workbench.comm.traced import Communicator
+from workbench.trace.bandwidth import bandwidth, nbytes
 from workbench.trace.recorder import flow_id
 
 

@@ -40,15 +40,15 @@ import torch
 import torch.distributed as dist
 
 from workbench.comm import strict
-from workbench.comm.bandwidth import nbytes, record
 from workbench.comm.device_timing import DeviceClock
 from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
 from workbench.comm.flight_recorder import FlightRecorder
 from workbench.comm.handle import Handle, Op, device_record
+from workbench.trace.bandwidth import nbytes, record
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
-    from workbench.grid import ProcessGroups
+    from workbench.comm.groups import ProcessGroups
     from workbench.measure.memory import MemoryTracker
 
 __all__ = ["CommError", "Communicator", "Handle"]

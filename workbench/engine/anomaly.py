@@ -2,7 +2,7 @@
 last `window` accepted steps is skipped — its gradients (from a corrupted batch, or a numerical blow-up)
 never reach the weights. Every rank holds the same global loss (it is all-reduced before the update), so
 every rank decides the same. The other anomaly, a non-finite gradient norm, is the updaters' own
-(parallel/updater.py). The window starts empty on resume.
+(optim/updater.py). The window starts empty on resume.
 """
 
 from __future__ import annotations

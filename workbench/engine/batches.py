@@ -1,5 +1,5 @@
 """Each step's batch on the rank's device: its rows of the step's global batch — the synthetic chain's
-(engine/data.py) or a data file's windows (data_source.py), either way a function of (seed, step) — and,
+(data/synthetic.py) or a data file's windows (config/data_spec.py), either way a function of (seed, step) — and,
 under context parallelism, of those rows only this cp rank's tokens.
 
 The batch is made inside the step's time (engine/train_step.py: a `data` span), so tokens/s counts it.
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from workbench.config import RunConfig
-from workbench.data_source import TokenFile
-from workbench.engine.data import global_batch
+from workbench.data.files import TokenFile
+from workbench.data.synthetic import global_batch
 from workbench.parallel.context_parallel import ContextParallel
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workbench.engine.model import Block
+from workbench.model.gpt import Block
 
 
 def compile_blocks(model: nn.Module) -> int:

@@ -20,11 +20,12 @@ import torch.distributed as dist
 from workbench.comm import torch_flight_recorder
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.emulated_link import EmulatedNetwork, parse_links
+from workbench.comm.groups import ProcessGroups
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
-from workbench.config_rules import RESOLVED_BACKEND, backend_for
+from workbench.config.backend import RESOLVED_BACKEND, backend_for
+from workbench.config.grid import RankGrid
 from workbench.engine.restart import restart_count
-from workbench.grid import ProcessGroups, RankGrid
 from workbench.measure.memory import MemoryTracker
 from workbench.trace.recorder import TraceRecorder
 
@@ -74,9 +75,9 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
-        if backend == "ccl":  # Intel's oneCCL bindings register the backend when imported (config_rules.py)
+        if backend == "ccl":  # Intel's oneCCL bindings register the backend when imported (config/rules.py)
             import oneccl_bindings_for_pytorch  # noqa: F401
-    if not dist.is_initialized():  # Ray Train joins the group itself, with this backend and timeout (ray_launch.py)
+    if not dist.is_initialized():  # Ray Train joined it itself (launching/ray_launch.py)
         dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
                                 rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep)

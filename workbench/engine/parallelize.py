@@ -1,9 +1,9 @@
 """Build, once, everything one rank needs to train: its `Strategy` (torchtitan's parallelize step).
 
-    dense GPT, on the meta device (nothing allocated)            engine/model.py
+    dense GPT, on the meta device (nothing allocated)            model/gpt.py
       → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
       → context parallelism: ring attention, this rank's positions parallel/context_parallel.ContextParallel
-      → expert parallelism: this ep rank's experts, the dispatcher   parallel/expert_parallel.py, engine/moe.py
+      → expert parallelism: this ep rank's experts, the dispatcher   parallel/expert_parallel.py, model/moe.py
       → materialise on the device, initialise by parameter name  GPT.init_weights
       → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
@@ -26,30 +26,31 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
+from workbench.config.grid import replica_group
 from workbench.engine.anomaly import LossSpike
 from workbench.engine.compiled import compile_blocks
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
-from workbench.engine.mixed_precision import DTYPES, MixedPrecisionUpdater
-from workbench.engine.model import GPT, CausalSelfAttention
-from workbench.engine.moe import MoE, MoEState, moe_state
 from workbench.engine.recompute import Recompute, apply_recompute
-from workbench.grid import replica_group
+from workbench.model.gpt import GPT, CausalSelfAttention
+from workbench.model.moe import MoE, MoEState
+from workbench.optim.mixed_precision import DTYPES, MixedPrecisionUpdater
+from workbench.optim.offload import OffloadedAdamWUpdater
+from workbench.optim.onebit_adam import OneBitAdamUpdater
+from workbench.optim.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
 from workbench.parallel.context_parallel import ContextParallel
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
-from workbench.parallel.expert_parallel import expert_params, shard_experts
+from workbench.parallel.expert_parallel import ExpertParallel, expert_params, shard_experts
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
-from workbench.parallel.offload import OffloadedAdamWUpdater
-from workbench.parallel.onebit_adam import OneBitAdamUpdater
 from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
 from workbench.parallel.tp_communications import TPContext
-from workbench.parallel.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
 from workbench.parallel.zero import ZeroDataParallel, ZeroGroups
 from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 from workbench.pipeline.executor import PipelineExecutor
-from workbench.pipeline.schedule import Schedule, build_schedule
 from workbench.pipeline.stages import build_stages
+from workbench.schedules.build import Schedule, build_schedule
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Strategy:
     schedule: Schedule | None = None  # when the step runs a microbatch schedule
     loss_spike: LossSpike | None = None  # skips a step whose loss jumps (engine/anomaly.py)
     context: ContextParallel | None = None  # cp > 1: shards each batch's sequence, counts attention work
-    moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (engine/moe.py)
+    moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (model/moe.py)
 
     def count_model_states(self) -> None:
         """Re-count parameters, gradients and optimizer state (a measured step's)."""
@@ -210,3 +211,17 @@ def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chun
     return PipelineExecutor(schedule, ctx.groups.index("pp"), chunks, ctx.comm, ctx.memory,
                             (micro, seq, mcfg.hidden), ctx.device, grad_sync, DTYPES.get(cfg.precision, torch.float32))
 
+
+def moe_state(cfg: RunConfig, comm: Communicator) -> MoEState | None:
+    """The MoE layers' shared state for a run (None without experts): the counts summed over dp, the
+    expert-parallel dispatcher when ep > 1 (parallel/expert_parallel.py)."""
+    if not cfg.model_config.experts:
+        return None
+    def all_reduce(t: torch.Tensor, layer: str) -> torch.Tensor:
+        comm.all_reduce(t, "dp", label=f"moe {layer} counts")
+        return t
+
+    return MoEState(aux_coef=cfg.aux_loss_coef, bias_rate=cfg.router_bias_rate,
+                    capacity_factor=cfg.capacity_factor if cfg.moe_dispatch == "capacity" else 0.0,
+                    all_reduce=all_reduce if cfg.dp > 1 else None,
+                    dispatcher=ExpertParallel(comm, cfg.model_config.experts) if cfg.ep > 1 else None)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workbench.engine.model import Block, CausalSelfAttention
 from workbench.measure.memory import MemoryTracker
+from workbench.model.gpt import Block, CausalSelfAttention
 from workbench.trace.recorder import TraceRecorder
 
 

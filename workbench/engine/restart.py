@@ -19,8 +19,8 @@ process: no handler runs) fires in the first attempt only, so the restarted grou
 Elastic membership (`elastic`, launched with nnodes MIN:MAX): torchrun re-forms the group when a machine's
 agent leaves (after it misses its heartbeats; that counts as a restart) or joins (a new rendezvous round,
 not counted). The new group's world size sets dp (`elastic_world`), the data of each step is the same
-global batch split over the new dp (engine/data.py), and the group resumes from the newest good
-checkpoint resharded to its layout (engine/checkpoint_layout.py). torchrun's restart count is not an
+global batch split over the new dp (data/synthetic.py), and the group resumes from the newest good
+checkpoint resharded to its layout (engine/checkpoint/layout.py). torchrun's restart count is not an
 attempt number any more — an agent that joins late starts at 0 — so the attempt is agreed by the group.
 """
 
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.checkpoint_files import checkpoint_root, copy_metrics_before, latest_good, run_shape
 from workbench.config import RunConfig
+from workbench.engine.checkpoint.files import checkpoint_root, copy_metrics_before, latest_good, run_shape
 from workbench.trace.merge import load_traces, merge_attempts, recover_partials
 
 #: what one attempt's ranks leave in the run directory

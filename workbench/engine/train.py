@@ -12,15 +12,15 @@ import os
 import statistics
 from typing import Any
 
-from workbench.config_rules import profile_range
+from workbench.config.rules import profile_range
 from workbench.engine.batches import Batches
-from workbench.engine.checkpoint import maybe_save, resume_step
+from workbench.engine.checkpoint.save_load import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
+from workbench.engine.logs.tensorboard import StepLogs, TensorBoard
+from workbench.engine.logs.wandb_log import WandB
 from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import attempt, trim_metrics
-from workbench.engine.tensorboard import StepLogs, TensorBoard
 from workbench.engine.train_step import StepResult, train_step
-from workbench.engine.wandb_log import WandB
 from workbench.measure.gpu_health import GpuHealth, record
 from workbench.measure.memory_profile import MemoryProfile
 from workbench.measure.schedule import MeasureSchedule, measure_schedule
@@ -116,7 +116,7 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)
         row["gpu"] = {k: v for k, v in r.extra["gpu"].items() if k != "anomaly"}
         row["anomaly"] = row["anomaly"] or r.extra["gpu"]["anomaly"]
-    for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (engine/moe.py)
+    for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (model/moe.py)
         if key in r.extra:
             row[key] = r.extra[key]
     with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:

@@ -14,8 +14,6 @@ ahead of the GPU until the step's single read. Both compute the same numbers.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +21,14 @@ from typing import Any
 import torch
 
 from workbench.config import RunConfig
+from workbench.config.grid import replica_group
 from workbench.engine.batches import Batch, Batches
 from workbench.engine.context import RankContext
-from workbench.engine.lr_schedule import lr_at
-from workbench.engine.moe import end_step as moe_end
-from workbench.engine.moe import start_step as moe_start
+from workbench.engine.faults import inject_fault, loss_scale, spike_factor
 from workbench.engine.parallelize import Strategy
-from workbench.engine.restart import attempt
-from workbench.grid import replica_group
+from workbench.model.moe import end_step as moe_end
+from workbench.model.moe import start_step as moe_start
+from workbench.optim.lr_schedule import lr_at
 
 
 @dataclass
@@ -60,7 +58,7 @@ def train_step(strategy: Strategy, batch: Batch | Batches, step: int, measured: 
                 batch = batches.get(step)
         inject_fault(cfg, ctx.rank, step)
         spike = spike_factor(cfg, ctx.rank, step)
-        scale = loss_scale(cfg, ctx.rank, step, strategy) * spike
+        scale = loss_scale(cfg, ctx.rank, step, strategy.updater.loss_scale) * spike
         if strategy.moe is not None:  # the aux loss's gradient joins backward at this scale
             moe_start(strategy.moe, scale / cfg.microbatches)
         loss = strategy.forward_backward.run(*batch, step, scale)
@@ -114,19 +112,6 @@ def skip_facts(spiked: bool, norm: torch.Tensor | float | None, value: float | N
     return {"skipped": not finite, "anomaly": None if finite else "non-finite gradient norm"}
 
 
-def spike_factor(cfg: RunConfig, rank: int, step: int) -> float:
-    """10 on the rank and step of an injected loss spike (its loss and gradients ×10), else 1."""
-    return 10.0 if cfg.fault == "loss-spike" and rank == cfg.fault_rank and step == cfg.fault_step else 1.0
-
-
-def loss_scale(cfg: RunConfig, rank: int, step: int, strategy: Strategy) -> float:
-    """The updater's loss scale, or inf on the rank and step of an injected overflow."""
-    if cfg.fault in ("overflow", "nan-grad") and rank == cfg.fault_rank and step == cfg.fault_step:
-        # this rank's gradients become inf/NaN: every rank must skip the step
-        return float("inf") if cfg.fault == "overflow" else float("nan")
-    return strategy.updater.loss_scale
-
-
 def global_loss(ctx: RankContext, loss: torch.Tensor) -> torch.Tensor:
     """The summed loss of the global batch on every rank, not read: the pipeline's last stage holds it
     (summed over pp), each dp rank its share (summed over dp; under context parallelism each dp×cp rank its
@@ -138,17 +123,3 @@ def global_loss(ctx: RankContext, loss: torch.Tensor) -> torch.Tensor:
     if ctx.groups.size(group) > 1:
         ctx.comm.all_reduce(total, group, label="loss")
     return total
-
-
-def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
-    if cfg.fault == "straggle" and rank == cfg.fault_rank and step >= cfg.fault_step:
-        time.sleep(cfg.fault_delay_s)  # a slow rank: every other one waits for it at the next collective
-    if cfg.fault is None or rank != cfg.fault_rank or step != cfg.fault_step:
-        return
-    if cfg.fault == "raise":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-    if cfg.fault == "hang":
-        time.sleep(10 * cfg.timeout_s)  # the other ranks must time out, not wait forever
-    if cfg.fault == "kill" and attempt() == 0:  # no handler runs: what a lost machine does
-        os.kill(os.getpid(), signal.SIGKILL)
-    # "overflow" is injected into the loss scale of that step (see loss_scale)

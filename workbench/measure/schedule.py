@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.model_config import ConfigError
+from workbench.config.rules import parse_measure
 
 #: how many steps 'auto' measures on a GPU, after the excluded warm-up steps
 AUTO_GPU_STEPS = 3
@@ -49,26 +49,6 @@ class MeasureSchedule:
         if steps == list(range(steps[0], steps[-1] + 1)):
             return f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
         return ", ".join(map(str, steps))
-
-
-def parse_measure(spec: str, steps: int) -> tuple[int, int] | None:
-    """'all' | 'none' | 'A:B' → (first, stop); None for 'auto' (resolved on the rank, which knows its device).
-    ConfigError naming the value and what would be valid."""
-    if spec == "auto":
-        return None
-    if spec == "all":
-        return 0, steps
-    if spec == "none":
-        return 0, 0
-    try:
-        first, stop = (int(x) for x in str(spec).split(":"))
-    except ValueError:
-        raise ConfigError(f"measure={spec!r}: valid are 'auto', 'all', 'none' or 'A:B' (steps A..B−1 measured, "
-                          f"the others fast), e.g. '2:5'") from None
-    if not 0 <= first <= stop <= steps:
-        raise ConfigError(f"measure={spec!r}: 'A:B' measures steps A..B−1, with 0 ≤ A ≤ B ≤ steps={steps} "
-                          f"(e.g. '2:5'); or 'auto', 'all', 'none'")
-    return first, stop
 
 
 def measure_schedule(spec: str, steps: int, device_type: str, warmup_excluded: int = 1, trace: bool = True,

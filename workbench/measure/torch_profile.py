@@ -8,7 +8,7 @@ The directory holds nothing else, so Holistic Trace Analysis reads it as it is
 Aligned to our clock: right after the profiler starts, a `workbench:align` range is recorded at a known time
 of our clock; its timestamp in the exported file gives the offset (Kineto's clock → ours), kept in the rank's
 trace info (`torch_profile`: file, offset_us) for `viz.timeline(run, torch_ops=True)` to overlay the op lanes.
-(torch is imported only where a profile is taken: `load_ops` serves the charts without it.)
+(torch is imported only where a profile is taken; trace/torch_ops.py reads the file back for the charts.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any
 
-MARKER = "workbench:align"
+from workbench.trace.torch_ops import MARKER
 
 
 class TorchProfile:
@@ -73,21 +73,3 @@ class TorchProfile:
             trace = json.load(f)
         marks = [e for e in trace.get("traceEvents", []) if e.get("name") == MARKER and e.get("ph") == "X"]
         return self.marker_us - float(marks[0]["ts"]) if marks else None
-
-
-def load_ops(run_dir: str, info: dict[str, Any]) -> list[dict[str, Any]]:
-    """The CPU ops (and, on CUDA, kernels) of one rank's Kineto trace, on our clock: dicts with name, cat,
-    start_us, dur_us — [] when the rank recorded none."""
-    meta = info.get("torch_profile")
-    if not meta or meta.get("offset_us") is None:
-        return []
-    path = os.path.join(run_dir, meta["file"])
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        events = json.load(f).get("traceEvents", [])
-    shift = float(meta["offset_us"])
-    return [{"name": e["name"], "cat": e.get("cat", ""), "start_us": float(e["ts"]) + shift,
-             "dur_us": float(e.get("dur", 0.0))}
-            for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "kernel", "gpu_memcpy")
-            and e.get("name") != MARKER]

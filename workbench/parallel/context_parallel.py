@@ -6,7 +6,7 @@ torch's context parallelism for the head-tail balance).
 its data-parallel share (`balance="head-tail"`: chunks r and 2cp − 1 − r of 2·cp; `"none"`: the r-th
 contiguous cp-th), their token and position embeddings (`GPT.positions`), their targets and their part
 of the loss. Parameters are not sharded: every cp rank holds them whole, and their gradients are reduced
-over dp×cp (the `dp_cp` group, grid.py), as Megatron-LM and torch do.
+over dp×cp (the `dp_cp` group, config/grid.py), as Megatron-LM and torch do.
 
 **Collectives.** Forward, per attention layer: cp − 1 ring steps, each passing this rank's current K/V
 block (2·b·heads·s/cp·d values) to the next rank with `batch_isend_irecv` over the `cp` group while it

@@ -48,7 +48,7 @@ class NaiveDataParallel(SyncToggle):
     def __init__(self, model: nn.Module, comm: Communicator, grad_dtype: torch.dtype | None = None,
                  group: str = "dp") -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (grid.py)
+        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (config/grid.py)
         self.n = comm.size(group)
         if uses_main_grads(self.params, grad_dtype):
             for p in self.params:
@@ -108,7 +108,7 @@ class BucketedDataParallel(SyncToggle):
                  algorithm: str = "backend", grad_dtype: torch.dtype | None = None,
                  compression: torch.dtype | None = None, group: str = "dp",
                  only: list[tuple[str, nn.Parameter]] | None = None, average_over: int | None = None) -> None:
-        """`group`: "dp", "dp_cp" under context parallelism, "edp" for expert parallelism's experts (grid.py);
+        """`group`: "dp", "dp_cp" under context parallelism, "edp" for expert parallelism's experts (config/grid.py);
         `only`: these of the model's parameters (expert parallelism syncs experts and the rest apart);
         `average_over`: the divisor of the sum (the group's size; dp for experts reduced over edp)."""
         self.comm, self.group = comm, group

@@ -1,5 +1,5 @@
 """Expert parallelism (GShard, Lepikhin et al. 2020; DeepSpeed-MoE; torchtitan's and Megatron-LM's token
-dispatchers): the E experts of every MoE layer (engine/moe.py) sharded over an `ep` group carved from dp.
+dispatchers): the E experts of every MoE layer (model/moe.py) sharded over an `ep` group carved from dp.
 
 **What is sharded.** Expert weights: rank i of an ep group holds experts [i·E/ep, (i+1)·E/ep) of every layer
 (`shard_experts`, cut by index from the whole model's initial value, so every layout starts alike). The router
@@ -48,7 +48,7 @@ def shard_experts(model: nn.Module, index: int, size: int) -> None:
     """Cut every MoE layer's stacked expert weights to this ep rank's E/ep experts (on the meta device):
     `full_shapes` and `shard_param` give initialisation and checkpoints the whole model's tensors by name."""
     for module in model.modules():
-        if getattr(module, "stacked_experts", False):  # engine/moe.py's GroupedLinear
+        if getattr(module, "stacked_experts", False):  # model/moe.py's GroupedLinear
             e = module.weight.shape[0]
             per = e // size
             module.full_shapes = {"weight": tuple(module.weight.shape), "bias": tuple(module.bias.shape)}

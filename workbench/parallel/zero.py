@@ -85,7 +85,7 @@ class ZeroDataParallel(SyncToggle):
         self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
         self._in_flight: deque[ZeroBucket] = deque()
         #: called with a bucket's index once this rank's slice of its gradient is final (ZeRO-Offload copies
-        #: it to the host then: parallel/offload.py)
+        #: it to the host then: optim/offload.py)
         self.on_reduced: Callable[[int], None] | None = None
 
     def _bucket(self, index: int, members: list[tuple[str, nn.Parameter]]) -> ZeroBucket:
@@ -94,7 +94,7 @@ class ZeroDataParallel(SyncToggle):
         per = flat.numel() // self.n
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
-        shard.zero_group = self.group  # the norm sums its squares over this group (parallel/updater.py)
+        shard.zero_group = self.group  # the norm sums its squares over this group (optim/updater.py)
         bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)

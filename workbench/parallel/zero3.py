@@ -204,9 +204,6 @@ class Zero3DataParallel(SyncToggle):
     def grad_tensors(self) -> list[torch.Tensor]:
         return [u.shard.grad for u in self.units]
 
-    def param_tensors(self) -> list[torch.Tensor]:
-        return [u.shard for u in self.units]
-
 
 def gpt_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The GPT's ZeRO-3 units, in forward order."""

@@ -36,8 +36,8 @@ from torch import nn
 from workbench.comm.traced import Communicator, Handle
 from workbench.measure.memory import MemoryTracker
 from workbench.parallel.grad_sync import GradSync
-from workbench.pipeline.actions import Action, P2PBatch, Schedule
 from workbench.pipeline.weight_grad import WeightGradStore, split_linears
+from workbench.schedules.actions import Action, P2PBatch, Schedule
 
 
 class PipelineExecutor:

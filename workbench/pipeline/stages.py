@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from workbench.pipeline.schedule import Schedule
+from workbench.schedules.build import Schedule
 
 
 def global_name(name: str) -> str:

@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench.comm.bandwidth import bus_factor
 from workbench.config import ConfigError, ModelConfig, RunConfig
-from workbench.model_config import check_tensor_parallel
+from workbench.config.model_config import check_tensor_parallel
 from workbench.predict import formulas
 from workbench.predict.hardware import A100_80GB as A100_80GB  # the presets, re-exported: wb.Hardware and
 from workbench.predict.hardware import H100_80GB as H100_80GB  # estimator.A100_80GB are where users find them
 from workbench.predict.hardware import Hardware as Hardware
 from workbench.predict.hardware import with_emulated_links as with_emulated_links
+from workbench.trace.bandwidth import bus_factor
 
 #: GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, sequence 2048.
 GPT3_175B = ModelConfig(vocab_size=51200, seq_len=2048, hidden=12288, heads=96, layers=96)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import RunConfig
+from workbench.config.links import parse_links
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Hardware:
     post_gap_s: float = 0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
     launch_s: float = 0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
     #: measured with n ranks running: (n, compute stretch, α of a collective, α of a pipeline transfer, the
-    #: step's fixed cost); () → the stretch from `cores`, α = latency_s (predict/run_calibration.py)
+    #: step's fixed cost); () → the stretch from `cores`, α = latency_s (studies/run_calibration.py)
     contention: tuple[tuple[float, ...], ...] = ()
     extra_latency_s: float = 0.0  # emulated links: latency every operation pays on top
     #: (n, κ): with n ranks, a blocking collective also waits κ × the work its rank did since the previous
@@ -82,8 +83,6 @@ def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
     if config.emulate_link is None:
         return hw
     from dataclasses import replace
-
-    from workbench.comm.emulated_link import parse_links
 
     links = parse_links(config.emulate_link)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
-from workbench.model_config import tp_indivisible
+from workbench.config.model_config import tp_indivisible
 from workbench.predict.estimator import Estimate, Hardware, estimate
 
 

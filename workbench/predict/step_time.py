@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.pipeline.schedule import Action, build_schedule, simulate
 from workbench.predict.action_costs import Layout, _collective, _Ctx, _ctx, _ends, _layer
 from workbench.predict.formulas import params_per_rank
+from workbench.schedules.build import Action, build_schedule, simulate
 
 TERMS = ("compute", "overhead", "tp", "cp", "ep", "zero3", "pipeline", "dp", "optimizer", "step")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analysis.run import Run
 from workbench.predict.formulas.context_parallel import owned_chunks, unmasked_pairs_per_rank
-from workbench.run import Run
 from workbench.viz.palette import SERIES_COLORS
 
 

@@ -1,4 +1,4 @@
-"""The rank grid as a picture (grid.py's layout: rank = ((pp·dp + dp)·cp + cp)·tp + tp).
+"""The rank grid as a picture (config/grid.py's layout: rank = ((pp·dp + dp)·cp + cp)·tp + tp).
 
     rank_layout(RankGrid(dp=2, tp=2, pp=2))          the 3D layout: a row per data replica, a panel per stage
     rank_layout(RankGrid(dp=2, cp=2, tp=2, pp=1))    with context parallelism: cp places beside the tp shards
@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from workbench.grid import RankGrid
+from workbench.config.grid import RankGrid
 
 
 def layout_table(grid: RankGrid) -> pd.DataFrame:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 from workbench.viz.palette import MEMORY_COLORS as CATEGORY_COLORS
 
 

@@ -13,10 +13,10 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from workbench.pipeline.actions import peak_in_flight
-from workbench.pipeline.schedule import build_schedule, simulate
+from workbench.analysis.run import Run
 from workbench.predict import formulas
-from workbench.run import Run
+from workbench.schedules.actions import peak_in_flight
+from workbench.schedules.build import build_schedule, simulate
 
 PALETTE = qualitative.Plotly + qualitative.D3
 #: per kind of compute action: its name and the pattern its bars carry (forward solid)

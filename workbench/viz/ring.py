@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 
 #: the bytes each rank sends for a ring collective of S bytes over n ranks (the bus-bandwidth factor)
 SENT = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 from workbench.viz.palette import SERIES_COLORS
 
 RANK_COLORS = SERIES_COLORS

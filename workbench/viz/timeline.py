@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 from workbench.viz.palette import span_color
 
 #: `launch`: the host queueing an operation (on CUDA every operation; on gloo the asynchronous ones);
@@ -86,7 +86,7 @@ def _in_steps(ev: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
 
 def _torch_ops(run: Run, ev: pd.DataFrame) -> pd.DataFrame:
     """Each shown rank's profiled ops inside the shown window, as events of lane `torch ops`."""
-    from workbench.measure.torch_profile import load_ops
+    from workbench.trace.torch_ops import load_ops
 
     rows = []
     lo, hi, shown = ev.start_us.min(), ev.end_us.max(), set(ev["rank"])

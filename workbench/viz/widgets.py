@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from workbench.run import Run
+from workbench.analysis.run import Run
 from workbench.viz.timeline import timeline
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from workbench.analysis.run import Run
 from workbench.predict import formulas
-from workbench.run import Run
 from workbench.viz.memory import CATEGORY_COLORS
 
 STATES = ("parameter", "gradient", "optimizer_state")

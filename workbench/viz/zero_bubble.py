@@ -19,10 +19,10 @@ import io
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.pipeline.actions import COMPUTE, Schedule, peak_in_flight, peak_pending_w
-from workbench.pipeline.simulator import simulate
+from workbench.analysis.run import Run
 from workbench.predict import formulas
-from workbench.run import Run
+from workbench.schedules.actions import COMPUTE, Schedule, peak_in_flight, peak_pending_w
+from workbench.schedules.simulator import simulate
 from workbench.viz.palette import SERIES_COLORS
 from workbench.viz.pipeline import _bars
 

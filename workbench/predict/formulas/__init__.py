@@ -10,7 +10,7 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     flops.py         model FLOPs per token (6·N + 12·L·s·h, embeddings' lookups and idle experts left out), MFU
     context_parallel.py  the ring's K/V bytes and each rank's share of the causal attention work
     expert_parallel.py   the MoE dispatch's bytes, expert parameters ÷ ep, imbalance from router counts
-    run.py           a run's predicted memory and bytes per step, from its config
+    analysis/run.py           a run's predicted memory and bytes per step, from its config
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
     zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash
 """

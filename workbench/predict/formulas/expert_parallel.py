@@ -1,4 +1,4 @@
-"""Mixture of experts and expert parallelism (engine/moe.py, parallel/expert_parallel.py): the bytes of the
+"""Mixture of experts and expert parallelism (model/moe.py, parallel/expert_parallel.py): the bytes of the
 dispatch and of the gradients, and expert memory ÷ ep. Plain arithmetic, no torch.
 
 Sources: GShard (Lepikhin et al. 2020) and Switch (Fedus et al. 2021) for top-k routing, capacity and the

@@ -18,7 +18,7 @@ predict/hardware.py.
 
 from __future__ import annotations
 
-from workbench.model_config import ModelConfig
+from workbench.config.model_config import ModelConfig
 
 
 def active_params(cfg: ModelConfig) -> int:

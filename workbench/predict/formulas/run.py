@@ -7,14 +7,14 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.config import ModelConfig
-from workbench.grid import replica_group
-from workbench.pipeline.schedule import Schedule, build_schedule
+from workbench.config.grid import replica_group
 from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.context_parallel import cp_comm_bytes_per_step
 from workbench.predict.formulas.expert_parallel import moe_comm_bytes
 from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
 from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
+from workbench.schedules.build import Schedule, build_schedule
 
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:

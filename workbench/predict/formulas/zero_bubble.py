@@ -29,9 +29,9 @@ function), so only the rows stash: x (1 + r)·h/t and dy 2h.
 from __future__ import annotations
 
 from workbench.config import ModelConfig
-from workbench.pipeline.actions import Schedule
-from workbench.pipeline.simulator import simulate
 from workbench.predict.formulas.comm import bubble_fraction
+from workbench.schedules.actions import Schedule
+from workbench.schedules.simulator import simulate
 
 RATES = {"gpipe": "(p − 1)/m", "1f1b": "(p − 1)/m", "interleaved": "(p − 1)/(v·m)", "zbh1": "(p − 1)/3m",
          "zbv": "0"}
@@ -65,7 +65,7 @@ def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
         return 0.0
     if schedule in ("gpipe", "1f1b", "interleaved"):
         return bubble_fraction(p, m, v)
-    from workbench.pipeline.schedule import build_schedule  # noqa: PLC0415 (only a split backward needs it)
+    from workbench.schedules.build import build_schedule  # noqa: PLC0415 (only a split backward needs it)
 
     return schedule_bubble_fraction(build_schedule(schedule, p, m, v))
 

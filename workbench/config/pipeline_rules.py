@@ -1,0 +1,78 @@
+"""RunConfig's pipeline rules: the schedule, its stages and microbatches, checked before any process
+starts, each error naming the bad value and what would be valid. No torch.
+
+    gpipe, 1f1b       one stage per rank (virtual_stages = 1)
+    interleaved       virtual_stages > 1 chunks per rank, microbatches a multiple of pp
+    zbh1              1F1B with the backward split in I and W (schedules/zero_bubble.py), one stage per rank
+    zbv               two stages per rank in a V: virtual_stages is 2 (RunConfig sets it when left at 1)
+    csv:FILE          a schedule in torch pipelining's CSV form (schedules/torch_csv.py): the file must
+                      exist, parse, validate, and match pp and microbatches
+
+The zero-bubble schedules defer each Linear's weight gradient, which ZeRO-3 (it frees and reduces a
+layer's gradients as its backward ends) does not allow: zero=3 is refused with them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from workbench.config.model_config import ConfigError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
+SPLIT_BACKWARD = ("zbh1", "zbv")
+
+
+def check_schedule_name(name: str) -> None:
+    if name in SCHEDULES:
+        return
+    if isinstance(name, str) and name.startswith("csv:"):
+        if not os.path.isfile(name[4:]):
+            raise ConfigError(f"schedule={name!r}: no such file {name[4:]!r} (a torch pipelining CSV: one row per "
+                              f"rank of actions such as 0F0, 0I0, 0W0, 0B0)")
+        return
+    raise ConfigError(f"schedule={name!r}: valid are {', '.join(SCHEDULES)}, or csv:FILE")
+
+
+def check_pipeline(cfg: Any) -> None:
+    m, p, v, mb = cfg.model_config, cfg.pp, cfg.virtual_stages, cfg.microbatches
+    name = cfg.schedule
+    if name == "interleaved" and p > 1 and v == 1:
+        raise ConfigError("schedule='interleaved' needs virtual_stages > 1 (with one chunk per rank it is 1f1b)")
+    if name == "zbv" and v != 2:
+        raise ConfigError(f"schedule='zbv' runs two stages per rank in a V: virtual_stages must be 2, got {v}")
+    if name.startswith("csv:") and p > 1:
+        _check_csv(cfg)
+    elif v > 1 and name not in ("interleaved", "zbv"):
+        raise ConfigError(f"virtual_stages={v} needs schedule='interleaved' (or zbv, with 2); "
+                          f"{name} runs one stage per rank")
+    if (v > 1 or name in SPLIT_BACKWARD) and p == 1:
+        raise ConfigError(f"schedule={name!r} with virtual_stages={v} needs pp > 1")
+    if name in SPLIT_BACKWARD and cfg.zero == 3:
+        raise ConfigError(f"schedule={name!r} defers weight gradients, which ZeRO-3 reduces as each layer's backward "
+                          f"ends: use zero ≤ 2 with it, or schedule 1f1b/interleaved with zero=3")
+    stages = p * v
+    if m.layers % stages:
+        valid = [d for d in range(1, m.layers + 1) if m.layers % d == 0]
+        raise ConfigError(f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
+                          f"stages; the stage count must divide the layers: valid {valid}")
+    if cfg.local_batch % mb:
+        valid = [d for d in range(1, cfg.local_batch + 1) if cfg.local_batch % d == 0]
+        raise ConfigError(f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
+                          f"{cfg.local_batch}; valid microbatches: {valid}")
+    if name == "interleaved" and p > 1 and mb % p:
+        raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
+                          f"microbatches={mb} must be a multiple of pp={p}")
+
+
+def _check_csv(cfg: Any) -> None:
+    from workbench.schedules.torch_csv import read_csv  # noqa: PLC0415 (validation only)
+
+    try:
+        sched = read_csv(cfg.schedule[4:], cfg.microbatches)
+    except ValueError as e:
+        raise ConfigError(f"schedule={cfg.schedule!r}: {e}") from None
+    if sched.p != cfg.pp or sched.v != cfg.virtual_stages:
+        raise ConfigError(f"schedule={cfg.schedule!r} has {sched.p} ranks and {sched.v} stage(s) per rank: run it "
+                          f"with pp={sched.p} and virtual_stages={sched.v} (got pp={cfg.pp}, "
+                          f"virtual_stages={cfg.virtual_stages})")

@@ -1,0 +1,292 @@
+"""The run configuration: one typed, validated object that every process and every reader shares.
+
+A `RunConfig` is built in the launcher (Python, Jupyter or CLI), validated there *before any process
+starts*, written to the run directory as JSON, and read back by every rank. It holds every grid
+dimension the project has — including the ones whose engines have not landed yet, which `validate()`
+rejects by name so that a user learns what is missing instead of getting a silent single-process run.
+
+This module imports no torch: the launcher, the CLI and the notebooks validate without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.config.model_config import PRESETS as PRESETS
+from workbench.config.model_config import ConfigError as ConfigError
+from workbench.config.model_config import ModelConfig as ModelConfig
+from workbench.config.model_config import check_tensor_parallel, model_from_dict
+from workbench.config.pipeline_rules import SCHEDULES as SCHEDULES
+from workbench.config.pipeline_rules import check_pipeline, check_schedule_name
+from workbench.config.rules import (
+    check_communication,
+    check_compile,
+    check_context_parallel,
+    check_data_and_tools,
+    check_elastic,
+    check_experts,
+    check_limits,
+    check_optimizer,
+    check_zero,
+    parse_measure,
+)
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+BACKENDS = ("auto", "gloo", "nccl", "mpi", "ccl")
+ALLREDUCE = ("backend", "ring", "hierarchical")
+DP_IMPLS = ("bucketed", "naive")
+FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "straggle")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one launch needs. The world size is dp × cp × tp × pp.
+
+    Grid axes follow Megatron-LM's order: tp is the fastest-varying axis of the global rank, then cp,
+    then dp, then pp (see `workbench.config.grid`).
+    """
+
+    model: str | ModelConfig = "tiny"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    #: context parallelism: the sequence split over cp ranks, attention as a ring (parallel/ring_attention.py);
+    #: cp_balance 'head-tail' (zig-zag) or 'none', cp_rotate 'ring' or 'allgather' (config/rules.py)
+    cp: int = 1
+    cp_balance: str = "head-tail"
+    cp_rotate: str = "ring"
+    #: expert parallelism (a model with experts, model/moe.py): each MoE layer's experts sharded over ep ranks
+    #: carved from dp (parallel/expert_parallel.py); dispatch 'dropless' or 'capacity' (capacity_factor); the
+    #: Switch aux loss's coefficient and the aux-loss-free bias rate (config_rules.check_experts)
+    ep: int = 1
+    moe_dispatch: str = "dropless"
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    router_bias_rate: float = 0.0
+    zero: int = 0
+    #: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV; config/pipeline_rules.py)
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    virtual_stages: int = 1
+    precision: str = "fp32"
+    #: fp16 dynamic loss scaling: the first scale, and how many good steps in a row double it
+    loss_scale_init: float = 65536.0
+    loss_scale_growth_interval: int = 1000
+    #: 16-bit runs: gradients accumulate and are all-reduced in fp32 (Megatron's main_grad, the default)
+    #: or in the parameters' 16 bits (half the bytes on the wire; fp32 copies made at the update)
+    grad_reduce_dtype: str = "fp32"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    global_batch: int = 16
+    steps: int = 20
+    seed: int = 0
+    lr: float = 3e-3
+    #: 'constant', or 'cosine' decay to lr·min_lr_ratio; a linear warm-up of warmup_steps comes first
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    backend: str = "auto"
+    allreduce: str = "backend"
+    dp_impl: str = "bucketed"
+    bucket_mb: float = 25.0
+    #: 'bf16' | 'fp16': buckets cast to 16 bits for the all-reduce and back (DDP's compress hooks); 'none'
+    grad_compression: str = "none"
+    #: a teaching device: emulated links 'inter=BW_GBps,LATENCY_us;intra=BW_GBps,LATENCY_us' between emulated
+    #: machines of ranks_per_node ranks (0: LOCAL_WORLD_SIZE, the real machine); comm/emulated_link.py
+    emulate_link: str | None = None
+    ranks_per_node: int = 0
+    #: 'adamw', or 'onebit-adam' (1-bit Adam: AdamW for onebit_warmup_steps, then frozen variance and a
+    #: momentum all-reduced in signs with error feedback; optim/onebit_adam.py)
+    optimizer: str = "adamw"
+    onebit_warmup_steps: int = 5
+    #: ZeRO-3: gather the next layer's parameters while the current one computes
+    prefetch: bool = True
+    #: ZeRO-Offload (zero ≥ 1): this rank's slices of the master weights, gradients and Adam's moments in host
+    #: memory, the update on the CPU (optim/offload.py); on a CPU run the same code keeps separate host copies
+    offload_optimizer: bool = False
+    trace: bool = True
+    measure: str = "auto"  # measured steps (memory, synced spans) or fast: auto|all|none|A:B (measure/schedule.py)
+    compile: bool = False  # torch.compile each transformer block (engine/compiled.py)
+    #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (config/data_spec.py)
+    data: str = "synthetic"
+    #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
+    attention: str = "eager"
+    #: rank 0 writes loss, lr, time split and memory per step into RUN/tb (engine/logs/tensorboard.py)
+    tensorboard: bool = False
+    #: a W&B project: rank 0 logs what tensorboard logs, the config and the summary (engine/logs/wandb_log.py)
+    wandb: str | None = None
+    #: 'A:B': a torch.profiler (Kineto) trace of steps A..B−1 per rank in RUN/profile (measure/torch_profile.py)
+    profile_steps: str | None = None
+    #: CUDA ranks read their GPU through NVML every this many steps (0: never): measure/gpu_health.py
+    gpu_health_every: int = 1
+    #: each rank under Nsight Systems (`nsys profile -t cuda,nvtx,osrt`) into RUN/nsys/rank<r>.nsys-rep (CUDA only)
+    nsys: bool = False
+    #: summary.json's time figures (step time, compute, comm, overlap, idle) and the charts' default window
+    #: leave out this many first steps: warm-up, where one rank starting later makes the others wait
+    warmup_steps_excluded: int = 1
+    #: the allocator beside the categories: CPU, torch.profiler's memory events from the start until the
+    #: end of step `profile_memory_step`; CUDA, a memory snapshot for pytorch.org/memory_viz
+    profile_memory: bool = False
+    profile_memory_step: int = 1
+    timeout_s: float = 120.0
+    name: str | None = None
+    #: a DCP checkpoint every N steps (0: never) into checkpoint_dir (default RUN/checkpoints), keeping the newest
+    #: keep_checkpoints (0: all); resume: a checkpoint, a directory of them, or 'auto' (the newest good one, if any)
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 0
+    resume: str | None = None
+    #: torchrun restarts the whole group up to this many times after a rank fails; each restart resumes from
+    #: the newest good checkpoint (fault tolerance: launching/worker.py)
+    max_restarts: int = 0
+    #: elastic membership (launch with Nodes(nnodes="MIN:MAX")): torchrun re-forms the group when a machine's
+    #: agent leaves or joins; dp follows the world size it forms (dp = WORLD_SIZE / (tp·pp), `dp` above being
+    #: the largest), and each new group resumes from the newest good checkpoint, resharded (engine/restart.py)
+    elastic: bool = False
+    #: skip a step whose global loss exceeds this × the median of the last 10 (0: off; engine/anomaly.py)
+    loss_spike_factor: float = 0.0
+    #: Fault injection for tests and teaching, on fault_rank at fault_step: raise, hang, SIGKILL itself ("kill",
+    #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step), a
+    #: loss (and so gradients) ×10 on that rank ("loss-spike": caught by loss_spike_factor), a straggler that
+    #: sleeps fault_delay_s in every step from fault_step on ("straggle": the others wait at the next collective).
+    fault: str | None = None
+    fault_rank: int = 0
+    fault_step: int = 0
+    fault_delay_s: float = 0.25
+
+    # ---- derived -----------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if self.schedule == "zbv" and self.virtual_stages == 1:  # a V is two stages per rank
+            object.__setattr__(self, "virtual_stages", 2)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def model_config(self) -> ModelConfig:
+        if isinstance(self.model, ModelConfig):
+            return self.model
+        if isinstance(self.model, dict):
+            return model_from_dict(self.model)
+        if self.model not in PRESETS:
+            raise ConfigError(f"model={self.model!r}: unknown preset; valid presets: {sorted(PRESETS)}")
+        return PRESETS[self.model]
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.dp
+
+    # ---- validation --------------------------------------------------------------------------
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first bad value and what would be valid; return self."""
+        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "global_batch", "steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        check_limits(self)
+        check_schedule_name(self.schedule)
+        _choice("precision", self.precision, PRECISIONS)
+        if self.grad_reduce_dtype not in ("fp32", self.precision):
+            raise ConfigError(f"grad_reduce_dtype={self.grad_reduce_dtype!r} with precision={self.precision!r}: "
+                              f"valid are 'fp32' or the parameters' own {self.precision!r}")
+        _choice("recompute", self.recompute, RECOMPUTE)
+        _choice("backend", self.backend, BACKENDS)
+        if self.gpu_health_every < 0:
+            raise ConfigError(f"gpu_health_every={self.gpu_health_every}: a number of steps ≥ 1, or 0 for never")
+        _choice("allreduce", self.allreduce, ALLREDUCE)
+        _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        _choice("grad_compression", self.grad_compression, ("none", "bf16", "fp16"))
+        _choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        if self.warmup_steps < 0 or self.warmup_steps >= self.steps and self.warmup_steps > 0:
+            raise ConfigError(f"warmup_steps={self.warmup_steps}: must be ≥ 0 and below steps={self.steps}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"zero={self.zero!r}: valid stages are 0, 1, 2, 3")
+        if self.fault is not None:
+            _choice("fault", self.fault, FAULTS)
+            if not 0 <= self.fault_rank < self.world_size:
+                raise ConfigError(f"fault_rank={self.fault_rank}: valid ranks are 0..{self.world_size - 1}")
+        self.model_config.validate()
+        if self.global_batch % self.dp:
+            valid = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
+            raise ConfigError(
+                f"global_batch={self.global_batch} is not divisible by dp={self.dp}: each data-parallel "
+                f"rank needs an equal share. Valid dp for this batch: {valid}; or choose a global batch "
+                f"that is a multiple of {self.dp}"
+            )
+        self._validate_tensor_parallel()
+        check_pipeline(self)
+        check_zero(self)
+        check_context_parallel(self)
+        check_experts(self)
+        if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
+            raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
+                              f"run's steps, 0..{self.steps - 1}")
+        check_communication(self)
+        check_optimizer(self)
+        check_elastic(self)
+        check_data_and_tools(self)
+        parse_measure(self.measure, self.steps)
+        check_compile(self)
+        if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
+            raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
+                              f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
+        if self.allreduce != "backend" and self.dp_impl == "naive":
+            raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
+        return self
+
+    def _validate_tensor_parallel(self) -> None:
+        m, t = self.model_config, self.tp
+        if self.sequence_parallel and t == 1:
+            raise ConfigError("sequence_parallel=True needs tp > 1: it splits the sequence over the "
+                              "tensor-parallel ranks")
+        if t == 1:
+            return
+        check_tensor_parallel(m, t)
+        if self.sequence_parallel and m.seq_len % t:
+            valid = [d for d in range(1, m.seq_len + 1) if m.seq_len % d == 0]
+            raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
+                              f"valid tp: {valid}")
+
+    # ---- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["model"] = self.model if isinstance(self.model, str) else dataclasses.asdict(self.model_config)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """From `to_dict()`'s output, a request.json, or a run's config.json (its resolved facts — params,
+        grid, hosts ... — are left out: RESOLVED)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k not in RESOLVED and not (k == "extra" and v == {})}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {sorted(known)}")
+        model = d.get("model")
+        if isinstance(model, dict):  # config.json names the preset beside its dims
+            dims = {k: v for k, v in model.items() if k != "preset"}
+            d["model"] = model.get("preset") or model_from_dict(dims)
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+#: what config.json adds to the request: facts of the launch, not settings
+RESOLVED = ("params", "params_per_rank", "world_size", "device", "device_name", "local_batch", "torch_version",
+            "hosts", "grid")
+
+
+def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name}={value!r}: valid values are {list(valid)}")

@@ -1,0 +1,215 @@
+"""Checkpoint and resume with torch.distributed.checkpoint (DCP): every rank writes its own pieces of the
+training state, in parallel; the layout on disk and what makes one complete are `workbench/engine/checkpoint/files.py`.
+
+What a checkpoint holds — everything the next step depends on, so a resumed run's losses are
+bit-identical to the uninterrupted run's:
+
+    model/<name>|<start>+<n>      the parameters, as pieces of the whole model's tensors (flattened)
+    exp_avg/…, exp_avg_sq/…       Adam's moments, pieced the same way (ZeRO: the rank's slices)
+    master/…                      16-bit runs: the fp32 master weights
+    optim/step, optim/loss_scaler Adam's step (equal for every tensor), the fp16 loss scaler
+    rng/rank<r>                   each rank's CPU generator
+    (the step is in the marker; the data of step k is a function of (seed, k), the LR of k likewise)
+
+Pieces (engine/checkpoint/layout.py) name the *global* tensor and the range they cover, so a checkpoint
+saved under one layout loads under another: each rank asks DCP for the saved pieces that overlap its
+own and copies the overlaps in place (resharding). Each piece is written by one rank — the first replica
+— so the bytes on disk are the sharded states, once.
+
+Save: every rank writes into `step_N.partial` (`dcp.save`, a collective over the world), then rank 0
+writes the marker and renames the directory to `step_N`, and prunes to the newest `keep_checkpoints`.
+Both saving and loading are spans (category `checkpoint`) with the bytes this rank wrote or read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+import torch
+
+from workbench.engine.checkpoint.files import (
+    CheckpointError,
+    checkpoint_root,
+    prune,
+    resolve_resume,
+    run_shape,
+    step_dir,
+    verify,
+    write_marker,
+)
+from workbench.engine.checkpoint.layout import pieces
+from workbench.engine.parallelize import Strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import Metadata
+
+
+def _dcp():  # noqa: ANN202
+    """torch.distributed.checkpoint, imported when a checkpoint is saved or loaded (it costs every rank
+    ~0.7 s at start-up otherwise)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+def resume_step(strategy: Strategy) -> int:
+    """The step to start from: 0, or the resumed checkpoint's (`RunConfig.resume`)."""
+    ctx, cfg = strategy.ctx, strategy.ctx.config
+    if not cfg.resume:
+        return 0
+    path, skipped = resolve_resume(cfg.resume, checkpoint_root(cfg, ctx.run_dir), run_shape(cfg))
+    if skipped:
+        ctx.recorder.info["checkpoints_skipped"] = skipped
+        if ctx.rank == 0:
+            print(f"[workbench] passed over broken checkpoints: {skipped}", flush=True)
+    if path is None:
+        return 0
+    ctx.recorder.info["resumed_from"] = path
+    return load(strategy, path, run_shape(cfg))
+
+
+def maybe_save(strategy: Strategy, step: int) -> None:
+    """After step `step`: a checkpoint of the state before step + 1, every `checkpoint_every` steps."""
+    cfg = strategy.ctx.config
+    if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+        save(strategy, step + 1, checkpoint_root(cfg, strategy.ctx.run_dir), run_shape(cfg))
+
+
+def _scalars(strategy: Strategy, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adam's step (every tensor's is the same), the loss scaler, this rank's RNG."""
+    out = {"optim/step": next(v for k, v in state.items() if k.endswith(".step"))}
+    if "loss_scaler" in state:
+        out["optim/loss_scaler"] = state["loss_scaler"]
+    out[f"rng/rank{strategy.ctx.rank}"] = torch.get_rng_state()
+    return out
+
+
+def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
+    """What this rank writes: the pieces it owns and the scalars (rank 0's; the RNG of every rank)."""
+    state = strategy.updater.checkpoint_state()
+    owned = {p.key: p.view for p in pieces(strategy, state) if p.owned}
+    scalars = _scalars(strategy, state)
+    return owned | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
+
+
+def tensor_bytes(metadata: Metadata) -> int:
+    """The bytes of every tensor chunk DCP's index lists (each written once)."""
+    return sum(math.prod(c.sizes) * m.properties.dtype.itemsize
+               for m in metadata.state_dict_metadata.values() if hasattr(m, "chunks") for c in m.chunks)
+
+
+def _file_bytes(path: str, rank: int) -> int:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+               if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
+
+
+def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
+    """Write the state before step `step` to `root/step_N` (atomically: a marker, then a rename)."""
+    ctx = strategy.ctx
+    final = step_dir(root, step)
+    partial = final + ".partial"
+    if ctx.rank == 0:
+        if os.path.exists(final):
+            raise CheckpointError(f"{final} exists: a checkpoint is never overwritten")
+        shutil.rmtree(partial, ignore_errors=True)  # an abandoned attempt
+        os.makedirs(partial)
+    ctx.comm.barrier()
+    with ctx.recorder.span(f"checkpoint save step {step}", "checkpoint", "compute", step=step) as args:
+        metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
+        args["bytes"] = _file_bytes(partial, ctx.rank)  # this rank's files: written when its save returns
+        ctx.comm.barrier()  # every rank has read its files before rank 0 renames the directory
+        if ctx.rank == 0:
+            args["total_bytes"] = write_marker(partial, step, config, tensor_bytes(metadata))["bytes"]
+            os.rename(partial, final)
+            args["pruned"] = [os.path.basename(p) for p in prune(root, ctx.config.keep_checkpoints)]
+        ctx.comm.barrier()
+    return final
+
+
+def load(strategy: Strategy, path: str, config: dict) -> int:
+    """Fill this rank's training state from the checkpoint at `path`, whatever layout saved it; return
+    the step to run next."""
+    ctx = strategy.ctx
+    marker = verify(path, config)
+    saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
+    meta = _dcp().FileSystemReader(path).read_metadata()
+    for key, m in meta.state_dict_metadata.items():
+        if "|" in key:
+            name, _, rng = key.partition("|")
+            start, n = (int(x) for x in rng.split("+"))
+            saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
+    state = strategy.updater.checkpoint_state()
+    mine = pieces(strategy, state)
+    wanted: dict[str, torch.Tensor] = {}
+    for p in mine:
+        for start, n, key, dtype in saved.get(p.name, []):
+            if start < p.start + p.view.numel() and p.start < start + n and key not in wanted:
+                wanted[key] = torch.empty(n, dtype=dtype, device=p.view.device)
+    scalars = {k: v for k, v in _scalars(strategy, state).items() if k in meta.state_dict_metadata}
+    with ctx.recorder.span(f"checkpoint load step {marker['step']}", "checkpoint", "compute",
+                           step=marker["step"], path=path) as args:
+        staged = sum(t.numel() * t.element_size() for t in wanted.values())
+        ctx.memory.add("temporary", staged)  # the saved pieces, read before their overlaps are copied in
+        _dcp().load(wanted | scalars, checkpoint_id=path)
+        ctx.memory.snapshot()
+        missing = _copy_overlaps(mine, saved, wanted)
+        wanted.clear()
+        ctx.memory.add("temporary", -staged)
+        if missing:
+            raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
+        _restore_scalars(strategy, state, scalars)
+        strategy.updater.after_load()  # ZeRO-Offload: the host's masters follow the loaded slices
+        args["bytes"] = staged
+    strategy.count_model_states()  # Adam's state exists now
+    ctx.memory.snapshot()
+    return int(marker["step"])
+
+
+def _copy_overlaps(mine: list, saved: dict, loaded: dict[str, torch.Tensor]) -> list[str]:
+    """Copy each loaded piece's overlap into the rank's own pieces; return those left incomplete."""
+    missing = []
+    for p in mine:
+        covered = 0
+        lo, hi = p.start, p.start + p.view.numel()
+        for start, n, key, _ in saved.get(p.name, []):
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                p.view[a - lo:b - lo].copy_(loaded[key][a - start:b - start])
+                covered += b - a
+        if covered != hi - lo:
+            missing.append(p.key)
+    return missing
+
+
+def _restore_scalars(strategy: Strategy, state: dict[str, torch.Tensor], scalars: dict[str, torch.Tensor]) -> None:
+    for k, v in state.items():
+        if k.endswith(".step"):
+            v.copy_(scalars["optim/step"])
+    if "optim/loss_scaler" in scalars:
+        strategy.updater.restore({"loss_scaler": scalars["optim/loss_scaler"]})
+    rng = f"rng/rank{strategy.ctx.rank}"
+    if rng in scalars:  # a rank the saving run did not have keeps its generator
+        torch.set_rng_state(scalars[rng])
+
+
+def describe(path: str) -> str:
+    """What a checkpoint holds (`workbench checkpoint inspect`): its step and layout, then each tensor —
+    its key (whose @pp.tp[.dp] suffix says which shard), shape, dtype, bytes and the file holding it."""
+    marker = verify(path)
+    meta = _dcp().FileSystemReader(path).read_metadata()
+    files = {idx.fqn: info.relative_path for idx, info in meta.storage_data.items()}
+    lay = marker["layout"]
+    lines = [f"{path}: the state before step {marker['step']}; dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+             f"zero={lay['zero']} {lay['precision']}; world size {marker['world_size']}; "
+             f"{marker['bytes']:,} bytes in {len(marker['files'])} files "
+             f"({marker.get('tensor_bytes', 0):,} of tensors)",
+             f"{'key':<48} {'shape':<14} {'dtype':<9} {'bytes':>9}  file"]
+    for key, m in sorted(meta.state_dict_metadata.items()):
+        if hasattr(m, "chunks"):
+            n = math.prod(m.size) * m.properties.dtype.itemsize
+            dtype = str(m.properties.dtype).replace("torch.", "")
+            lines.append(f"{key:<48} {str(list(m.size)):<14} {dtype:<9} {n:>9,}  {files.get(key, '?')}")
+    return "\n".join(lines)

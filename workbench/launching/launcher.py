@@ -1,0 +1,256 @@
+"""`launch(config) -> Run`: start a real multi-process run with torchrun, from Python, Jupyter or the CLI.
+
+The launcher validates the configuration first (a bad one raises `ConfigError` before any process
+starts), writes the request into the run directory, and runs `python -m torch.distributed.run`
+(torchrun) as a subprocess: `--standalone` on one machine (torchrun picks a free port), or
+`--nnodes/--node-rank/--rdzv-endpoint` across machines. Each rank gets one thread. While it runs, a
+progress bar follows metrics.jsonl; when it fails, `RunFailed` carries the failing rank's traceback,
+and whatever the ranks wrote (metrics, traces) stays in the directory.
+
+No torch is imported here: launching costs the notebook nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+from workbench.analysis.run import Run, load
+from workbench.config import ConfigError, RunConfig
+from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_for
+from workbench.config.model_config import lr_warning
+from workbench.engine.checkpoint.files import archive_attempt, check_resume
+from workbench.launching.lifetime import die_with_parent, stop
+from workbench.launching.progress import Progress, Speed
+from workbench.launching.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
+from workbench.launching.warm_torchrun import WarmTorchrun, wanted
+from workbench.trace.merge import recover_partials, write_merged
+
+__all__ = ["Nodes", "RunFailed", "elastic_config", "launch", "ring_demo", "torchrun_command"]
+
+
+class RunFailed(RuntimeError):
+    """A rank failed; `.rank` is the root cause's rank, `.traceback` its traceback, `.run` what was kept."""
+
+    def __init__(self, message: str, rank: int | None, traceback: str, run: Run) -> None:
+        super().__init__(message)
+        self.rank, self.traceback, self.run = rank, traceback, run
+
+
+def default_run_dir(config: RunConfig) -> str:
+    name = config.name or time.strftime("run-%Y%m%d-%H%M%S")
+    return os.path.join("traces", name)
+
+
+def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = False) -> None:
+    """An empty run directory; resuming (`resume_step` given) in an existing one keeps its checkpoints and
+    moves the earlier attempt aside (checkpoint_files.archive_attempt). An earlier run there is only
+    replaced with `force`."""
+    if os.path.isdir(run_dir) and os.listdir(run_dir):
+        is_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json"))
+        if not is_run:
+            raise FileExistsError(f"{run_dir} exists and is not a workbench run directory; choose another out=")
+        if resume_step is not None:
+            archive_attempt(run_dir, resume_step)
+            return
+        if not force:
+            raise FileExistsError(f"{run_dir} already holds a run: pass force=True (CLI: --force) to replace it, "
+                                  f"or choose another out= (left out, each run gets a new traces/run-<time>)")
+        shutil.rmtree(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees. torch is imported only where a GPU may exist (or it already is):
+    launching from a notebook on a CPU machine costs nothing."""
+    if "torch" not in sys.modules and not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE, say: bool = False) -> str:
+    """The backend the ranks will use (config_rules.backend_for): NCCL only where every rank of a machine
+    has a GPU; 'auto' falls back to gloo on the CPU where there are fewer (and, with `say`, prints the one
+    line that says so); an explicit 'nccl' is a ConfigError naming both counts — before any process starts."""
+    ranks, gpus = config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo" else 0
+    chosen = backend_for(config.backend, ranks, gpus)
+    if say and (note := auto_fallback(config.backend, ranks, gpus)):
+        print(note, file=sys.stderr, flush=True)
+    return chosen
+
+
+def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
+    """A multi-machine run whose directory this host already holds with the same request: another agent of
+    it on this host (or one rejoining an elastic run) — keep everything there."""
+    request = os.path.join(run_dir, "request.json")
+    if nodes.range[1] == 1 or not os.path.exists(request):
+        return False
+    with open(request) as f:
+        return f.read() == config.to_json()
+
+
+def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
+           echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None) -> Run:
+    """Validate, run with torchrun (or as Ray Train workers: launcher='ray', launching/ray_launch.py), and return the
+    loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
+    `force=True` (FileExistsError otherwise)."""
+    _warn_lr(config)
+    config.validate()
+    backend = choose_backend(config, nodes, say=True)
+    _check_launcher(launcher, config, backend, nodes, ray_address)
+    if nodes.elastic:
+        config = elastic_config(config, nodes)
+    run_dir = os.path.abspath(out or default_run_dir(config))
+    if not _joins(run_dir, config, nodes):
+        _, step = check_resume(config, run_dir)
+        _prepare_dir(run_dir, step if config.resume else None, force)
+        with open(os.path.join(run_dir, "request.json"), "w") as f:
+            f.write(config.to_json())
+    env = rank_env(backend)
+    log_path = os.path.join(run_dir, "launcher.log")
+    if launcher == "ray":
+        from workbench.launching.ray_launch import run_on_ray
+
+        with open(log_path, "w") as log:
+            log.write(f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n")
+        rc = run_on_ray(config, run_dir, backend, env, ray_address)
+    else:
+        cmd = torchrun_command(config, run_dir, nodes)
+        with open(log_path, "w") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            proc = _start_torchrun(cmd, env, log, log_path, echo)
+            rc = _follow(proc, run_dir, config, progress)
+    if rc != 0:
+        raise _failure(run_dir, rc, log_path)
+    return load(run_dir)
+
+
+def _check_launcher(launcher: str, config: RunConfig, backend: str, nodes: Nodes, ray_address: str | None) -> None:
+    """torchrun (with --nsys where asked) or Ray (ray_launch.check_ray): what each cannot do, before launch."""
+    if launcher == "torchrun":
+        check_nsys(config, backend)
+        if ray_address is not None:
+            raise ConfigError("ray_address is for launcher='ray'")
+        return
+    if launcher != "ray":
+        raise ConfigError(f"launcher={launcher!r}: valid are 'torchrun' and 'ray'")
+    from workbench.launching.ray_launch import check_ray
+
+    if nodes.range != (1, 1) or nodes.rdzv_endpoint is not None:
+        raise ConfigError("launcher='ray' places the workers on the cluster itself: leave nnodes, node_rank and "
+                          "rdzv_endpoint unset (give the cluster with ray_address)")
+    check_ray(config, backend, ray_address)
+
+
+def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str,
+                    echo: bool = False) -> subprocess.Popen | WarmTorchrun:
+    """torchrun, writing into the run's log (or, with `echo`, to the terminal): forked from a process that
+    has imported it already where warm launches are on (launching/warm_torchrun.py), else its command as a
+    subprocess. Either way it and its ranks end with us (parent-death signals)."""
+    if not echo and wanted():
+        return WarmTorchrun(cmd, env, log_path)
+    return subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
+                            env=env, preexec_fn=die_with_parent)
+
+
+def _warn_lr(config: RunConfig) -> None:
+    """A learning rate far above what the model's width trains with: said, not refused (before validation,
+    so that it is seen even when another value stops the launch)."""
+    try:
+        high = lr_warning(config.model_config, config.lr)
+    except ConfigError:
+        return
+    if high:
+        warnings.warn(high, stacklevel=3)
+
+
+def rank_env(backend: str | None = None) -> dict[str, str]:
+    """The environment torchrun and the ranks get: one thread per rank, the backend chosen here
+    (RESOLVED_BACKEND), and every rendezvous round with a store of its own
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE: rank 0 of each group hosts it), so that no rank reads what a dead
+    rank of an earlier round left there. The package is importable by the ranks even when it is used
+    from a source checkout."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    chosen = {RESOLVED_BACKEND: backend} if backend is not None else {}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **chosen,
+            "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
+
+
+def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: bool = False,
+              backend: str = "gloo") -> Run:
+    """Our four ring collectives once each over `ranks` processes on `numel`·ranks values, traced
+    (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them. On the CPU with gloo unless asked
+    otherwise: a teaching demo of a few numbers runs on any machine (backend='nccl' puts its buffers on
+    the GPUs, one per rank)."""
+    config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend).validate()
+    chosen = choose_backend(config)
+    run_dir = os.path.abspath(out or default_run_dir(config))
+    _prepare_dir(run_dir, force=force)
+    with open(os.path.join(run_dir, "request.json"), "w") as f:
+        f.write(config.to_json())
+    with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
+        json.dump({"numel": numel}, f)
+    log_path = os.path.join(run_dir, "launcher.log")
+    with open(log_path, "w") as log:
+        proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                               rank_env(chosen), log, log_path)
+        if proc.wait() != 0:
+            raise _failure(run_dir, proc.returncode, log_path)
+    return load(run_dir)
+
+
+def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: bool) -> int:
+    """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: launching/progress.py), with
+    tokens/s and, on GPUs, MFU."""
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    shown = Progress(os.path.basename(run_dir), config.steps, config.world_size, enabled=progress)
+    speed = Speed(run_dir, config)
+    rc, read, rows = None, 0, 0  # metrics.jsonl: bytes read so far, and the rows in them
+    try:
+        while rc is None:
+            rc = proc.poll()
+            if progress and os.path.exists(metrics):
+                if os.path.getsize(metrics) < read:  # a restart trimmed it: count again
+                    read = rows = 0
+                with open(metrics, "rb") as f:
+                    f.seek(read)
+                    new = f.read()
+                new = new[:new.rfind(b"\n") + 1]  # whole rows only: rank 0 may be writing one
+                read, rows = read + len(new), rows + new.count(b"\n")
+                shown.update(rows, speed.line(new))
+            if rc is None:
+                time.sleep(0.1)
+        return rc
+    except BaseException:  # Ctrl-C, SIGTERM turned into an exception by the CLI
+        stop(proc)
+        raise
+    finally:
+        shown.close(ok=rc == 0)
+
+
+def _failure(run_dir: str, rc: int, log_path: str) -> RunFailed:
+    recover_partials(run_dir)
+    write_merged(run_dir)
+    run = load(run_dir)
+    errors = sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))
+    with open(log_path) as f:
+        log_tail = f.read()[-4000:]
+    if not errors:
+        return RunFailed(f"torchrun exited with code {rc} and no rank reported an error; log:\n{log_tail}",
+                         None, log_tail, run)
+    root = errors[0]
+    others = ", ".join(f"rank {e['rank']}: {e['type']}" for e in errors[1:])
+    message = (f"rank {root['rank']} failed: {root['type']}: {root['message']}\n"
+               f"(run directory kept: {run_dir}{'; then ' + others if others else ''})\n\n"
+               f"--- traceback of rank {root['rank']} ---\n{root['traceback']}")
+    return RunFailed(message, root["rank"], root["traceback"], run)
+

@@ -1,0 +1,89 @@
+"""Where a schedule's transfers go: given each rank's compute order, every activation and gradient that
+crosses ranks gets its send (after the action that made it) and its receive (before the action that
+needs it). `_lockstep` is what runs (Megatron-LM's batched p2p, proven deadlock-free under NCCL's rule
+by validation.py); `_adjacent` is the one-at-a-time posting kept to show why that deadlocks.
+
+Two stages on one rank (a V's turn) get no transfer: the executor hands the tensor over in memory.
+"""
+
+from __future__ import annotations
+
+from workbench.schedules.actions import Action, Schedule
+
+
+def schedule_from_orders(name: str, p: int, m: int, v: int, orders: list[list[tuple[str, int, int]]],
+                         stage_placement: str = "loop", placement: str = "lockstep") -> Schedule:
+    """A schedule from each rank's compute order (kind, stage, microbatch), its transfers placed."""
+    if placement not in ("lockstep", "adjacent"):
+        raise ValueError(f"placement={placement!r}: valid are 'lockstep', 'adjacent'")
+    sched = Schedule(name, p, m, v, placement=stage_placement)
+    sched.actions = _lockstep(sched, orders) if placement == "lockstep" else _adjacent(sched, orders)
+    return sched
+
+
+def _adjacent(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
+    actions: list[list[Action]] = []
+    for order in orders:
+        acts: list[Action] = []
+        for kind, stage, mb in order:
+            if (need := _transfer_in(s, kind, stage, mb)) is not None:
+                acts.append(Action(f"RECV_{need[0]}", stage, mb, need[1]))
+            acts.append(Action(kind, stage, mb))
+            if (out := _transfer_out(s, kind, stage, mb)) is not None:
+                acts.append(Action(f"SEND_{out[0]}", stage, mb, out[2]))
+        actions.append(acts)
+    return actions
+
+
+def _transfer_in(s: Schedule, kind: str, stage: int, mb: int) -> tuple[str, int, int, int] | None:
+    """What a compute action needs from another rank: the activation into a forward, the gradient into
+    a backward (B or I) — (F or B, from stage, to stage, microbatch); None at the pipeline's ends, for W,
+    and from a stage on the same rank (handed over in memory)."""
+    src = stage - 1 if kind == "F" else stage + 1
+    if kind == "W" or not 0 <= src < s.stages or s.local(src, stage):
+        return None
+    return ("F" if kind == "F" else "B", src, stage, mb)
+
+
+def _transfer_out(s: Schedule, kind: str, stage: int, mb: int) -> tuple[str, int, int, int] | None:
+    """What a compute action sends to another rank (the mirror of `_transfer_in`)."""
+    dst = stage + 1 if kind == "F" else stage - 1
+    if kind == "W" or not 0 <= dst < s.stages or s.local(stage, dst):
+        return None
+    return ("F" if kind == "F" else "B", stage, dst, mb)
+
+
+def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
+    """Place the transfers in lockstep (Megatron-LM's batched p2p): in round t every rank runs its next
+    compute action if its input has arrived, then posts one batch — the sends of what it just computed,
+    and the receives of what its neighbours just computed for it. Batch t on one rank therefore meets
+    batch t on each of its neighbours, send for receive, so no batch waits on a later one (NCCL's rule),
+    and both ranks of a pair list their common transfers in the same (sorted) order: no tags needed. A
+    rank with nothing to run in a round merges that round's transfers into its next batch."""
+    pos = [0] * s.p
+    arrived: set[tuple[str, int, int, int]] = set()
+    actions: list[list[Action]] = [[] for _ in range(s.p)]
+    rounds = 0
+    while any(pos[r] < len(orders[r]) for r in range(s.p)):
+        sent: list[tuple[str, int, int, int]] = []
+        before = list(pos)
+        for r in range(s.p):
+            if pos[r] == len(orders[r]):
+                continue
+            kind, stage, mb = orders[r][pos[r]]
+            need = _transfer_in(s, kind, stage, mb)
+            if need is not None and need not in arrived:
+                continue  # idle this round: its input is still on the way
+            pos[r] += 1
+            actions[r].append(Action(kind, stage, mb))
+            if (out := _transfer_out(s, kind, stage, mb)) is not None:
+                sent.append(out)
+        if not sent and pos == before:
+            raise ValueError(f"schedule {s.name!r}: no rank can run its next action in round {rounds}")
+        for t in sorted(sent):
+            kind, src, dst, mb = t
+            actions[s.rank_of(src)].append(Action(f"SEND_{kind}", src, mb, dst, rounds))
+            actions[s.rank_of(dst)].append(Action(f"RECV_{kind}", dst, mb, src, rounds))
+        arrived.update(sent)
+        rounds += 1
+    return actions
