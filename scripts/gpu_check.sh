@@ -11,7 +11,8 @@
 #      measured steps and of the plain loop, and ours/plain with its interval;
 #   3. one CLI run of gpt2-small (the launch path: the progress line's MFU, summary.json's mfu and
 #      measure_cost, doctor's view of the GPU through NVML);
-#   4. every notebook under nbmake (needs the wheels scripts/gpu_wheels.sh downloads into .whl/, carried);
+#   4. every notebook under nbmake.
+# Carry .whl/ (scripts/gpu_wheels.sh fills it here): the GPU image lacks tyro (the CLI of section 3) and Jupyter.
 #   5. with two GPUs or more, our data parallelism against DDP on NCCL.
 # Bounds (seconds): SUITE_LIMIT_S=90, BENCH_LIMIT_S=70 (eager), COMPILED_LIMIT_S=100 (compiled),
 # RUN_LIMIT_S=40, NB_LIMIT_S=100; 0 = no bound. GPU_TESTS_K selects suite cases (pytest -k); BIG_EAGER=1
@@ -34,7 +35,7 @@ nvidia-smi -L | tee "$OUT/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL', torch.cuda.nccl.version())" || exit 1
 
-if compgen -G ".whl/*.whl" >/dev/null; then  # the notebooks' packages, carried as wheels
+if compgen -G ".whl/*.whl" >/dev/null; then  # the CLI's and the notebooks' packages, carried as wheels
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from workbench.cli import build_parser
-from workbench.cli.commands import config_from_args
+from workbench.cli.run_command import parse_run
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "workbench-job.yaml"
 
@@ -24,9 +23,9 @@ def test_the_kubernetes_job_runs_a_command_workbench_accepts():
     container = pod["containers"][0]
     line = container["args"][0].replace("$(JOB_COMPLETION_INDEX)", "1")  # what Kubernetes substitutes in pod 1
     argv = shlex.split(line)
-    assert argv[0] == "workbench"
-    a = build_parser().parse_args(argv[1:])
-    config = config_from_args(a).validate()
+    assert argv[:2] == ["workbench", "run"]
+    config, a = parse_run(argv[2:])
+    config = config.validate()
     assert a.nnodes == str(spec["completions"]) and a.node_rank == 1
     assert a.rdzv_endpoint == f"{job['metadata']['name']}-0.{service['metadata']['name']}:29500"
     gpus_per_pod = container["resources"]["limits"]["nvidia.com/gpu"]
@@ -43,8 +42,8 @@ def _accepted(line: str, env: dict[str, str]):
         line = line.replace(f'"${name}"', value).replace(f"${name}", value)
     argv = shlex.split(line)
     assert argv[:2] == ["workbench", "run"], argv[:2]
-    a = build_parser().parse_args(argv[1:])
-    return a, config_from_args(a).validate()
+    config, a = parse_run(argv[2:])
+    return a, config.validate()
 
 
 def test_the_slurm_script_runs_a_command_workbench_accepts():

@@ -111,10 +111,8 @@ def test_a_fast_step_pushes_no_hook_reads_no_allocator_and_waits_once(tmp_path, 
 
 
 def test_the_cli_takes_the_schedule_and_compile():
-    from workbench.cli import build_parser
-    from workbench.cli.commands import config_from_args
+    from workbench.cli.run_command import parse_run
 
-    a = build_parser().parse_args(["run", "--measure", "2:5", "--compile", "--steps", "8"])
-    config = config_from_args(a).validate()
-    assert config.measure == "2:5" and config.compile is True
-    assert config_from_args(build_parser().parse_args(["run"])).measure == "auto"
+    config, _ = parse_run(["--measure", "2:5", "--compile", "--steps", "8"])
+    assert config.validate().measure == "2:5" and config.compile is True
+    assert parse_run([])[0].measure == "auto"

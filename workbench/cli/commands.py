@@ -14,7 +14,8 @@ import signal
 import sys
 from typing import Any
 
-from workbench.config import ConfigError, RunConfig
+from workbench.cli.run_command import parse_run
+from workbench.config import ConfigError, ModelConfig, RunConfig
 
 
 def shown_config(config: RunConfig) -> dict[str, Any]:
@@ -64,32 +65,6 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     return 0
 
 
-def config_from_args(a: argparse.Namespace) -> RunConfig:
-    return RunConfig(
-        model=a.model, dp=a.dp, tp=a.tp, pp=a.pp, cp=a.cp, cp_balance=a.cp_balance, cp_rotate=a.cp_rotate,
-        ep=a.ep, moe_dispatch=a.moe_dispatch, capacity_factor=a.capacity_factor, aux_loss_coef=a.aux_loss_coef,
-        router_bias_rate=a.router_bias_rate,
-        zero=a.zero, schedule=absolute_csv(a.schedule),
-        microbatches=a.microbatches, virtual_stages=a.virtual_stages, precision=a.precision,
-        grad_reduce_dtype=a.grad_reduce_dtype, recompute=a.recompute, sequence_parallel=a.sequence_parallel,
-        global_batch=a.global_batch,
-        steps=a.steps, seed=a.seed, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
-        grad_clip=a.grad_clip or None, backend=a.backend,
-        allreduce=a.allreduce, ranks_per_node=a.ranks_per_node, emulate_link=a.emulate_link, dp_impl=a.dp_impl,
-        bucket_mb=a.bucket_mb, grad_compression=a.grad_compression, optimizer=a.optimizer,
-        onebit_warmup_steps=a.onebit_warmup_steps,
-        trace=not a.no_trace, measure=a.measure, compile=a.compile, warmup_steps_excluded=a.warmup_steps_excluded,
-        timeout_s=a.timeout, name=a.name, offload_optimizer=a.offload_optimizer, prefetch=not a.no_prefetch,
-        profile_memory=a.profile_memory, profile_memory_step=a.profile_memory_step,
-        data=a.data, attention=a.attention, tensorboard=a.tensorboard, profile_steps=a.profile_steps, nsys=a.nsys,
-        gpu_health_every=a.gpu_health_every, wandb=a.wandb,
-        checkpoint_every=a.checkpoint_every, checkpoint_dir=a.checkpoint_dir, keep_checkpoints=a.keep_checkpoints,
-        resume=a.resume, max_restarts=a.max_restarts, loss_spike_factor=a.loss_spike_factor,
-        fault=a.fault, fault_rank=a.fault_rank,
-        fault_step=a.fault_step, fault_delay_s=a.fault_delay_s,
-    )
-
-
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP: handled like Ctrl-C (the launcher stops torchrun and its ranks)."""
 
@@ -98,17 +73,23 @@ def _stop(signum: int, frame: object) -> None:
     raise Stopped(f"signal {signum}")
 
 
-def cmd_run(a: argparse.Namespace) -> int:
+def cmd_run(argv: list[str]) -> int:
+    """`workbench run ARGS`: parse (cli/run_command.py), validate, print the settings or launch."""
+    from workbench.config.files import config_text
     from workbench.launching.launcher import Nodes, RunFailed, default_run_dir, launch
 
     try:
-        config = config_from_args(a).validate()
+        config, a = parse_run(argv)
+        config = config.replace(schedule=absolute_csv(config.schedule)).validate()
     except ConfigError as e:
         print(f"workbench: invalid configuration: {e}", file=sys.stderr)
         return 2
+    if a.print_config:
+        print(config_text(config), end="")
+        return 0
     print("configuration:", json.dumps(shown_config(config)), flush=True)
-    if isinstance(config.model, dict):
-        print(f"model: {config.model_config} (from preset {config.model.get('base', 'tiny')!r})", flush=True)
+    if isinstance(config.model, ModelConfig):  # given as changes to a preset: the dims that result
+        print(f"model: {config.model_config}", flush=True)
     nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
     out = a.out or default_run_dir(config)
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -50,76 +50,111 @@ class RunConfig:
     then dp, then pp (see `workbench.config.grid`).
     """
 
+    #: a preset (tiny, small, gpt2-small, gpt2-medium, gpt-1.3b; tiny-moe, small-moe, gpt2-small-moe) or changes to
+    #: one, as JSON on the command line: '{"base": "small", "layers": 8}' (base tiny when left out)
     model: str | ModelConfig = "tiny"
+    #: data-parallel ranks: each its share of the global batch, gradients averaged over them
     dp: int = 1
+    #: tensor-parallel ranks (Megatron): each its columns or rows of every matmul
     tp: int = 1
+    #: pipeline stages: each its run of layers, microbatches flowing through them (see schedule)
     pp: int = 1
-    #: context parallelism: the sequence split over cp ranks, attention as a ring (parallel/ring_attention.py);
-    #: cp_balance 'head-tail' (zig-zag) or 'none', cp_rotate 'ring' or 'allgather' (config/rules.py)
+    #: context-parallel ranks: each its s/cp tokens of every sequence, attention as a ring of K/V
     cp: int = 1
+    #: context parallelism's split: 'head-tail' (each rank a chunk from each end: equal work) or 'none'
     cp_balance: str = "head-tail"
+    #: context parallelism's K/V: 'ring' (passed round, overlapped with attention) or 'allgather' (torch's)
     cp_rotate: str = "ring"
-    #: expert parallelism (a model with experts, model/moe.py): each MoE layer's experts sharded over ep ranks
-    #: carved from dp (parallel/expert_parallel.py); dispatch 'dropless' or 'capacity' (capacity_factor); the
-    #: Switch aux loss's coefficient and the aux-loss-free bias rate (config_rules.check_experts)
+    #: expert-parallel ranks, carved from dp: each its E/ep experts of every MoE layer (all-to-all dispatch)
     ep: int = 1
+    #: 'dropless' (every assignment kept) or 'capacity' (at most capacity_factor × an even share an expert)
     moe_dispatch: str = "dropless"
+    #: the experts' capacity with moe_dispatch='capacity', a multiple of an even share of the assignments
     capacity_factor: float = 1.25
+    #: the Switch load-balancing loss's coefficient (0: off)
     aux_loss_coef: float = 0.01
+    #: aux-loss-free balancing (DeepSeek-V3): the per-expert bias's step (0: off)
     router_bias_rate: float = 0.0
+    #: ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned (0: none)
     zero: int = 0
-    #: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV; config/pipeline_rules.py)
+    #: pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV: 0F0, 0I0 ...)
     schedule: str = "1f1b"
+    #: microbatches a step: a pipeline's, or gradient accumulation's without one
     microbatches: int = 1
+    #: pipeline chunks a rank (interleaved 1F1B; zbv is 2)
     virtual_stages: int = 1
+    #: 'fp32', or 'bf16' / 'fp16': 16-bit parameters and activations, fp32 master weights
     precision: str = "fp32"
-    #: fp16 dynamic loss scaling: the first scale, and how many good steps in a row double it
+    #: fp16 dynamic loss scaling: the first scale
     loss_scale_init: float = 65536.0
+    #: fp16 dynamic loss scaling: good steps in a row before the scale doubles
     loss_scale_growth_interval: int = 1000
-    #: 16-bit runs: gradients accumulate and are all-reduced in fp32 (Megatron's main_grad, the default)
-    #: or in the parameters' 16 bits (half the bytes on the wire; fp32 copies made at the update)
+    #: 16-bit runs: gradients accumulate and are all-reduced in 'fp32' (Megatron's main_grad) or in the
+    #: parameters' 16 bits (half the bytes on the wire; fp32 copies made at the update)
     grad_reduce_dtype: str = "fp32"
+    #: activation recomputation: 'none', 'selective' (the attention core) or 'full' (each block)
     recompute: str = "none"
+    #: with tp > 1: the sequence split over the tp ranks outside attention and MLP (reduce-scatter/all-gather)
     sequence_parallel: bool = False
+    #: sequences a step, over all dp ranks and microbatches
     global_batch: int = 16
+    #: optimizer steps
     steps: int = 20
+    #: the model's and the data's seed: equal seeds, equal runs
     seed: int = 0
+    #: the peak learning rate (AdamW)
     lr: float = 3e-3
     #: 'constant', or 'cosine' decay to lr·min_lr_ratio; a linear warm-up of warmup_steps comes first
     lr_schedule: str = "constant"
+    #: steps of linear warm-up to lr
     warmup_steps: int = 0
+    #: the cosine schedule's floor, a fraction of lr
     min_lr_ratio: float = 0.1
+    #: AdamW's decoupled weight decay
     weight_decay: float = 0.0
+    #: the global gradient norm clipped to (clip_grad_norm_'s); None disables (the CLI takes 0 for it too)
     grad_clip: float | None = 1.0
+    #: 'auto' (NCCL where every rank has a GPU, else gloo on the CPU), 'gloo', 'nccl', 'mpi', 'ccl'
     backend: str = "auto"
+    #: data parallelism's all-reduce: 'backend' (gloo's or NCCL's), 'ring' (ours, from send/recv) or
+    #: 'hierarchical' (reduce-scatter inside a machine, all-reduce across, all-gather)
     allreduce: str = "backend"
+    #: 'bucketed' (DDP's: buckets all-reduced as backward fills them) or 'naive' (one all-reduce a parameter)
     dp_impl: str = "bucketed"
+    #: megabytes a gradient bucket
     bucket_mb: float = 25.0
     #: 'bf16' | 'fp16': buckets cast to 16 bits for the all-reduce and back (DDP's compress hooks); 'none'
     grad_compression: str = "none"
     #: a teaching device: emulated links 'inter=BW_GBps,LATENCY_us;intra=BW_GBps,LATENCY_us' between emulated
-    #: machines of ranks_per_node ranks (0: LOCAL_WORLD_SIZE, the real machine); comm/emulated_link.py
+    #: machines of ranks_per_node ranks (comm/emulated_link.py)
     emulate_link: str | None = None
+    #: ranks an emulated machine (0: LOCAL_WORLD_SIZE, the real machine's)
     ranks_per_node: int = 0
     #: 'adamw', or 'onebit-adam' (1-bit Adam: AdamW for onebit_warmup_steps, then frozen variance and a
     #: momentum all-reduced in signs with error feedback; optim/onebit_adam.py)
     optimizer: str = "adamw"
+    #: 1-bit Adam's AdamW steps first
     onebit_warmup_steps: int = 5
     #: ZeRO-3: gather the next layer's parameters while the current one computes
     prefetch: bool = True
     #: ZeRO-Offload (zero ≥ 1): this rank's slices of the master weights, gradients and Adam's moments in host
     #: memory, the update on the CPU (optim/offload.py); on a CPU run the same code keeps separate host copies
     offload_optimizer: bool = False
+    #: record the timeline (off: nothing is recorded, every step runs fast)
     trace: bool = True
-    measure: str = "auto"  # measured steps (memory, synced spans) or fast: auto|all|none|A:B (measure/schedule.py)
-    compile: bool = False  # torch.compile each transformer block (engine/compiled.py)
-    #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (config/data_spec.py)
+    #: steps measured (memory by category, the allocator, synchronised spans) or fast: 'auto' (every step on a
+    #: CPU, three after the warm-up on a GPU), 'all', 'none', or 'A:B' (steps A..B−1); measure/schedule.py
+    measure: str = "auto"
+    #: torch.compile each transformer block (engine/compiled.py)
+    compile: bool = False
+    #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (its bytes)
     data: str = "synthetic"
     #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
     attention: str = "eager"
     #: rank 0 writes loss, lr, time split and memory per step into RUN/tb (engine/logs/tensorboard.py)
     tensorboard: bool = False
-    #: a W&B project: rank 0 logs what tensorboard logs, the config and the summary (engine/logs/wandb_log.py)
+    #: a W&B project: rank 0 logs what tensorboard logs, the config and the summary, offline without a login
+    #: (the CLI's bare --wandb: project 'workbench')
     wandb: str | None = None
     #: 'A:B': a torch.profiler (Kineto) trace of steps A..B−1 per rank in RUN/profile (measure/torch_profile.py)
     profile_steps: str | None = None
@@ -131,16 +166,21 @@ class RunConfig:
     #: leave out this many first steps: warm-up, where one rank starting later makes the others wait
     warmup_steps_excluded: int = 1
     #: the allocator beside the categories: CPU, torch.profiler's memory events from the start until the
-    #: end of step `profile_memory_step`; CUDA, a memory snapshot for pytorch.org/memory_viz
+    #: end of step profile_memory_step; CUDA, a memory snapshot for pytorch.org/memory_viz
     profile_memory: bool = False
+    #: the step the memory profile ends at
     profile_memory_step: int = 1
+    #: the process groups' timeout, seconds: a stuck collective ends the run, naming the rank and operation
     timeout_s: float = 120.0
+    #: the run's name (default: its directory's)
     name: str | None = None
-    #: a DCP checkpoint every N steps (0: never) into checkpoint_dir (default RUN/checkpoints), keeping the newest
-    #: keep_checkpoints (0: all); resume: a checkpoint, a directory of them, or 'auto' (the newest good one, if any)
+    #: a DCP checkpoint every N steps (0: never)
     checkpoint_every: int = 0
+    #: where checkpoints go (default RUN/checkpoints)
     checkpoint_dir: str | None = None
+    #: keep the newest K checkpoints (0: all)
     keep_checkpoints: int = 0
+    #: resume from a checkpoint, a directory of them, or 'auto' (the newest good one, if any)
     resume: str | None = None
     #: torchrun restarts the whole group up to this many times after a rank fails; each restart resumes from
     #: the newest good checkpoint (fault tolerance: launching/worker.py)
@@ -151,13 +191,14 @@ class RunConfig:
     elastic: bool = False
     #: skip a step whose global loss exceeds this × the median of the last 10 (0: off; engine/anomaly.py)
     loss_spike_factor: float = 0.0
-    #: Fault injection for tests and teaching, on fault_rank at fault_step: raise, hang, SIGKILL itself ("kill",
-    #: first attempt only), an fp16 overflow, a NaN in a gradient ("nan-grad": every rank skips the step), a
-    #: loss (and so gradients) ×10 on that rank ("loss-spike": caught by loss_spike_factor), a straggler that
-    #: sleeps fault_delay_s in every step from fault_step on ("straggle": the others wait at the next collective).
+    #: a fault injected for tests and teaching (engine/faults.py): raise, hang, kill, overflow, nan-grad,
+    #: loss-spike, straggle
     fault: str | None = None
+    #: the rank a fault is injected on
     fault_rank: int = 0
+    #: the step a fault is injected at
     fault_step: int = 0
+    #: a straggler's sleep each step, seconds
     fault_delay_s: float = 0.25
 
     # ---- derived -----------------------------------------------------------------------------
