@@ -170,3 +170,11 @@ def test_notebooks_are_committed_without_outputs():
         cells = json.loads(path.read_text())["cells"]
         with_outputs = [i for i, c in enumerate(cells) if c.get("outputs") or c.get("execution_count")]
         assert not with_outputs, f"{path.name}: cells {with_outputs} have outputs; run its scripts/build_notebook_*.py"
+
+
+def test_docs_lines_stay_within_120_characters():
+    """As ruff holds the code (E501): README.md and docs/ read without a horizontal scroll (a table whose rows
+    would not fit is a list)."""
+    docs = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").glob("*.md"))]
+    long = [f"{p.name}:{i}" for p in docs for i, line in enumerate(p.read_text().split("\n"), 1) if len(line) > 120]
+    assert not long, long

@@ -83,55 +83,79 @@ def runs_schedule(cfg: RunConfig) -> bool:
     return cfg.pp > 1 or cfg.microbatches > 1
 
 
+@dataclass
+class ChunkParts:
+    """What every chunk of the model (the whole model, or each pipeline stage of it) is built with: the
+    tensor-parallel context, recomputation, context parallelism and the experts' shared state (None: off)."""
+
+    tp: TPContext | None
+    recompute: Recompute | None
+    cp: ContextParallel | None
+    moe: MoEState | None
+
+    @classmethod
+    def of(cls, cfg: RunConfig, ctx: RankContext) -> ChunkParts:
+        tp = None
+        if cfg.tp > 1:
+            tp = TPContext(ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel)
+        recompute = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
+        cp = None
+        if cfg.cp > 1:
+            cp = ContextParallel(ctx.comm, cfg.model_config.seq_len, cfg.cp_balance, cfg.cp_rotate)
+        return cls(tp, recompute, cp, moe_state(cfg, ctx.comm))
+
+
 def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
+    """This rank's Strategy, built once: the model's chunks, then data parallelism, the updater and how a
+    step's forwards and backwards run (the module's docstring draws the order)."""
     torch.manual_seed(cfg.seed)
-    tp = TPContext(ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel) \
-        if cfg.tp > 1 else None
-    rc = Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
-    cp = ContextParallel(ctx.comm, cfg.model_config.seq_len, cfg.cp_balance, cfg.cp_rotate) if cfg.cp > 1 else None
-    moe = moe_state(cfg, ctx.comm)
-    schedule = None
+    parts = ChunkParts.of(cfg, ctx)
+    schedule, chunks = None, None
     if runs_schedule(cfg):
         schedule = build_schedule(cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches,
                                   cfg.virtual_stages)
-        chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"),
-                              lambda layers, first, last: build_chunk(cfg, ctx, tp, rc, layers, first, last, cp, moe))
+
+        def stage(layers: range, first: bool, last: bool) -> GPT:
+            return build_chunk(cfg, ctx, parts, layers, first, last)
+
+        chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"), stage)
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
-        model = build_chunk(cfg, ctx, tp, rc, cp=cp, moe=moe)
-    grad_sync = wrap_data_parallel(cfg, ctx, model, tp)
-    updater = build_updater(cfg, ctx, model, grad_sync, tp)
+        model = build_chunk(cfg, ctx, parts)
+    grad_sync = wrap_data_parallel(cfg, ctx, model, parts.tp)
+    updater = build_updater(cfg, ctx, model, grad_sync, parts.tp)
     if schedule is not None:
         forward_backward: ForwardBackward = pipeline_executor(cfg, ctx, schedule, chunks, grad_sync)
     else:
         forward_backward = SingleBatch(model, ctx.recorder, ctx.memory, ctx.device)
     state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
     ctx.memory.register_model(model)
-    spike = LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None
-    return Strategy(ctx, model, grad_sync, updater, forward_backward, state_params, schedule, spike, cp, moe)
+    return Strategy(ctx=ctx, model=model, grad_sync=grad_sync, updater=updater, forward_backward=forward_backward,
+                    state_params=state_params, schedule=schedule,
+                    loss_spike=LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None,
+                    context=parts.cp, moe=parts.moe)
 
 
-def build_chunk(cfg: RunConfig, ctx: RankContext, tp: TPContext | None, rc: Recompute | None,
-                layers: range | None = None, first: bool = True, last: bool = True,
-                cp: ContextParallel | None = None, moe: MoEState | None = None) -> GPT:
-    """The model (or one pipeline stage of it): dense on meta → TP swap → device, init by name →
-    context parallelism → recompute → precision."""
+def build_chunk(cfg: RunConfig, ctx: RankContext, parts: ChunkParts, layers: range | None = None,
+                first: bool = True, last: bool = True) -> GPT:
+    """The model (or one pipeline stage of it): dense on meta → TP swap → experts sharded → device, init by
+    name → recompute → attention's kernel and context parallelism → precision → compile."""
     with torch.device("meta"):
         chunk = GPT(cfg.model_config, layers=layers, first=first, last=last)
-    if tp is not None:
-        apply_tensor_parallel(chunk, tp)
+    if parts.tp is not None:
+        apply_tensor_parallel(chunk, parts.tp)
     if cfg.ep > 1:
         shard_experts(chunk, ctx.groups.index("ep"), cfg.ep)
     materialize(chunk, ctx.device)
     chunk.init_weights(cfg.seed)
-    if rc is not None:
-        apply_recompute(chunk, rc)
+    if parts.recompute is not None:
+        apply_recompute(chunk, parts.recompute)
     for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
-        attn.fused, attn.context = cfg.attention == "sdpa", cp
-    if cp is not None and first:
-        chunk.positions = cp.local_positions.to(ctx.device)
+        attn.fused, attn.context = cfg.attention == "sdpa", parts.cp
+    if parts.cp is not None and first:
+        chunk.positions = parts.cp.local_positions.to(ctx.device)
     for layer in (m for m in chunk.modules() if isinstance(m, MoE)):
-        layer.state = moe
+        layer.state = parts.moe
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
     if cfg.compile:
