@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -104,6 +105,20 @@ def legacy(argv: list[str]) -> list[str]:
     return out
 
 
+def _check_model_json(argv: list[str]) -> None:
+    """A --model given as JSON that does not parse: said plainly, exit status 2 (argparse's), before tyro."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else arg[8:] if arg.startswith("--model=") \
+            else None
+        if value is not None and value.lstrip().startswith("{"):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as e:
+                print(f"workbench run: error: --model {value!r} is not valid JSON ({e}); give a preset's name or "
+                      f"JSON changes to one, e.g. '{{\"base\": \"small\", \"layers\": 8}}'", file=sys.stderr)
+                raise SystemExit(2) from None
+
+
 def _config_path(argv: list[str]) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):
@@ -117,6 +132,7 @@ def parse_run(argv: list[str], prog: str = "workbench run") -> tuple[RunConfig, 
     """`workbench run`'s arguments → (RunConfig, LaunchOptions), not yet validated. With --config, the file's
     settings are the defaults the flags change. tyro exits (status 2) on a flag it cannot parse."""
     argv = legacy(argv)
+    _check_model_json(argv)
     path = _config_path(argv)
     base = read_config(path) if path else RunConfig()
     default = RunCommand(run=base, launch=LaunchOptions(config=path))

@@ -15,9 +15,12 @@ layer's gradients as its backward ends) does not allow: zero=3 is refused with t
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workbench.config.model_config import ConfigError
+
+if TYPE_CHECKING:  # the rules take the RunConfig whose validate() calls them
+    from workbench.config.run_config import RunConfig
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
 SPLIT_BACKWARD = ("zbh1", "zbv")
@@ -34,7 +37,7 @@ def check_schedule_name(name: str) -> None:
     raise ConfigError(f"schedule={name!r}: valid are {', '.join(SCHEDULES)}, or csv:FILE")
 
 
-def check_pipeline(cfg: Any) -> None:
+def check_pipeline(cfg: RunConfig) -> None:
     m, p, v, mb = cfg.model_config, cfg.pp, cfg.virtual_stages, cfg.microbatches
     name = cfg.schedule
     if name == "interleaved" and p > 1 and v == 1:
@@ -65,7 +68,7 @@ def check_pipeline(cfg: Any) -> None:
                           f"microbatches={mb} must be a multiple of pp={p}")
 
 
-def _check_csv(cfg: Any) -> None:
+def _check_csv(cfg: RunConfig) -> None:
     from workbench.schedules.torch_csv import read_csv  # noqa: PLC0415 (validation only)
 
     try:

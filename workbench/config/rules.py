@@ -7,18 +7,21 @@ the data and the profiling tools, context and expert parallelism, compilation, w
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workbench.config.data_spec import check_data
 from workbench.config.grid import RankGrid, node_groups
 from workbench.config.links import parse_links
 from workbench.config.model_config import ConfigError
 
+if TYPE_CHECKING:  # the rules take the RunConfig whose validate() calls them
+    from workbench.config.run_config import RunConfig
+
 OPTIMIZERS = ("adamw", "onebit-adam")
 ATTENTION = ("eager", "sdpa")
 
 
-def check_communication(cfg: Any) -> None:
+def check_communication(cfg: RunConfig) -> None:
     world = cfg.world_size
     if cfg.ranks_per_node < 0 or (cfg.ranks_per_node and world % cfg.ranks_per_node):
         valid = [d for d in range(1, world + 1) if world % d == 0]
@@ -64,7 +67,7 @@ NUMERIC = {
 }
 
 
-def check_limits(cfg: Any) -> None:
+def check_limits(cfg: RunConfig) -> None:
     """Every numeric field a number — finite, an integer where it counts — in its range (`NUMERIC`): a ConfigError
     naming the field, the value and the range. `lr=nan` and `lr=-1` stop here, before anything starts."""
     for name, (low, high, inclusive, meaning) in NUMERIC.items():
@@ -82,7 +85,7 @@ def check_limits(cfg: Any) -> None:
             raise ConfigError(f"{name}={value!r}: {meaning} must be {kind} {span}")
 
 
-def check_compile(cfg: Any) -> None:
+def check_compile(cfg: RunConfig) -> None:
     """compile=True compiles each transformer block whole (engine/compiled.py), so nothing inside a block may
     communicate, trace or count: what does is refused by name."""
     if not cfg.compile:
@@ -102,7 +105,7 @@ def check_compile(cfg: Any) -> None:
                               f"trace inside; valid: {valid}")
 
 
-def check_optimizer(cfg: Any) -> None:
+def check_optimizer(cfg: RunConfig) -> None:
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"optimizer={cfg.optimizer!r}: valid optimizers are {list(OPTIMIZERS)}")
     if cfg.optimizer != "onebit-adam":
@@ -118,14 +121,14 @@ def check_optimizer(cfg: Any) -> None:
                           f"these settings would need {plain}: {bad}")
 
 
-def check_elastic(cfg: Any) -> None:
+def check_elastic(cfg: RunConfig) -> None:
     if cfg.elastic and (cfg.checkpoint_every < 1 or cfg.max_restarts < 1):
         raise ConfigError(f"elastic=True needs checkpoint_every ≥ 1 (got {cfg.checkpoint_every}) and max_restarts ≥ 1 "
                           f"(got {cfg.max_restarts}): a group re-formed after a machine left resumes from the newest "
                           f"checkpoint, and the leaving counts as one of torchrun's restarts")
 
 
-def check_zero(cfg: Any) -> None:
+def check_zero(cfg: RunConfig) -> None:
     if cfg.offload_optimizer and cfg.zero == 0:
         raise ConfigError("offload_optimizer=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned "
                           "optimizer states")
@@ -149,7 +152,7 @@ def check_zero(cfg: Any) -> None:
                           "allreduce='backend' (or 'ring' with zero=1: our send/recv rings for both)")
 
 
-def check_data_and_tools(cfg: Any) -> None:
+def check_data_and_tools(cfg: RunConfig) -> None:
     """The data file (config/data_spec.py), the attention kernel, and torch.profiler's step range."""
     if cfg.attention not in ATTENTION:
         raise ConfigError(f"attention={cfg.attention!r}: valid are {list(ATTENTION)}")
@@ -191,7 +194,7 @@ CP_BALANCES = ("head-tail", "none")
 CP_ROTATIONS = ("ring", "allgather")
 
 
-def check_context_parallel(cfg: Any) -> None:
+def check_context_parallel(cfg: RunConfig) -> None:
     """cp: the sequence must split into 2·cp chunks (head-tail) or cp (none), and each rank's s/cp tokens
     over tp under sequence parallelism. cp > 1 runs its own ring attention (so not attention='sdpa'); its
     gradients reduce over the dp×cp group, which 1-bit Adam's and the hierarchical all-reduce's dp-only
@@ -222,7 +225,7 @@ def check_context_parallel(cfg: Any) -> None:
 MOE_DISPATCH = ("dropless", "capacity")
 
 
-def check_experts(cfg: Any) -> None:
+def check_experts(cfg: RunConfig) -> None:
     """A mixture of experts (model.experts > 0) and its expert parallelism: ep divides dp (its groups are
     carved from dp) and the experts; dispatch is 'dropless' or 'capacity' (capacity_factor > 0). What the
     MoE layers do not compose with yet is refused by name: tensor parallelism (experts are whole), context

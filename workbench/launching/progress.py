@@ -19,6 +19,9 @@ import os
 import sys
 import time
 
+from workbench.predict.formulas.flops import mfu
+from workbench.predict.hardware import PEAK_ENV, peak_flops
+
 
 def _in_jupyter() -> bool:
     try:
@@ -108,8 +111,6 @@ class Speed:
         text = f"{tps / 1e3:,.1f}k tokens/s" if tps >= 1e3 else f"{tps:,.0f} tokens/s"
         peak = self._peak()
         if peak:
-            from workbench.predict.formulas.flops import mfu
-
             text += f" · MFU {mfu(self.config.model_config, tps, peak, self.config.world_size):.0%}"
         return text
 
@@ -124,7 +125,5 @@ class Speed:
         with open(path) as f:
             resolved = json.load(f)
         if resolved.get("device") == "cuda":
-            from workbench.predict.hardware import PEAK_ENV, peak_flops
-
             self.peak = peak_flops(resolved.get("device_name", ""), self.config.precision, os.environ.get(PEAK_ENV))
         return self.peak

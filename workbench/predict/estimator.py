@@ -24,10 +24,12 @@ from typing import Any
 from workbench.config import ConfigError, ModelConfig, RunConfig
 from workbench.config.model_config import check_tensor_parallel
 from workbench.predict import formulas
+from workbench.predict.action_costs import Layout
 from workbench.predict.hardware import A100_80GB as A100_80GB  # the presets, re-exported: wb.Hardware and
 from workbench.predict.hardware import H100_80GB as H100_80GB  # estimator.A100_80GB are where users find them
 from workbench.predict.hardware import Hardware as Hardware
 from workbench.predict.hardware import with_emulated_links as with_emulated_links
+from workbench.predict.step_time import predict_step
 from workbench.trace.bandwidth import bus_factor
 
 #: GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, sequence 2048.
@@ -258,9 +260,6 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
         out.fits = out.memory_bytes_per_rank <= hw.usable_memory * hw.memory_bytes
     if out.flops_per_step is None or model is None:
         return out
-    from workbench.predict.action_costs import Layout
-    from workbench.predict.step_time import predict_step
-
     rule = layout.pop("rule", None) or ("gloo" if hw.cores else "nccl")
     intra = out.tp * out.cp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
     links = out.dp_link_bytes or {"intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)}

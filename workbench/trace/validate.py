@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.trace.merge import load_traces
 from workbench.trace.recorder import CATEGORIES, LANES
 from workbench.trace.recorder import MEMORY_CATEGORIES as _MEMORY_CATEGORIES
 
@@ -152,8 +153,6 @@ def _check_nesting(pid: int, tid: int, spans: list[tuple[float, float, str]]) ->
 
 
 def validate_run(run_dir: str) -> list[str]:
-    from workbench.trace.merge import load_traces
-
     errors: list[str] = []
     traces = load_traces(run_dir)
     if not traces:
