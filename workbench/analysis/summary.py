@@ -1,5 +1,5 @@
 """summary.json: figures measured from a run's traces, beside the formulas' predictions (which come
-from workbench/formulas.py: this module only measures).
+from predict/formulas/: this module only measures).
 
 Per rank (all times are totals over the run's optimizer steps after the first `warmup_steps_excluded`,
 default 1 — `steps_excluded` says how many were left out —; memory and bytes count every step):

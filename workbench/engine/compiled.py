@@ -5,7 +5,7 @@ a word, so it is an error instead). Every block has the same shapes, so one comp
 What communicates, traces or counts stays outside the compiled regions and runs as before: the gradient
 hooks of data parallelism and ZeRO-1/2 (on the parameters, in autograd), the pipeline's transfers, the
 embeddings, the head and the loss, every span of the trace recorder. What would sit inside a block is
-refused before launch (config_rules.check_compile): tensor and context parallelism's collectives, a
+refused before launch (config/rules.check_compile): tensor and context parallelism's collectives, a
 mixture of experts' routing, ZeRO-3's gathers, recomputation, the zero-bubble split.
 
 Inductor fuses the element-wise chains and may reorder reductions, so a compiled run's losses equal the

@@ -1,7 +1,7 @@
 """Faults injected for tests and teaching (`RunConfig.fault` on `fault_rank` at `fault_step`), each what a
 real failure does to a step:
 
-    raise       the rank raises: it writes its error file, torchrun stops the others (engine/worker.py)
+    raise       the rank raises: it writes its error file, torchrun stops the others (launching/worker.py)
     hang        the rank sleeps past the process groups' timeout: the others end in CommError, naming it
     kill        SIGKILL, no handler runs (first attempt only): a lost machine; torchrun restarts the group
     overflow    the loss scale is inf on that rank: its gradients overflow, every rank skips the step

@@ -90,7 +90,7 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: i
         for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
             if zero >= 2 and pp > 1 or zero and ep > 1:
                 continue  # partitioned gradients and parameters per microbatch: not with pipelines; ZeRO's
-                # slices of experts and dense weights over two groups: not built (config_rules.check_experts)
+                # slices of experts and dense weights over two groups: not built (config/rules.check_experts)
             e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
                                    global_batch=global_batch, microbatches=m, recompute=recompute,
                                    sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,

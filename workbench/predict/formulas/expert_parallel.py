@@ -16,7 +16,7 @@ from workbench.config import ModelConfig
 
 
 def capacity(tokens: int, top_k: int, experts: int, factor: float) -> int:
-    """C = ⌈F·T·k/E⌉ rows per expert from one rank (engine/moe.MoE.capacity)."""
+    """C = ⌈F·T·k/E⌉ rows per expert from one rank (model/moe.MoE.capacity)."""
     return max(1, math.ceil(factor * tokens * top_k / experts))
 
 
