@@ -76,7 +76,7 @@ def visible_gpus() -> int:
 
 
 def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE, say: bool = False) -> str:
-    """The backend the ranks will use (config_rules.backend_for): NCCL only where every rank of a machine
+    """The backend the ranks will use (config/backend.backend_for): NCCL only where every rank of a machine
     has a GPU; 'auto' falls back to gloo on the CPU where there are fewer (and, with `say`, prints the one
     line that says so); an explicit 'nccl' is a ConfigError naming both counts — before any process starts."""
     ranks, gpus = config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo" else 0
