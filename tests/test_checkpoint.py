@@ -162,3 +162,50 @@ def test_a_checkpoint_loads_under_another_layout(launched, saved, loaded):
         assert abs(a - b) <= 1e-5 * abs(b), (a, b)
     for a, b in zip(resumed.metrics.grad_norm, tail.grad_norm, strict=True):
         assert abs(a - b) <= 1e-4 * abs(b), (a, b)
+
+
+def test_a_flipped_byte_in_any_shard_is_refused_before_launch_naming_the_file(launched, tmp_path):
+    """ZeRO-3 on two ranks: each rank's CRC32s of its files are in the marker. A byte flipped in the middle of
+    any file — either rank's shard, or DCP's index — is refused by `--resume` before any process starts, and
+    by `workbench checkpoint verify`, naming the file; the untouched copy verifies."""
+    run = launched(dp=2, zero=3, steps=4, checkpoint_every=2)
+    good = os.path.join(run.path, "checkpoints", "step_000002")
+    with open(os.path.join(good, "workbench.json")) as f:
+        recorded = json.load(f)["checksums"]["crc32"]
+    assert set(recorded) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert main(["checkpoint", "verify", run.path]) == 0
+    for name in recorded:
+        bad = str(tmp_path / name.strip("_.") / "step_000002")
+        shutil.copytree(good, bad)
+        with open(os.path.join(bad, name), "r+b") as f:
+            f.seek(os.path.getsize(os.path.join(bad, name)) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x01]))
+        config = RunConfig(dp=2, zero=3, steps=4, resume=bad)
+        with pytest.raises(ConfigError, match=rf"{name}: CRC32 [0-9a-f]{{8}}, the marker recorded"):
+            from workbench import launch
+
+            launch(config, out=str(tmp_path / f"resumed-{name.strip('_.')}"), progress=False)
+        assert not (tmp_path / f"resumed-{name.strip('_.')}").exists(), "nothing was started"
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert main(["checkpoint", "verify", bad]) == 1
+        assert "BAD" in out.getvalue() and name in out.getvalue()
+
+
+def test_a_checkpoint_written_without_checksums_still_loads(launched, tmp_path, capsys):
+    run = launched(steps=4, checkpoint_every=2)
+    old = str(tmp_path / "step_000002")
+    shutil.copytree(os.path.join(run.path, "checkpoints", "step_000002"), old)
+    marker_path = os.path.join(old, "workbench.json")
+    with open(marker_path) as f:
+        marker = json.load(f)
+    del marker["checksums"]  # as every checkpoint before this change was written
+    with open(marker_path, "w") as f:
+        json.dump(marker, f)
+    from workbench import launch
+
+    resumed = launch(RunConfig(steps=4, resume=old), out=str(tmp_path / "resumed"), progress=False)
+    assert "written before checkpoints recorded checksums" in capsys.readouterr().err
+    tail = run.metrics[run.metrics.step >= 2].reset_index(drop=True)
+    assert list(resumed.metrics[resumed.metrics.step >= 2].loss) == list(tail.loss)

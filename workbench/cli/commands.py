@@ -96,7 +96,7 @@ def cmd_run(argv: list[str]) -> int:
         signal.signal(sig, _stop)
     try:
         run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force, launcher=a.launcher,
-                     ray_address=a.ray_address)
+                     ray_address=a.ray_address, check_disk=a.check_disk)
     except (ConfigError, FileExistsError) as e:
         print(f"workbench: {e}", file=sys.stderr)
         return 2

@@ -46,9 +46,9 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
     sch.add_argument("--virtual-stages", type=int, default=1)
     sch.add_argument("--format", default="torch-csv", choices=("torch-csv", "json"))
     sch.add_argument("--out", default=None, help="export: the file (default: standard output)")
-    ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds")
-    ckpt.add_argument("action", choices=("inspect",))
-    ckpt.add_argument("path", help="a checkpoint directory (RUN/checkpoints/step_N)")
+    ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds (inspect), whether its bytes are intact (verify)")
+    ckpt.add_argument("action", choices=("inspect", "verify"))
+    ckpt.add_argument("path", help="a checkpoint (RUN/checkpoints/step_N); verify: also a run or its checkpoints/")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
 
         print(diagnose(a.run_dir))
         return 0
+    if a.command == "checkpoint" and a.action == "verify":
+        from workbench.engine.checkpoint.files import verify_all
+
+        results = verify_all(a.path)
+        for path, problem in results:
+            print(f"{path}: {problem or 'good (sizes and CRC32 checksums)'}")
+        if not results:
+            print(f"{a.path}: no checkpoint here")
+        return 1 if not results or any(p and p.startswith("BAD") for _, p in results) else 0
     if a.command == "checkpoint":
         from workbench.engine.checkpoint.files import CheckpointError
         from workbench.engine.checkpoint.save_load import describe

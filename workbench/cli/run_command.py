@@ -48,6 +48,8 @@ class LaunchOptions:
     rdzv_endpoint: str | None = None
     #: no progress line
     quiet: bool = False
+    #: refuse a run whose checkpoints, traces and metrics would not fit on out's filesystem (--no-check-disk: go)
+    check_disk: bool = True
     #: a YAML or TOML file of RunConfig's fields (config/files.py); the flags given beside it change it
     config: str | None = None
     #: print the resolved settings as YAML — a file --config loads back the same — and start nothing

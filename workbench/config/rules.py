@@ -64,6 +64,7 @@ NUMERIC = {
     "warmup_steps_excluded": (0, None, True, "first steps the summary's times leave out"),
     "profile_memory_step": (0, None, True, "the step the memory profile ends at"),
     "onebit_warmup_steps": (0, None, True, "1-bit Adam's AdamW steps first"),
+    "max_skipped_steps": (0, None, True, "skipped updates in a row before the run stops (0: never)"),
 }
 
 

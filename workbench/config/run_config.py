@@ -39,7 +39,7 @@ RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl", "mpi", "ccl")
 ALLREDUCE = ("backend", "ring", "hierarchical")
 DP_IMPLS = ("bucketed", "naive")
-FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "loss-spike", "straggle")
+FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "nan-params", "loss-spike", "straggle")
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,11 @@ class RunConfig:
     elastic: bool = False
     #: skip a step whose global loss exceeds this × the median of the last 10 (0: off; engine/anomaly.py)
     loss_spike_factor: float = 0.0
+    #: stop the run after this many skipped updates in a row (a non-finite gradient norm, a loss spike), naming
+    #: the first and its likely cause; non-finite parameters stop it at once (0: never stop; engine/anomaly.py)
+    max_skipped_steps: int = 3
     #: a fault injected for tests and teaching (engine/faults.py): raise, hang, kill, overflow, nan-grad,
-    #: loss-spike, straggle
+    #: nan-params, loss-spike, straggle
     fault: str | None = None
     #: the rank a fault is injected on
     fault_rank: int = 0

@@ -5,7 +5,6 @@ trace recorder, the memory tracker and the traced communicator. No globals.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -27,6 +26,8 @@ from workbench.config.backend import RESOLVED_BACKEND, backend_for
 from workbench.config.grid import RankGrid
 from workbench.engine.restart import restart_count
 from workbench.measure.memory import MemoryTracker
+from workbench.trace import strict_json
+from workbench.trace.disk import writing
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -166,6 +167,6 @@ def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -
 def write_json(path: str, obj: Any) -> None:
     """Write atomically: a reader never sees half a file."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+    with writing(path, os.path.basename(path)), open(tmp, "w") as f:
+        f.write(strict_json.dumps(obj, indent=2))
     os.replace(tmp, path)

@@ -6,6 +6,8 @@ real failure does to a step:
     kill        SIGKILL, no handler runs (first attempt only): a lost machine; torchrun restarts the group
     overflow    the loss scale is inf on that rank: its gradients overflow, every rank skips the step
     nan-grad    the loss scale is NaN there: a non-finite gradient norm, every rank skips the step
+    nan-params  the rank's parameters become NaN before that step, as a bad update leaves them: the run
+                cannot recover, and stops (engine/anomaly.py)
     loss-spike  that rank's loss (and so its gradients) × 10: what loss_spike_factor catches
     straggle    from fault_step on the rank sleeps fault_delay_s each step: the others wait at the next
                 collective (`workbench doctor` names it)
@@ -16,6 +18,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterable
+
+import torch
 
 from workbench.config import RunConfig
 from workbench.engine.restart import attempt
@@ -46,3 +51,11 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
     if cfg.fault == "kill" and attempt() == 0:  # no handler runs: what a lost machine does
         os.kill(os.getpid(), signal.SIGKILL)
     # "overflow" is injected into the loss scale of that step (see loss_scale)
+
+
+def corrupt_parameters(cfg: RunConfig, rank: int, step: int, params: Iterable[torch.Tensor]) -> None:
+    """'nan-params': every parameter of this rank NaN, before the step's forward."""
+    if cfg.fault == "nan-params" and rank == cfg.fault_rank and step == cfg.fault_step:
+        with torch.no_grad():
+            for p in params:
+                p.fill_(float("nan"))

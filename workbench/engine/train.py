@@ -7,12 +7,14 @@ failure, by the worker's handlers).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from typing import Any
 
+import torch
+
 from workbench.config.rules import profile_range
+from workbench.engine.anomaly import Divergence
 from workbench.engine.batches import Batches
 from workbench.engine.checkpoint.save_load import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
@@ -26,6 +28,8 @@ from workbench.measure.memory_profile import MemoryProfile
 from workbench.measure.schedule import MeasureSchedule, measure_schedule
 from workbench.measure.torch_profile import TorchProfile
 from workbench.pipeline.stages import global_name
+from workbench.trace import strict_json
+from workbench.trace.disk import writing
 
 
 def train(ctx: RankContext) -> dict[str, Any]:
@@ -46,6 +50,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
     kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
               if cfg.profile_steps else None)
     health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
+    divergence = Divergence(cfg.max_skipped_steps, cfg.lr)
     for step in range(start, cfg.steps):
         step_start = ctx.recorder.now_us()
         if kineto is not None:
@@ -63,11 +68,27 @@ def train(ctx: RankContext) -> dict[str, Any]:
             row = append_metrics(ctx, results[-1])
             if logs is not None:
                 logs.write(row, since_us=step_start)
-        maybe_save(strategy, step)
         ctx.recorder.flush()
+        r = results[-1]  # a run that cannot recover stops here, its files kept (every rank at the same step)
+        suspect = r.extra.get("anomaly") == "non-finite gradient norm"
+        divergence.observe(step, r.loss, r.extra, parameters_finite(strategy) if suspect else None)
+        maybe_save(strategy, step)
     return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
             "loss": results[-1].loss if results else float("nan"),
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count(), "logs": logs}
+
+
+def parameters_finite(strategy: Strategy) -> bool:
+    """Whether every rank's parameters (or ZeRO-3 slices) are finite — a collective: every rank asks it at the
+    same skipped step. Only after a skip: a pass over the parameters and a wait for the device."""
+    ctx = strategy.ctx
+    tensors = [p.detach() for p in strategy.state_params if p.numel()]
+    bad = torch.zeros(1, device=ctx.device)
+    if tensors:
+        bad += torch.stack(torch._foreach_norm(tensors)).isfinite().logical_not().any()
+    if ctx.world_size > 1:
+        ctx.comm.all_reduce(bad, "world", label="parameters finite", reduce_op="max")
+    return not bool(bad.item())
 
 
 def step_logs(ctx: RankContext) -> StepLogs | None:
@@ -119,7 +140,8 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (model/moe.py)
         if key in r.extra:
             row[key] = r.extra[key]
-    with open(os.path.join(ctx.run_dir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
+    path = os.path.join(ctx.run_dir, "metrics.jsonl")
+    with writing(path, f"the metrics of step {r.step}"), open(path, "a") as f:
+        f.write(strict_json.dumps(strict_json.row(row)) + "\n")  # NaN as null, named in `nonfinite`
     return row
 

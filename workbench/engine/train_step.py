@@ -24,7 +24,7 @@ from workbench.config import RunConfig
 from workbench.config.grid import replica_group
 from workbench.engine.batches import Batch, Batches
 from workbench.engine.context import RankContext
-from workbench.engine.faults import inject_fault, loss_scale, spike_factor
+from workbench.engine.faults import corrupt_parameters, inject_fault, loss_scale, spike_factor
 from workbench.engine.parallelize import Strategy
 from workbench.model.moe import end_step as moe_end
 from workbench.model.moe import start_step as moe_start
@@ -57,6 +57,7 @@ def train_step(strategy: Strategy, batch: Batch | Batches, step: int, measured: 
             with rec.host_span("data", "data", "data", step=step):
                 batch = batches.get(step)
         inject_fault(cfg, ctx.rank, step)
+        corrupt_parameters(cfg, ctx.rank, step, strategy.state_params)
         spike = spike_factor(cfg, ctx.rank, step)
         scale = loss_scale(cfg, ctx.rank, step, strategy.updater.loss_scale) * spike
         if strategy.moe is not None:  # the aux loss's gradient joins backward at this scale

@@ -12,6 +12,7 @@ No torch is imported here: launching costs the notebook nothing.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -25,8 +26,10 @@ from workbench.config import ConfigError, RunConfig
 from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_for
 from workbench.config.model_config import lr_warning
 from workbench.engine.checkpoint.files import archive_attempt, check_resume
+from workbench.launching.disk_space import check_disk_space
 from workbench.launching.lifetime import die_with_parent, stop
 from workbench.launching.progress import Progress, Speed
+from workbench.launching.run_lock import RunLock
 from workbench.launching.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
 from workbench.launching.warm_torchrun import WarmTorchrun, wanted
 from workbench.trace.merge import recover_partials, write_merged
@@ -97,10 +100,12 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
 
 
 def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
-           echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None) -> Run:
+           echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None,
+           check_disk: bool = True) -> Run:
     """Validate, run with torchrun (or as Ray Train workers: launcher='ray', launching/ray_launch.py), and return the
     loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
-    `force=True` (FileExistsError otherwise)."""
+    `force=True` (FileExistsError otherwise), and never while it is alive (launching/run_lock.py); a run whose
+    files would not fit on out's filesystem is refused unless `check_disk=False` (launching/disk_space.py)."""
     _warn_lr(config)
     config.validate()
     backend = choose_backend(config, nodes, say=True)
@@ -108,11 +113,31 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     if nodes.elastic:
         config = elastic_config(config, nodes)
     run_dir = os.path.abspath(out or default_run_dir(config))
+    lock = None
     if not _joins(run_dir, config, nodes):
         _, step = check_resume(config, run_dir)
-        _prepare_dir(run_dir, step if config.resume else None, force)
-        with open(os.path.join(run_dir, "request.json"), "w") as f:
-            f.write(config.to_json())
+        lock = RunLock.acquire(run_dir)  # before --force may empty it: a live run's directory is refused
+        try:
+            if check_disk:
+                check_disk_space(config, run_dir, replacing=force and not config.resume)
+            _prepare_dir(run_dir, step if config.resume else None, force)
+            with open(os.path.join(run_dir, "request.json"), "w") as f:
+                f.write(config.to_json())
+        except BaseException:
+            lock.release()
+            raise
+    try:
+        return _run(config, run_dir, backend, nodes, progress, echo, launcher, ray_address)
+    finally:
+        for reserved in glob.glob(os.path.join(run_dir, ".error_rank*.reserved")):  # a killed rank's
+            os.remove(reserved)
+        if lock is not None:
+            lock.release()
+
+
+def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: bool, echo: bool, launcher: str,
+         ray_address: str | None) -> Run:
+    """Start the ranks (torchrun or Ray) into a prepared directory, follow them, load what they wrote."""
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
     if launcher == "ray":
@@ -194,18 +219,22 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
     config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend).validate()
     chosen = choose_backend(config)
     run_dir = os.path.abspath(out or default_run_dir(config))
-    _prepare_dir(run_dir, force=force)
-    with open(os.path.join(run_dir, "request.json"), "w") as f:
-        f.write(config.to_json())
-    with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
-        json.dump({"numel": numel}, f)
-    log_path = os.path.join(run_dir, "launcher.log")
-    with open(log_path, "w") as log:
-        proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
-                               rank_env(chosen), log, log_path)
-        if proc.wait() != 0:
-            raise _failure(run_dir, proc.returncode, log_path)
-    return load(run_dir)
+    lock = RunLock.acquire(run_dir)
+    try:
+        _prepare_dir(run_dir, force=force)
+        with open(os.path.join(run_dir, "request.json"), "w") as f:
+            f.write(config.to_json())
+        with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
+            json.dump({"numel": numel}, f)
+        log_path = os.path.join(run_dir, "launcher.log")
+        with open(log_path, "w") as log:
+            proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                                   rank_env(chosen), log, log_path)
+            if proc.wait() != 0:
+                raise _failure(run_dir, proc.returncode, log_path)
+        return load(run_dir)
+    finally:
+        lock.release()
 
 
 def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: bool) -> int:
@@ -238,8 +267,13 @@ def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: b
 
 
 def _failure(run_dir: str, rc: int, log_path: str) -> RunFailed:
-    recover_partials(run_dir)
-    write_merged(run_dir)
+    """The failed run's root cause as RunFailed; what the ranks wrote is kept (and, disk allowing, each killed
+    rank's trace rebuilt from its stream and the merged trace.json written)."""
+    try:
+        recover_partials(run_dir)
+        write_merged(run_dir)
+    except OSError as e:  # a full disk: the error files, written first, say why
+        print(f"[workbench] the merged trace was not written: {e}", file=sys.stderr)
     run = load(run_dir)
     errors = sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))
     with open(log_path) as f:

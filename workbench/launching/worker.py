@@ -36,6 +36,8 @@ from workbench.engine.context import RankContext, setup
 from workbench.engine.restart import begin_attempt, elastic_world, restarted_config, write_all_attempts
 from workbench.engine.train import train
 from workbench.launching.lifetime import die_with_parent
+from workbench.trace import strict_json
+from workbench.trace.disk import reserve_error_file, write_error_file, writing
 from workbench.trace.merge import merge_traces
 
 
@@ -60,14 +62,16 @@ def finish(ctx: RankContext) -> None:
         for r, t in enumerate(gathered):
             other = os.path.join(ctx.run_dir, f"trace_rank{r}.json")
             if not os.path.exists(other):
-                with open(other, "w") as f:
+                with writing(other, f"rank {r}'s trace"), open(other, "w") as f:
                     json.dump(t, f)
-        with open(os.path.join(ctx.run_dir, "trace.json"), "w") as f:
+        merged = os.path.join(ctx.run_dir, "trace.json")
+        with writing(merged, "the merged trace"), open(merged, "w") as f:
             json.dump(merge_traces(gathered), f)
         with open(os.path.join(ctx.run_dir, "config.json")) as f:
             config = json.load(f)
-        with open(os.path.join(ctx.run_dir, "summary.json"), "w") as f:
-            json.dump(build_summary(config, gathered), f, indent=2)
+        summary = os.path.join(ctx.run_dir, "summary.json")
+        with writing(summary, "summary.json"), open(summary, "w") as f:
+            f.write(strict_json.dumps(build_summary(config, gathered), indent=2))
         write_all_attempts(ctx.run_dir, gathered)
 
 
@@ -82,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()  # a killed torchrun takes its ranks along (workbench/launching/lifetime.py)
     rank = int(os.environ.get("RANK", 0))
     ctx: RankContext | None = None
+    reserved = None
     try:
+        reserved = reserve_error_file(args.run_dir, rank)  # small and first: its blocks outlive a full disk
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config = RunConfig.from_dict(json.load(f)).validate()
         config = restarted_config(elastic_world(config), args.run_dir)
@@ -96,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             logs.close(os.path.join(args.run_dir, "summary.json"))
         ctx.comm.barrier()  # a barrier before destroy avoids rare gloo aborts at exit
         dist.destroy_process_group()
+        os.remove(reserved)
         return 0
     except BaseException as e:
         # torchrun's SIGTERM to a rank already failing (its peer died first) must not cut this record short
@@ -106,14 +113,16 @@ def main(argv: list[str] | None = None) -> int:
                "coords": ctx.grid.coords(rank) if ctx is not None else None,
                "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError",
                "last_collectives": ctx.comm.flight.to_list() if ctx is not None else []}
-        with open(os.path.join(args.run_dir, f"error_rank{rank}.json"), "w") as f:
-            json.dump(err, f, indent=2)
+        write_error_file(os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err)  # before anything big
         try:  # torch's own record of its collectives, beside ours (workbench doctor reads both)
             torch_flight_recorder.dump(args.run_dir, rank)
         except Exception:  # noqa: BLE001 - never let the record of a failure fail the failure's report
             pass
         if ctx is not None:
-            ctx.recorder.write(os.path.join(args.run_dir, f"trace_rank{rank}.json"))
+            try:
+                ctx.recorder.write(os.path.join(args.run_dir, f"trace_rank{rank}.json"))
+            except OSError:  # a full disk: the error file is written, and the trace's stream stays
+                pass
         print(f"[workbench] rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
 

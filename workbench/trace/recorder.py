@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from workbench.trace.disk import writing
+
 #: 2: host launch spans moved from `comm` to their own lane `launch` (category `launch`, no bytes), so that
 #: each operation has exactly one record with bytes; `host_memory` counter (ZeRO-Offload)
 #: 3: measured and fast steps (`measured` on each ProfilerStep, `measured_steps` in the workbench block); the
@@ -202,7 +204,8 @@ class TraceRecorder:
         if self._partial_path is None or not self.enabled:
             return
         end = len(self.events)
-        with open(self._partial_path, "a") as f:
+        with writing(self._partial_path, f"rank {self.rank}'s trace events since its last step"), \
+                open(self._partial_path, "a") as f:
             for e in self.events[self._flushed:end]:
                 f.write(json.dumps(e) + "\n")
         self._flushed = end
@@ -210,8 +213,14 @@ class TraceRecorder:
     def write(self, path: str) -> None:
         """Write atomically (a reader never sees half a file, even if the rank is killed mid-write)."""
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f)
+        try:
+            with writing(path, f"rank {self.rank}'s trace (its events stay in the stream beside it)"), \
+                    open(tmp, "w") as f:
+                json.dump(self.to_dict(), f)
+        except OSError:
+            if os.path.exists(tmp):
+                os.remove(tmp)  # half a file would fill what little is left
+            raise
         os.replace(tmp, path)
         if self._partial_path is not None and os.path.exists(self._partial_path):
             os.remove(self._partial_path)

@@ -26,13 +26,15 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from workbench.engine.checkpoint.files import (
     CheckpointError,
     checkpoint_root,
+    file_crc32,
     prune,
     resolve_resume,
     run_shape,
@@ -42,6 +44,7 @@ from workbench.engine.checkpoint.files import (
 )
 from workbench.engine.checkpoint.layout import pieces
 from workbench.engine.parallelize import Strategy
+from workbench.trace.disk import writing
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import Metadata
@@ -101,9 +104,8 @@ def tensor_bytes(metadata: Metadata) -> int:
                for m in metadata.state_dict_metadata.values() if hasattr(m, "chunks") for c in m.chunks)
 
 
-def _file_bytes(path: str, rank: int) -> int:
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
+def _own_files(path: str, rank: int) -> list[str]:
+    return sorted(f for f in os.listdir(path) if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
 
 
 def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
@@ -118,11 +120,18 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
         os.makedirs(partial)
     ctx.comm.barrier()
     with ctx.recorder.span(f"checkpoint save step {step}", "checkpoint", "compute", step=step) as args:
-        metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
-        args["bytes"] = _file_bytes(partial, ctx.rank)  # this rank's files: written when its save returns
-        ctx.comm.barrier()  # every rank has read its files before rank 0 renames the directory
+        with writing(partial, f"checkpoint step {step} (left .partial: never resumed from)"):
+            metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
+        # this rank's files, written when its save returns: their sizes, and their CRC32s read back while the
+        # page cache still holds them — before the barrier after which rank 0 renames the directory
+        mine = _own_files(partial, ctx.rank)
+        args["bytes"] = sum(os.path.getsize(os.path.join(partial, f)) for f in mine)
+        sums: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(sums, {f: file_crc32(os.path.join(partial, f)) for f in mine})
         if ctx.rank == 0:
-            args["total_bytes"] = write_marker(partial, step, config, tensor_bytes(metadata))["bytes"]
+            checksums = {f: c for part in sums for f, c in part.items()}
+            checksums[".metadata"] = file_crc32(os.path.join(partial, ".metadata"))
+            args["total_bytes"] = write_marker(partial, step, config, tensor_bytes(metadata), checksums)["bytes"]
             os.rename(partial, final)
             args["pruned"] = [os.path.basename(p) for p in prune(root, ctx.config.keep_checkpoints)]
         ctx.comm.barrier()
