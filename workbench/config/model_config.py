@@ -12,6 +12,21 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the bad value and what would be valid."""
 
 
+def divisors(n: int, also: int | None = None, most: int = 24) -> list[int]:
+    """The divisors of n (of `also` too, where given), ascending: found up to √n, so a value of 10⁹ answers at
+    once; at most `most` of them (a message lists the useful small ones)."""
+    if n < 1:
+        return []
+    found: set[int] = set()
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            found |= {d, n // d}
+        d += 1
+    out = sorted(x for x in found if also is None or also % x == 0)
+    return out[:most]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only GPT's dimensions (nanoGPT's shape: pre-norm blocks, GELU MLP, untied head). With
@@ -55,10 +70,9 @@ class ModelConfig:
         if self.router not in ("softmax", "sigmoid"):
             raise ConfigError(f"model.router={self.router!r}: valid are 'softmax' and 'sigmoid'")
         if self.hidden % self.heads:
-            divisors = [a for a in range(1, self.hidden + 1) if self.hidden % a == 0]
             raise ConfigError(
                 f"model.heads={self.heads} does not divide model.hidden={self.hidden}; "
-                f"valid head counts: {divisors}"
+                f"valid head counts: {divisors(self.hidden)}"
             )
 
 
@@ -90,7 +104,7 @@ def tp_indivisible(model: ModelConfig, tp: int) -> list[tuple[str, int]]:
 def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     """ConfigError naming the first dimension tp does not divide, and the tp that would."""
     for what, value in tp_indivisible(model, tp)[:1]:
-        valid = [d for d in range(1, value + 1) if value % d == 0]
+        valid = divisors(value)
         raise ConfigError(f"tp={tp} does not divide model.{what}={value}: each tensor-parallel rank needs "
                           f"an equal share. Valid tp for this model's {what}: {valid}")
 

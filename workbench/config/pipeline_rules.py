@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from workbench.config.model_config import ConfigError
+from workbench.config.model_config import ConfigError, divisors
 
 if TYPE_CHECKING:  # the rules take the RunConfig whose validate() calls them
     from workbench.config.run_config import RunConfig
@@ -56,11 +56,11 @@ def check_pipeline(cfg: RunConfig) -> None:
                           f"ends: use zero ≤ 2 with it, or schedule 1f1b/interleaved with zero=3")
     stages = p * v
     if m.layers % stages:
-        valid = [d for d in range(1, m.layers + 1) if m.layers % d == 0]
+        valid = divisors(m.layers)
         raise ConfigError(f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
                           f"stages; the stage count must divide the layers: valid {valid}")
     if cfg.local_batch % mb:
-        valid = [d for d in range(1, cfg.local_batch + 1) if cfg.local_batch % d == 0]
+        valid = divisors(cfg.local_batch)
         raise ConfigError(f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
                           f"{cfg.local_batch}; valid microbatches: {valid}")
     if name == "interleaved" and p > 1 and mb % p:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from workbench.config.data_spec import check_data
 from workbench.config.grid import RankGrid, node_groups
 from workbench.config.links import parse_links
-from workbench.config.model_config import ConfigError
+from workbench.config.model_config import ConfigError, divisors
 
 if TYPE_CHECKING:  # the rules take the RunConfig whose validate() calls them
     from workbench.config.run_config import RunConfig
@@ -24,7 +24,7 @@ ATTENTION = ("eager", "sdpa")
 def check_communication(cfg: RunConfig) -> None:
     world = cfg.world_size
     if cfg.ranks_per_node < 0 or (cfg.ranks_per_node and world % cfg.ranks_per_node):
-        valid = [d for d in range(1, world + 1) if world % d == 0]
+        valid = divisors(world)
         raise ConfigError(f"ranks_per_node={cfg.ranks_per_node}: the emulated machines must split the {world} "
                           f"ranks evenly; valid: {valid} (0: the real machine's)")
     if cfg.allreduce == "hierarchical" and cfg.ranks_per_node:
@@ -245,7 +245,7 @@ def check_experts(cfg: RunConfig) -> None:
                               f"(model.experts > 0, e.g. model='tiny-moe')")
         return
     if cfg.dp % cfg.ep or m.experts % cfg.ep:
-        valid = [d for d in range(1, cfg.dp + 1) if cfg.dp % d == 0 and m.experts % d == 0]
+        valid = divisors(cfg.dp, also=m.experts)
         raise ConfigError(f"ep={cfg.ep} must divide dp={cfg.dp} (expert-parallel groups are carved from data "
                           f"parallelism) and model.experts={m.experts}; valid ep: {valid}")
     clash = {"tp": (cfg.tp > 1, "tp=1"), "cp": (cfg.cp > 1, "cp=1"),

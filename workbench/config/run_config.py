@@ -18,7 +18,7 @@ from typing import Any
 from workbench.config.model_config import PRESETS as PRESETS
 from workbench.config.model_config import ConfigError as ConfigError
 from workbench.config.model_config import ModelConfig as ModelConfig
-from workbench.config.model_config import check_tensor_parallel, model_from_dict
+from workbench.config.model_config import check_tensor_parallel, divisors, model_from_dict
 from workbench.config.pipeline_rules import SCHEDULES as SCHEDULES
 from workbench.config.pipeline_rules import check_pipeline, check_schedule_name
 from workbench.config.rules import (
@@ -258,7 +258,7 @@ class RunConfig:
                 raise ConfigError(f"fault_rank={self.fault_rank}: valid ranks are 0..{self.world_size - 1}")
         self.model_config.validate()
         if self.global_batch % self.dp:
-            valid = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
+            valid = divisors(self.global_batch)
             raise ConfigError(
                 f"global_batch={self.global_batch} is not divisible by dp={self.dp}: each data-parallel "
                 f"rank needs an equal share. Valid dp for this batch: {valid}; or choose a global batch "
@@ -294,7 +294,7 @@ class RunConfig:
             return
         check_tensor_parallel(m, t)
         if self.sequence_parallel and m.seq_len % t:
-            valid = [d for d in range(1, m.seq_len + 1) if m.seq_len % d == 0]
+            valid = divisors(m.seq_len)
             raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
                               f"valid tp: {valid}")
 

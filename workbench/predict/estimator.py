@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.config import ConfigError, ModelConfig, RunConfig
-from workbench.config.model_config import check_tensor_parallel
+from workbench.config.model_config import check_tensor_parallel, divisors
 from workbench.predict import formulas
 from workbench.predict.action_costs import Layout
 from workbench.predict.hardware import A100_80GB as A100_80GB  # the presets, re-exported: wb.Hardware and
@@ -126,7 +126,7 @@ def _checked(params: float | None, model: ModelConfig | None, precision: str, dp
         return params
     check_tensor_parallel(model, tp)
     if model.layers % pp:
-        valid = [d for d in range(1, model.layers + 1) if model.layers % d == 0]
+        valid = divisors(model.layers)
         raise ConfigError(f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}")
     return params if params is not None else model.param_count()
 
