@@ -194,9 +194,9 @@ def test_a_flipped_byte_in_any_shard_is_refused_before_launch_naming_the_file(la
 
 
 def test_a_checkpoint_written_without_checksums_still_loads(launched, tmp_path, capsys):
-    run = launched(steps=4, checkpoint_every=2)
-    old = str(tmp_path / "step_000002")
-    shutil.copytree(os.path.join(run.path, "checkpoints", "step_000002"), old)
+    run = launched(steps=6, checkpoint_every=3)  # the run the test above copies: cached, not trained again
+    old = str(tmp_path / "step_000003")
+    shutil.copytree(os.path.join(run.path, "checkpoints", "step_000003"), old)
     marker_path = os.path.join(old, "workbench.json")
     with open(marker_path) as f:
         marker = json.load(f)
@@ -205,7 +205,7 @@ def test_a_checkpoint_written_without_checksums_still_loads(launched, tmp_path, 
         json.dump(marker, f)
     from workbench import launch
 
-    resumed = launch(RunConfig(steps=4, resume=old), out=str(tmp_path / "resumed"), progress=False)
+    resumed = launch(RunConfig(steps=6, resume=old), out=str(tmp_path / "resumed"), progress=False)
     assert "written before checkpoints recorded checksums" in capsys.readouterr().err
-    tail = run.metrics[run.metrics.step >= 2].reset_index(drop=True)
-    assert list(resumed.metrics[resumed.metrics.step >= 2].loss) == list(tail.loss)
+    tail = run.metrics[run.metrics.step >= 3].reset_index(drop=True)
+    assert list(resumed.metrics[resumed.metrics.step >= 3].loss) == list(tail.loss)

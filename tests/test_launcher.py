@@ -46,7 +46,8 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists processes through /proc")
-@pytest.mark.parametrize("sig, warm", [(signal.SIGTERM, "1"), (signal.SIGKILL, "1"), (signal.SIGKILL, "0")],
+@pytest.mark.parametrize("sig, warm", [(signal.SIGTERM, "1"), pytest.param(signal.SIGKILL, "1", marks=pytest.mark.slow),
+                                       (signal.SIGKILL, "0")],
                          ids=["SIGTERM-warm", "SIGKILL-warm", "SIGKILL-subprocess"])
 def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
     """The CLI is stopped in the middle of a long run: torchrun and its two ranks (and the warm server,

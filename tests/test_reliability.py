@@ -138,9 +138,10 @@ def test_a_run_that_would_not_fit_is_refused_before_launch(tmp_path, monkeypatch
 
 
 def test_a_live_runs_directory_is_locked_against_force_and_a_dead_ones_is_taken_over(tmp_path, capsys):
-    out = tmp_path / "live"
-    first = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--steps", "400", "--out", str(out),
-                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "live"  # a run alive for ~3 s that leaves the cores to this test: it sleeps in each step
+    first = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--steps", "6", "--fault", "straggle",
+                              "--fault-step", "0", "--fault-delay-s", "0.5", "--out", str(out), "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         lock = tmp_path / ".live.lock"
         deadline = time.time() + 30

@@ -182,8 +182,9 @@ def single(launched):
     (FOUR, {"dp": 2, "pp": 2, "schedule": "zbh1", "microbatches": 2, "bucket_mb": 0.02}),
     # notebook 03 holds ZBV (p = 2, m = 4) to one process and its stash to the formula in make test
     pytest.param(FOUR, {"pp": 2, "schedule": "zbv", "microbatches": 4}, marks=pytest.mark.slow),
-    (EIGHT, {"pp": 4, "schedule": "zbh1", "microbatches": 8}),
-    (EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}),  # 8 stages, two per rank
+    # four ranks on two cores: make test holds ZB-H1 on pp 2 (with and without dp) and notebook 03 ZBV on pp 2
+    pytest.param(EIGHT, {"pp": 4, "schedule": "zbh1", "microbatches": 8}, marks=pytest.mark.slow),
+    pytest.param(EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}, marks=pytest.mark.slow),  # 8 stages
 ], ids=["zbh1-pp2", "dp2-zbh1-pp2", "zbv-pp2", "zbh1-pp4", "zbv-pp4"])
 def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, config):
     single = launched(model=model)
@@ -199,6 +200,7 @@ def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, confi
     assert stashed[-1] and (stashed[0] == (config["schedule"] == "zbv")), "ZB-H1's first stage runs B: I and W adjacent"
 
 
+@pytest.mark.slow  # make test holds ZB-H1's training to one process's (above) and its resume bit for bit (below)
 def test_gradients_equal_1f1bs(launched):
     """Adam's first moment after 3 steps is a sum of the gradients: ZB-H1's equals 1F1B's to rounding (and
     the run resumed from that checkpoint continues exactly, tolerance 0: the next test)."""
