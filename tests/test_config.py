@@ -40,7 +40,9 @@ def test_config_round_trips_through_json():
 def test_param_count_formula_matches_the_built_model():
     from workbench.model.gpt import GPT
 
-    for cfg in PRESETS.values():
+    for name, cfg in PRESETS.items():
+        if name.startswith("llama3"):
+            continue  # tests/test_llama.py counts these, against the published figures too
         with torch.device("meta"):  # counted, not allocated: the presets go up to 1.4 B parameters
             built = GPT(cfg)
         assert sum(p.numel() for p in built.parameters()) == cfg.param_count()

@@ -80,4 +80,5 @@ def test_doctor_names_a_straggler(launched):
     report = diagnose(slow.path)
     assert "straggler: rank 1" in report, report
     waits = {r["rank"]: r["exposed_comm_s"] for r in slow.summary["ranks"]}
-    assert waits[0] > waits[1] + 0.03 * 4, ("rank 0 waits ~40 ms per timed step for rank 1", waits)
+    # 4 timed steps × 40 ms; half of it as the bar: a loaded machine also delays rank 0's own compute
+    assert waits[0] > waits[1] + 0.02 * 4, ("rank 0 waits ~40 ms per timed step for rank 1", waits)

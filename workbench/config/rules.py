@@ -153,6 +153,19 @@ def check_zero(cfg: RunConfig) -> None:
                           "allreduce='backend' (or 'ring' with zero=1: our send/recv rings for both)")
 
 
+def check_tied_embeddings(cfg: RunConfig) -> None:
+    """A head tied to the token table is one parameter used at both ends of the model: the first and last
+    pipeline stages would each hold a copy whose gradients must be summed (Megatron's embedding group), and
+    ZeRO-3 would gather it as two units. Neither is built here: refused, naming what runs."""
+    if not cfg.model_config.tie_embeddings:
+        return
+    for key, bad, valid in (("pp", cfg.pp > 1, "pp=1"), ("zero", cfg.zero == 3, "zero 0, 1 or 2")):
+        if bad:
+            raise ConfigError(f"model.tie_embeddings=True with {key}={getattr(cfg, key)}: the tied head and "
+                              f"token table are one parameter at both ends of the model, which this engine does "
+                              f"not split; valid: {valid}, or model.tie_embeddings=False")
+
+
 def check_data_and_tools(cfg: RunConfig) -> None:
     """The data file (config/data_spec.py), the attention kernel, and torch.profiler's step range."""
     if cfg.attention not in ATTENTION:

@@ -30,6 +30,7 @@ from workbench.config.rules import (
     check_experts,
     check_limits,
     check_optimizer,
+    check_tied_embeddings,
     check_zero,
     parse_measure,
 )
@@ -269,6 +270,7 @@ class RunConfig:
         check_zero(self)
         check_context_parallel(self)
         check_experts(self)
+        check_tied_embeddings(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
             raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
                               f"run's steps, 0..{self.steps - 1}")

@@ -147,11 +147,14 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, parts: ChunkParts, layers: ran
     if cfg.ep > 1:
         shard_experts(chunk, ctx.groups.index("ep"), cfg.ep)
     materialize(chunk, ctx.device)
+    chunk.tie()  # materialising made new parameters: the head takes the token table again
     chunk.init_weights(cfg.seed)
     if parts.recompute is not None:
         apply_recompute(chunk, parts.recompute)
     for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
         attn.fused, attn.context = cfg.attention == "sdpa", parts.cp
+        if parts.cp is not None and attn.rope:  # each token rotated by its true position in the sequence
+            attn.set_positions(parts.cp.local_positions)
     if parts.cp is not None and first:
         chunk.positions = parts.cp.local_positions.to(ctx.device)
     for layer in (m for m in chunk.modules() if isinstance(m, MoE)):
@@ -169,9 +172,9 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     sympy: ~0.4 s of every rank's start-up, measured; every tensor here is contiguous anyway). New
     Parameter objects are made (meta and device tensors are not shallow-copy compatible), so the marks
     strategies put on parameters (`tp_sharded`, `sequence_parallel_partial`) are carried over by hand."""
-    marks = {name: dict(vars(p)) for name, p in module.named_parameters()}
+    marks = {name: dict(vars(p)) for name, p in module.named_parameters(remove_duplicate=False)}
     module._apply(lambda t: torch.empty_like(t, device=device, memory_format=torch.contiguous_format))
-    for name, p in module.named_parameters():
+    for name, p in module.named_parameters(remove_duplicate=False):  # a tied head too (tied again after)
         vars(p).update(marks[name])
 
 

@@ -1,17 +1,26 @@
-"""A small GPT (Radford et al. 2019; nanoGPT's shape) that every strategy shards.
+"""A decoder-only transformer that every strategy shards: GPT-2's block (Radford et al. 2019; nanoGPT's
+shape) or Llama's (model/llama.py: RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases),
+as `ModelConfig` says.
 
-    tokens ─ wte + wpe ─ [ x + attn(ln_1(x)) ; x + mlp(ln_2(x)) ] × L ─ ln_f ─ head ─ loss
+    tokens ─ wte (+ wpe) ─ [ x + attn(ln_1(x)) ; x + mlp(ln_2(x)) ] × L ─ ln_f ─ head ─ loss
+
+Grouped-query attention: q has `heads` heads, k and v `kv_heads` (one fused projection of h + 2·kv_dim
+outputs); each K/V head serves heads/kv_heads query heads, expanded to them just before the attention core
+(as torchtitan's repeat_kv does) — so the projection, tensor parallelism's split and context parallelism's
+ring (which expands per block, parallel/ring_attention.py) carry only the kv_heads.
 
 Attention is written out (scores, mask, softmax, weighted sum) rather than fused, so that the
 activations it saves are the ones the Korthikanti et al. formula counts. There is no dropout (every
-strategy must be bit-for-bit comparable) and the head is not tied to the embedding (tying would
-couple the first and last pipeline stages).
+strategy must be bit-for-bit comparable). The head is tied to the token embedding only where the model asks
+(`tie_embeddings`, as Llama 3.2 1B does); tying couples the first and last pipeline stages, so config/rules.py
+refuses it with pp > 1 and with ZeRO-3.
 
 The model is always built dense. Strategies are applied to it afterwards, by `engine/parallelize.py`:
 tensor parallelism swaps modules (`parallel.tensor_parallel.apply_tensor_parallel`: qkv and fc
 column-parallel, the projections row-parallel, the embedding, head and `loss` split by vocabulary,
-`wpe` sliced by sequence), context parallelism sets `CausalSelfAttention.context` and `GPT.positions`
-(`parallel/context_parallel.py`), recomputation sets `Block.recompute` / `CausalSelfAttention.recompute`
+`wpe` sliced by sequence), context parallelism sets `CausalSelfAttention.context`, `GPT.positions` and
+the rotary tables of this rank's positions (`parallel/context_parallel.py`), recomputation sets
+`Block.recompute` / `CausalSelfAttention.recompute`
 (`engine/recompute.py`). This file knows nothing of either.
 
 Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`): a shard is
@@ -21,6 +30,7 @@ parameter at a time, so every strategy starts from the same model.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from typing import Any
@@ -30,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.model.llama import RMSNorm, SwiGLU, rotary_tables, rotate
 from workbench.model.moe import MoE
 
 
@@ -58,26 +69,46 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
-        self.head_dim, self.name = cfg.head_dim, name
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.head_dim, self.name, self.theta = cfg.head_dim, name, cfg.rope_theta
+        self.group = cfg.heads // cfg.kv  # query heads per K/V head (1: multi-head attention)
+        self.qkv = nn.Linear(cfg.hidden, cfg.qkv_width, bias=cfg.bias)
+        self.qkv.sections = (cfg.hidden, cfg.kv_dim, cfg.kv_dim)  # q, k, v: tensor parallelism splits each
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.register_buffer("mask", causal_mask(cfg.seq_len), persistent=False)
+        self.rope = cfg.positions == "rope"
+        if self.rope:
+            self.set_positions(torch.arange(cfg.seq_len, device="cpu"))
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        """The rotary tables for the tokens this rank's attention sees, in its order: 0 … s − 1, or under
+        context parallelism this rank's s/cp global positions (each token rotated by its true position)."""
+        cos, sin = rotary_tables(positions, self.head_dim, self.theta)
+        like = getattr(self, "cos", None)
+        if like is not None:
+            cos, sin = cos.to(like.device, like.dtype), sin.to(like.device, like.dtype)
+        self.register_buffer("cos", cos.to(torch.get_default_device()) if like is None else cos, persistent=False)
+        self.register_buffer("sin", sin.to(torch.get_default_device()) if like is None else sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)  # (b, s, 3·h/t): this rank's heads (with sequence parallelism, the whole sequence)
-        b, s, three_h = qkv.shape
-        h = three_h // 3
-        heads = h // self.head_dim
-        q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in qkv.split(h, dim=-1))
+        qkv = self.qkv(x)  # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
+        b, s, width = qkv.shape
+        d = self.head_dim
+        kv_heads = width // (d * (self.group + 2))
+        q, k, v = (t.view(b, s, -1, d).transpose(1, 2)
+                   for t in qkv.split([self.group * kv_heads * d, kv_heads * d, kv_heads * d], dim=-1))
+        if self.rope:
+            q, k = rotate(q, self.cos[:s], self.sin[:s]), rotate(k, self.cos[:s], self.sin[:s])
         if self.recompute is not None:  # selective: keep q, k, v; recompute the rest
             return self.proj(self.recompute.run(f"{self.name}.attn core", self.core, q, k, v))
         return self.proj(self.core(q, k, v))
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) inputs, returned as (b, s, heads·d)."""
+        """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) queries and (b, kv_heads, s, d) keys and values,
+        returned as (b, s, heads·d)."""
         b, heads, s, d = q.shape
-        if self.context is not None:
+        if self.context is not None:  # the ring carries the kv_heads, each block expanded where it is used
             return self.context.attention(self.name, q, k, v).transpose(1, 2).reshape(b, s, heads * d)
+        k, v = expand_kv(k, self.group), expand_kv(v, self.group)
         if self.fused:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
@@ -85,21 +116,50 @@ class CausalSelfAttention(nn.Module):
         return (probs @ v).transpose(1, 2).reshape(b, s, heads * d)
 
 
-def causal_mask(seq_len: int) -> torch.Tensor:
-    """True above the diagonal: the positions a token may not attend to. Built on the CPU, then moved to
-    the default device: `triu` on the meta device runs torch's Python reference, which imports
+def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    """(b, kv_heads, s, d) → (b, kv_heads·group, s, d): each K/V head repeated for the query heads it serves
+    (head j of the result is K/V head j // group). A copy (expand, then reshape), nothing saved for backward."""
+    if group == 1:
+        return t
+    b, kv, s, d = t.shape
+    return t.unsqueeze(2).expand(b, kv, group, s, d).reshape(b, kv * group, s, d)
+
+
+def causal_mask(seq_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """True above the diagonal: the positions a token may not attend to. One tensor per (length, device),
+    shared by every layer (at Llama 3's 8,192 tokens a mask is 64 MiB: one per layer would be 2 GiB for 8B).
+    Built on the CPU, then moved: `triu` on the meta device runs torch's Python reference, which imports
     torch._dynamo (~1 s of every rank's start-up, measured)."""
-    return torch.ones(seq_len, seq_len, dtype=torch.bool, device="cpu").triu(1).to(torch.get_default_device())
+    return _shared_mask(seq_len, str(torch.get_default_device() if device is None else torch.device(device)))
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_mask(seq_len: int, device: str) -> torch.Tensor:
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device="cpu").triu(1).to(device)
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: proj(gelu(fc(x))), fc to the inner width f."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(cfg.hidden, cfg.mlp_ratio * cfg.hidden)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.hidden, cfg.hidden)
+        self.fc = nn.Linear(cfg.hidden, cfg.inner, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.inner, cfg.hidden, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The block's norm: LayerNorm (with a bias where the model has biases) or RMSNorm (model/llama.py)."""
+    return RMSNorm(cfg.hidden) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.hidden, bias=cfg.bias)
+
+
+def make_mlp(cfg: ModelConfig, name: str) -> nn.Module:
+    """The block's MLP: a mixture of experts (model/moe.py), SwiGLU (model/llama.py) or GPT-2's."""
+    if cfg.experts:
+        return MoE(cfg, name)
+    return SwiGLU(cfg.hidden, cfg.inner, cfg.bias) if cfg.mlp == "swiglu" else MLP(cfg)
 
 
 class Block(nn.Module):
@@ -109,10 +169,10 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
         self.name = name
-        self.ln_1 = nn.LayerNorm(cfg.hidden)
+        self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, name)
-        self.ln_2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MoE(cfg, name) if cfg.experts else MLP(cfg)  # model/moe.py: a mixture of experts
+        self.ln_2 = make_norm(cfg)
+        self.mlp = make_mlp(cfg, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute is not None:
@@ -154,28 +214,44 @@ class GPT(nn.Module):
         layers = range(cfg.layers) if layers is None else layers
         if first:
             self.wte = uninitialised_embedding(cfg.vocab_size, cfg.hidden)
-            self.wpe = uninitialised_embedding(cfg.seq_len, cfg.hidden)
+            if cfg.positions == "learned":
+                self.wpe = uninitialised_embedding(cfg.seq_len, cfg.hidden)
         self.blocks = nn.ModuleDict({str(i): Block(cfg, f"blocks.{i}") for i in layers})
         if last:
-            self.ln_f = nn.LayerNorm(cfg.hidden)
-            self.head = nn.Linear(cfg.hidden, cfg.vocab_size)
+            self.ln_f = make_norm(cfg)
+            self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=cfg.bias)
             self.loss = CrossEntropy()
+        self.tie()
         if not next(self.parameters()).is_meta:
             self.init_weights(seed)
+
+    def tie(self) -> None:
+        """With `tie_embeddings`, the head's weight *is* the token table (V × h, or this tp rank's V/t rows of
+        both): called after every step that makes new parameters (building, tensor parallelism's swap,
+        materialising)."""
+        if self.cfg.tie_embeddings and self.first and self.last:
+            self.head.weight = self.wte.weight
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Each parameter from its full initial value, sharded by its module when a strategy swapped it;
-        the causal masks rebuilt (they are not saved state)."""
+        the causal masks and rotary tables rebuilt (they are not saved state). A tied head keeps the token
+        table's values (each parameter is set once, by its first name)."""
+        done: set[int] = set()
         for module_name, module in self.named_modules():
             for leaf, p in module.named_parameters(recurse=False):
+                if id(p) in done:
+                    continue
+                done.add(id(p))
                 name = f"{module_name}.{leaf}" if module_name else leaf
                 shapes = getattr(module, "full_shapes", {leaf: tuple(p.shape)})
                 full = init_tensor(name, shapes[leaf], seed)
                 p.copy_(module.shard_param(leaf, full) if hasattr(module, "shard_param") else full)
                 del full  # one full parameter at a time
             if isinstance(module, CausalSelfAttention):
-                module.mask = causal_mask(self.cfg.seq_len).to(module.mask.device)
+                module.mask = causal_mask(self.cfg.seq_len, module.mask.device)
+                if module.rope:  # context parallelism sets this rank's positions afterwards
+                    module.set_positions(torch.arange(self.cfg.seq_len, device="cpu"))
             if isinstance(module, MoE):  # the balancing bias starts at zero (materialised uninitialised)
                 module.expert_bias.zero_()
 
@@ -183,7 +259,10 @@ class GPT(nn.Module):
     positions: torch.Tensor | None = None
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token plus position embeddings of the tokens held (a sequence-parallel `wpe` keeps its slice)."""
+        """Token plus position embeddings of the tokens held (a sequence-parallel `wpe` keeps its slice);
+        with rotary positions, the token embeddings alone (attention rotates q and k)."""
+        if self.cfg.positions == "rope":
+            return self.wte(idx)
         # under context parallelism a copy per forward, as arange's: each microbatch's lookup saves its own
         pos = torch.arange(idx.size(1), device=idx.device) if self.positions is None else self.positions.clone()
         return self.wte(idx) + self.wpe(pos)

@@ -37,33 +37,39 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.model.llama import swiglu
 
 
 class GroupedLinear(nn.Module):
-    """E linears stacked (weight (E, out, in), bias (E, out)); rows in expert-major order, `counts` per expert."""
+    """E linears stacked (weight (E, out, in), bias (E, out) where the model has biases); rows in expert-major
+    order, `counts` per expert."""
 
     stacked_experts = True  # what parallel/expert_parallel.shard_experts cuts
 
-    def __init__(self, experts: int, in_features: int, out_features: int) -> None:
+    def __init__(self, experts: int, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(experts, out_features))
+        self.bias = nn.Parameter(torch.empty(experts, out_features)) if bias else None
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         # every expert runs, on zero rows if none came: each weight always gets a (zero) gradient
-        return torch.cat([F.linear(part, self.weight[e], self.bias[e]) for e, part in enumerate(x.split(counts))])
+        return torch.cat([F.linear(part, self.weight[e], None if self.bias is None else self.bias[e])
+                          for e, part in enumerate(x.split(counts))])
 
 
 class Experts(nn.Module):
-    """The expert MLPs, fc → GELU → proj, on rows grouped by expert."""
+    """The expert MLPs on rows grouped by expert: fc → GELU → proj, or (SwiGLU, Mixtral's experts) fc as gate
+    and up fused → silu(gate)·up → proj."""
 
-    def __init__(self, experts: int, hidden: int, inner: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.fc = GroupedLinear(experts, hidden, inner)
-        self.proj = GroupedLinear(experts, inner, hidden)
+        self.swiglu = cfg.mlp == "swiglu"
+        self.fc = GroupedLinear(cfg.experts, cfg.hidden, cfg.mlp_in_width, cfg.bias)
+        self.proj = GroupedLinear(cfg.experts, cfg.inner, cfg.hidden, cfg.bias)
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x, counts)), counts)
+        inner = self.fc(x, counts)
+        return self.proj(swiglu(inner) if self.swiglu else F.gelu(inner), counts)
 
 
 @dataclass
@@ -115,7 +121,7 @@ class MoE(nn.Module):
         super().__init__()
         self.name, self.k, self.kind, self.n_experts = name, cfg.top_k, cfg.router, cfg.experts
         self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
-        self.experts = Experts(cfg.experts, cfg.hidden, cfg.mlp_ratio * cfg.hidden)
+        self.experts = Experts(cfg)
         self.register_buffer("expert_bias", torch.zeros(cfg.experts), persistent=False)
         self.state = MoEState()
 

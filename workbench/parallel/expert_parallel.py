@@ -51,12 +51,12 @@ def shard_experts(model: nn.Module, index: int, size: int) -> None:
         if getattr(module, "stacked_experts", False):  # model/moe.py's GroupedLinear
             e = module.weight.shape[0]
             per = e // size
-            module.full_shapes = {"weight": tuple(module.weight.shape), "bias": tuple(module.bias.shape)}
+            leaves = [leaf for leaf, _ in module.named_parameters(recurse=False)]  # weight (and bias)
+            module.full_shapes = {leaf: tuple(getattr(module, leaf).shape) for leaf in leaves}
             module.shard_param = lambda leaf, full, lo=index * per, hi=(index + 1) * per: full[lo:hi].clone()
-            module.weight = nn.Parameter(module.weight.data[index * per:(index + 1) * per])
-            module.bias = nn.Parameter(module.bias.data[index * per:(index + 1) * per])
-            for p in (module.weight, module.bias):
-                p.expert_sharded = True
+            for leaf in leaves:
+                setattr(module, leaf, nn.Parameter(getattr(module, leaf).data[index * per:(index + 1) * per]))
+                getattr(module, leaf).expert_sharded = True
 
 
 def expert_params(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:

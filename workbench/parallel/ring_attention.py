@@ -13,7 +13,9 @@ against that block while the block travels on to rank r + 1 and the next arrives
 Each step's partial result is merged into the running one by its log-sum-exp (online softmax): with
 (o₁, ℓ₁) and (o₂, ℓ₂), ℓ = log(e^ℓ₁ + e^ℓ₂) and o = o₁·e^(ℓ₁−ℓ) + o₂·e^(ℓ₂−ℓ). A block every one of
 whose keys lies after every query is skipped (the causal mask would zero it). The rank holds its own
-K/V and one block in flight: cp − 1 transfers of 2·b·s/cp·h values per layer.
+K/V and one block in flight: cp − 1 transfers of 2·b·s/cp·kv_dim values per layer (kv_dim = h, or with
+grouped-query attention kv_heads·head_dim: the blocks travel with their kv_heads and are expanded to the
+query heads only where they are used).
 
 **Backward.** A second ring: the K/V blocks travel again, with a dK/dV buffer beside each; every rank
 adds its queries' contribution to the block it holds (recomputing the block's probabilities from the
@@ -89,9 +91,23 @@ def _skipped(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
     return bool(k_pos.min() > q_pos.max())
 
 
+def _grouped(k: torch.Tensor, heads: int) -> torch.Tensor:
+    """A (b, kv_heads, s, d) K or V block expanded to the `heads` query heads it serves (grouped-query
+    attention: head j uses K/V head j // (heads/kv_heads)); itself when there are as many."""
+    b, kv, s, d = k.shape
+    return k if kv == heads else k.unsqueeze(2).expand(b, kv, heads // kv, s, d).reshape(b, heads, s, d)
+
+
+def _ungrouped(g: torch.Tensor, kv: int) -> torch.Tensor:
+    """The gradient of an expanded block summed back onto its kv_heads (the transpose of `_grouped`)."""
+    b, heads, s, d = g.shape
+    return g if kv == heads else g.view(b, kv, heads // kv, s, d).sum(2)
+
+
 def _block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
            k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q against one K/V block: (out, lse); rows with no visible key get lse −inf."""
+    k, v = _grouped(k, q.size(1)), _grouped(v, q.size(1))
     s = _scores(q, k, q_pos, k_pos).float()
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0))
@@ -157,11 +173,14 @@ class RingAttention(torch.autograd.Function):
 
 def _block_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
                  delta: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) of one block, its probabilities recomputed from the saved log-sum-exp."""
-    scale = 1.0 / math.sqrt(q.size(-1))
+    """(dq, dk, dv) of one block, its probabilities recomputed from the saved log-sum-exp; dk and dv on the
+    block's own kv_heads."""
+    scale, kv = 1.0 / math.sqrt(q.size(-1)), k.size(1)
+    k, v = _grouped(k, q.size(1)), _grouped(v, q.size(1))
     p = torch.exp(_scores(q, k, q_pos, k_pos).float() - lse.masked_fill(torch.isinf(lse), 0.0))
     ds = p * (dout.float() @ v.float().transpose(-2, -1) - delta)
-    return (ds @ k.float()) * scale, (ds.transpose(-2, -1) @ q.float()) * scale, p.transpose(-2, -1) @ dout.float()
+    dk = (ds.transpose(-2, -1) @ q.float()) * scale
+    return (ds @ k.float()) * scale, _ungrouped(dk, kv), _ungrouped(p.transpose(-2, -1) @ dout.float(), kv)
 
 
 class AllGatherAttention(torch.autograd.Function):

@@ -15,7 +15,10 @@ RowParallelLinear — Y = X·Aᵀ with A split by input columns, X arriving spli
         sequence forward and an all-gather backward.
 
 Attention: the qkv projection is column-parallel by heads (rank j owns heads j·a/t … (j+1)·a/t − 1 of
-q, k and v), the output projection row-parallel. MLP: fc column-parallel, proj row-parallel. So one
+q, and K/V heads j·g/t … (j+1)·g/t − 1 of k and v: with grouped-query attention's g = kv_heads < a the
+query heads a rank holds are exactly those its K/V heads serve, so t must divide g — Megatron-LM's rule;
+config/model_config.check_tensor_parallel refuses another t), the output projection row-parallel. MLP: fc
+column-parallel (SwiGLU's gate and up, fused, each split), proj row-parallel. So one
 block costs two all-reduces in forward and two in backward (or, with sequence parallelism, two
 all-gathers and two reduce-scatters each way — the same bytes, and the layer norms' activations are
 split t ways).
@@ -39,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.main_grad import grad_of
@@ -53,11 +57,12 @@ from workbench.parallel.tp_communications import (
 )
 
 
-def _split_rows(full: torch.Tensor, tp: TPContext, groups: int = 1) -> torch.Tensor:
-    """Rank j's share of dim 0, taken from each of `groups` equal blocks (q, k, v for groups=3)."""
-    blocks = full.reshape(groups, full.size(0) // groups, *full.shape[1:])
-    per = blocks.size(1) // tp.size
-    return blocks[:, tp.rank * per:(tp.rank + 1) * per].reshape(-1, *full.shape[1:]).clone()
+def _split_rows(full: torch.Tensor, tp: TPContext, sections: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Rank j's share of dim 0: its t-th of each of the `sections` (q, k, v of a fused projection; gate and
+    up of SwiGLU's), concatenated; all of dim 0 as one section when None."""
+    parts = full.split(list(sections)) if sections else [full]
+    mine = [part[tp.rank * (part.size(0) // tp.size):(tp.rank + 1) * (part.size(0) // tp.size)] for part in parts]
+    return torch.cat(mine).clone()
 
 
 class _ColumnParallelSP(torch.autograd.Function):
@@ -75,23 +80,26 @@ class _ColumnParallelSP(torch.autograd.Function):
         x = gather_seq(x_local, ctx.tp, ctx.layer, "backward")  # gathered again instead of kept
         grad_x = grad @ weight
         grad_w = grad.reshape(-1, grad.size(-1)).t() @ x.reshape(-1, x.size(-1))
-        grad_b = grad.reshape(-1, grad.size(-1)).sum(0)
+        grad_b = grad.reshape(-1, grad.size(-1)).sum(0) if ctx.needs_input_grad[2] else None
         return reduce_scatter_seq(grad_x, ctx.tp, ctx.layer, "backward"), grad_w, grad_b, None, None
 
 
 class ColumnParallelLinear(nn.Module):
     linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str, groups: int = 1) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str,
+                 sections: tuple[int, ...] | None = None, bias: bool = True) -> None:
         super().__init__()
-        self.tp, self.layer, self.groups = tp, layer, groups
+        self.tp, self.layer, self.sections = tp, layer, sections
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
         self.weight = nn.Parameter(torch.empty(out_features // tp.size, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features // tp.size))
-        self.weight.tp_sharded = self.bias.tp_sharded = True
+        self.bias = nn.Parameter(torch.empty(out_features // tp.size)) if bias else None
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.tp_sharded = True
 
     def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
-        return _split_rows(full, self.tp, self.groups)
+        return _split_rows(full, self.tp, self.sections)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.sequence_parallel:
@@ -102,16 +110,17 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str, bias: bool = True) -> None:
         super().__init__()
         self.tp, self.layer = tp, layer
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
         self.weight.tp_sharded = True
-        self.bias = nn.Parameter(torch.empty(out_features))  # replicated, added after the reduction
-        # With sequence parallelism each rank adds the bias to its own slice of the sequence: its
-        # gradient is partial and must be summed over tp (see TensorParallelGrads).
-        self.bias.sequence_parallel_partial = tp.sequence_parallel
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None  # replicated, added after the sum
+        if self.bias is not None:
+            # With sequence parallelism each rank adds the bias to its own slice of the sequence: its
+            # gradient is partial and must be summed over tp (see TensorParallelGrads).
+            self.bias.sequence_parallel_partial = tp.sequence_parallel
 
     def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         if leaf == "bias":
@@ -121,9 +130,9 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.linear(x, self.weight)
-        if self.tp.sequence_parallel:
-            return reduce_scatter_to_seq(partial, self.tp, self.layer) + self.bias
-        return reduce_from_tp(partial, self.tp, self.layer) + self.bias
+        out = reduce_scatter_to_seq(partial, self.tp, self.layer) if self.tp.sequence_parallel else \
+            reduce_from_tp(partial, self.tp, self.layer)
+        return out if self.bias is None else out + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -214,18 +223,24 @@ class SequenceParallelPositions(nn.Module):
         return F.embedding(mine, self.weight)
 
 
-def _column(groups: int = 1) -> Callable[[nn.Module, TPContext, str], nn.Module]:
-    return lambda m, tp, name: ColumnParallelLinear(m.in_features, m.out_features, tp, name, groups)
+def _column(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
+    """A column-parallel copy of linear `m`: each of its `sections` (q, k, v; gate, up) split by tp."""
+    return ColumnParallelLinear(m.in_features, m.out_features, tp, name, getattr(m, "sections", None),
+                                m.bias is not None)
+
+
+def _row(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
+    return RowParallelLinear(m.in_features, m.out_features, tp, name, m.bias is not None)
 
 
 #: Megatron's split of the GPT: module name (its last parts) → the tensor-parallel module replacing it.
 TP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
     "wte": lambda m, tp, name: VocabParallelEmbedding(m.num_embeddings, m.embedding_dim, tp, name),
-    "attn.qkv": _column(groups=3),  # q, k and v each split by heads
-    "attn.proj": lambda m, tp, name: RowParallelLinear(m.in_features, m.out_features, tp, name),
-    "mlp.fc": _column(),
-    "mlp.proj": lambda m, tp, name: RowParallelLinear(m.in_features, m.out_features, tp, name),
-    "head": _column(),  # logits split by vocabulary, never gathered
+    "attn.qkv": _column,  # q, k and v each split by heads (grouped-query: the kv_heads split as the heads)
+    "attn.proj": _row,
+    "mlp.fc": _column,  # GELU's fc; SwiGLU's gate and up, each split
+    "mlp.proj": _row,
+    "head": _column,  # logits split by vocabulary, never gathered
     "loss": lambda m, tp, name: VocabParallelCrossEntropy(tp),
 }
 #: what sequence parallelism changes on top: positions sliced, layer norms' gradients partial
@@ -250,8 +265,11 @@ def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
             parent, _, leaf = name.rpartition(".")
             with torch.device(device):
                 setattr(model.get_submodule(parent) if parent else model, leaf, make(module, tp, name))
-        elif tp.sequence_parallel and isinstance(module, nn.LayerNorm):  # applied to a slice of the sequence
-            module.weight.sequence_parallel_partial = module.bias.sequence_parallel_partial = True
+        elif tp.sequence_parallel and isinstance(module, (nn.LayerNorm, RMSNorm)):  # a slice of the sequence
+            for p in module.parameters(recurse=False):
+                p.sequence_parallel_partial = True
+    if hasattr(model, "tie"):
+        model.tie()  # a tied head's V/t rows are the embedding's: the same split, one parameter again
     return model
 
 

@@ -206,10 +206,10 @@ class Zero3DataParallel(SyncToggle):
 
 
 def gpt_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The GPT's ZeRO-3 units, in forward order."""
+    """The GPT's ZeRO-3 units, in forward order (no `wpe` with rotary positions)."""
     units: list[tuple[str, nn.Module]] = []
     if getattr(model, "first", True):
-        units += [("wte", model.wte), ("wpe", model.wpe)]
+        units += [(name, getattr(model, name)) for name in ("wte", "wpe") if hasattr(model, name)]
     units += [(f"blocks.{k}", b) for k, b in model.blocks.items()]
     if getattr(model, "last", True):
         units += [("ln_f", model.ln_f), ("head", model.head)]

@@ -58,10 +58,13 @@ class Layout:
 
 
 def layer_matmul_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
-    """One block's forward matmuls for `micro` sequences on one tp rank: qkv, proj, fc, proj (a mixture of
-    experts: each token through top_k experts' fc and proj, and the router's h·E)."""
-    mlp = 2 * cfg.mlp_ratio * (cfg.top_k if cfg.experts else 1) + cfg.experts / cfg.hidden
-    return 2 * micro * cfg.seq_len * (4 + mlp) * cfg.hidden ** 2 / tp
+    """One block's forward matmuls for `micro` sequences on one tp rank: qkv (h × (h + 2·kv_dim)), proj, the
+    MLP's two (SwiGLU: three) matrices (a mixture of experts: each token through top_k experts' MLPs, and the
+    router's h·E)."""
+    h = cfg.hidden
+    attention = cfg.qkv_width + h
+    mlp = (cfg.mlp_in_width + cfg.inner) * (cfg.top_k if cfg.experts else 1) + cfg.experts
+    return 2 * micro * cfg.seq_len * (attention + mlp) * h / tp
 
 
 def attention_flops(cfg: ModelConfig, micro: int, tp: int, keys: int | None = None) -> float:
@@ -76,13 +79,15 @@ def head_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
 
 def elementwise_bytes(cfg: ModelConfig, micro: int, tp: int, sequence_parallel: bool, width: int,
                       keys: int | None = None) -> float:
-    """What one block's forward reads and writes outside its matmuls: two layer norms and two residual
-    adds on b·s·h (10 passes: replicated over tp unless sequence-parallel), GELU and the four biases on
-    the sharded widths (3r + 5 passes of b·s·h/t), and scale, mask and softmax on the a/t heads' s×s
-    scores (6 passes; s × s_k under context parallelism, as `attention_flops`)."""
-    s, h, r = cfg.seq_len, cfg.hidden, cfg.mlp_ratio
+    """What one block's forward reads and writes outside its matmuls: two norms and two residual adds on b·s·h
+    (10 passes: replicated over tp unless sequence-parallel), the MLP's activation (GELU: 3 passes of f,
+    SwiGLU: 5 — silu and the product) and the biases (5 passes of h, none without biases) on the sharded
+    widths, and scale, mask and softmax on the a/t heads' s×s scores (6 passes; s × s_k under context
+    parallelism, as `attention_flops`)."""
+    s, h, f = cfg.seq_len, cfg.hidden, cfg.inner
     replicated = 10 * s * h / (tp if sequence_parallel else 1)
-    sharded = ((3 * r + 5) * s * h + 6 * cfg.heads * s * (keys or s)) / tp
+    activation = (5 if cfg.mlp == "swiglu" else 3) * f + (5 * h if cfg.bias else 0)
+    sharded = (activation * s + 6 * cfg.heads * s * (keys or s)) / tp
     return micro * (replicated + sharded) * width
 
 

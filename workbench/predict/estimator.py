@@ -216,7 +216,7 @@ def _activation_traffic(out: Estimate, model: ModelConfig, micro: int, sequence_
                                                pp == 1, w, recompute, g, model.seq_len)
     out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
     if cp > 1:
-        ring = formulas.cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, model.layers // pp, m, tp, w,
+        ring = formulas.cp_comm_bytes_per_step(model.seq_len, micro, model.kv_dim, cp, model.layers // pp, m, tp, w,
                                                cp_rotate, recompute != "none")
         out.comm_bytes_per_step["cp"] = ring.get("send", 0.0) + (cp - 1) / cp * (
             ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0))

@@ -109,7 +109,7 @@ def measure_compute(cfg: ModelConfig, micro_sizes: tuple[int, ...] = (1, 4, 16),
     rows: dict[str, list[float]] = {k: [] for k in ("mm", "at", "lf", "lb", "ff", "fb", "hf", "hb")}
     for b in micro_sizes:
         x = torch.randn(b, s, h, device=device)
-        w = torch.randn(h, cfg.mlp_ratio * h, device=device)
+        w = torch.randn(h, cfg.inner, device=device)
         rows["mm"].append(timed(lambda x=x, w=w: x @ w))
         q = torch.randn(b, cfg.heads, s, cfg.head_dim, device=device)
         rows["at"].append(timed(lambda q=q: (q @ q.transpose(-2, -1)) @ q))
@@ -129,7 +129,7 @@ def _fitted(cfg: ModelConfig, sizes: tuple[int, ...], rows: dict[str, list[float
     from workbench.predict.action_costs import attention_flops, elementwise_bytes, layer_matmul_flops
 
     s, h, bs = cfg.seq_len, cfg.hidden, [float(b) for b in sizes]
-    _, per_flop_mm = fit_line([2 * b * s * h * cfg.mlp_ratio * h for b in sizes], rows["mm"])
+    _, per_flop_mm = fit_line([2 * b * s * h * cfg.inner for b in sizes], rows["mm"])
     _, per_flop_at = fit_line([attention_flops(cfg, b, 1) for b in sizes], rows["at"])
     mm_rate, at_rate = 1 / max(per_flop_mm, 1e-18), 1 / max(per_flop_at, 1e-18)
     layer_fwd, per_b_fwd = fit_line(bs, rows["lf"])

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.run import Run
+from workbench.predict.formulas.run import run_model
 from workbench.viz.palette import SERIES_COLORS
 
 RANK_COLORS = SERIES_COLORS
@@ -22,7 +23,7 @@ PANELS = [  # (parameter, title, kind)
     ("wte.weight", "embedding (vocab-parallel)", "rows"),
     ("blocks.0.attn.qkv.weight", "attn.qkv (column: q|k|v by heads)", "qkv"),
     ("blocks.0.attn.proj.weight", "attn.proj (row)", "cols"),
-    ("blocks.0.mlp.fc.weight", "mlp.fc (column)", "rows"),
+    ("blocks.0.mlp.fc.weight", "mlp.fc (column; SwiGLU: gate|up)", "rows"),
     ("blocks.0.mlp.proj.weight", "mlp.proj (row)", "cols"),
     ("head.weight", "head (column, vocab)", "rows"),
 ]
@@ -42,10 +43,14 @@ def shard_table(run: Run) -> pd.DataFrame:
 def tp_shards(run: Run) -> go.Figure:
     table = shard_table(run)
     tp_size = int(run.config.get("tp", 1))
-    m = run.config["model"]
-    h, v, r = m["hidden"], m["vocab_size"], m["mlp_ratio"]
-    full = {"wte.weight": (v, h), "blocks.0.attn.qkv.weight": (3 * h, h), "blocks.0.attn.proj.weight": (h, h),
-            "blocks.0.mlp.fc.weight": (r * h, h), "blocks.0.mlp.proj.weight": (h, r * h), "head.weight": (v, h)}
+    model = run_model(run.config)
+    h, v, f = model.hidden, model.vocab_size, model.inner
+    full = {"wte.weight": (v, h), "blocks.0.attn.qkv.weight": (model.qkv_width, h), "blocks.0.attn.proj.weight": (h, h),
+            "blocks.0.mlp.fc.weight": (model.mlp_in_width, h), "blocks.0.mlp.proj.weight": (h, f),
+            "head.weight": (v, h)}
+    # the fused projections' parts, each split by tp: q | k | v (k, v narrower with grouped queries), gate | up
+    sections = {"blocks.0.attn.qkv.weight": (h, model.kv_dim, model.kv_dim),
+                "blocks.0.mlp.fc.weight": (f, f) if model.mlp == "swiglu" else (f,)}
     # one rank per tp index (dp replicas hold the same shards)
     reps = table[table["rank"].isin(table.groupby("tp")["rank"].min())]
     # two rows of three: six titles side by side overlapped at a notebook's width
@@ -57,11 +62,11 @@ def tp_shards(run: Run) -> go.Figure:
         for _, row in reps[reps.parameter == name].iterrows():
             j = int(row.tp)
             color = RANK_COLORS[j % len(RANK_COLORS)]
-            for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f):
+            for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f, sections.get(name)):
                 fig.add_shape(type="rect", x0=x0, x1=x1, y0=y0, y1=y1, fillcolor=color, opacity=0.75,
                               line={"color": "white", "width": 1}, **at)
             label = f"tp {j}<br>{row['shape'][0]}×{row['shape'][1]}"
-            x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f)[0]
+            x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f, sections.get(name))[0]
             # qkv stripes are too thin to write in: its labels show on hover only
             fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers" if kind == "qkv" else "text",
                                      text=[label], marker={"size": 1, "color": color}, showlegend=False,
@@ -74,14 +79,16 @@ def tp_shards(run: Run) -> go.Figure:
     return fig
 
 
-def _regions(kind: str, j: int, t: int, out_f: int, in_f: int) -> list[tuple[float, float, float, float]]:
-    """(x0, x1, y0, y1) rectangles that tp rank j owns in an (out × in) matrix."""
+def _regions(kind: str, j: int, t: int, out_f: int, in_f: int,
+             sections: tuple[int, ...] | None = None) -> list[tuple[float, float, float, float]]:
+    """(x0, x1, y0, y1) rectangles that tp rank j owns in an (out × in) matrix: its t-th of the input columns
+    (row-parallel), or of each of the output `sections` (column-parallel; one section: all the rows)."""
     if kind == "cols":
         per = in_f / t
         return [(j * per, (j + 1) * per, 0, out_f)]
-    if kind == "qkv":
-        block = out_f / 3
-        per = block / t
-        return [(0, in_f, g * block + j * per, g * block + (j + 1) * per) for g in range(3)]
-    per = out_f / t
-    return [(0, in_f, j * per, (j + 1) * per)]
+    out, start = [], 0.0
+    for size in sections or (out_f,):
+        per = size / t
+        out.append((0, in_f, start + j * per, start + (j + 1) * per))
+        start += size
+    return out

@@ -8,40 +8,89 @@ from workbench.config import ModelConfig
 
 def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
                                sequence_parallel: bool = False, device: str = "cpu", core: str = "eager") -> float:
-    """Bytes one transformer block of *our* GPT saves for backward, counted from its code the way
+    """Bytes one transformer block of *our* model saves for backward, counted from its code the way
     Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
 
         replicated across tp ranks   ln_1 input, ln_1 output, the residual after attention,
                                      ln_2 output                                  → 4·sbh values
-        split by tp                  qkv output (q, k, v share it), attention output before the
-                                     projection, fc output, GELU output          → (4 + 2r)·sbh/t
+        split by tp                  q, k and v as the core keeps them (`qkv_saved_values`: 3·sbh/t for
+                                     the eager core's copies), the attention output before the projection
+                                     (sbh/t), the MLP's (`mlp_saved_values`: 2·sbf/t for GELU, 4·sbf/t for
+                                     SwiGLU)
                                      softmax probabilities                        →   a·s²·b/t
-        layer-norm mean and 1/σ      two per layer norm                           →   4·sb values
+        norm statistics              LayerNorm: mean and 1/σ, two per norm → 4·sb values; RMSNorm: 1/rms,
+                                     one per norm in fp32 (model/llama.py) → 2·sb values of 4 bytes
 
-    (r = mlp_ratio, 4: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and
-    the layer-norm statistics t ways too, so everything is divided by t. On CUDA (`device='cuda'`) the
-    layer norm keeps its statistics in fp32 whatever the activations' precision (`stats_width`). `core`
-    says what the attention core keeps instead of the probabilities (`core_saved_bytes`); under context
-    parallelism `cfg.seq_len` is each rank's s/cp tokens and the core is the ring.
+    (GPT-2's f = 4h: 16·sbh in all at t = 1.) Sequence parallelism splits the replicated part and the
+    statistics t ways too, so everything is divided by t. On CUDA (`device='cuda'`) the layer norm keeps its
+    statistics in fp32 whatever the activations' precision (`stats_width`). `core` says what the attention
+    core keeps instead of the probabilities (`core_saved_bytes`); under context parallelism `cfg.seq_len` is
+    each rank's s/cp tokens and the core is the ring.
     """
-    s, b, h, r, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.mlp_ratio, tp
-    replicated, stats = 4 * s * b * h, 4 * s * b
+    s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
+    replicated = 4 * s * b * h
     if sequence_parallel:
-        replicated, stats = replicated / t, stats / t
-    core_bytes = core_saved_bytes(cfg, micro_batch, bytes_per_value, tp, device, core)
-    return bytes_per_value * (replicated + (4 + 2 * r) * s * b * h / t) + core_bytes + \
-        stats_width(bytes_per_value, device) * stats
+        replicated = replicated / t
+    sharded = (qkv_saved_values(cfg, core) + h + mlp_saved_values(cfg)) * s * b / t
+    return w * (replicated + sharded) + core_saved_bytes(cfg, micro_batch, w, tp, device, core) + \
+        norm_stats_bytes(cfg, micro_batch, w, tp, sequence_parallel, device, norms=2)
+
+
+def mlp_saved_values(cfg: ModelConfig) -> int:
+    """Values per token the MLP saves (÷t under tensor parallelism): GELU its fc output and the GELU's
+    (2f); SwiGLU the fused gate-and-up output (2f: silu's gate and the product's up are views of it), silu's
+    output and the product (4f)."""
+    return 4 * cfg.inner if cfg.mlp == "swiglu" else 2 * cfg.inner
+
+
+def norm_stats_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int, sequence_parallel: bool,
+                     device: str, norms: int) -> float:
+    """The statistics `norms` norms keep a token: LayerNorm mean and 1/σ (`stats_width` each), RMSNorm 1/rms
+    (fp32 on every device: model/llama.RMSNormFunction) — split t ways with sequence parallelism."""
+    per = 4 if cfg.norm == "rmsnorm" else 2 * stats_width(bytes_per_value, device)
+    return norms * per * cfg.seq_len * micro_batch / (tp if sequence_parallel else 1)
+
+
+def qkv_tensors(cfg: ModelConfig, saver: str) -> dict[str, int]:
+    """The tensors holding q, k and v that `saver` keeps, name → values per token (÷t), so that two savers
+    keeping the same tensor count it once:
+
+        eager       its batched matmuls' contiguous copies of q, k and v: 3h
+        fused       sdpa keeps its inputs: q (rotated: a tensor of h; else a view of the projection's output
+                    `qkv`, whose whole h + 2·kv_dim counts), k and v expanded to every query head (grouped
+                    queries: h each; else k rotated, kv_dim, or a view; v a view)
+        ring, node  the ring (and selective recomputation's node, which keeps the core's inputs) keep q, k
+                    and v before expansion: q, k rotated or views, v a view
+        allgather   the gathering core keeps q only (its gathered K/V blocks count in `core_saved_bytes`)
+    """
+    h, qkv = cfg.hidden, cfg.qkv_width
+    if saver == "eager":
+        return {"q copy": h, "k copy": h, "v copy": h}
+    rope, grouped = cfg.positions == "rope", cfg.kv < cfg.heads
+    q = {"q rotated": h} if rope else {"qkv": qkv}
+    k = {"k rotated": cfg.kv_dim} if rope else {"qkv": qkv}
+    if saver == "allgather":
+        return q
+    if saver == "fused" and grouped:
+        return {**q, "k expanded": h, "v expanded": h}
+    return {**q, **k, "qkv": qkv}
+
+
+def qkv_saved_values(cfg: ModelConfig, core: str) -> int:
+    """Values per token (÷t) of the tensors holding q, k and v that attention core `core` keeps."""
+    return sum(qkv_tensors(cfg, core.split(":")[0]).values())
 
 
 def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1, device: str = "cpu",
                      core: str = "eager") -> float:
-    """What the attention core saves for backward besides q, k and v (views of the qkv output), per layer:
+    """What the attention core saves for backward besides q, k and v (`qkv_tensors`), per layer:
     eager: the softmax probabilities, a·s²·b/t values; fused (sdpa, flash attention): its log-sum-exp
-    (`lse_values`, fp32), and on CUDA the generator's seed and offset (`CUDA_RNG_STATE_BYTES`); ring
-    (context parallelism, parallel/ring_attention.py): its log-sum-exp (a·s·b/t, fp32) and the merged
+    (`lse_values`, fp32; its output, laid out (b, s, heads, d), is the projection's input itself), and on CUDA
+    the generator's seed and offset (`CUDA_RNG_STATE_BYTES`);
+    ring (context parallelism, parallel/ring_attention.py): its log-sum-exp (a·s·b/t, fp32) and the merged
     output (s·b·h/t: a tensor of its own, the projection's input is a reshaped copy) — no s × s anything,
     whatever the sequence; allgather (the rotation that gathers every rank's K/V at once): the ring's, and
-    the cp gathered K/V blocks (2·cp·s·b·h/t, cp given as `core="allgather:CP"`)."""
+    the cp gathered K/V blocks (2·cp·s·b·kv_dim/t, cp given as `core="allgather:CP"`)."""
     s, b, h, a, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp, bytes_per_value
     if core == "eager":
         return w * a * s * s * b / t
@@ -49,7 +98,7 @@ def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 
         return 4 * lse_values(cfg, micro_batch, w, t, device) + (CUDA_RNG_STATE_BYTES if device == "cuda" else 0)
     ring = 4 * a * s * b / t + w * s * b * h / t
     if core.startswith("allgather:"):
-        return ring + w * 2 * int(core.split(":")[1]) * s * b * h / t
+        return ring + w * 2 * int(core.split(":")[1]) * s * b * cfg.kv_dim / t
     return ring
 
 
@@ -82,9 +131,10 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
 
     full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
                 in 16-bit; the rerun of one block rebuilds everything else it saves.
-    selective:  keeps all but the attention core's tensors: the softmax probabilities (a·s²·b/t) are
-                dropped; rerunning the core rebuilds them, plus contiguous copies of q, k, v (3·sbh/t)
-                that the batched matmuls save.
+    selective:  keeps all but the attention core's tensors: the softmax probabilities (a·s²·b/t) and the
+                core's q, k, v are dropped, the node keeps the core's inputs instead (`qkv_tensors`: 'node');
+                rerunning the core rebuilds what it saves — with the eager core the contiguous copies of
+                q, k, v (3·sbh/t) its batched matmuls save.
     fused:      attention='sdpa' (flash attention) without recomputation: no probabilities are saved, the
                 kernel keeps its log-sum-exp instead (a·s·b/t values, fp32: `lse_values`) and recomputes the
                 rest in its backward — measured equal on CPU (tests/test_models.py).
@@ -99,19 +149,24 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
         kept = w * s * b * h / (t if sequence_parallel else 1)
         return kept, whole - kept
     if recompute == "selective":
+        core_qkv, node_qkv = qkv_tensors(cfg, core.split(":")[0]), qkv_tensors(cfg, "node")
         saved = core_saved_bytes(cfg, micro_batch, w, tp, device, core)
-        return whole - saved, saved + (w * 3 * s * b * h / t if core == "eager" else 0.0)
+        dropped = saved + w * s * b * (sum(core_qkv.values()) - sum(node_qkv.values())) / t
+        rebuilt = saved + w * s * b * sum(v for name, v in core_qkv.items() if name not in node_qkv) / t
+        return whole - dropped, rebuilt
     return whole, 0.0
 
 
 def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False) -> float:
     """What the first stage saves besides its blocks: token ids (int64) for the embedding lookup,
-    positions, and under tensor parallelism the mask of tokens outside this rank's vocabulary slice."""
+    positions (learned positions only: rotary ones are tables, not activations), and under tensor
+    parallelism the mask of tokens outside this rank's vocabulary slice."""
     s, b = cfg.seq_len, micro_batch
+    positions = 8 * s if cfg.positions == "learned" else 0
     if tp == 1:
-        return 8 * s * b + 8 * s
-    return 8 * s * b + s * b + 8 * s / (tp if sequence_parallel else 1)
+        return 8 * s * b + positions
+    return 8 * s * b + s * b + positions / (tp if sequence_parallel else 1)
 
 
 def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
@@ -121,7 +176,7 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
     total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
     targets and their mask."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
-    ln_f = w * 2 * s * b * h + stats_width(w, device) * 2 * s * b  # input, output; statistics
+    ln_f = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)  # in, out; stats
     # the loss runs in fp32 whatever the activations' precision: its saved softmax is 4 bytes a value
     if t == 1:
         return ln_f + 4 * s * b * v + 8 * s * b + 4
@@ -164,7 +219,7 @@ def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_p
         during = rise
     else:  # ln_1's tensors, and the core's rerun: what it saves and the copies it makes
         split = t if sequence_parallel else 1
-        ln_1 = w * 2 * s * b * h + stats_width(w, device) * 2 * s * b
+        ln_1 = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)
         during = ln_1 / split + rise - kept
     head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
     return max(0.0, during - head)

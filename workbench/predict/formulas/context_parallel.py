@@ -4,34 +4,37 @@ Plain arithmetic, no torch.
 Sources: Liu, Zaharia and Abbeel 2023 ("Ring Attention with Blockwise Transformers") for the ring;
 Megatron-LM's context parallelism and torch.distributed.tensor.experimental.context_parallel for the
 head-tail (zig-zag) balance and the all-gather rotation. Symbols: s sequence, b microbatch, h hidden,
-t tensor-parallel degree, cp the context-parallel degree, w bytes per activation value.
+t tensor-parallel degree, cp the context-parallel degree, w bytes per activation value; kv_width is K's
+(and V's) width per token, h without grouped-query attention.
 """
 
 from __future__ import annotations
 
 
-def kv_block_bytes(seq_len: int, micro_batch: int, hidden: int, cp: int, tp: int = 1, width: int = 4) -> float:
-    """One rank's K and V for one layer: 2·b·(s/cp)·(h/t) values of the activations' width."""
-    return 2 * micro_batch * seq_len / cp * hidden / tp * width
+def kv_block_bytes(seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4) -> float:
+    """One rank's K and V for one layer: 2·b·(s/cp)·(kv_width/t) values of the activations' width — kv_width
+    the model's `kv_dim`: h, or with grouped-query attention kv_heads·head_dim (the ring carries the K/V
+    heads, not the query heads they serve)."""
+    return 2 * micro_batch * seq_len / cp * kv_width / tp * width
 
 
-def ring_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, cp: int, tp: int = 1, width: int = 4,
+def ring_bytes_per_layer(seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4,
                          recompute: bool = False) -> dict[str, float]:
     """Bytes one rank sends (and receives) per attention layer and microbatch, rotating K/V round the ring:
 
-        forward   (cp − 1) K/V blocks: 2·(cp − 1)/cp·s·b·h/t values — twice with recomputation (the rerun
+        forward   (cp − 1) K/V blocks: 2·(cp − 1)/cp·s·b·kv_width/t values — twice with recomputation (the rerun
                   of the attention core rotates them again)
         backward  (cp − 1) K/V blocks with their dK/dV beside them, and one last hop of dK/dV home: the
                   dK/dV travel in fp32 (4 bytes, accumulated on every rank they pass)
 
     so backward moves about twice forward's bytes (its K/V again, and the gradients)."""
-    kv = kv_block_bytes(seq_len, micro_batch, hidden, cp, tp, width)
-    dkv = kv_block_bytes(seq_len, micro_batch, hidden, cp, tp, 4)
+    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, width)
+    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, 4)
     forward = (cp - 1) * kv * (2 if recompute else 1)
     return {"forward": forward, "backward": (cp - 1) * (kv + dkv) + dkv}
 
 
-def cp_comm_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, cp: int, layers: int, microbatches: int = 1,
+def cp_comm_bytes_per_step(seq_len: int, micro_batch: int, kv_width: int, cp: int, layers: int, microbatches: int = 1,
                            tp: int = 1, width: int = 4, rotate: str = "ring",
                            recompute: bool = False) -> dict[str, float]:
     """Bytes per step by operation on the `cp` group for a rank holding `layers` blocks, as the trace counts
@@ -41,11 +44,11 @@ def cp_comm_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, cp: int,
         return {}
     calls = layers * microbatches
     if rotate == "ring":
-        per = ring_bytes_per_layer(seq_len, micro_batch, hidden, cp, tp, width, recompute)
+        per = ring_bytes_per_layer(seq_len, micro_batch, kv_width, cp, tp, width, recompute)
         moved = calls * (per["forward"] + per["backward"])
         return {"send": moved, "recv": moved}
-    kv = kv_block_bytes(seq_len, micro_batch, hidden, cp, tp, width)
-    dkv = kv_block_bytes(seq_len, micro_batch, hidden, cp, tp, 4)
+    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, width)
+    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, 4)
     return {"all_gather": calls * cp * kv * (2 if recompute else 1), "reduce_scatter": calls * cp * dkv}
 
 

@@ -21,9 +21,9 @@ def capacity(tokens: int, top_k: int, experts: int, factor: float) -> int:
 
 
 def expert_params_per_layer(cfg: ModelConfig) -> int:
-    """One expert MLP's parameters (fc and proj, weights and biases) times E: what ep shards."""
-    h, r = cfg.hidden, cfg.mlp_ratio
-    return cfg.experts * (2 * r * h * h + r * h + h)
+    """One expert MLP's parameters (fc — SwiGLU's gate and up — and proj, weights and biases) times E: what
+    ep shards."""
+    return cfg.experts * cfg.mlp_params()
 
 
 def dispatch_bytes_per_layer(tokens: int, cfg: ModelConfig, ep: int, width: int = 4, dispatch: str = "dropless",

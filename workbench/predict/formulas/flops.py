@@ -5,7 +5,8 @@ Counted as nanoGPT, torchtitan and the PaLM paper (Chowdhery et al. 2022, append
     FLOPs per token = 6 · N + 12 · L · s · h
 
     N      the parameters a token's matmuls multiply by: Ψ less the embeddings' lookups (the token table V·h
-           and the positions s·h gather rows, they multiply nothing) — the untied head is a matmul and counts;
+           and the positions s·h gather rows, they multiply nothing) — the head is a matmul and counts, tied
+           to the table or not (SwiGLU's three matrices and grouped-query attention's narrower K/V are in Ψ);
            a mixture of experts counts only the k experts a token is routed to (and the router), not all E
     6      2 FLOPs a multiply-add, forward once and backward twice (the input's and the weight's gradients)
     12·L·s·h  attention's scores and weighted sum (q·kᵀ and p·v: 2·2·s·h a token a layer, ×3 for the
@@ -24,10 +25,10 @@ from workbench.config.model_config import ModelConfig
 def active_params(cfg: ModelConfig) -> int:
     """N: Ψ without the embedding lookups (V·h tokens, s·h positions), and of a mixture of experts only the
     k experts a token visits: (E − k) expert MLPs a layer are left out."""
-    h, f = cfg.hidden, cfg.mlp_ratio * cfg.hidden
     idle_experts = max(cfg.experts - cfg.top_k, 0) if cfg.experts else 0
-    per_expert = h * f + f + f * h + h
-    return cfg.param_count() - cfg.vocab_size * h - cfg.seq_len * h - cfg.layers * idle_experts * per_expert
+    head = cfg.hidden * cfg.vocab_size if cfg.tie_embeddings else 0  # tied: Ψ counted it once, as the table
+    return (cfg.param_count() - cfg.embedding_params() + head
+            - cfg.layers * idle_experts * cfg.mlp_params())
 
 
 def model_flops_per_token(cfg: ModelConfig) -> float:

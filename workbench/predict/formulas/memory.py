@@ -38,19 +38,21 @@ def offload_host_bytes(params: float, dp: int = 1) -> dict[str, float]:
 
 
 def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1, ep: int = 1) -> int:
-    """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t,
-    the replicated ones (position embeddings, layer norms, row-parallel biases) whole; with experts, E/ep
-    expert MLPs (whole) and the router (h·E) per layer."""
-    h, v, s, r, t = cfg.hidden, cfg.vocab_size, cfg.seq_len, cfg.mlp_ratio, tp
-    mlp = (2 * r * h * h + r * h) // t + h  # fc and proj's weight split by t, proj's bias whole
+    """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t (q, k, v
+    and the MLP's first projection with their biases, the output projections' weights, the token table and
+    the head), the replicated ones whole (norms, learned positions, row-parallel biases); with experts, E/ep
+    expert MLPs (whole) and the router (h·E) per layer. A tied head is the token table, counted once."""
+    h, v, t = cfg.hidden, cfg.vocab_size, tp
+    row_bias = h if cfg.bias else 0  # the output projections' biases: replicated
+    attention = (cfg.attention_params() - row_bias) // t + row_bias
+    mlp = (cfg.mlp_params() - row_bias) // t + row_bias
     if cfg.experts:
-        mlp = cfg.experts // ep * (2 * r * h * h + r * h + h) + h * cfg.experts
-    per_layer = (3 * h * h + 3 * h + h * h) // t + 4 * h + h + mlp
-    out = cfg.layers // stages * per_layer
+        mlp = cfg.experts // ep * cfg.mlp_params() + h * cfg.experts
+    out = cfg.layers // stages * (2 * cfg.norm_params() + attention + mlp)
     if stage == 0:
-        out += v * h // t + s * h
+        out += v * h // t + (cfg.embedding_params() - v * h)
     if stage == stages - 1:
-        out += 2 * h + (h * v + v) // t
+        out += cfg.norm_params() + cfg.head_params() // t
     return out
 
 
@@ -79,11 +81,11 @@ def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, buck
     (comm/traced.py), one more copy per bucket or unit in flight; NCCL makes none."""
     if dp == 1 or zero < 2:
         return {"comm_buffer": 0.0, "temporary": 0.0}
-    h, v, r = cfg.hidden, cfg.vocab_size, cfg.mlp_ratio
-    unit = max(stage_params(cfg, 0, cfg.layers) - v * h - cfg.seq_len * h, v * h + v, v * h)  # a block, head, wte
+    h, v = cfg.hidden, cfg.vocab_size
+    unit = max(cfg.layer_params(), cfg.head_params(), v * h)  # a block, the head, the token table
     copies = 1 + 1 / dp + (1 if backend_copies else 0)  # staging, the slice it lands in, gloo's copy
     if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
-        staged = min(max(bucket_mb * 2**20, max(v * h, r * h * h) * width), local_params * width)
+        staged = min(max(bucket_mb * 2**20, max(v * h, cfg.mlp_in_width * h) * width), local_params * width)
         in_flight = min(ZERO_IN_FLIGHT, -(-local_params * width // staged))  # a model in one bucket: one
         return {"comm_buffer": in_flight * staged * copies, "temporary": 0.0}
     return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,

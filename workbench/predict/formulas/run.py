@@ -3,6 +3,7 @@ puts beside each measurement. Plain arithmetic, no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from typing import Any
 
@@ -162,7 +163,7 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out.setdefault(op, {})["tp"] = nbytes
     if model.experts:  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
         moe_comm_bytes(out, config, model, micro, layers, wire)
-    for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.hidden, cp, layers, m, tp, width,
+    for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.kv_dim, cp, layers, m, tp, width,
                                              config.get("cp_rotate", "ring"),
                                              config.get("recompute", "none") != "none").items():
         out.setdefault(op, {})["cp"] = nbytes
@@ -178,6 +179,6 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
 
 
 def run_model(config: dict[str, Any]) -> ModelConfig:
-    """The model dimensions of a resolved config.json."""
-    keys = ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio", "experts", "top_k", "router")
-    return ModelConfig(**{k: config["model"][k] for k in keys if k in config["model"]})
+    """The model dimensions of a resolved config.json (a field an older file lacks keeps its default)."""
+    keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in config["model"].items() if k in keys})

@@ -74,11 +74,11 @@ def wgrad_stash_bytes(cfg: ModelConfig, micro_batch: int, layers: int, last: boo
                       tp: int = 1, sequence_parallel: bool = False) -> float:
     """Bytes one microbatch's I leaves stashed for its W on a stage of `layers` blocks (`last`: with the
     head)."""
-    h, r, t, tokens = cfg.hidden, cfg.mlp_ratio, tp, cfg.seq_len * micro_batch
+    h, f, t, tokens = cfg.hidden, cfg.inner, tp, cfg.seq_len * micro_batch
     if sequence_parallel and t > 1:
-        per_layer = (h / t + r * h / t) + 2 * h  # the row-parallel layers only
+        per_layer = (h / t + f / t) + 2 * h  # the row-parallel layers only
         head = 0.0
-    else:
-        per_layer = (h + h / t + h + r * h / t) + (3 * h / t + h + r * h / t + h)
+    else:  # each linear's input x and output gradient dy: qkv, proj, fc (SwiGLU: gate and up), proj
+        per_layer = (h + h / t + h + f / t) + (cfg.qkv_width / t + h + cfg.mlp_in_width / t + h)
         head = h + cfg.vocab_size / t
     return bytes_per_value * tokens * (layers * per_layer + (head if last else 0.0))
