@@ -28,7 +28,7 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.config import PRESETS
     from workbench.data.synthetic import global_batch, shard_rows
     from workbench.model.gpt import GPT
-    from workbench.optim.updater import ShardedAdamWUpdater
+    from workbench.optim.updater import AdamHyper, ShardedAdamWUpdater
     from workbench.parallel.zero import ZeroDataParallel
     from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
 
@@ -40,10 +40,10 @@ def worker(args: argparse.Namespace) -> None:
 
     z1_model = GPT(cfg, seed=0)
     z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb)
-    z1_update = ShardedAdamWUpdater(z1.shards, comm, 1e-4, 0.0, after_step=z1.gather_params)
+    z1_update = ShardedAdamWUpdater(z1.shards, comm, 1e-4, AdamHyper(), after_step=z1.gather_params)
     z3_model = GPT(cfg, seed=0)
     z3 = Zero3DataParallel(gpt_units(z3_model), comm)
-    z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, 0.0)
+    z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, AdamHyper())
 
     ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
     zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False,

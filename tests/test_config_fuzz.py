@@ -31,7 +31,10 @@ def model_changes() -> st.SearchStrategy:
     dims = st.fixed_dictionaries({}, optional={
         "base": st.sampled_from([*PRESETS, "huge"]), "layers": ODD_INTS, "hidden": ODD_INTS, "heads": ODD_INTS,
         "seq_len": ODD_INTS, "vocab_size": ODD_INTS, "mlp_ratio": ODD_INTS, "experts": ODD_INTS,
-        "top_k": ODD_INTS, "router": st.sampled_from(["softmax", "sigmoid", "argmax"]), "hiden": ODD_INTS})
+        "top_k": ODD_INTS, "router": st.sampled_from(["softmax", "sigmoid", "argmax"]), "hiden": ODD_INTS,
+        "kv_heads": ODD_INTS, "ffn_hidden": ODD_INTS, "norm": st.sampled_from(["layernorm", "rmsnorm", "batchnorm"]),
+        "mlp": st.sampled_from(["gelu", "swiglu", "relu"]), "positions": st.sampled_from(["learned", "rope", "alibi"]),
+        "bias": st.booleans(), "tie_embeddings": st.booleans(), "rope_theta": ODD_FLOATS})
     return st.one_of(st.sampled_from([*PRESETS, "bogus"]), dims)
 
 
@@ -53,9 +56,10 @@ def settings_of_every_field() -> st.SearchStrategy:
             "profile_memory_step", "checkpoint_every", "keep_checkpoints", "max_restarts", "fault_rank", "fault_step",
             "loss_scale_growth_interval", "max_skipped_steps"]
     floats = ["lr", "min_lr_ratio", "weight_decay", "bucket_mb", "capacity_factor", "aux_loss_coef",
-              "router_bias_rate", "loss_scale_init", "timeout_s", "fault_delay_s", "loss_spike_factor"]
+              "router_bias_rate", "loss_scale_init", "timeout_s", "fault_delay_s", "loss_spike_factor", "adam_beta1",
+              "adam_beta2", "adam_eps"]
     bools = ["sequence_parallel", "prefetch", "offload_optimizer", "trace", "compile", "tensorboard", "nsys",
-             "profile_memory", "elastic"]
+             "profile_memory", "elastic", "decay_embeddings"]
     optional = {name: st.sampled_from(values) for name, values in words.items()}
     optional |= {name: ODD_INTS for name in ints} | {name: ODD_FLOATS for name in floats}
     optional |= {name: st.booleans() for name in bools}

@@ -63,7 +63,8 @@ def test_rope_makes_attention_depend_on_relative_position_only():
 
 def test_a_tp_that_splits_a_kv_head_is_refused_naming_the_valid_ones():
     """tiny-llama has 4 query heads and 2 K/V heads: tp=4 would leave a rank with half a K/V head."""
-    with pytest.raises(wb.ConfigError, match=r"tp=4 does not divide model.kv_heads=2.*Valid tp for this model: \[1, 2\]"):
+    valid = r"tp=4 does not divide model.kv_heads=2.*Valid tp for this model: \[1, 2\]"
+    with pytest.raises(wb.ConfigError, match=valid):
         wb.RunConfig(model="tiny-llama", tp=4).validate()
 
 

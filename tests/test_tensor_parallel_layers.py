@@ -45,9 +45,9 @@ def _layers_worker(rank: int, world: int) -> None:
 
     for sp in (False, True):
         tp = TPContext(comm, rank, world, sequence_parallel=sp)
-        # column-parallel, with qkv-style blocks (groups=3)
+        # column-parallel, with qkv-style sections (three equal blocks, each split over the tp ranks)
         lin = dense(H, O, "col")
-        col = ColumnParallelLinear(H, O, tp, "col", groups=3)
+        col = ColumnParallelLinear(H, O, tp, "col", sections=(O // 3,) * 3)
         shard_into(col, lin)
         xd = x_full.clone().requires_grad_()
         (lin(xd) * r_col).sum().backward()

@@ -149,8 +149,9 @@ class ModelConfig:
         for name in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r}: must be true or false")
-        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
-            raise ConfigError(f"model.rope_theta={self.rope_theta!r}: the rotary base must be a number above 1")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 1 < theta < float("inf"):
+            raise ConfigError(f"model.rope_theta={theta!r}: the rotary base must be a finite number above 1")
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise ConfigError(f"model.top_k={self.top_k}: each token goes to 1 to experts={self.experts} experts")
         if self.router not in ("softmax", "sigmoid"):

@@ -44,6 +44,9 @@ NUMERIC = {
     "lr": (0.0, None, False, "the peak learning rate"),
     "weight_decay": (0.0, None, True, "AdamW's decoupled weight decay"),
     "min_lr_ratio": (0.0, 1.0, True, "the cosine schedule's floor, a fraction of lr"),
+    "adam_beta1": (0.0, 1.0, True, "AdamW's β1 (1 itself would never update the momentum)"),
+    "adam_beta2": (0.0, 1.0, True, "AdamW's β2 (1 itself divides the bias correction by 0)"),
+    "adam_eps": (0.0, None, False, "AdamW's ε"),
     "grad_clip": (0.0, None, False, "the gradient norm clipped to (None: no clipping)"),
     "bucket_mb": (0.0, None, False, "megabytes per gradient bucket"),
     "timeout_s": (0.0, None, False, "seconds before a stuck collective ends the run"),
@@ -84,6 +87,9 @@ def check_limits(cfg: RunConfig) -> None:
         if not ok:
             span = f"{above} {low}" + (f" and ≤ {high}" if high is not None else "")
             raise ConfigError(f"{name}={value!r}: {meaning} must be {kind} {span}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if getattr(cfg, name) == 1.0:
+            raise ConfigError(f"{name}=1.0: AdamW's betas must be below 1 (try 0.9 for β1, 0.95 or 0.999 for β2)")
 
 
 def check_compile(cfg: RunConfig) -> None:

@@ -111,8 +111,17 @@ class RunConfig:
     warmup_steps: int = 0
     #: the cosine schedule's floor, a fraction of lr
     min_lr_ratio: float = 0.1
-    #: AdamW's decoupled weight decay
+    #: AdamW's decoupled weight decay, on the weight matrices only (norms' gains and biases never decay: nanoGPT's
+    #: and Megatron-LM's groups; optim/weight_decay.py). GPT-3 and Llama train with 0.1
     weight_decay: float = 0.0
+    #: whether the embedding tables decay too (they are matrices: nanoGPT and Megatron-LM decay them)
+    decay_embeddings: bool = True
+    #: AdamW's β1 (the momentum's decay)
+    adam_beta1: float = 0.9
+    #: AdamW's β2 (the second moment's decay): torch's default 0.999; GPT-2/3 and Llama train with 0.95
+    adam_beta2: float = 0.999
+    #: AdamW's ε (added to √v)
+    adam_eps: float = 1e-8
     #: the global gradient norm clipped to (clip_grad_norm_'s); None disables (the CLI takes 0 for it too)
     grad_clip: float | None = 1.0
     #: 'auto' (NCCL where every rank has a GPU, else gloo on the CPU), 'gloo', 'nccl', 'mpi', 'ccl'

@@ -39,7 +39,8 @@ from workbench.model.moe import MoE, MoEState
 from workbench.optim.mixed_precision import DTYPES, MixedPrecisionUpdater
 from workbench.optim.offload import OffloadedAdamWUpdater
 from workbench.optim.onebit_adam import OneBitAdamUpdater
-from workbench.optim.updater import AdamWUpdater, ShardedAdamWUpdater, Updater
+from workbench.optim.updater import AdamHyper, AdamWUpdater, ShardedAdamWUpdater, Updater
+from workbench.optim.weight_decay import mark_decay
 from workbench.parallel.context_parallel import ContextParallel
 from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
 from workbench.parallel.expert_parallel import ExpertParallel, expert_params, shard_experts
@@ -148,6 +149,7 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, parts: ChunkParts, layers: ran
         shard_experts(chunk, ctx.groups.index("ep"), cfg.ep)
     materialize(chunk, ctx.device)
     chunk.tie()  # materialising made new parameters: the head takes the token table again
+    mark_decay(chunk, cfg.decay_embeddings)  # which parameters weight decay shrinks (before ZeRO flattens them)
     chunk.init_weights(cfg.seed)
     if parts.recompute is not None:
         apply_recompute(chunk, parts.recompute)
@@ -212,22 +214,23 @@ def grad_dtype(cfg: RunConfig) -> torch.dtype:
 def build_updater(cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync: GradSync,
                   tp: TPContext | None) -> Updater:
     pp_comm = ctx.comm if cfg.pp > 1 else None  # the gradient norm sums every stage's share
+    hyper = AdamHyper(cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_eps)
     if isinstance(grad_sync, ZeroDataParallel | Zero3DataParallel | ZeroGroups):  # each rank updates its partition
         after = None if isinstance(grad_sync, Zero3DataParallel) else grad_sync.gather_params
         if cfg.offload_optimizer:  # ZeRO-Offload: the update on the host, each slice's gradient copied as it is final
-            updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after,
+            updater = OffloadedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, hyper, pp_comm, after,
                                             grad_sync.group)
             grad_sync.on_reduced = updater.offload_grad
             return updater
-        return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, cfg.weight_decay, pp_comm, after,
+        return ShardedAdamWUpdater(grad_sync.shards, ctx.comm, cfg.lr, hyper, pp_comm, after,
                                    grad_sync.group)
     params = list(model.parameters())
     if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
-        return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, cfg.weight_decay,
+        return MixedPrecisionUpdater(params, ctx.comm, cfg.precision, cfg.lr, hyper,
                                      cfg.loss_scale_init, cfg.loss_scale_growth_interval, tp, pp_comm, ctx.memory)
     if cfg.optimizer == "onebit-adam":  # AdamW during the warm-up, then compressed momentum
-        return OneBitAdamUpdater(params, ctx.comm, cfg.lr, cfg.weight_decay, cfg.onebit_warmup_steps, grad_sync)
-    return AdamWUpdater(params, cfg.lr, cfg.weight_decay, tp, pp_comm, ctx.comm if cfg.ep > 1 else None)
+        return OneBitAdamUpdater(params, ctx.comm, cfg.lr, hyper, cfg.onebit_warmup_steps, grad_sync)
+    return AdamWUpdater(params, cfg.lr, hyper, tp, pp_comm, ctx.comm if cfg.ep > 1 else None)
 
 
 def pipeline_executor(cfg: RunConfig, ctx: RankContext, schedule: Schedule, chunks: dict[int, nn.Module],

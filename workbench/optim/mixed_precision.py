@@ -38,7 +38,7 @@ from torch import nn
 
 from workbench.comm.traced import Communicator
 from workbench.measure.memory import MemoryTracker
-from workbench.optim.adamw import apply_update
+from workbench.optim.adamw import AdamHyper, apply_update
 from workbench.optim.updater import adam_checkpoint_state, adam_state, adamw, global_grad_norm, set_lr
 from workbench.parallel.flat import flatten_params, views
 from workbench.parallel.main_grad import grad_of
@@ -49,7 +49,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class MixedPrecisionUpdater:
     def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, precision: str, lr: float,
-                 weight_decay: float, init_scale: float = 2.0**16, growth_interval: int = 1000,
+                 hyper: AdamHyper, init_scale: float = 2.0**16, growth_interval: int = 1000,
                  tp: TPContext | None = None, pp_comm: Communicator | None = None,
                  memory: MemoryTracker | None = None) -> None:
         self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
@@ -57,7 +57,7 @@ class MixedPrecisionUpdater:
         self.flat16 = flatten_params(self.params)  # each p.data a view of it
         self.flat32 = self.flat16.float()
         self.masters = [nn.Parameter(v) for v in views(self.flat32, self.params)]  # views: no copy
-        self.optimizer = adamw(self.masters, lr, weight_decay)
+        self.optimizer = adamw(self.masters, lr, hyper, like=self.params)  # decay as the 16-bit parameters'
         self.scale = init_scale if precision == "fp16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0

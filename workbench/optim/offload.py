@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.optim.adamw import AdamW
+from workbench.optim.adamw import AdamHyper, AdamW
 from workbench.optim.updater import (
     ShardedAdamWUpdater,
     adam_checkpoint_state,
@@ -41,16 +41,17 @@ from workbench.optim.updater import (
     scale_grads,
     set_lr,
 )
+from workbench.optim.weight_decay import decay_ranges
 
 
 class OffloadedAdamWUpdater(ShardedAdamWUpdater):
     """ZeRO's optimizer on the host: the sharded updater's norm and gathering, with AdamW on host copies
     of this rank's slices."""
 
-    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
+    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
                  pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
                  group: str = "dp") -> None:
-        super().__init__(shards, comm, lr, weight_decay, pp_comm, after_step, group)
+        super().__init__(shards, comm, lr, hyper, pp_comm, after_step, group)
         self.device = self.params[0].device
         cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if cuda else None
@@ -62,7 +63,9 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         for hp in self.host_params:
             hp.grad = host_like(hp).zero_()
         # in place of the base's device optimizer (which never stepped, so never held a moment)
-        self.optimizer = AdamW(self.host_params, lr=lr, weight_decay=weight_decay, foreach=True)
+        self.optimizer = AdamW(self.host_params, lr=lr, betas=hyper.betas, eps=hyper.eps,
+                               weight_decay=hyper.weight_decay, foreach=True,
+                               decay=[decay_ranges(s) for s in self.params])  # each slice's matrix elements
         self.copied: list[Any] = [None] * len(self.params)  # per slice: its d2h copy (an event on CUDA)
 
     # ---- device → host ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.optim.adamw import AdamHyper
 from workbench.optim.updater import AdamWUpdater, adamw, clip_coefficient, scale_grads, squares
 
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
@@ -86,13 +87,13 @@ class OneBitAdamUpdater(AdamWUpdater):
     """AdamW for `warmup_steps`, then 1-bit Adam (frozen variance, compressed momentum). `grad_sync`
     is the bucketed data parallel, switched to local gradients when the warm-up ends."""
 
-    def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
+    def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
                  warmup_steps: int, grad_sync: Any) -> None:
-        super().__init__(params, lr, weight_decay)
+        super().__init__(params, lr, hyper)
         self.comm, self.grad_sync, self.warmup_steps, self.t = comm, grad_sync, warmup_steps, 0
-        group = self.optimizer.param_groups[0]
-        self.beta1, self.beta2 = group["betas"]
-        self.eps, self.weight_decay = group["eps"], weight_decay
+        self.hyper = hyper
+        self.beta1, self.beta2 = hyper.betas
+        self.eps = hyper.eps
         numel = sum(p.numel() for p in self.params)
         self.padded = -(-numel // (8 * comm.size("dp"))) * 8 * comm.size("dp")
         self.m = self.denom = None  # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
@@ -117,7 +118,9 @@ class OneBitAdamUpdater(AdamWUpdater):
         offset = 0
         with torch.no_grad():
             for p in self.params:
-                p.mul_(1 - lr * self.weight_decay).sub_(update[offset:offset + p.numel()].view_as(p))
+                if getattr(p, "decays", True):  # the matrices only (optim/weight_decay.py)
+                    p.mul_(1 - lr * self.hyper.weight_decay)
+                p.sub_(update[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
         return float(norm)
 
@@ -132,7 +135,7 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.m = self.flat([s["exp_avg"] for s in state])
         v_hat = self.flat([s["exp_avg_sq"] for s in state]) / (1 - self.beta2 ** self.t)
         self.denom = v_hat.sqrt() + self.eps
-        self.optimizer = adamw(self.params, 0.0, self.weight_decay)  # its state is no longer used: let it go
+        self.optimizer = adamw(self.params, 0.0, self.hyper)  # its state is no longer used: let it go
         self.grad_sync.local_only = True
 
     def state_tensors(self) -> list[torch.Tensor]:

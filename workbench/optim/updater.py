@@ -34,11 +34,12 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.optim.adamw import AdamW, apply_update, clip_coefficient
+from workbench.optim.adamw import AdamHyper, AdamW, apply_update, clip_coefficient
+from workbench.optim.weight_decay import decay_ranges
 from workbench.parallel.tp_communications import TPContext, all_reduce_tp
 
-__all__ = ["AdamWUpdater", "ShardedAdamWUpdater", "Updater", "adamw", "clip_coefficient", "global_grad_norm",
-           "scale_grads", "sharded_grad_norm", "squares"]
+__all__ = ["AdamHyper", "AdamWUpdater", "ShardedAdamWUpdater", "Updater", "adamw", "clip_coefficient",
+           "global_grad_norm", "scale_grads", "sharded_grad_norm", "squares"]
 
 
 class Updater(Protocol):
@@ -62,9 +63,13 @@ class Updater(Protocol):
     def host_tensors(self) -> dict[str, list[torch.Tensor]]: ...
 
 
-def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> AdamW:
-    """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): optim/adamw.py."""
-    return AdamW(params, lr=lr, weight_decay=weight_decay)
+def adamw(params: Sequence[torch.Tensor], lr: float, hyper: AdamHyper,
+          like: Sequence[torch.Tensor] | None = None) -> AdamW:
+    """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): optim/adamw.py.
+    Weight decay on the elements each tensor's mark says (optim/weight_decay.py) — or, for copies (fp32
+    masters, host slices), the marks of the tensors they copy (`like`)."""
+    return AdamW(params, lr=lr, betas=hyper.betas, eps=hyper.eps, weight_decay=hyper.weight_decay,
+                 decay=[decay_ranges(t) for t in (params if like is None else like)])
 
 
 def adam_state(optimizer: AdamW) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -164,11 +169,11 @@ class AdamWUpdater:
 
     loss_scale = 1.0
 
-    def __init__(self, params: Sequence[nn.Parameter], lr: float, weight_decay: float,
+    def __init__(self, params: Sequence[nn.Parameter], lr: float, hyper: AdamHyper,
                  tp: TPContext | None = None, pp_comm: Communicator | None = None,
                  ep_comm: Communicator | None = None) -> None:
         self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
-        self.optimizer = adamw(self.params, lr, weight_decay)
+        self.optimizer = adamw(self.params, lr, hyper)
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
         """The global norm (a device tensor, not read here), clipping and AdamW: parallel/adamw.apply_update."""
@@ -216,10 +221,10 @@ class ShardedAdamWUpdater(AdamWUpdater):
     `after_step` (ZeRO-1/2: all-gather the updated slices into the full parameters; ZeRO-3: nothing,
     the next forward gathers)."""
 
-    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, weight_decay: float,
+    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
                  pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
                  group: str = "dp") -> None:
-        super().__init__(shards, lr, weight_decay, None, pp_comm)
+        super().__init__(shards, lr, hyper, None, pp_comm)
         self.comm, self.after_step, self.group = comm, after_step, group  # the group the slices span
 
     def grad_norm(self) -> torch.Tensor:

@@ -38,7 +38,7 @@ from torch import nn
 from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.parallel.data_parallel import plan_buckets
-from workbench.parallel.flat import flatten_params, grads_as_views, pack_grads
+from workbench.parallel.flat import flatten_params, grads_as_views, marked_runs, pack_grads
 from workbench.parallel.grad_sync import ChainedGradSync, SyncToggle
 
 #: buckets (ZeRO-3: units) whose full-size gradient copy may be in flight at once; the memory formula
@@ -95,6 +95,7 @@ class ZeroDataParallel(SyncToggle):
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
         shard.zero_group = self.group  # the norm sums its squares over this group (optim/updater.py)
+        shard.decay_ranges = marked_runs(params, mine.start, mine.stop)  # its matrices' elements decay
         bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.parallel.flat import flatten_params, pack_grads
+from workbench.parallel.flat import flatten_params, marked_runs, pack_grads
 from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.zero import MAX_IN_FLIGHT
 
@@ -84,6 +84,7 @@ class Zero3DataParallel(SyncToggle):
             flat = flatten_params(params, multiple=self.n)
             per = flat.numel() // self.n
             shard = nn.Parameter(flat[self.r * per:(self.r + 1) * per].clone())
+            shard.decay_ranges = marked_runs(params, self.r * per, (self.r + 1) * per)  # its matrices decay
             shard.grad = torch.zeros_like(shard)
             unit = Unit(i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size())
             self._free(unit)
