@@ -41,7 +41,7 @@ def test_bad_data_is_named_before_any_process_starts(tmp_path, text_file):
     with pytest.raises(wb.ConfigError, match="vocab_size ≥ 256"):
         wb.RunConfig(data=f"text:{text_file}").validate()  # tiny has 64 token ids
     big = tmp_path / "train.bin"
-    np.array([1, 2, 700] * 40, dtype=np.uint16).tofile(big)
+    np.array([1, 2, 700] * 400, dtype=np.uint16).tofile(big)
     with pytest.raises(wb.ConfigError, match="reach 700"):
         wb.RunConfig(model={"base": "small"}, data=str(big)).validate()  # small has 512
     odd = tmp_path / "odd.bin"

@@ -75,9 +75,14 @@ def test_a_tied_head_is_refused_where_it_would_be_split():
             wb.RunConfig(model=tied, **bad).validate()
 
 
+#: every tiny-llama run here also computes its held-out loss (after steps 3 and 6): tests/test_evaluate.py
+#: holds those to one process's from the same runs
+EVAL = {"eval_every": 3, "eval_batches": 2}
+
+
 @pytest.fixture(scope="module")
 def single(launched):
-    return launched(model="tiny-llama")
+    return launched(model="tiny-llama", **EVAL)
 
 
 EQUAL = [
@@ -87,7 +92,7 @@ EQUAL = [
     {"pp": 2, "schedule": "1f1b", "microbatches": 4},
     {"cp": 2},  # head-tail balance, ring rotation: each token rotated by its true position
     pytest.param({"dp": 2, "zero": 1}, marks=pytest.mark.slow),
-    pytest.param({"dp": 2, "zero": 2, "offload": True}, marks=pytest.mark.slow),
+    pytest.param({"dp": 2, "zero": 2, "offload_optimizer": True}, marks=pytest.mark.slow),
     pytest.param({"tp": 2}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "zbh1", "microbatches": 4}, marks=pytest.mark.slow),
@@ -105,13 +110,13 @@ EQUAL = [
 @pytest.mark.parametrize("config", EQUAL, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "model"))
 def test_every_strategy_trains_tiny_llama_as_one_process(launched, single, config):
     if "model" in config:  # a deeper model for interleaving: its own single-process baseline
-        assert_same_training(launched(**config), launched(model=config["model"]))
+        assert_same_training(launched(**config, **EVAL), launched(model=config["model"], **EVAL))
     else:
-        assert_same_training(launched(model="tiny-llama", **config), single)
+        assert_same_training(launched(model="tiny-llama", **config, **EVAL), single)
 
 
 def test_expert_parallel_trains_the_mixtral_style_model_as_one_process(launched):
-    assert_same_training(launched(model="tiny-llama-moe", dp=2, ep=2), launched(model="tiny-llama-moe"))
+    assert_same_training(launched(model="tiny-llama-moe", dp=2, ep=2, **EVAL), launched(model="tiny-llama-moe", **EVAL))
 
 
 @pytest.mark.slow  # bf16 and fp16 differ from fp32 by rounding: they are held to each other's fp32 run loosely
@@ -120,7 +125,8 @@ def test_tiny_llama_trains_in_16_bits(launched, single, precision):
     """Within 2e-2 of fp32: bf16 keeps 8 bits of mantissa (≈4e-3 per rounding) and a 6-step loss sums a
     few hundred roundings with random sign; a broken cast (say, RMSNorm's statistics in 16 bits on a
     wide row, or the gain lost) moves it by far more."""
-    assert_same_training(launched(model="tiny-llama", precision=precision), single, loss_rtol=2e-2, norm_rtol=0.5)
+    assert_same_training(launched(model="tiny-llama", precision=precision, **EVAL), single, loss_rtol=2e-2,
+                         norm_rtol=0.5)
 
 
 @pytest.mark.parametrize("config", [{}, {"tp": 2, "sequence_parallel": True}, {"cp": 2}, {"dp": 2, "zero": 3}],
@@ -128,7 +134,7 @@ def test_tiny_llama_trains_in_16_bits(launched, single, precision):
 def test_measured_memory_is_the_formula_to_the_byte(launched, config):
     """Parameters, gradients, optimizer state and activations (RMSNorm's fp32 statistics, SwiGLU's three
     saved tensors, GQA's narrower K and V) as the allocator and the saved-tensor hooks measure them."""
-    run = launched(model="tiny-llama", **config)
+    run = launched(model="tiny-llama", **config, **EVAL)
     for rank in run.summary["ranks"]:
         peak, predicted = rank["peak_bytes"], rank["predicted_bytes"]
         for category in ("param", "grad", "optimizer", "activation"):

@@ -58,6 +58,8 @@ NUMERIC = {
     "fault_delay_s": (0.0, None, True, "a straggler's sleep each step"),
     "fault_step": (0, None, True, "the step a fault is injected at"),
     "seed": (0, None, True, "the model's and the data's seed"),
+    "eval_every": (0, None, True, "steps between validation losses (0: never)"),
+    "eval_batches": (1, None, True, "held-out batches a validation averages over"),
     "ranks_per_node": (0, None, True, "ranks per emulated machine (0: the real machine's)"),
     "gpu_health_every": (0, None, True, "steps between NVML reads (0: never)"),
     "checkpoint_every": (0, None, True, "steps between checkpoints (0: never)"),
@@ -181,7 +183,7 @@ def check_data_and_tools(cfg: RunConfig) -> None:
                           f"the attention core in its backward (no s×s probabilities kept); its memory with "
                           f"recomputation is not modelled yet — use recompute='none'")
     m = cfg.model_config
-    check_data(cfg.data, m.vocab_size, m.seq_len)
+    check_data(cfg.data, m.vocab_size, m.seq_len, cfg.val_data, evaluating=cfg.eval_every > 0)
     if cfg.wandb is not None:
         import importlib.util
 

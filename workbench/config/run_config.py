@@ -159,6 +159,13 @@ class RunConfig:
     compile: bool = False
     #: the tokens: 'synthetic' (a learnable Markov chain), a nanoGPT .bin file, or 'text:FILE' (its bytes)
     data: str = "synthetic"
+    #: the held-out tokens for the validation loss, in data's form; default: nanoGPT's val.bin beside a
+    #: train.bin, else the data file's last 10 % (never trained on), or the synthetic chain's held-out stream
+    val_data: str | None = None
+    #: the validation loss every N steps and after the last (0: never), forward only, with the run's strategy
+    eval_every: int = 0
+    #: held-out batches of global_batch sequences each validation averages over
+    eval_batches: int = 4
     #: 'eager': attention written out (what the activation formula counts); 'sdpa': torch's fused kernel
     attention: str = "eager"
     #: rank 0 writes loss, lr, time split and memory per step into RUN/tb (engine/logs/tensorboard.py)

@@ -13,22 +13,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.config.data_spec import parse_data, token_array
-from workbench.data.synthetic import step_generator
+from workbench.config.data_spec import parse_data, split, token_array
+from workbench.data.synthetic import held_out_generator, step_generator
 
 
 class TokenFile:
-    """A data file opened once in a rank; `global_batch(seed, step, batch, seq_len)` as data/synthetic.py's."""
+    """A data file's training part or held-out part (config/data_spec.py's `split`), opened once in a rank;
+    `global_batch(seed, step, batch, seq_len)` as data/synthetic.py's. The held-out part's batches are drawn
+    from the held-out generator stream, so evaluating never moves the training batches."""
 
-    def __init__(self, spec: str) -> None:
-        self.kind, self.path = parse_data(spec)
-        self.tokens = token_array(self.kind, self.path)
+    def __init__(self, spec: str, val_data: str | None = None, part: str = "train") -> None:
+        kind, path = parse_data(spec)
+        where, start, end = split(spec, val_data, len(token_array(kind, path)), part)
+        self.kind, self.path = parse_data(where)
+        self.part = part
+        tokens = token_array(self.kind, self.path)
+        self.tokens = tokens[start:len(tokens) if end < 0 else end]  # a view of the memory map
 
     def global_batch(self, seed: int, step: int, batch: int, seq_len: int,
                      rows: tuple[int, int] | None = None) -> tuple[Any, Any]:
         """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step); `rows`:
         only rows lo..hi−1 of them (a data-parallel rank's)."""
-        g = step_generator(seed, step)
+        g = step_generator(seed, step) if self.part == "train" else held_out_generator(seed, step)
         offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
         if rows is not None:
             offsets = offsets[rows[0]:rows[1]]

@@ -29,18 +29,21 @@ class Batches:
     it now (CUDA)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, dp_index: int, dp_size: int,
-                 cp: ContextParallel | None = None) -> None:
-        self.cfg, self.device, self.cp = cfg, device, cp
+                 cp: ContextParallel | None = None, part: str = "train") -> None:
+        """`part`: 'train', or 'val' for the held-out batches (index k: the k-th of the held-out stream,
+        the same at every evaluation, so the curve compares like with like)."""
+        self.cfg, self.device, self.cp, self.part = cfg, device, cp, part
         per = cfg.global_batch // dp_size
         self.rows = (dp_index * per, (dp_index + 1) * per)
-        self.tokens = TokenFile(cfg.data) if cfg.data != "synthetic" else None
+        self.tokens = TokenFile(cfg.data, cfg.val_data, part) if cfg.data != "synthetic" else None
         self.ready: dict[int, Batch] = {}
 
     def host(self, step: int) -> Batch:
         """This rank's rows (and tokens) of step `step`, in host memory."""
         cfg, m = self.cfg, self.cfg.model_config
         if self.tokens is None:
-            x, y = global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, rows=self.rows)
+            x, y = global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, rows=self.rows,
+                                held_out=self.part == "val")
         else:
             x, y = self.tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, rows=self.rows)
         if self.cp is not None:
@@ -49,7 +52,7 @@ class Batches:
 
     def prepare(self, step: int) -> None:
         """CUDA: make step `step`'s batch now, pinned, and queue its copy; nothing on the CPU."""
-        if self.device.type != "cuda" or step >= self.cfg.steps or step in self.ready:
+        if self.device.type != "cuda" or self.part != "train" or step >= self.cfg.steps or step in self.ready:
             return
         self.ready[step] = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in self.host(step))
 

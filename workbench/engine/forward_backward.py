@@ -2,6 +2,7 @@
 
     run(x, y, step, loss_scale) -> loss     forwards and backwards of the rank's local batch; backward
                                             of loss × loss_scale; gradients left for the GradSync
+    evaluate(x, y, step) -> loss            the forwards alone (the validation loss: engine/evaluate.py)
 
 Implemented by `SingleBatch` (below: the whole local batch at once) and by
 `pipeline.executor.PipelineExecutor` (a schedule of microbatches over pipeline stages — also gradient
@@ -22,6 +23,9 @@ from workbench.trace.recorder import TraceRecorder
 class ForwardBackward(Protocol):
     def run(self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0) -> torch.Tensor: ...
 
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        """The loss of the local batch, forward only (the caller holds torch.no_grad)."""
+
 
 class SingleBatch:
     """One forward (its saved tensors counted as activations) and one backward of the whole local batch."""
@@ -38,5 +42,11 @@ class SingleBatch:
         self.memory.snapshot()
         with self.recorder.span("backward", "backward", "compute", step=step, microbatch=0):
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+            self.recorder.sync_compute()
+        return loss
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        with self.recorder.span("forward", "forward", "compute", step=step, microbatch=0, evaluation=True):
+            loss = self.model(x, y)
             self.recorder.sync_compute()
         return loss

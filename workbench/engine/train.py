@@ -18,6 +18,7 @@ from workbench.engine.anomaly import Divergence
 from workbench.engine.batches import Batches
 from workbench.engine.checkpoint.save_load import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
+from workbench.engine.evaluate import due, evaluate
 from workbench.engine.logs.tensorboard import StepLogs, TensorBoard
 from workbench.engine.logs.wandb_log import WandB
 from workbench.engine.parallelize import Strategy, parallelize
@@ -51,6 +52,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
               if cfg.profile_steps else None)
     health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
     divergence = Divergence(cfg.max_skipped_steps, cfg.lr)
+    held_out = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context, part="val") if cfg.eval_every else None
     for step in range(start, cfg.steps):
         step_start = ctx.recorder.now_us()
         if kineto is not None:
@@ -64,6 +66,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
         if health is not None and step % cfg.gpu_health_every == 0:
             results[-1].extra["gpu"] = record(health, ctx.recorder, ctx.run_dir, ctx.rank, step)
+        if held_out is not None and due(step, cfg.eval_every, cfg.steps):  # forward only, every rank
+            results[-1].extra["val_loss"] = evaluate(strategy, held_out, step)
         if ctx.rank == 0:
             row = append_metrics(ctx, results[-1])
             if logs is not None:
@@ -137,7 +141,7 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)
         row["gpu"] = {k: v for k, v in r.extra["gpu"].items() if k != "anomaly"}
         row["anomaly"] = row["anomaly"] or r.extra["gpu"]["anomaly"]
-    for key in ("tokens_per_expert", "dropped_tokens"):  # a model with experts (model/moe.py)
+    for key in ("val_loss", "tokens_per_expert", "dropped_tokens"):  # held-out loss; experts (model/moe.py)
         if key in r.extra:
             row[key] = r.extra[key]
     path = os.path.join(ctx.run_dir, "metrics.jsonl")

@@ -109,6 +109,9 @@ class Speed:
         except (ValueError, KeyError):
             return None
         text = f"{tps / 1e3:,.1f}k tokens/s" if tps >= 1e3 else f"{tps:,.0f} tokens/s"
+        val = last_val_loss(lines)
+        if val is not None:
+            text = f"val {val:.3f} · " + text
         peak = self._peak()
         if peak:
             text += f" · MFU {mfu(self.config.model_config, tps, peak, self.config.world_size):.0%}"
@@ -127,3 +130,15 @@ class Speed:
         if resolved.get("device") == "cuda":
             self.peak = peak_flops(resolved.get("device_name", ""), self.config.precision, os.environ.get(PEAK_ENV))
         return self.peak
+
+
+def last_val_loss(lines: list[bytes]) -> float | None:
+    """The latest held-out loss among metrics.jsonl's rows (None before the first evaluation)."""
+    for raw in reversed(lines):
+        try:
+            value = json.loads(raw).get("val_loss")
+        except ValueError:
+            continue
+        if value is not None:
+            return float(value)
+    return None

@@ -54,6 +54,7 @@ class PipelineExecutor:
             if isinstance(item, Action) and item.kind != "F":
                 last[(item.stage, item.kind)] = i
         self.last_backward = set(last.values())
+        self.forward_program: list | None = None  # the validation loss's: built at its first use
         self.store = WeightGradStore(memory)
         self.split = {(a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"}  # backward split
         if self.split:
@@ -85,6 +86,30 @@ class PipelineExecutor:
             run = {"F": self._forward, "W": self._weight}.get(item.kind, self._backward)
             with rec.span(str(item), "schedule", "schedule", **args):
                 run(st, item, key, args, i)
+        for handle, _ in st.posted:
+            handle.wait()
+        st.posted.clear()
+        return st.loss_sum
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        """The forwards of the schedule alone (`Schedule.forward_only`: its F actions and their transfers,
+        in the same order), for the validation loss; the caller holds torch.no_grad. Returns what `run`
+        returns: the summed 1/m-scaled loss where the last stage is, zero elsewhere."""
+        if self.forward_program is None:
+            self.forward_program = self.schedule.forward_only().program(self.rank)
+        inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
+        st = _StepState(inputs, targets, 1.0, torch.zeros((), device=self.device))
+        rec = self.comm.recorder
+        for i, item in enumerate(self.forward_program):
+            if isinstance(item, P2PBatch):
+                self._post(st, item)
+                continue
+            key = (item.stage, item.microbatch)
+            self._await(st, ("F", key))
+            args = {"step": step, "stage": item.stage, "chunk": self.schedule.chunk_of(item.stage),
+                    "microbatch": item.microbatch, "action": "F", "evaluation": True}
+            with rec.span(str(item), "schedule", "schedule", **args):
+                self._forward(st, item, key, args, i)
         for handle, _ in st.posted:
             handle.wait()
         st.posted.clear()

@@ -123,6 +123,14 @@ class Schedule:
             out.append(P2PBatch(tuple(run)))
         return out
 
+    def forward_only(self) -> Schedule:
+        """The same schedule without its backwards: each rank's F actions and the transfers of activations,
+        in their order (the validation loss's forward pass: pipeline/executor.py's `evaluate`). Forward data
+        flows one way, stage to stage, so what was deadlock-free with the backwards stays so."""
+        keep = ("F", "SEND_F", "RECV_F")
+        return Schedule(f"{self.name} (forward only)", self.p, self.m, self.v,
+                        [[a for a in acts if a.kind in keep] for acts in self.actions], self.placement)
+
     def to_dict(self) -> dict:
         return {"name": self.name, "p": self.p, "m": self.m, "v": self.v, "placement": self.placement,
                 "actions": [[{**asdict(a), "label": str(a)} for a in rank] for rank in self.actions],

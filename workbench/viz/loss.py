@@ -15,7 +15,8 @@ SYMBOLS = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "
 def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
     """Left: loss per step of each run, the baseline drawn wide underneath (runs that equal it would
     otherwise hide it). Right (with a baseline): |loss − baseline loss| per step on a log axis; a step where
-    the two are bit-identical (difference 0) has no log value: it is left out and counted in the title."""
+    the two are bit-identical (difference 0) has no log value: it is left out and counted in the title.
+    A run with a validation loss (--eval-every) has it dashed beside its training loss."""
     cols = 2 if baseline else 1
     base = runs[baseline].metrics.set_index("step").loss if baseline else None
     diffs = {name: (run.metrics.set_index("step").loss - base).abs() for name, run in runs.items()
@@ -37,6 +38,12 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
         fig.add_trace(go.Scatter(x=m.step, y=m.loss, name=name, mode="lines" if name == baseline else "lines+markers",
                                  line=wide, marker={"color": wide["color"], "symbol": symbol.get(name, "circle")},
                                  legendgroup=name), 1, 1)
+        if "val_loss" in m and m.val_loss.notna().any():  # the held-out loss where it was computed
+            v = m[m.val_loss.notna()]
+            fig.add_trace(go.Scatter(x=v.step, y=v.val_loss, name=f"{name} (held out)", mode="lines+markers",
+                                     line={"dash": "dash", "color": wide["color"]},
+                                     marker={"color": wide["color"], "symbol": "circle-open", "size": 9},
+                                     legendgroup=name), 1, 1)
         if name in diffs:
             d = diffs[name]
             fig.add_trace(go.Scatter(x=d.index, y=d.where(d > 0).values, name=name, mode="markers",

@@ -3,6 +3,7 @@ torch.utils.tensorboard, so `tensorboard --logdir traces/` follows a run as it g
 W&B with `--wandb` (engine/logs/wandb_log.py); `StepLogs` computes them once for both.
 
     train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/step_time_s    metrics.jsonl's row
+    val/loss               the held-out loss, at the steps it was computed (--eval-every)
     time_ms/<category>     rank 0's time in the step by span category (forward, backward, optimizer,
                            collective, p2p, wait ...), summed from its own trace spans: measured, by the clock
     time_ms/compute, time_ms/communication    the split, as summary.json counts it (trace/spans.py): time
@@ -64,6 +65,8 @@ def step_scalars(row: dict[str, Any], events: list[dict[str, Any]], since_us: fl
     """What is logged for a step (TensorBoard's and W&B's points): metrics.jsonl's row, rank 0's time by span
     category and the compute/communication split of the step's events, the memory categories' peaks so far."""
     out = {f"train/{key}": float(row[key]) for key in TRAIN_KEYS if row.get(key) is not None}
+    if row.get("val_loss") is not None:  # the steps the held-out loss was computed at (engine/evaluate.py)
+        out["val/loss"] = float(row["val_loss"])
     for cat, ms in _time_by_category(events, since_us).items():
         out[f"time_ms/{cat}"] = ms
     if events:
