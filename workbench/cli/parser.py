@@ -19,7 +19,7 @@ import sys
 
 
 def _add_other_commands(sub: argparse._SubParsersAction) -> None:
-    """compare, validate, show, doctor, report, schedule, checkpoint."""
+    """compare, validate, show, doctor, report, schedule, checkpoint, sample."""
     cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
     cmp.add_argument("configs", nargs="+",
                      help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
@@ -49,6 +49,15 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
     ckpt = sub.add_parser("checkpoint", help="what a checkpoint holds (inspect), whether its bytes are intact (verify)")
     ckpt.add_argument("action", choices=("inspect", "verify"))
     ckpt.add_argument("path", help="a checkpoint (RUN/checkpoints/step_N); verify: also a run or its checkpoints/")
+    smp = sub.add_parser("sample", help="text from a trained model: a run's newest checkpoint (or one checkpoint), "
+                                        "any layout, read on this one process")
+    smp.add_argument("path", help="a run directory, its checkpoints/ or one checkpoint (RUN/checkpoints/step_N)")
+    smp.add_argument("--prompt", default="", help="where the text starts (token ids, space-separated, for data "
+                                                  "without a tokenizer here); default: a newline, or token 0")
+    smp.add_argument("--tokens", type=int, default=200, help="how many tokens to sample (default: 200)")
+    smp.add_argument("--temperature", type=float, default=0.8, help="logits ÷ T; 0: the likeliest token (default: 0.8)")
+    smp.add_argument("--top-k", type=int, default=None, help="draw only among the K likeliest tokens")
+    smp.add_argument("--seed", type=int, default=0, help="the draws' seed: equal seeds, equal samples")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +100,19 @@ def main(argv: list[str] | None = None) -> int:
         from workbench.analysis.doctor import diagnose
 
         print(diagnose(a.run_dir))
+        return 0
+    if a.command == "sample":
+        from workbench.config import ConfigError
+        from workbench.engine.checkpoint.files import CheckpointError
+        from workbench.engine.sample import sample
+
+        try:
+            s = sample(a.path, a.prompt, a.tokens, a.temperature, a.top_k, a.seed)
+        except (CheckpointError, ConfigError) as e:
+            print(f"workbench: {e}", file=sys.stderr)
+            return 2
+        print(f"[{s.checkpoint}: the model before step {s.step}]", file=sys.stderr)
+        print(s.text)
         return 0
     if a.command == "checkpoint" and a.action == "verify":
         from workbench.engine.checkpoint.files import verify_all
