@@ -18,6 +18,7 @@ No torch here: the planner calls it thousands of times.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -111,8 +112,20 @@ class Traffic:
                                                        self.allreduce == "hierarchical")
 
 
+def uneven(model: ModelConfig, pp: int) -> ModelConfig | None:
+    """Llama 3's uneven pipeline (Dubey et al. 2024, §3.3.2: 126 layers on 16 stages, one layer fewer on the
+    first and on the last, which hold the embedding and the head): when pp does not divide the layers but
+    pp·⌈L/pp⌉ exceeds them by at most 2 (and a stage keeps 2 layers or more), the model estimated as
+    pp·⌈L/pp⌉ layers — every stage as the busiest holds them, so time and memory are the busiest stage's
+    (the first stage's memory counts one layer more than it has: on the safe side). None otherwise."""
+    per = -(-model.layers // pp)
+    if model.layers % pp == 0 or per < 2 or pp * per - model.layers > 2:
+        return None
+    return dataclasses.replace(model, layers=pp * per)
+
+
 def _checked(params: float | None, model: ModelConfig | None, precision: str, dp: int, tp: int, pp: int,
-             zero: int) -> float:
+             zero: int, uneven_stages: bool = False) -> float:
     """Ψ, after ConfigError for what no run could have: an unknown precision, a ZeRO stage, a grid or a
     tp / pp that does not divide the model."""
     if precision not in ("fp32", "bf16", "fp16", "mixed"):
@@ -125,9 +138,10 @@ def _checked(params: float | None, model: ModelConfig | None, precision: str, dp
             raise ConfigError("estimate needs a RunConfig, a model, or params=")
         return params
     check_tensor_parallel(model, tp)
-    if model.layers % pp:
+    if model.layers % pp and not (uneven_stages and uneven(model, pp)):
         valid = divisors(model.layers)
-        raise ConfigError(f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}")
+        also = "" if not uneven_stages else " (or, with uneven stages, a pp with pp·⌈L/pp⌉ − L ≤ 2)"
+        raise ConfigError(f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}{also}")
     return params if params is not None else model.param_count()
 
 
@@ -155,7 +169,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
              hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
              backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
              offload: bool = False, schedule: str = "1f1b", rule: str | None = None, cp: int = 1,
-             cp_rotate: str = "ring", ep: int = 1) -> Estimate:
+             cp_rotate: str = "ring", ep: int = 1, attention: str = "eager", uneven_stages: bool = False) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
@@ -167,11 +181,16 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     step time. `cp`: context parallelism — s/cp tokens a rank (activations ÷ cp, the ring's K/V bytes in
     `comm_bytes_per_step['cp']`), gradients and ZeRO's shards over dp×cp. `ep`: a model with experts holds
     E/ep of them a rank, and its dispatch sends (ep − 1)/ep of each all-to-all's rows (`comm_bytes_per_step
-    ['ep']`, the `ep` term)."""
+    ['ep']`, the `ep` term). `attention='sdpa'`: a fused (flash) kernel saves no s×s probabilities (our
+    count only: `activations='ours'`). `uneven_stages`: a pp that does not divide the layers, as Llama 3's
+    pipeline (`uneven`)."""
     if config is not None:
         return estimate(None, **_run_kwargs(config), activations=activations, hardware=hardware,
                         backend_copies=backend_copies, rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule))
-    params = _checked(params, model, precision, dp, tp, pp, zero)
+    params = _checked(params, model, precision, dp, tp, pp, zero, uneven_stages)
+    flops_model = model
+    if model is not None and model.layers % pp:  # uneven stages: each estimated as the busiest
+        model = uneven(model, pp)
     if offload and zero == 0:
         raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
     w, shards = _width(precision), dp * cp  # ZeRO shards, and gradients reduce, over dp×cp
@@ -188,6 +207,8 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
         return _timed(out, hardware, None, {})
     micro = global_batch // dp // microbatches
     acts, core = formulas.cp_local(model, cp, cp_rotate)
+    if attention == "sdpa" and cp == 1:
+        core = "fused"
     act = _activations(acts, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
                        activations, core)
     out.activation_bytes_per_rank = act
@@ -198,7 +219,7 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
                                  + out.buffer_bytes["temporary"])
     out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
-    out.flops_per_step = formulas.model_flops_per_token(model) * global_batch * model.seq_len
+    out.flops_per_step = formulas.model_flops_per_token(flops_model) * global_batch * model.seq_len
     _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
     return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
                                          "recompute": recompute, "schedule": schedule, "width": w, "cp": cp, "ep": ep,
@@ -235,7 +256,7 @@ def _run_kwargs(c: RunConfig) -> dict[str, Any]:
             "sequence_parallel": c.sequence_parallel, "recompute": c.recompute, "bucket_mb": c.bucket_mb,
             "prefetch": c.prefetch, "traffic": Traffic.of(c), "grad_bytes": 4 if c.grad_reduce_dtype == "fp32" else 2,
             "offload": c.offload_optimizer, "schedule": c.schedule, "cp": c.cp, "cp_rotate": c.cp_rotate,
-            "ep": c.ep}
+            "ep": c.ep, "attention": c.attention}
 
 
 def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,

@@ -18,7 +18,7 @@ import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
 from workbench.config.model_config import tp_indivisible
-from workbench.predict.estimator import Estimate, Hardware, estimate
+from workbench.predict.estimator import Estimate, Hardware, estimate, uneven
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,17 @@ def _terms(e: Estimate) -> dict[str, float]:
 
 
 def _layouts(model: ModelConfig, hw: Hardware, world: int, global_batch: int, micro_batch: int,
-             cps: tuple[int, ...]) -> Iterator[tuple[int, int, int, int, int, int]]:
+             cps: tuple[int, ...], uneven_stages: bool = False) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(tp, pp, cp, dp, ep, microbatches) of every grid the field's rules allow: tp inside a node and dividing
-    the heads, pp dividing the layers, cp cutting the sequence into 2·cp equal chunks (head-tail), dp the
-    rest of the world with a whole number of microbatches; with experts, every ep dividing dp and E."""
+    the heads (and K/V heads), pp dividing the layers (or, `uneven_stages`, Llama 3's uneven split:
+    estimator.uneven), cp cutting the sequence into 2·cp equal chunks (head-tail), dp the rest of the world
+    with a whole number of microbatches; with experts, every ep dividing dp and E."""
+    def stages_ok(p: int) -> bool:
+        return model.layers % p == 0 or (uneven_stages and uneven(model, p) is not None)
+
     for tp in (t for t in range(1, hw.devices_per_node + 1)
                if hw.devices_per_node % t == 0 and not tp_indivisible(model, t)):
-        for pp in (p for p in range(1, model.layers + 1) if model.layers % p == 0 and world % (tp * p) == 0):
+        for pp in (p for p in range(1, model.layers + 1) if stages_ok(p) and world % (tp * p) == 0):
             for cp in (c for c in cps if world % (tp * pp * c) == 0 and model.seq_len % (2 * c) == 0):
                 dp = world // (tp * pp * cp)
                 if global_batch % (dp * micro_batch):
@@ -81,20 +85,23 @@ def _layouts(model: ModelConfig, hw: Hardware, world: int, global_batch: int, mi
 
 def plan(model: ModelConfig, cluster: Cluster, global_batch: int, micro_batch: int = 1, precision: str = "mixed",
          zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: str = "selective",
-         sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,), cp: tuple[int, ...] = (1,)) -> Plan:
+         sequence_parallel: bool = False, offload: tuple[bool, ...] = (False,), cp: tuple[int, ...] = (1,),
+         activations: str = "megatron", attention: str = "eager", uneven_stages: bool = False) -> Plan:
     """Every layout of `_layouts` (context parallelism: the degrees in `cp`) with each ZeRO stage and offload
-    choice, estimated; the table sorted by fit, then step time."""
+    choice, estimated; the table sorted by fit, then step time. `activations`: 'megatron' (Korthikanti et
+    al.'s GPT formula) or 'ours' (what this engine's block saves — Llama's too — with `attention` 'sdpa' for
+    a flash kernel); `uneven_stages`: Llama 3's pipelines (estimator.uneven)."""
     hw, world = cluster.hardware, cluster.gpus
     rows = []
-    for tp, pp, c, dp, ep, m in _layouts(model, hw, world, global_batch, micro_batch, cp):
+    for tp, pp, c, dp, ep, m in _layouts(model, hw, world, global_batch, micro_batch, cp, uneven_stages):
         for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
             if zero >= 2 and pp > 1 or zero and ep > 1:
                 continue  # partitioned gradients and parameters per microbatch: not with pipelines; ZeRO's
                 # slices of experts and dense weights over two groups: not built (config/rules.check_experts)
             e: Estimate = estimate(model=model, dp=dp, tp=tp, pp=pp, zero=zero, precision=precision,
                                    global_batch=global_batch, microbatches=m, recompute=recompute,
-                                   sequence_parallel=sequence_parallel, activations="megatron", hardware=hw,
-                                   offload=off, cp=c, ep=ep)
+                                   sequence_parallel=sequence_parallel, activations=activations, hardware=hw,
+                                   offload=off, cp=c, ep=ep, attention=attention, uneven_stages=uneven_stages)
             rows.append({"tp": tp, "pp": pp, "cp": c, "dp": dp, "ep": ep, "zero": zero, "offload": off,
                          "microbatches": m,
                          "host_GB": sum(e.host_bytes.values()) / 1e9,
