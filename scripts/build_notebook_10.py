@@ -179,6 +179,112 @@ which is what lets the sequence fit at all — and what it costs is the ring: K/
 2× the activations of attention's inputs, and the part of them a block's attention does not hide.
 """),
 md("""
+# Today's block: what grouped-query attention and SwiGLU change
+
+Llama 3, Mistral and Qwen train a different block from GPT-2's (`model/llama.py`): RMSNorm, rotary
+positions, **grouped-query attention** — `kv_heads` K/V heads, each shared by heads/kv_heads query heads
+(Ainslie et al. 2023) — and a **SwiGLU** MLP, silu(x·W_gate) ⊙ (x·W_up) then W_down: three matrices of an
+inner width f ≈ 8/3·h instead of two of 4h. `tiny-llama` has 4 query heads and 2 K/V heads (g = 16 of h = 32
+values a token for K and for V) and f = 96.
+
+*Predict first:* the ring above carries K and V. With half as many K/V heads, what happens to the ring's
+bytes? And under tensor parallelism (tp = 2: one K/V head a rank), to a rank's parameters and activations?
+
+Four runs: `tiny-llama` and its multi-head twin (`kv_heads` = heads = 4), each with cp = 2 and with tp = 2.
+"""),
+code("""
+MHA = {"base": "tiny-llama", "kv_heads": 4}
+block = {"GQA, cp 2": run("gqa-cp2", model="tiny-llama", cp=2), "MHA, cp 2": run("mha-cp2", model=MHA, cp=2),
+         "GQA, tp 2": run("gqa-tp2", model="tiny-llama", tp=2), "MHA, tp 2": run("mha-tp2", model=MHA, tp=2)}
+rows = []
+for name, r in block.items():
+    rank0 = r.summary["ranks"][0]
+    ring = sum(by.get("cp", 0) for by in rank0["comm_bytes_per_step"].values())
+    ring_formula = sum(by.get("cp", 0) for by in rank0["predicted_comm_bytes_per_step"].values())
+    rows.append({"run": name, "ring bytes/step (measured)": ring, "ring (formula)": ring_formula,
+                 "param bytes/rank (measured)": rank0["peak_bytes"]["parameter"],
+                 "param (formula)": rank0["predicted_bytes"]["parameter"],
+                 "activation bytes/rank (measured)": rank0["peak_bytes"]["activation"],
+                 "activation (formula)": rank0["predicted_bytes"]["activation"]})
+kv = pd.DataFrame(rows).set_index("run")
+for what in ("ring", "param", "activation"):
+    measured = [c for c in kv.columns if c.startswith(what) and "measured" in c][0]
+    formula = [c for c in kv.columns if c.startswith(what) and "formula" in c][0]
+    viz.check(f"{what} bytes measured equal the formula in every run", kv[measured] == kv[formula].round())
+ratio = kv.loc["GQA, cp 2", "ring bytes/step (measured)"] / kv.loc["MHA, cp 2", "ring bytes/step (measured)"]
+viz.check("the ring carries half the K/V bytes with half the K/V heads", abs(ratio - 0.5) < 1e-9, ratio=ratio)
+kv
+"""),
+md("""
+The ring's bytes halve exactly: it carries g = kv_heads·head_dim values of K and of V a token, not h
+(`formulas.cp_comm_bytes_per_step(..., kv_width)`). Under tp = 2 each rank holds one K/V head of two: its
+q|k|v matrix has h/t + 2·g/t rows instead of 3·h/t, and the k and v it saves shrink the same way — the
+parameter and activation bytes measured above, to the byte. (A tp of 4 would split a K/V head: `RunConfig(
+model="tiny-llama", tp=4)` is refused before launch, naming the valid tp.)
+
+## The MLP's share of the FLOPs and of the activations
+
+Measured on one forward of each model: torch's FLOP counter (`FlopCounterMode`: each matmul's FLOPs from
+the shapes it ran with; the counter runs on the meta device, so Llama 3 8B at 8,192 tokens costs no memory)
+and the saved-tensor hooks (the bytes each part saves for backward), both by part
+(`workbench.measure.by_module`), beside the formulas: forward FLOPs per token 2·(h·(h + 2g) + h·h) + 4·s·h
+for attention (q·kᵀ and p·v over all s keys, the convention) and 2·h·f·3 for SwiGLU (2·h·f·2 for GELU); saved
+values per token h + 4f for SwiGLU (input, gate|up, silu, product) and h + 2f for GELU.
+"""),
+code("""
+import dataclasses
+import torch
+from workbench.config.model_config import PRESETS
+from workbench.measure.by_module import flops_by_part, saved_bytes_by_part
+from workbench.model.gpt import GPT
+from workbench.predict.formulas import activations as act_formula
+
+def matmul_flops(cfg):
+    h, s = cfg.hidden, cfg.seq_len
+    attn = 2 * h * cfg.qkv_width + 2 * h * h + 4 * s * h
+    mlp = 2 * h * cfg.mlp_in_width + 2 * cfg.inner * h
+    return attn, mlp
+
+rows = []
+twins = {"tiny-llama (GQA + SwiGLU)": PRESETS["tiny-llama"], "tiny (GPT-2's block)": PRESETS["tiny"],
+         "llama3-8b at 8,192 tokens": PRESETS["llama3-8b"]}
+for name, cfg in twins.items():
+    big = cfg.hidden > 1000
+    with torch.device("meta" if big else "cpu"):
+        model = GPT(cfg, seed=0)
+        x = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
+    flops = flops_by_part(model, x)
+    tokens = cfg.seq_len
+    attn_f, mlp_f = matmul_flops(cfg)
+    row = {"model": name, "attention FLOPs/token (measured)": flops["attn"] / tokens, "(formula)": attn_f,
+           "MLP FLOPs/token (measured)": flops["mlp"] / tokens, "(formula) ": mlp_f,
+           "MLP share of the block's FLOPs": flops["mlp"] / (flops["attn"] + flops["mlp"])}
+    if not big:  # activations: real tensors on the CPU
+        saved = saved_bytes_by_part(model, x, torch.roll(x, -1, 1))
+        mlp_bytes = (cfg.hidden + act_formula.mlp_saved_values(cfg)) * tokens * 4
+        row.update({"MLP saved bytes/layer (measured)": saved["mlp"], "(formula)  ": mlp_bytes,
+                    "MLP share of a layer's activations": saved["mlp"] / sum(v for k, v in saved.items()
+                                                                            if k != "other")})
+    rows.append(row)
+share = pd.DataFrame(rows).set_index("model")
+viz.check("torch's FLOP counter equals the formulas for attention and the MLP",
+          (share["attention FLOPs/token (measured)"] == share["(formula)"]).all()
+          and (share["MLP FLOPs/token (measured)"] == share["(formula) "]).all())
+small = share.dropna()
+viz.check("the MLP's saved bytes equal the formula (SwiGLU: h + 4f values a token)",
+          small["MLP saved bytes/layer (measured)"] == small["(formula)  "])
+share
+"""),
+md("""
+SwiGLU keeps the MLP's cost where GPT-2's was: three matrices of f ≈ 8/3·h multiply as much as two of 4h
+(about two thirds of a block's matmul FLOPs either way), which is why Llama chose that width. What it saves
+for backward grows: four tensors of width f where GELU kept two of 4h — at Llama 3 8B's f = 3.5·h, the MLP
+keeps 15h values a token against GELU's 9h, the largest part of a layer's activations, and the first
+thing selective recomputation or a fused SwiGLU kernel targets. Grouped-query attention, for its part, cuts
+what K and V cost everywhere they appear: projections, saved tensors, and every byte the ring moves.
+
+"""),
+md("""
 # Experts: a mixture of experts, and expert parallelism
 
 A mixture-of-experts MLP (GShard, Switch, Mixtral, DeepSeek) replaces each block's MLP by E expert MLPs and a

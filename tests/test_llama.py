@@ -137,8 +137,8 @@ def test_measured_memory_is_the_formula_to_the_byte(launched, config):
     run = launched(model="tiny-llama", **config, **EVAL)
     for rank in run.summary["ranks"]:
         peak, predicted = rank["peak_bytes"], rank["predicted_bytes"]
-        for category in ("param", "grad", "optimizer", "activation"):
-            assert peak.get(category, 0) == predicted.get(category, 0), (rank["rank"], category)
+        for category in ("parameter", "gradient", "optimizer_state", "activation"):
+            assert peak[category] == predicted[category] > 0, (rank["rank"], category)
         assert peak["activation"] > 0
 
 

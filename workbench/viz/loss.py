@@ -40,9 +40,11 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
                                  legendgroup=name), 1, 1)
         if "val_loss" in m and m.val_loss.notna().any():  # the held-out loss where it was computed
             v = m[m.val_loss.notna()]
+            held = SERIES_COLORS[(len(runs) + list(runs).index(name)) % len(SERIES_COLORS)]
             fig.add_trace(go.Scatter(x=v.step, y=v.val_loss, name=f"{name} (held out)", mode="lines+markers",
-                                     line={"dash": "dash", "color": wide["color"]},
-                                     marker={"color": wide["color"], "symbol": "circle-open", "size": 9},
+                                     line={"dash": "dash", "color": held, "width": 3},
+                                     marker={"color": held, "symbol": "diamond", "size": 10,
+                                             "line": {"width": 1, "color": "white"}},
                                      legendgroup=name), 1, 1)
         if name in diffs:
             d = diffs[name]
