@@ -73,7 +73,7 @@ def _equal_to_full_attention(rank: int, world: int) -> None:
         assert ring.pairs == sum(unmasked_pairs(me, p) for p in ring.pos), "every visible block computed once"
 
 
-@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("cp", [2, pytest.param(4, marks=pytest.mark.slow)])  # cp 4 in the engine: make test-all
 def test_ring_attention_equals_full_causal_attention(cp):
     run_ranks(_equal_to_full_attention, cp)
 

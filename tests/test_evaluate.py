@@ -80,3 +80,18 @@ def test_bad_held_out_data_is_named_before_launch(tmp_path):
         wb.RunConfig(val_data=f"text:{text}").validate()  # synthetic data holds out its own stream
     with pytest.raises(wb.ConfigError, match="eval_batches"):
         wb.RunConfig(eval_every=1, eval_batches=0).validate()
+
+
+def test_the_held_out_loss_reaches_the_loggers_and_the_progress_line():
+    from workbench.engine.logs.tensorboard import step_scalars
+    from workbench.launching.progress import last_val_loss
+
+    class NoMemory:
+        peak: dict = {}
+        peak_total = 0
+
+    row = {"step": 3, "loss": 2.5, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "step_time_s": 0.1,
+           "val_loss": 2.25}
+    assert step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25  # TensorBoard's and W&B's points
+    rows = [json.dumps(r).encode() for r in (row, {**row, "step": 4, "val_loss": None})]
+    assert last_val_loss(rows) == 2.25

@@ -75,6 +75,23 @@ def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
         assert os.path.exists(metrics), "what the ranks wrote stays"
 
 
+def test_ranks_forked_from_the_agent_train_what_fresh_interpreters_train(launched, tmp_path, monkeypatch):
+    """The suite's launches are warm: torchrun forked from a server that imported it, and its CPU ranks forked
+    from its agent (`--run-path --start-method fork`: launching/warm_torchrun.py). The same run with warm
+    launches off — torchrun and each rank a new interpreter — trains bit for bit the same model."""
+    from workbench.launching.warm_torchrun import forked_ranks
+
+    argv = ["--standalone", "--nproc-per-node", "2", "-m", "workbench.launching.worker", "--run-dir", "R"]
+    rewritten = forked_ranks(argv)
+    assert rewritten[:3] == argv[:3] and rewritten[-2:] == ["--run-dir", "R"]
+    assert rewritten[3:6] == ["--run-path", "--start-method", "fork"] and rewritten[6].endswith("worker.py")
+    monkeypatch.setenv("WORKBENCH_WARM_TORCHRUN", "0")
+    cold = wb.launch(wb.RunConfig(dp=2, steps=6, timeout_s=30), out=str(tmp_path / "cold"), progress=False)
+    warm = launched(dp=2)
+    assert list(cold.metrics.loss) == list(warm.metrics.loss)
+    assert list(cold.metrics.grad_norm) == list(warm.metrics.grad_norm)
+
+
 def test_an_earlier_run_is_replaced_only_with_force(launched, tmp_path, capsys):
     run = launched(steps=2)
     out = str(tmp_path / "again")

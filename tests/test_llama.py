@@ -96,6 +96,8 @@ EQUAL = [
     pytest.param({"tp": 2}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "zbh1", "microbatches": 4}, marks=pytest.mark.slow),
+    pytest.param({"pp": 2, "schedule": "zbv", "microbatches": 4,
+                  "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4}}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4,
                   "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4}}, marks=pytest.mark.slow),
     pytest.param({"cp": 2, "cp_balance": "none"}, marks=pytest.mark.slow),

@@ -219,6 +219,7 @@ def test_gradients_equal_1f1bs(launched):
         torch.testing.assert_close(moments["zbh1"][k], v, rtol=1e-4, atol=1e-8, msg=k)
 
 
+@pytest.mark.slow  # make test: resume bit for bit is held for dp, ZeRO, tp, pp 1F1B, cp and ep (test_checkpoint.py ...)
 def test_a_zbh1_run_resumes_bit_identically(launched):
     config = {"model": FOUR, "pp": 2, "microbatches": 4, "steps": 6, "checkpoint_every": 3}
     runs = {"zbh1": launched(schedule="zbh1", **config)}

@@ -151,7 +151,7 @@ def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: 
         with open(log_path, "w") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
-            proc = _start_torchrun(cmd, env, log, log_path, echo)
+            proc = _start_torchrun(cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys)
             rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path)
@@ -175,13 +175,14 @@ def _check_launcher(launcher: str, config: RunConfig, backend: str, nodes: Nodes
     check_ray(config, backend, ray_address)
 
 
-def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str,
-                    echo: bool = False) -> subprocess.Popen | WarmTorchrun:
+def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str, echo: bool = False,
+                    fork_ranks: bool = False) -> subprocess.Popen | WarmTorchrun:
     """torchrun, writing into the run's log (or, with `echo`, to the terminal): forked from a process that
-    has imported it already where warm launches are on (launching/warm_torchrun.py), else its command as a
-    subprocess. Either way it and its ranks end with us (parent-death signals)."""
+    has imported it already where warm launches are on (launching/warm_torchrun.py) — with `fork_ranks`
+    (CPU ranks) its ranks forked from its agent as well —, else its command as a subprocess. Either way it
+    and its ranks end with us (parent-death signals)."""
     if not echo and wanted():
-        return WarmTorchrun(cmd, env, log_path)
+        return WarmTorchrun(cmd, env, log_path, fork_ranks)
     return subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
                             env=env, preexec_fn=die_with_parent)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -127,11 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    code = main()
+def leave(code: int) -> None:
+    """End the rank with `code`. Every file is written and closed by now. A rank torchrun started as its own
+    interpreter leaves through os._exit, skipping the C++ static destructors of the communication backend's
+    threads, which on rare exits abort the process ("terminate called without an active exception") after a
+    successful run. A rank torchrun forked from its agent (`--run-path --start-method fork`: launching/
+    warm_torchrun.py) returns to torchrun's wrapper instead — it hands the result back to the agent, which
+    waits for it — and multiprocessing ends the process through os._exit itself; a failure is raised as the
+    exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # Every file is written and closed by now. Leaving through os._exit skips the C++ static
-    # destructors of the communication backend's threads, which on rare exits abort the process
-    # ("terminate called without an active exception") after a successful run.
-    os._exit(code)
+    if multiprocessing.parent_process() is None:
+        os._exit(code)
+    if code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    leave(main())
