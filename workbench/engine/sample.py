@@ -30,6 +30,7 @@ import torch
 from workbench.config import ConfigError, ModelConfig
 from workbench.config.data_spec import parse_data, read_meta
 from workbench.engine.checkpoint.files import MARKER, CheckpointError, latest_good, verify
+from workbench.engine.checkpoint.save_load import saved_pieces
 from workbench.model.gpt import GPT
 
 
@@ -79,13 +80,7 @@ def load_whole_model(ckpt: str) -> tuple[GPT, int]:
     marker = verify(ckpt)
     cfg = ModelConfig(**marker["model"])
     model = GPT(cfg, seed=0).eval()
-    meta = dcp.FileSystemReader(ckpt).read_metadata()
-    saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
-    for key, m in meta.state_dict_metadata.items():
-        if "|" in key:
-            name, _, rng = key.partition("|")
-            start, n = (int(x) for x in rng.split("+"))
-            saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
+    saved = saved_pieces(dcp.FileSystemReader(ckpt).read_metadata())
     wanted: dict[str, torch.Tensor] = {}
     sources: dict[str, str] = {}
     for name, _ in model.named_parameters():

@@ -143,13 +143,8 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
     the step to run next."""
     ctx = strategy.ctx
     marker = verify(path, config)
-    saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
     meta = _dcp().FileSystemReader(path).read_metadata()
-    for key, m in meta.state_dict_metadata.items():
-        if "|" in key:
-            name, _, rng = key.partition("|")
-            start, n = (int(x) for x in rng.split("+"))
-            saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
+    saved = saved_pieces(meta)
     state = strategy.updater.checkpoint_state()
     mine = pieces(strategy, state)
     wanted: dict[str, torch.Tensor] = {}
@@ -175,6 +170,17 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
     strategy.count_model_states()  # Adam's state exists now
     ctx.memory.snapshot()
     return int(marker["step"])
+
+
+def saved_pieces(meta: Metadata) -> dict[str, list[tuple[int, int, str, torch.dtype]]]:
+    """The pieces a checkpoint holds, by global tensor name: (start, numel, DCP key, dtype) each."""
+    saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
+    for key, m in meta.state_dict_metadata.items():
+        if "|" in key:
+            name, _, rng = key.partition("|")
+            start, n = (int(x) for x in rng.split("+"))
+            saved.setdefault(name, []).append((start, n, key, m.properties.dtype))
+    return saved
 
 
 def _copy_overlaps(mine: list, saved: dict, loaded: dict[str, torch.Tensor]) -> list[str]:
