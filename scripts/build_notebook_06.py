@@ -248,7 +248,7 @@ md("""
 ## Reading the model back: a sample before and after training on text
 
 Losses are numbers; a sample shows what they mean. `small-llama` with a byte vocabulary (256 tokens) trains
-on this repository's README (`data="text:../README.md"`: its bytes are the tokens, its last 10 % held out
+on this repository's README (`data="text:README.md"`: its bytes are the tokens, its last 10 % held out
 for the validation loss every 20 steps), and writes a checkpoint at the end. Before training, the model is
 its initialisation — built here exactly as every rank builds it, from the seed — and its sample is noise;
 `wb.sample` reads the trained checkpoint back on this one process (any layout: here dp = 2) and continues
@@ -259,7 +259,8 @@ import torch
 from workbench.engine.sample import generate
 from workbench.model.gpt import GPT
 
-TEXT = {"model": {"base": "small-llama", "vocab_size": 256}, "data": "text:../README.md", "dp": 2, "steps": 60,
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(wb.__file__))), "README.md")  # the checkout's
+TEXT = {"model": {"base": "small-llama", "vocab_size": 256}, "data": f"text:{README}", "dp": 2, "steps": 60,
         "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10, "weight_decay": 0.1, "adam_beta2": 0.95,
         "eval_every": 20, "checkpoint_every": 60}
 prompt = "The workbench "
