@@ -45,7 +45,7 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
                                      line={"dash": "dash", "color": held, "width": 3},
                                      marker={"color": held, "symbol": "diamond", "size": 10,
                                              "line": {"width": 1, "color": "white"}},
-                                     legendgroup=name), 1, 1)
+                                     legendgroup=f"{name} (held out)"), 1, 1)  # a legend entry, one colour
         if name in diffs:
             d = diffs[name]
             fig.add_trace(go.Scatter(x=d.index, y=d.where(d > 0).values, name=name, mode="markers",
