@@ -81,13 +81,13 @@ class CausalSelfAttention(nn.Module):
 
     def set_positions(self, positions: torch.Tensor) -> None:
         """The rotary tables for the tokens this rank's attention sees, in its order: 0 … s − 1, or under
-        context parallelism this rank's s/cp global positions (each token rotated by its true position)."""
-        cos, sin = rotary_tables(positions, self.head_dim, self.theta)
+        context parallelism this rank's s/cp global positions (each token rotated by its true position) —
+        on the device and in the dtype of the tables it replaces, shared with every other layer's."""
         like = getattr(self, "cos", None)
-        if like is not None:
-            cos, sin = cos.to(like.device, like.dtype), sin.to(like.device, like.dtype)
-        self.register_buffer("cos", cos.to(torch.get_default_device()) if like is None else cos, persistent=False)
-        self.register_buffer("sin", sin.to(torch.get_default_device()) if like is None else sin, persistent=False)
+        device, dtype = (torch.get_default_device(), torch.float32) if like is None else (like.device, like.dtype)
+        cos, sin = shared_rotary_tables(positions, self.head_dim, self.theta, device, dtype)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
@@ -136,6 +136,21 @@ def causal_mask(seq_len: int, device: torch.device | str | None = None) -> torch
 @functools.lru_cache(maxsize=8)
 def _shared_mask(seq_len: int, device: str) -> torch.Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device="cpu").triu(1).to(device)
+
+
+def shared_rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, device: torch.device | str,
+                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """model/llama.py's (cos, sin) for `positions`, computed once per (positions, head_dim, θ, device, dtype)
+    and shared by every layer, as the causal mask is (Llama 3 8B at 8,192 tokens: 8 MiB a layer otherwise)."""
+    key = tuple(positions.reshape(-1).tolist())
+    return _shared_tables(key, head_dim, float(theta), str(torch.device(device)), dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_tables(positions: tuple[int, ...], head_dim: int, theta: float, device: str,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = rotary_tables(torch.tensor(positions, dtype=torch.int64, device="cpu"), head_dim, theta)
+    return cos.to(device, dtype), sin.to(device, dtype)
 
 
 class MLP(nn.Module):
