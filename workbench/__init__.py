@@ -23,7 +23,8 @@ _LAZY = {"Estimate": "workbench.predict.estimator", "Hardware": "workbench.predi
          "plan": "workbench.predict.planner", "Nodes": "workbench.launching.launcher",
          "RunFailed": "workbench.launching.launcher", "launch": "workbench.launching.launcher",
          "Run": "workbench.analysis.run", "load": "workbench.analysis.run", "compare": "workbench.studies.comparison",
-         "calibrate": "workbench.studies.calibration", "sample": "workbench.engine.sample"}
+         "calibrate": "workbench.studies.calibration", "sample": "workbench.engine.sample",
+         "what_if": "workbench.analysis.what_if"}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,5 +40,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Cluster", "ConfigError", "Estimate", "Hardware", "ModelConfig", "Nodes", "Run", "RunConfig", "RunFailed",
-           "calibrate", "compare", "estimate", "launch", "load", "plan", "sample"]
+           "calibrate", "compare", "estimate", "launch", "load", "plan", "sample", "what_if"]
 __version__ = "0.1.0"

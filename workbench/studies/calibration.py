@@ -42,8 +42,6 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     (a shared machine's slow minute falls on one); with `out`, also written to out/calibration.json — and
     with `reuse`, read from there instead when it was made for the same model, batch, backend and worlds."""
     from workbench.launching.launcher import choose_backend
-    from workbench.studies.comm_calibration import allreduce_fit
-    from workbench.studies.compute_calibration import measure_compute
     from workbench.studies.run_calibration import calibrate_in_runs
 
     backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
@@ -55,25 +53,36 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
         with open(os.path.join(out, FILE)) as f:
             if json.load(f).get("calibrated_for") == made_for:
                 return load_calibration(out)
-    sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= global_batch)
-    compute = measure_compute(cfg, sizes, device)
-    compute.pop("device")
-    alpha, beta = allreduce_fit(backend)
+    hw = calibrate_compute(cfg, global_batch, backend)
     worlds = tuple(n for n in worlds if n >= 2 and n % 2 == 0 and (device == "cpu" or n <= _gpus()))
-    cores = os.cpu_count() or 1
     base = {"model": model if isinstance(model, str) else asdict(model), "global_batch": global_batch,
             "steps": steps, "backend": backend}
-    hw = Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=compute["matmul_flops"],
-                  memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
-                  intra_node_bw=beta, inter_node_bw=beta, latency_s=alpha,
-                  devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
-                  cores=cores if device == "cpu" else None, **compute)
     with tempfile.TemporaryDirectory() as d:
         hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw, repeats))
         hw = calibrate_in_runs(cfg, hw, worlds, base, os.path.join(out, "runs") if out else d, repeats)
     if out is not None:
         save_calibration(hw, out, made_for)
     return hw
+
+
+def calibrate_compute(cfg: ModelConfig, global_batch: int = 16, backend: str = "gloo") -> Hardware:
+    """The part of calibrate() that needs no run: the model's compute rates and fixed costs measured in this
+    process (micro-batches of 1 up to the global batch), α and β of a two-rank all-reduce, the cores — what
+    a what-if of dp or microbatches needs to keep each action's fixed cost (analysis/what_if.py)."""
+    from workbench.studies.comm_calibration import allreduce_fit
+    from workbench.studies.compute_calibration import measure_compute
+
+    device = "cuda" if backend == "nccl" else "cpu"
+    sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= global_batch)
+    compute = measure_compute(cfg, sizes, device)
+    compute.pop("device")
+    alpha, beta = allreduce_fit(backend)
+    cores = os.cpu_count() or 1
+    return Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=compute["matmul_flops"],
+                    memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
+                    intra_node_bw=beta, inter_node_bw=beta, latency_s=alpha,
+                    devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
+                    cores=cores if device == "cpu" else None, **compute)
 
 
 def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats: int = 1) -> float:
