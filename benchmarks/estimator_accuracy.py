@@ -10,7 +10,9 @@ shared cores with 2, 4 and 8 ranks, a one-process run for the step's fixed cost)
 OUT/calibration.json. Each strategy then runs for real (gloo, one thread per rank); its measured step
 is the median over the steps after the first, and each strategy runs `--repeats` times, interleaved
 with the others (this 2-core machine has slow minutes: one run of a strategy alone can be 30 % off
-the next); the median of the runs is compared. The goal: |error| ≤ 15 % on every row. Every run's
+the next); the median of the runs is compared. The goal: |error| ≤ 15 % on every row. Each run's trace is
+also replayed (analysis/replay.py: the graph's own consistency check, goal ≤ 5 %), and Kendall's τ says
+whether the predicted order of the strategies is the measured one. Every run's
 losses are checked against one process (the same training), so the times compared are of one thing.
 """
 
@@ -41,13 +43,18 @@ STRATEGIES = {
 }
 
 
-def measure_once(name: str, settings: dict, base: dict, out: str, k: int) -> tuple[float, list[float]]:
-    """One run of a strategy: its median step after the first, and its losses."""
+def measure_once(name: str, settings: dict, base: dict, out: str, k: int) -> tuple[float, list[float], float]:
+    """One run of a strategy: its median step after the first, its losses, and its trace's replay error
+    (analysis/replay.py: the replayed step over the measured one, less 1)."""
     import workbench as wb
+    from workbench.analysis.execution_graph import build
+    from workbench.analysis.replay import replay
+    from workbench.trace.merge import load_traces
 
     config = wb.RunConfig.from_dict({**base, **settings, "name": name.replace(" ", "_")})
     run = wb.launch(config, out=os.path.join(out, f"{name.replace(' ', '_')}_{k}"), progress=False, force=True)
-    return float(run.metrics.step_time_s.iloc[1:].median()), run.metrics.loss.tolist()
+    replayed = replay(build(load_traces(run.path), run.config))
+    return float(run.metrics.step_time_s.iloc[1:].median()), run.metrics.loss.tolist(), replayed.error
 
 
 def predicted(name: str, settings: dict, base: dict, hw) -> dict:
@@ -85,28 +92,40 @@ def main(argv: list[str]) -> int:
     reference = wb.launch(wb.RunConfig.from_dict(base), out=os.path.join(args.out, "one_process"), progress=False,
                           force=True).metrics.loss.tolist()
     times: dict[str, list[float]] = {n: [] for n in names}
+    replays: dict[str, list[float]] = {n: [] for n in names}
     worst = 0.0
     for k in range(args.repeats):  # round-robin: a slow minute of the machine falls on different strategies
         for name in names:
-            t, losses = measure_once(name, STRATEGIES[name], base, args.out, k)
+            t, losses, replay_error = measure_once(name, STRATEGIES[name], base, args.out, k)
             times[name].append(t)
+            replays[name].append(replay_error)
             worst = max(worst, max(abs(a - b) for a, b in zip(losses, reference, strict=True)))
     print(f"every run's losses equal one process's within {worst:.1e}; each strategy run {args.repeats} times, "
           f"interleaved; measured = the median of their medians (spread: min–max)")
-    print(f"{'strategy':<24} {'ranks':>5} {'predicted ms':>13} {'measured ms':>12} {'spread':>13} {'error':>8}  "
-          "dominant")
+    print(f"{'strategy':<24} {'ranks':>5} {'predicted ms':>13} {'measured ms':>12} {'spread':>13} {'error':>8} "
+          f"{'replay':>7}  dominant")
     rows = []
     for name in names:
         r = predicted(name, STRATEGIES[name], base, hw)
         r["measured_ms"] = statistics.median(times[name]) * 1e3
         r["runs_ms"] = [t * 1e3 for t in times[name]]
         r["error"] = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+        r["replay_error"] = max(replays[name], key=abs)  # the worst of its runs
         rows.append(r)
         spread = f"{min(r['runs_ms']):.1f}–{max(r['runs_ms']):.1f}"
         print(f"{name:<24} {r['ranks']:>5} {r['predicted_ms']:>13.1f} {r['measured_ms']:>12.1f} {spread:>13} "
-              f"{r['error']:>+8.1%}  {r['dominant']}", flush=True)
+              f"{r['error']:>+8.1%} {r['replay_error']:>+7.1%}  {r['dominant']}", flush=True)
     within = [r for r in rows if abs(r["error"]) <= args.goal]
-    print(f"\n{len(within)} of {len(rows)} rows within ±{args.goal:.0%}")
+    print(f"\n{len(within)} of {len(rows)} rows within ±{args.goal:.0%}; every run's trace replayed within "
+          f"{max(abs(r['replay_error']) for r in rows):.1%} of its measured step (the replay column: its worst run)")
+    if len(rows) > 1:
+        from workbench.analysis.ranking import best_kept, kendall_tau
+
+        pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
+        spread = [(max(r["runs_ms"]) - min(r["runs_ms"])) / 2 for r in rows]
+        print(f"Kendall's τ between the predicted and the measured order of the strategies: "
+              f"{kendall_tau(pred, meas):.2f}; predicted fastest is the measured fastest (within its spread): "
+              f"{best_kept(pred, meas, spread)}")
     for r in rows:
         if abs(r["error"]) > args.goal:
             print(f"  {r['strategy']}: {r['error']:+.1%}; terms (ms) "

@@ -7,6 +7,7 @@
     workbench show traces/dp2            # the summary: step time, overlap, memory measured vs predicted
     workbench report traces/dp2          # its charts in one HTML file: traces/dp2/report.html
     workbench compare '{"dp": 2}' '{"dp": 2, "zero": 3}' --out traces/compare   # table.csv + report.html
+    workbench what-if traces/dp2 --dp 4  # the run's trace edited and replayed (cli/what_if_command.py)
 
 `workbench run`'s flags are RunConfig's fields (cli/run_command.py); the other subcommands are parsed here.
 A bad configuration is reported (exit code 2) before any process starts.
@@ -63,6 +64,7 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The subcommands; `run`'s flags are generated from RunConfig (cli/run_command.py: `workbench run --help`)."""
     from workbench import __version__
+    from workbench.cli import what_if_command
 
     parser = argparse.ArgumentParser(prog="workbench", description="Run and profile distributed training.")
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="launch a training run with torchrun (every RunConfig field is a flag: "
                                "workbench run --help)", add_help=False)
     _add_other_commands(sub)
+    what_if_command.add_parser(sub)
     return parser
 
 
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if errors else 0
     if a.command == "compare":
         return cmd_compare(a)
+    if a.command == "what-if":
+        from workbench.cli import what_if_command
+
+        return what_if_command.run(a)
     if a.command == "show":
         return cmd_show(a.run_dir)
     if a.command == "report":
