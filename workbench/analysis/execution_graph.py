@@ -72,6 +72,7 @@ class OpNode:
     label: str = ""
     emulated_s: float = 0.0
     extra_us: dict[int, float] = field(default_factory=dict)  # a member that completed later: by how much
+    blocking: bool = False  # a blocking collective (an emulated link holds it after it is done, not beside it)
     sender: int = -1  # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
     send_us: float = 0.0  # send needs no receive posted: the receiver's completion is the transfer's)
 
@@ -112,6 +113,7 @@ class _Rank:
         #: key → (issue µs, completion µs or None, args)
         self.issued: dict[tuple[Any, ...], tuple[float, float | None, dict[str, Any]]] = {}
         self.blocks: list[tuple[float, float, tuple[Any, ...], dict[str, Any]]] = []  # (start, end, keys, args)
+        self.blocking: set[tuple[Any, ...]] = set()
         by_launch: dict[float, list[tuple[Any, ...]]] = {}
         by_seq: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         for local, e in begins.items():
@@ -129,6 +131,7 @@ class _Rank:
             if e.get("tid") == LANES["comm"] and e.get("cat") == "collective" and "seq" in a:  # blocking
                 k = _key(a)
                 self.issued[k] = (e["ts"], e["ts"] + e["dur"], a)
+                self.blocking.add(k)
                 self.blocks.append((e["ts"], e["ts"] + e["dur"], (k,), a))
             elif e.get("tid") == LANES["wait"] and e.get("cat") == "wait" and "op" in a:
                 k = by_seq.get((a["op"], a["group"], a.get("seq"), a.get("step")))
@@ -260,6 +263,9 @@ def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots:
             # the send's own completion is not recorded apart from its batch's (whose receive it may have
             # waited for): 0, and its block's residual keeps what the send itself took
             ops[k].sender, ops[k].send_us = sender[0], 0.0
+    for r in ranks.values():
+        for k in r.blocking & set(ops):
+            ops[k].blocking = True
     measured = {(k, rank): c for k, views in seen.items() for rank, _, c, a in views if c is not None}
     issued = {(k, rank): t for k, views in seen.items() for rank, t, _, _ in views}
     workers = Workers(slots)

@@ -134,8 +134,15 @@ def _relink(graph: Graph, spec: str | None, ranks_per_node: int) -> None:
                                          len(set(node.members)) > 1 else node.sender, node.nbytes)
         else:
             _, new = net.collective_seconds(node.op, node.nbytes, list(node.members))
-        # a collective's hold is inside its cost; a send's is the sender's, before it posts (its issue's)
-        node.cost_us = max(0.0, node.cost_us + ((new if node.op != "send" else 0.0) - node.emulated_s) * 1e6)
+        # a send's hold is the sender's, before it posts (its issue's); a blocking collective's comes after
+        # it is done; an asynchronous one's runs beside it, and its wait returns no earlier than either
+        own = max(0.0, node.cost_us - node.emulated_s * 1e6)
+        if node.op == "send":
+            node.cost_us = own
+        elif node.blocking:
+            node.cost_us = own + new * 1e6
+        else:
+            node.cost_us = max(own, new * 1e6)
         node.emulated_s = new
     for rank, program in graph.programs.items():
         for it in program:

@@ -11,7 +11,9 @@ hardware's matmul, attention and element-wise rates, a fixed cost per layer and 
 tensor-parallel collectives (α + bytes/β each); the pipeline schedule simulated with those costs; the
 data-parallel buckets overlapped with the last backward; the optimizer and a step's fixed cost.
 `step_terms` says what each adds, `dominant_term` which is largest. On GPUs from the presets'
-rates (peak × `efficiency`) and links; on this machine from calibrate()'s measurements.
+achievable rates (the best-shape matmul FLOP/s measured by the MAMF finder × SHAPE_EFFICIENCY, predict/
+hardware.py; a custom Hardware without `matmul_flops`: peak × `efficiency`) and links; on this machine from
+calibrate()'s measurements.
 
 No torch here: the planner calls it thousands of times.
 """

@@ -49,9 +49,19 @@ class Hardware:
     skew: tuple[tuple[float, ...], ...] = ()
 
 
-A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8)
+#: maximum achievable matmul FLOP/s, BF16, at the best shape (ml-engineering's MAMF finder, Bekman: A100 SXM
+#: 267.9 of 312 TFLOP/s at 6912×16384×2048, H100 SXM 792.1 of 989 at 6144×17920×2816): what a GEMM can reach
+MAMF_TFLOPS = {"A100": 267.9, "H100": 792.1}
+#: the share of that a training step's GEMMs reach: their real shapes (tp-sharded widths, a few thousand tokens,
+#: the wave and tile quantisation of those) and unfused epilogues. The one constant the GPU presets are fitted
+#: with: 0.85 puts all ten rows of Megatron-LM's weak-scaling table (Narayanan et al. 2021) within ±12 % of
+#: their published TFLOP/s per GPU (tests/test_published_runs.py)
+SHAPE_EFFICIENCY = 0.85
+
+A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8,
+                     matmul_flops=MAMF_TFLOPS["A100"] * 1e12 * SHAPE_EFFICIENCY)
 H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9,  # PCIe 5.0
-                     memory_bw=3.35e12)
+                     memory_bw=3.35e12, matmul_flops=MAMF_TFLOPS["H100"] * 1e12 * SHAPE_EFFICIENCY)
 
 #: dense peaks from the datasheets, TFLOP/s per device: (16-bit tensor cores, plain fp32) — the figures an MFU
 #: divides by. Matched in order against torch.cuda.get_device_name() (the first name contained in it wins).
