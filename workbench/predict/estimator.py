@@ -50,6 +50,7 @@ class Estimate:
     model_state_bytes: dict[str, float]
     model_state_bytes_per_rank: float
     activation_bytes_per_rank: float | None = None
+    wgrad_stash_bytes_per_rank: float = 0.0  # zero-bubble schedules: the W stash at its peak (formulas/zero_bubble.py)
     #: ZeRO-2/3's gradient copies in flight and ZeRO-3's gathered layers (formulas.buffer_bytes)
     buffer_bytes: dict[str, float] = field(default_factory=dict)
     memory_bytes_per_rank: float | None = None
@@ -208,18 +209,27 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     if model is None or global_batch is None:
         return _timed(out, hardware, None, {})
     micro = global_batch // dp // microbatches
-    acts, core = formulas.cp_local(model, cp, cp_rotate)
-    if attention == "sdpa" and cp == 1:
-        core = "fused"
-    act = _activations(acts, micro, w, tp, pp, microbatches, virtual_stages, sequence_parallel, recompute,
-                       activations, core)
-    out.activation_bytes_per_rank = act
-    out.buffer_bytes = formulas.buffer_bytes(model, local, shards, zero, bucket_mb, w, prefetch, backend_copies)
-    # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
-    # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
-    masters = 4 * local if g == 2 and not offload else 0
-    out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
-                                 + out.buffer_bytes["temporary"])
+    if activations == "megatron":
+        acts, core = formulas.cp_local(model, cp, cp_rotate)
+        act = _megatron_activations(acts, micro, tp, pp, microbatches, sequence_parallel, recompute, schedule)
+        out.activation_bytes_per_rank = act
+        out.buffer_bytes = formulas.buffer_bytes(model, local, shards, zero, bucket_mb, w, prefetch, backend_copies)
+        # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
+        # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
+        masters = 4 * local if g == 2 and not offload else 0
+        out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
+                                     + out.buffer_bytes["temporary"])
+    else:  # the one memory model: the run's own prediction (formulas/run.py), schedule included
+        run = _run_dict(model, dp, tp, pp, zero, precision, global_batch, microbatches, virtual_stages,
+                        sequence_parallel, recompute, bucket_mb, prefetch, backend_copies, g, offload, schedule, cp,
+                        cp_rotate, ep, attention, traffic, hardware)
+        categories, total, _ = formulas.predicted_memory(run)
+        out.model_state_bytes = {k: categories[k] for k in ("parameter", "gradient", "optimizer_state")}
+        out.model_state_bytes_per_rank = sum(out.model_state_bytes.values())
+        out.activation_bytes_per_rank = categories["activation"]
+        out.wgrad_stash_bytes_per_rank = categories.get("wgrad_stash", 0.0)
+        out.buffer_bytes = {"comm_buffer": categories["comm_buffer"], "temporary": categories["temporary"]}
+        out.memory_bytes_per_rank = total
     out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
     out.flops_per_step = formulas.model_flops_per_token(flops_model) * global_batch * model.seq_len
     _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
@@ -261,16 +271,29 @@ def _run_kwargs(c: RunConfig) -> dict[str, Any]:
             "ep": c.ep, "attention": c.attention}
 
 
-def _activations(model: ModelConfig, micro: int, w: int, tp: int, pp: int, microbatches: int, virtual_stages: int,
-                 sequence_parallel: bool, recompute: str, activations: str, core: str = "eager") -> float:
-    """The first stage's activations: it holds the most microbatches (1F1B: min(p, m); GPipe would hold m)."""
-    in_flight = min(pp, microbatches) if pp > 1 else 1
-    if activations == "megatron":
-        return in_flight * (model.layers // pp) * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
-    stages = pp * virtual_stages
-    kept = formulas.stage_activation_bytes(model, micro, 0, stages, w, tp, sequence_parallel, recompute, core=core)
-    return in_flight * virtual_stages * kept + \
-        formulas.backward_extra_bytes(model, micro, stages == 1, w, tp, sequence_parallel, recompute, core=core)
+def _megatron_activations(model: ModelConfig, micro: int, tp: int, pp: int, microbatches: int,
+                          sequence_parallel: bool, recompute: str, schedule: str) -> float:
+    """Korthikanti et al.'s 16-bit bytes per layer × the first stage's layers × the micro-batches it holds
+    (GPipe: all m; the others: min(p, m))."""
+    in_flight = (microbatches if schedule == "gpipe" else min(pp, microbatches)) if pp > 1 else 1
+    return in_flight * (model.layers // pp) * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
+
+
+def _run_dict(model: ModelConfig, dp: int, tp: int, pp: int, zero: int, precision: str, global_batch: int,
+              microbatches: int, virtual_stages: int, sequence_parallel: bool, recompute: str, bucket_mb: float,
+              prefetch: bool, backend_copies: bool, grad_bytes: int, offload: bool, schedule: str, cp: int,
+              cp_rotate: str, ep: int, attention: str, traffic: Traffic | None, hardware: Hardware | None
+              ) -> dict[str, Any]:
+    """The resolved-config dict formulas/run.py reads, for the estimate's arguments (a GPU hardware:
+    CUDA's kernels' saves; none or a CPU: the CPU's)."""
+    return {"model": asdict(model), "dp": dp, "tp": tp, "pp": pp, "zero": zero, "precision": precision,
+            "global_batch": global_batch, "microbatches": microbatches, "virtual_stages": virtual_stages,
+            "sequence_parallel": sequence_parallel, "recompute": recompute, "bucket_mb": bucket_mb,
+            "prefetch": prefetch, "backend": "gloo" if backend_copies else "nccl",
+            "grad_reduce_dtype": "fp32" if grad_bytes == 4 else "bf16", "offload_optimizer": offload,
+            "schedule": schedule, "cp": cp, "cp_rotate": cp_rotate, "ep": ep, "attention": attention,
+            "grad_compression": (traffic or Traffic()).grad_compression,
+            "device": "cuda" if hardware is not None and not hardware.cores else "cpu"}
 
 
 def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout: dict[str, Any]) -> Estimate:

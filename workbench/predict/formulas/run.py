@@ -4,6 +4,7 @@ puts beside each measurement. Plain arithmetic, no torch."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,35 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     """The formulas' memory per rank for this run, by category: model states, activations, and the
     buffers ZeRO-2/3 stage and gather (`buffer_bytes`). Under context parallelism ZeRO shards over dp×cp
     and the activations are those of each rank's s/cp tokens, with the ring's attention core."""
+    return _categories(config, pp_rank)[0]
+
+
+def predicted_memory(config: dict[str, Any]) -> tuple[dict[str, float], float, int]:
+    """The rank that pays the most: its categories (`predicted_bytes`), the simultaneous peak of their sum,
+    and its pipeline rank. The one memory model: the estimator (and so compare, the planner and the
+    notebooks) takes its memory from here, as summary.json does.
+
+    The peak: model states, plus the largest of the activations with the zero-bubble W stash held at the
+    same time (they peak at the end of forward or, in a pipeline, when the schedule holds the most
+    micro-batches), the gradient
+    copies in flight (they peak during backward, as activations are released) and the fp32 copies of
+    16-bit gradients (at the update, activations gone), plus the other temporaries (ZeRO-3's gathered
+    layers)."""
+    best: tuple[dict[str, float], float, int] | None = None
+    for rank in range(config.get("pp", 1)):
+        categories, masters, together = _categories(config, rank)
+        states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
+        total = states + max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+        if best is None or total > best[1]:
+            best = (categories, total, rank)
+    assert best is not None
+    return best
+
+
+def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float], float, float]:
+    """`predicted_bytes`; the fp32 copies of 16-bit gradients the update makes (inside `temporary`); and the
+    most activations and W stash held at once (the two peak at different actions of a zero-bubble
+    schedule)."""
     model = run_model(config)
     shards = config["dp"] * config.get("cp", 1)  # the ranks holding the same parameters
     acts, core = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
@@ -33,8 +63,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     states = {**zero_states(config, model, params, shards, pp_rank),
               **buffer_bytes(model, params, shards, config.get("zero", 0), config.get("bucket_mb", 25.0),
                              width, config.get("prefetch", True), config.get("backend") == "gloo")}
-    if grad_width(config) < 4:  # 16-bit gradients: the update makes fp32 copies of them all
-        states["temporary"] += 4 * params
+    masters = 4 * params if grad_width(config) < 4 else 0.0
+    states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
     if config.get("grad_compression", "none") != "none" and shards > 1:  # every bucket's 16-bit copy,
         states["comm_buffer"] += 2 * params  # in flight until wait() after backward
     m = config.get("microbatches", 1)
@@ -44,7 +74,8 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
         rc = "fused"
     device = config.get("device", "cpu")  # config.json's resolved device: CUDA's kernels save other extras
     if config.get("pp", 1) == 1 and m == 1:
-        return {**states, "activation": activation_bytes(acts, micro, width, tp, sp, rc, device, core)}
+        act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
+        return {**states, "activation": act}, masters, act
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
@@ -56,18 +87,20 @@ def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float
     layers = model.layers // sched.stages
     stash = {k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
              for k in range(sched.stages)}
-    live = peak = stashed = peak_stash = 0.0
+    live = peak = stashed = peak_stash = together = 0.0
     for a in sched.actions[pp_rank]:
         if a.kind == "F":
             live += stage_bytes[a.stage]
             peak = max(peak, live)
         elif a.kind in ("B", "I"):
             peak = max(peak, live + extra[a.stage])
+            together = max(together, live + extra[a.stage] + stashed)
             live -= stage_bytes[a.stage]
         if a.kind in ("I", "W"):  # the zero-bubble split: I stashes each Linear's input and output gradient
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
-    return {**states, "activation": peak, "wgrad_stash": peak_stash}
+        together = max(together, live + stashed)
+    return {**states, "activation": peak, "wgrad_stash": peak_stash}, masters, together
 
 
 def zero_states(config: dict[str, Any], model: ModelConfig, params: float, shards: int,
@@ -124,8 +157,15 @@ def grad_width(config: dict[str, Any]) -> int:
 def run_schedule(config: dict[str, Any]) -> Schedule:
     """The microbatch schedule a run's config (config.json or a RunConfig's dict) executes."""
     pp = config.get("pp", 1)
-    return build_schedule(config.get("schedule", "1f1b") if pp > 1 else "1f1b", pp, config.get("microbatches", 1),
-                          config.get("virtual_stages", 1))
+    name = config.get("schedule", "1f1b") if pp > 1 else "1f1b"
+    args = (pp, config.get("microbatches", 1), config.get("virtual_stages", 1))
+    return build_schedule(name, *args) if name.startswith("csv:") else _built(name, *args)
+
+
+@functools.lru_cache(maxsize=512)
+def _built(name: str, p: int, m: int, v: int) -> Schedule:
+    """A generated schedule, built once (the planner asks for the same ones for many layouts)."""
+    return build_schedule(name, p, m, v)
 
 
 def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, dict[str, float]]:
