@@ -24,7 +24,7 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
         raise ConfigError("bucket_mb: the run has no data-parallel gradient buckets to re-cut (it needs dp > 1, "
                           "zero=0 and the bucketed data parallel)")
     ab = fit([n for n in graph.ops.values() if replica_group(n)])
-    notes.append(f"data-parallel α {ab[0]:.0f} µs a ring step, {1 / ab[1] / 1e3 if ab[1] else float('inf'):.1f} "
+    notes.append(f"data-parallel α {ab[0]:.0f} µs a ring step, {1 / ab[1] if ab[1] else float('inf'):.1f} "
                  f"MB/s (fitted to the run's own operations)")
     cap = bucket_mb * 2**20
     launches = [it.us for p in graph.programs.values() for it in p if _bucket_launch(it)]

@@ -32,7 +32,7 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
                  f"{', its fixed cost kept' if per_f != tokens else ''}); every duration × "
                  f"{ratio:.2f} ({new.world_size} ranks sharing the cores instead of {old.world_size}); "
                  f"data-parallel α {ab[0]:.0f} µs a ring step, "
-                 f"β {1 / ab[1] / 1e3 if ab[1] else float('inf'):.1f} MB/s")
+                 f"β {1 / ab[1] if ab[1] else float('inf'):.1f} MB/s")
     programs: dict[int, list[Item]] = {}
     ops: dict[tuple[Any, ...], OpNode] = {}
     for r1 in range(new.world_size):

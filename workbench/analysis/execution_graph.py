@@ -101,11 +101,12 @@ def _key(args: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class _Rank:
-    """One rank's trace, read into points in time."""
+    """One rank's trace, read into points in time (shifted by `offset` µs: clock_offsets)."""
 
-    def __init__(self, trace: dict[str, Any]) -> None:
+    def __init__(self, trace: dict[str, Any], offset: float = 0.0) -> None:
         self.rank = trace["distributedInfo"]["rank"]
-        ev = trace["traceEvents"]
+        ev = [{**e, "ts": e["ts"] + offset} if "ts" in e else e for e in trace["traceEvents"]] if offset else \
+            trace["traceEvents"]
         self.steps = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in ev
                       if e.get("ph") == "X" and e.get("cat") == "step" and e.get("tid") == LANES["compute"]}
         begins = {e["id2"]["local"]: e for e in ev if e.get("ph") == "b" and e.get("tid") == LANES["comm"]}
@@ -205,8 +206,13 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
 
 def build(traces: list[dict[str, Any]], config: dict[str, Any] | None = None,
           steps: list[int] | None = None) -> Graph:
-    """The execution graph of the steps every rank completed (all of them unless `steps` says which)."""
+    """The execution graph of the steps every rank completed (all of them unless `steps` says which), each
+    rank's clock first shifted so that no operation completes before one of its members issued it
+    (clock_offsets)."""
     ranks = {r.rank: r for r in (_Rank(t) for t in traces)}
+    offsets = clock_offsets(ranks)
+    if any(offsets.values()):
+        ranks = {r.rank: r for r in (_Rank(t, offsets[t["distributedInfo"]["rank"]]) for t in traces)}
     common = sorted(set.intersection(*(set(r.steps) for r in ranks.values())))
     steps = sorted(set(steps) & set(common)) if steps is not None else common
     if not steps:
@@ -239,6 +245,35 @@ class Workers:
 
     def done(self, queue: tuple[Any, ...], member: int, slot: int, t: float) -> None:
         self.free[(queue, member)][slot] = t
+
+
+def clock_offsets(ranks: dict[int, _Rank]) -> dict[int, float]:
+    """µs to add to each rank's clock so that every operation completes, on each member, no earlier than
+    every member issued it. The ranks agree on one epoch at start-up (run-format.md), but on a loaded
+    machine to within a millisecond or so; an all-reduce that one rank finished before another issued it
+    shows that. Each such pair gives δ_i − δ_j ≥ t_j − c_i (i completed at c_i, j issued at t_j): the least
+    non-negative shifts that meet them all, by longest paths (Bellman–Ford, at most n passes; what a
+    cycle of contradictions leaves is absorbed by the costs' clamps). Traces that agree get none."""
+    bound: dict[tuple[int, int], float] = {}
+    for k in set().union(*(set(r.issued) for r in ranks.values())):
+        views = {rank: r.issued[k] for rank, r in ranks.items() if k in r.issued}
+        if len(views) < 2:
+            continue
+        for i, (_, c_i, a_i) in views.items():
+            if c_i is None or a_i["op"] == "send":  # a send completes on its own (gloo buffers it)
+                continue
+            for j, (t_j, _, _) in views.items():
+                if j != i and t_j - c_i > bound.get((i, j), 0.0):
+                    bound[(i, j)] = t_j - c_i
+    delta = dict.fromkeys(ranks, 0.0)
+    for _ in range(len(ranks)):
+        changed = False
+        for (i, j), b in bound.items():
+            if delta[i] < delta[j] + b:
+                delta[i], changed = delta[j] + b, True
+        if not changed:
+            break
+    return delta
 
 
 def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots: int

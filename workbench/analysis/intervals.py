@@ -50,3 +50,15 @@ def spread(values: list[float]) -> str:
     """Several whole runs' values of one ratio: min, median and max."""
     return (f"min {min(values):.3f}  median {statistics.median(values):.3f}  max {max(values):.3f}  "
             f"over {len(values)} runs")
+
+
+def step_spread(steps: list[float]) -> float:
+    """A run's ± on its median step: half the range from the 10th to the 90th percentile of its step times,
+    over their median (0 with fewer than two steps)."""
+    xs = sorted(steps)
+    if len(xs) < 2:
+        return 0.0
+
+    def at(q: float) -> float:
+        return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+    return (at(0.9) - at(0.1)) / 2 / statistics.median(xs)

@@ -40,6 +40,7 @@ from workbench.analysis.edit_buckets import rebucket
 from workbench.analysis.edit_dp import resize_dp
 from workbench.analysis.edit_pipeline import relay_pipeline
 from workbench.analysis.execution_graph import Graph, Item, build
+from workbench.analysis.intervals import step_spread
 from workbench.analysis.replay import replay
 from workbench.analysis.scaling import stretch
 from workbench.config import ConfigError
@@ -59,10 +60,13 @@ class WhatIf:
     source_replayed_s: float
     predicted_s: float
     notes: list[str] = field(default_factory=list)
+    #: ± on predicted_s: the source run's own spread of its steps (analysis/intervals.step_spread), as a share
+    spread: float = 0.0
 
     def __str__(self) -> str:
         edits = ", ".join(f"{k}={v}" for k, v in self.changes.items())
-        return (f"what if {edits}: {self.predicted_s * 1e3:.1f} ms a step (the run measured "
+        return (f"what if {edits}: {self.predicted_s * 1e3:.1f} ± {self.predicted_s * self.spread * 1e3:.1f} ms a "
+                f"step (the run measured "
                 f"{self.source_measured_s * 1e3:.1f} ms, its replay {self.source_replayed_s * 1e3:.1f} ms)")
 
 
@@ -78,8 +82,10 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     graph = build(load_traces(path), config)
     source = replay(graph)
     notes: list[str] = []
+    steps = [statistics.mean(graph.measured_us[r][k] for r in graph.programs) for k in source.steps]
+    spread = step_spread(steps)
     if not changes:
-        return WhatIf({}, source.measured_us / 1e6, source.step_us / 1e6, source.step_us / 1e6, notes)
+        return WhatIf({}, source.measured_us / 1e6, source.step_us / 1e6, source.step_us / 1e6, notes, spread)
     busy = statistics.mean((lanes["compute"] + lanes["host"]) / source.per_rank_us[r]
                            for r, lanes in source.lanes_us.items())
     stretch_of = stretch(config, hardware, cores, busy)
@@ -99,7 +105,7 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     pipeline = {k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes}
     if pipeline:
         predicted += relay_pipeline(path, config, graph.config, pipeline, hardware, notes)
-    return WhatIf(dict(changes), source.measured_us / 1e6, source.step_us / 1e6, predicted / 1e6, notes)
+    return WhatIf(dict(changes), source.measured_us / 1e6, source.step_us / 1e6, predicted / 1e6, notes, spread)
 
 
 def _config(path: str) -> dict[str, Any]:

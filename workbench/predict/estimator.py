@@ -77,6 +77,8 @@ class Estimate:
     step_terms: dict[str, float] = field(default_factory=dict)
     cp: int = 1  # context parallelism: gradients and ZeRO's shards span dp×cp
     ep: int = 1  # expert parallelism: E/ep experts a rank
+    #: ± on step_time_s: the spread the hardware's calibration measured (Hardware.spread × the step); None: none
+    step_time_spread_s: float | None = None
 
     @property
     def dominant_term(self) -> str | None:
@@ -318,4 +320,5 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
     out.comm_s = step.terms["tp"] + step.terms["cp"] + step.terms["ep"] + step.terms["zero3"] + step.terms["dp"] + \
         host_s
     out.step_time_s = step.total_s + host_s
+    out.step_time_spread_s = out.step_time_s * hw.spread if hw.spread else None
     return out

@@ -47,6 +47,9 @@ class Hardware:
     #: (n, κ): with n ranks, a blocking collective also waits κ × the work its rank did since the previous
     #: one (the ranks' jitter; run_calibration._pair_alpha); () → none
     skew: tuple[tuple[float, ...], ...] = ()
+    #: the relative ± of a step time here: how much calibrate()'s own runs moved (step to step and run to run;
+    #: studies/run_calibration.measured_spread); every predicted step time carries it. 0: not measured
+    spread: float = 0.0
 
 
 #: maximum achievable matmul FLOP/s, BF16, at the best shape (ml-engineering's MAMF finder, Bekman: A100 SXM

@@ -47,8 +47,8 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
-    made_for = {"format": 2, "model": asdict(cfg), "global_batch": global_batch, "backend": backend,
-                "worlds": list(worlds), "repeats": repeats}  # format 2: contention rows of 5 columns
+    made_for = {"format": 3, "model": asdict(cfg), "global_batch": global_batch, "backend": backend,
+                "worlds": list(worlds), "repeats": repeats}  # format 3: with the measured spread
     if reuse and out is not None and os.path.exists(os.path.join(out, FILE)):
         with open(os.path.join(out, FILE)) as f:
             if json.load(f).get("calibrated_for") == made_for:

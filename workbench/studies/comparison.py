@@ -21,6 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.analysis.intervals import step_spread
 from workbench.analysis.run import Run
 from workbench.config import RunConfig
 from workbench.launching.launcher import launch
@@ -56,10 +57,18 @@ class Comparison:
     baselines: list[Run] = field(default_factory=list)  # one per distinct model, batch and seed
 
     def bars(self) -> go.Figure:
+        """Measured and estimated step time, each ± its spread: the measured steps' (10th to 90th
+        percentile), the calibration's (how much this machine moved while it was measured)."""
         t = self.table
-        fig = go.Figure([go.Bar(x=t.strategy, y=1e3 * t.step_time_s, name="measured"),
-                         go.Bar(x=t.strategy, y=1e3 * t.predicted_step_time_s, name="estimated")])
-        fig.update_layout(barmode="group", yaxis_title="median step time (ms)", title="step time per strategy")
+
+        def err(col: str) -> dict:
+            return {"type": "data", "array": list(1e3 * t[col].fillna(0.0)), "visible": True}
+        fig = go.Figure([go.Bar(x=t.strategy, y=1e3 * t.step_time_s, name="measured",
+                                error_y=err("step_time_spread_s")),
+                         go.Bar(x=t.strategy, y=1e3 * t.predicted_step_time_s, name="estimated",
+                                error_y=err("predicted_step_time_spread_s"))])
+        fig.update_layout(barmode="group", yaxis_title="median step time (ms), ± spread",
+                          title="step time per strategy, each ± its spread")
         return fig
 
     def timelines(self) -> go.Figure:
@@ -116,6 +125,7 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
     s = run.summary
     r0 = s["ranks"][0]
     step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
+    steps = list(run.metrics.step_time_s.iloc[1:]) if len(run.metrics) > 1 else [step]
     tokens = c.global_batch * c.model_config.seq_len
     flops = formulas.model_flops_per_token(c.model_config) * tokens
     est = estimate(c, hardware=with_emulated_links(hw, c) if hw else None,
@@ -129,7 +139,9 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
            "bytes_moved_per_step": r0["bytes_moved_per_step"],
            "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
            "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),
+           "step_time_spread_s": step * step_spread(steps),
            "predicted_step_time_s": est.step_time_s, "step_time_dominant_term": est.dominant_term,
+           "predicted_step_time_spread_s": est.step_time_spread_s,
            "step_time_error": (est.step_time_s - step) / step if est.step_time_s else None,
            "predicted_memory_bytes": est.memory_bytes_per_rank,
            "memory_error": (est.memory_bytes_per_rank - measured_mem) / measured_mem}

@@ -22,6 +22,7 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
+from workbench.analysis.intervals import step_spread
 from workbench.config import ModelConfig, RunConfig
 
 
@@ -119,8 +120,19 @@ def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: 
         trial = replace(hw, contention=((w, stretch, a, p2p * a, 0.0),))
         measured = statistics.median(float(r.metrics.step_time_s.iloc[1:].median()) for r in runs[f"dp{w}"])
         full.append((float(w), stretch, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0)))
-    hw = replace(hw, contention=tuple(full))
+    hw = replace(hw, contention=tuple(full), spread=measured_spread([r for group in runs.values() for r in group],
+                                                                    [group for group in runs.values()]))
     return _pipeline_actions(cfg, hw, base, runs["pp2"])
+
+
+def measured_spread(runs: list[Any], groups: list[list[Any]]) -> float:
+    """How much this machine moves: the larger of the median run's spread of its steps (after the first) and
+    the median, over the runs repeated, of the half-range of their median steps over their median — what
+    every predicted step time carries as ± (Estimate.step_time_spread_s)."""
+    within = statistics.median(step_spread(list(r.metrics.step_time_s.iloc[1:])) for r in runs)
+    medians = [[float(r.metrics.step_time_s.iloc[1:].median()) for r in g] for g in groups if len(g) > 1]
+    between = statistics.median((max(m) - min(m)) / 2 / statistics.median(m) for m in medians) if medians else 0.0
+    return max(within, between)
 
 
 def _launch_cost(run: Any) -> float:
