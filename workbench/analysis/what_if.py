@@ -10,18 +10,20 @@
 Each edit keeps what was measured and changes only what the new configuration changes (Lumos, Liang et al.
 MLSys 2025, edits its graph the same way):
 
-- **dp** (the global batch kept): each rank's forward and backward scaled by its share of the tokens
-  (compute per token kept; ZeRO's optimizer by its 1/N slice), the data-parallel collectives re-costed by
-  α–β for the new group size (α per ring step and β fitted to the run's own data-parallel operations),
-  replicas added or dropped. On a CPU whose cores the ranks share, every duration is stretched by the
-  share of a core a rank gets (`Hardware.contention` from calibrate(), else processor sharing:
-  analysis/scaling.py).
-- **microbatches, schedule, virtual_stages** (a pipeline run): the schedule re-laid by the simulator from
-  the run's own mean forward and backward cost per stage (per micro-batch, scaled by its tokens; a split
-  backward's I and W each half of B) and its measured transfer time; the step is the replayed one with
-  the simulated pipeline span swapped for the new one.
-- **bucket_mb**: the data-parallel gradient buckets re-cut, each issued when backward has produced its
-  bytes (in proportion to the last backward's time) and costed by the fitted α–β.
+- **dp** (the global batch kept; analysis/edit_dp.py): each rank's forward and backward scaled to its new
+  micro-batch (per token, or with a calibrated `hardware` its fixed cost per layer kept: analysis/
+  scaling.py; ZeRO's optimizer by its 1/N slice), the data-parallel collectives re-costed by α–β for the
+  new group size (α per ring step and β fitted to the run's own data-parallel operations: analysis/
+  collective_fit.py), replicas added or dropped. On a CPU whose cores the ranks share, every duration is
+  stretched by the share of a core a rank gets (`Hardware.contention` from calibrate(), else processor
+  sharing).
+- **microbatches, schedule, virtual_stages** (a pipeline run; analysis/edit_pipeline.py): the schedule
+  re-laid by the simulator from the run's own mean forward and backward cost per stage (scaled to the new
+  micro-batch as above; a split backward's I and W each half of B) and its measured transfer time; the
+  step is the replayed one with the simulated pipeline span swapped for the new one.
+- **bucket_mb** (analysis/edit_buckets.py): the data-parallel gradient buckets re-cut, each issued when
+  backward has produced its bytes (in proportion to the last backward's time; on a CPU the ranks fill, all
+  when backward ends, one at a time) and costed by the fitted α–β.
 - **emulate_link / ranks_per_node**: each operation's emulated time replaced by the new link's
   (comm/emulated_link.py's formulas): collectives' costs, sends' holds.
 - **straggler** (rank, seconds): that rank sleeps so long at the start of every step.
@@ -31,6 +33,7 @@ No torch.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -96,6 +99,8 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         _relink(graph, changes.get("emulate_link", config.get("emulate_link")),
                 int(changes.get("ranks_per_node", config.get("ranks_per_node") or 0)))
     if "bucket_mb" in changes:
+        if not float(changes["bucket_mb"]) > 0:
+            raise ConfigError(f"bucket_mb={changes['bucket_mb']}: a bucket holds more than 0 MB (default 25)")
         overlap = config.get("device", "cpu") != "cpu" or config["world_size"] < (cores or os.cpu_count() or 1)
         rebucket(graph, float(changes["bucket_mb"]), overlap, notes)
     if "dp" in changes and int(changes["dp"]) != config["dp"]:
@@ -109,11 +114,8 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
 
 
 def _config(path: str) -> dict[str, Any]:
-    import json
-
     with open(os.path.join(path, "config.json")) as f:
         return json.load(f)
-
 
 
 # ---- straggler and link -----------------------------------------------------------------------
@@ -136,8 +138,8 @@ def _relink(graph: Graph, spec: str | None, ranks_per_node: int) -> None:
     net = EmulatedNetwork(parse_links(spec) if spec else {}, max(ranks_per_node, 1))
     for node in graph.ops.values():
         if node.op == "send":
-            _, new = net.message_seconds(node.sender, next(m for m in node.members if m != node.sender) if
-                                         len(set(node.members)) > 1 else node.sender, node.nbytes)
+            peer = next((m for m in node.members if m != node.sender), node.sender)
+            _, new = net.message_seconds(node.sender, peer, node.nbytes)
         else:
             _, new = net.collective_seconds(node.op, node.nbytes, list(node.members))
         # a send's hold is the sender's, before it posts (its issue's); a blocking collective's comes after
