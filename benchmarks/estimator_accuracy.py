@@ -119,13 +119,9 @@ def main(argv: list[str]) -> int:
     print(f"\n{len(within)} of {len(rows)} rows within ±{args.goal:.0%}; every run's trace replayed within "
           f"{max(abs(r['replay_error']) for r in rows):.1%} of its measured step (the replay column: its worst run)")
     if len(rows) > 1:
-        from workbench.analysis.ranking import best_kept, kendall_tau
+        from workbench.analysis.ranking import order_line
 
-        pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
-        spread = [(max(r["runs_ms"]) - min(r["runs_ms"])) / 2 for r in rows]
-        print(f"Kendall's τ between the predicted and the measured order of the strategies: "
-              f"{kendall_tau(pred, meas):.2f}; predicted fastest is the measured fastest (within its spread): "
-              f"{best_kept(pred, meas, spread)}")
+        print(order_line(rows, "strategies"))
     for r in rows:
         if abs(r["error"]) > args.goal:
             print(f"  {r['strategy']}: {r['error']:+.1%}; terms (ms) "

@@ -68,7 +68,6 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("WORKBENCH_BACKEND", "gloo")
     import workbench as wb
-    from workbench.analysis.ranking import best_kept, kendall_tau
     from workbench.studies.calibration import calibrate
 
     chosen = [int(i) for i in args.only.split(",")] if args.only else list(range(len(PAIRS)))
@@ -111,11 +110,9 @@ def main(argv: list[str]) -> int:
     mean_abs = statistics.mean(abs(r["error"]) for r in rows)
     print(f"\nmean |error| {mean_abs:.1%} over {len(rows)} pairs (goal ≤ {args.goal:.0%})")
     if len(rows) > 1:
-        pred, meas = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
-        spread = [(max(r["runs_ms"]) - min(r["runs_ms"])) / 2 for r in rows]
-        print(f"Kendall's τ between the predicted and the measured order of the targets: "
-              f"{kendall_tau(pred, meas):.2f}; predicted fastest is the measured fastest (within its spread): "
-              f"{best_kept(pred, meas, spread)}")
+        from workbench.analysis.ranking import order_line
+
+        print(order_line(rows, "targets"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "what_if.json"), "w") as f:
         json.dump(rows, f, indent=1)

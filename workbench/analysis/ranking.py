@@ -38,3 +38,13 @@ def best_kept(predicted: list[float], measured: list[float], spread: list[float]
     j = min(range(len(measured)), key=measured.__getitem__)
     noise = (spread[i] + spread[j]) if spread else 0.0
     return i == j or measured[i] - measured[j] <= noise
+
+
+def order_line(rows: list[dict], of: str) -> str:
+    """A benchmark's line on order: Kendall's τ of `rows`' predicted_ms against their measured_ms, and whether
+    the predicted fastest is the measured fastest within the rows' spread (half the range of runs_ms)."""
+    predicted, measured = [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]
+    spread = [(max(r["runs_ms"]) - min(r["runs_ms"])) / 2 for r in rows]
+    return (f"Kendall's τ between the predicted and the measured order of the {of}: "
+            f"{kendall_tau(predicted, measured):.2f}; predicted fastest is the measured fastest (within its "
+            f"spread): {best_kept(predicted, measured, spread)}")
