@@ -67,8 +67,9 @@ those costs, the gradient buckets overlapped with backward, the optimizer, and t
 with more ranks than cores, compute stretched by the measured share of a core.
 `step_time_dominant_term` names the largest. Each figure carries its **±**: a measured step the spread of
 its own steps (10th to 90th percentile), a predicted one the spread calibrate()'s runs showed — this machine
-moves 10–30 % from one minute to the next, and a difference inside both bars is not one. `benchmarks/estimator_accuracy.py` holds 13 strategies
-against it; on these two shared cores most land within 15 %, and the README lists those that do not.
+moves 10–30 % from one minute to the next, and a difference inside both bars is not one.
+`benchmarks/estimator_accuracy.py` holds 13 strategies against it; on these two shared cores most land
+within 15 %, and the README lists those that do not.
 """),
 code("""
 cmp.bars().show()
