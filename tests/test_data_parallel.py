@@ -59,7 +59,7 @@ def test_the_oracle_can_fail(launched, single):
 
 
 def test_buckets_follow_backward_order_and_size():
-    from workbench.parallel.data_parallel import plan_buckets
+    from workbench.config.buckets import plan_buckets
 
     assert plan_buckets([10, 10, 10], 4, 80 / 2**20) == [[0, 1], [2]]
     assert plan_buckets([100, 1], 4, 1 / 2**20) == [[0], [1]]  # a big tensor gets its own bucket

@@ -11,6 +11,7 @@ from typing import Any
 from workbench.analysis.collective_fit import cost, fit, replica_group
 from workbench.analysis.execution_graph import Graph, Item, OpNode
 from workbench.config import ConfigError
+from workbench.config.buckets import plan_buckets
 
 
 def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) -> None:
@@ -26,7 +27,6 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
     ab = fit([n for n in graph.ops.values() if replica_group(n)])
     notes.append(f"data-parallel α {ab[0]:.0f} µs a ring step, {1 / ab[1] if ab[1] else float('inf'):.1f} "
                  f"MB/s (fitted to the run's own operations)")
-    cap = bucket_mb * 2**20
     launches = [it.us for p in graph.programs.values() for it in p if _bucket_launch(it)]
     launch = statistics.mean(launches) if launches else 0.0
     if not overlap:  # and one collective at a time: the worker threads have no core of their own either
@@ -34,9 +34,22 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
         graph.slots = 1
     for rank, program in graph.programs.items():
         graph.programs[rank] = [it for seg in _segments(program)
-                                for it in _rebucket_step(seg, old, graph, ab, cap, launch, overlap)]
+                                for it in _rebucket_step(seg, old, graph, ab, bucket_mb, launch, overlap,
+                                                         graph.param_sizes.get(rank, []))]
     for k in old:
         graph.ops.pop(k, None)
+
+
+def bucket_bytes(params: list[int], total: float, bucket_mb: float) -> list[float]:
+    """The new buckets' bytes, cut as the run cuts them (config/buckets.py: whole tensors, last layers
+    first) from its parameters' sizes; without them (an older trace), `total` in equal cuts."""
+    per_value = total / sum(params) if params else 0.0
+    if not per_value or abs(per_value - round(per_value)) > 1e-6:
+        cap = bucket_mb * 2**20
+        return [min(cap, total - i * cap) for i in range(max(1, math.ceil(total / cap)))]
+    backward = list(reversed(params))
+    return [sum(backward[i] for i in idxs) * per_value
+            for idxs in plan_buckets(backward, round(per_value), bucket_mb)]
 
 
 def _bucket_launch(it: Item) -> bool:
@@ -53,13 +66,13 @@ def _segments(program: list[Item]) -> list[list[Item]]:
     return out
 
 
-def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph: Graph,
-                   fit: tuple[float, float], cap: float, launch: float, overlap: bool) -> list[Item]:
+def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph: Graph, fit: tuple[float, float],
+                   bucket_mb: float, launch: float, overlap: bool, params: list[int]) -> list[Item]:
     mine = [old[it.keys[0]] for it in items if it.kind == "issue" and it.keys[0] in old]
     if not mine:
         return items
     total = sum(n.nbytes for n in mine)
-    sizes = [min(cap, total - i * cap) for i in range(max(1, math.ceil(total / cap)))]
+    sizes = bucket_bytes(params, total, bucket_mb)
     first = mine[0]
     keys = [("c", first.group, first.members, ("bucket", first.step, i)) for i in range(len(sizes))]
     for i, (k, size) in enumerate(zip(keys, sizes, strict=True)):

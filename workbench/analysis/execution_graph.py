@@ -33,6 +33,7 @@ not, the graph misses a dependency (or the ranks' clocks disagree, which the cla
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,8 @@ class Graph:
     lanes_us: dict[int, dict[int, dict[str, float]]]  # rank → step → measured compute / blocked / host
     config: dict[str, Any]
     slots: int = 2  # SLOTS of the run's backend
+    #: each rank's parameters' sizes (values), in the model's order (the trace's `param_shapes`)
+    param_sizes: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -224,9 +227,11 @@ def build(traces: list[dict[str, Any]], config: dict[str, Any] | None = None,
     slots = SLOTS.get(backend, 1)
     ops = _operations(ranks, programs, slots)
     _residuals(programs, ops, ranks, slots)
+    sizes = {t["distributedInfo"]["rank"]: [math.prod(shape) for shape in
+                                            t.get("workbench", {}).get("param_shapes", {}).values()] for t in traces}
     return Graph(programs, ops, {k: r.steps[steps[0]][0] for k, r in ranks.items()},
                  {k: {s: r.steps[s][1] - r.steps[s][0] for s in steps} for k, r in ranks.items()},
-                 lanes, config or {}, slots)
+                 lanes, config or {}, slots, sizes)
 
 
 class Workers:

@@ -37,6 +37,7 @@ from torch import nn
 from workbench.comm.hierarchical import hierarchical_all_reduce
 from workbench.comm.ring_allreduce import ring_all_reduce
 from workbench.comm.traced import Communicator, Handle
+from workbench.config.buckets import plan_buckets
 from workbench.parallel.flat import empty_flat, grads_as_views
 from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.main_grad import accumulate_main_grad, grad_of, main_grads_as_views, uses_main_grads
@@ -86,21 +87,6 @@ class Bucket:
     wire: torch.Tensor | None = None  # the compressed copy on the wire
     launched: bool = False
     names: list[str] = field(default_factory=list)
-
-
-def plan_buckets(sizes: list[int], element_size: int, bucket_mb: float) -> list[list[int]]:
-    """Indices of the tensors (given in backward order) for each bucket: a bucket closes once it
-    holds at least `bucket_mb` MB (a tensor larger than that gets a bucket of its own)."""
-    cap = bucket_mb * 1024 * 1024
-    plan: list[list[int]] = [[]]
-    filled = 0
-    for i, n in enumerate(sizes):
-        if plan[-1] and filled + n * element_size > cap:
-            plan.append([])
-            filled = 0
-        plan[-1].append(i)
-        filled += n * element_size
-    return plan
 
 
 class BucketedDataParallel(SyncToggle):

@@ -37,7 +37,7 @@ from torch import nn
 
 from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
-from workbench.parallel.data_parallel import plan_buckets
+from workbench.config.buckets import plan_buckets
 from workbench.parallel.flat import flatten_params, grads_as_views, marked_runs, pack_grads
 from workbench.parallel.grad_sync import ChainedGradSync, SyncToggle
 
