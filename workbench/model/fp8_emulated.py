@@ -47,11 +47,11 @@ def quantize(x: torch.Tensor, fmt: torch.dtype = E4M3, scaling: str = "per-tenso
         flat = x.reshape(-1)
         pad = (-flat.numel()) % BLOCK
         blocks = torch.nn.functional.pad(flat, (0, pad)).reshape(-1, BLOCK)
-        block_max = blocks.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+        block_max = blocks.detach().abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
         scale = torch.exp2(torch.floor(torch.log2(fmax / block_max)))  # E8M0: a power of two
         out = fp8_cast(blocks * scale, fmt) / scale
         return out.reshape(-1)[: flat.numel()].reshape(x.shape)
-    top = float(x.abs().max()) if scaling == "per-tensor" else float(amax or 0.0)
+    top = float(x.detach().abs().max()) if scaling == "per-tensor" else float(amax or 0.0)
     scale = fmax / top if top > 0 else 1.0
     return fp8_cast(x * scale, fmt) / scale
 
@@ -96,7 +96,7 @@ class AmaxHistory:
 
     def scale_amax(self, x: torch.Tensor) -> float:
         """The amax to scale x by (the history's, before x's own joins it; x's own the first time)."""
-        current = float(x.abs().max())
+        current = float(x.detach().abs().max())
         amax = max(self.values) if self.values else current
         self.values.append(current)
         return amax
