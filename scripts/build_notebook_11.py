@@ -361,6 +361,32 @@ pd.DataFrame({name: {"DP: tokens a rank below which it is communication-bound": 
                          4096, 4, F, BW, alpha)} for name, (F, BW, alpha) in MACHINES.items()}).round(0)
 """),
 md("""
+**Your cluster.** Move the sliders: the matmul rate a GPU reaches and the bandwidth each GPU has to the others
+in its data-parallel group — the chart shows where data parallelism and ZeRO-3 turn communication-bound
+(each rank's tokens per step below the crossover: the gradients' traffic outlasts the compute).
+"""),
+code("""
+import ipywidgets as widgets
+
+def dp_explorer(tflops=230.0, link_GBps=25.0):
+    F, BW = tflops * 1e12, link_GBps * 1e9
+    fig = go.Figure()
+    for name, ratio, cross, color in (("data parallel", crossover.dp_ratio, crossover.dp_crossover, "#4C78A8"),
+                                      ("ZeRO-3", crossover.zero3_ratio, crossover.zero3_crossover, "#F58518")):
+        fig.add_trace(go.Scatter(x=tokens, y=[ratio(t, F, BW) for t in tokens], name=name, line={"color": color}))
+        fig.add_vline(x=cross(F, BW), line_color=color, line_dash="dash",
+                      annotation_text=f"{name}: {cross(F, BW):,.0f} tokens a rank")
+    fig.add_hline(y=1, line_dash="dot", line_color="#888")
+    fig.update_layout(xaxis={"type": "log", "title": "tokens a rank per step"},
+                      yaxis={"type": "log", "title": "communication / compute"}, height=380,
+                      title=f"{tflops:.0f} TFLOP/s a GPU, {link_GBps:.0f} GB/s between them")
+    fig.show()
+
+widgets.interact(dp_explorer,
+                 tflops=widgets.FloatLogSlider(value=230, base=10, min=1, max=3.3, description="TFLOP/s"),
+                 link_GBps=widgets.FloatLogSlider(value=25, base=10, min=0, max=3, description="link GB/s"));
+"""),
+md("""
 **Measured here**, under an emulated link (a teaching device: comm/emulated_link.py holds each message for
 latency + bytes / bandwidth): for each strategy, two runs of a small model, one on each side of its predicted
 crossover. F, the compute rate the formula needs, is measured from the larger run itself (its model FLOPs
