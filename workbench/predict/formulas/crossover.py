@@ -25,27 +25,29 @@ from __future__ import annotations
 import math
 
 
+def _passes(passes: int, n: int) -> float:
+    """The gradients' traffic in units of g·N a rank: passes·(n−1)/n over n ranks (n = 0: many)."""
+    return passes * (n - 1) / n if n else float(passes)
+
+
 def dp_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """Data parallelism's all-reduce time over its step's compute (n ranks; 0: many)."""
-    factor = 2 * (n - 1) / n if n else 2.0
-    return factor * g / bw / (6 * tokens_per_rank / flops)
+    """Data parallelism's all-reduce time (2(n−1)/n·g·N bytes) over its step's compute (6·N·B FLOPs)."""
+    return _passes(2, n) * g * flops / (6 * tokens_per_rank * bw)
 
 
 def dp_crossover(flops: float, bw: float, g: int = 2, n: int = 0) -> float:
     """Tokens a rank below which data parallelism is communication-bound."""
-    factor = 2 * (n - 1) / n if n else 2.0
-    return factor * g * flops / (6 * bw)
+    return _passes(2, n) * g * flops / (6 * bw)
 
 
 def zero3_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """ZeRO-3's gathers and reduce-scatter (3·(n−1)/n·g·N bytes) over its step's compute."""
-    factor = 3 * (n - 1) / n if n else 3.0
-    return factor * g / bw / (6 * tokens_per_rank / flops)
+    """ZeRO-3's two all-gathers and reduce-scatter (3·(n−1)/n·g·N bytes) over its step's compute."""
+    return _passes(3, n) * g * flops / (6 * tokens_per_rank * bw)
 
 
 def zero3_crossover(flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    factor = 3 * (n - 1) / n if n else 3.0
-    return factor * g * flops / (6 * bw)
+    """Tokens a rank below which ZeRO-3 is communication-bound."""
+    return _passes(3, n) * g * flops / (6 * bw)
 
 
 def tp_ratio(hidden: float, t: int, flops: float, bw: float, g: int = 2) -> float:
