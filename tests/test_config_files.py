@@ -90,3 +90,13 @@ def test_a_run_from_a_config_file_equals_the_same_run_from_flags(tmp_path, launc
     from_file, baseline = wb.load(str(out)), launched(**from_flags.to_dict())
     assert from_file.metrics.loss.tolist() == baseline.metrics.loss.tolist()
     assert from_file.run_config == baseline.run_config
+
+
+def test_a_run_prints_only_the_settings_that_differ_from_the_defaults():
+    """`make demo` opens with one line of what it changed, not the 66 resolved fields (config.json has them,
+    `--print-config` prints them)."""
+    from workbench.cli.commands import shown_config
+
+    assert shown_config(RunConfig(dp=2, steps=100, bucket_mb=0.03, name="demo")) == \
+        {"dp": 2, "steps": 100, "bucket_mb": 0.03, "name": "demo"}
+    assert shown_config(RunConfig()) == {}

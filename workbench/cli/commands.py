@@ -19,11 +19,10 @@ from workbench.config import ConfigError, ModelConfig, RunConfig
 
 
 def shown_config(config: RunConfig) -> dict[str, Any]:
-    """The configuration as printed: fault-injection fields only when a fault is injected."""
-    d = config.to_dict()
-    if config.fault is None:
-        d = {k: v for k, v in d.items() if not k.startswith("fault")}
-    return d
+    """The settings a run prints before it starts: those that differ from RunConfig's defaults (the whole
+    resolved configuration is config.json, and `--print-config` prints it)."""
+    defaults = RunConfig().to_dict()
+    return {k: v for k, v in config.to_dict().items() if v != defaults.get(k)}
 
 
 def absolute_csv(schedule: str) -> str:
@@ -87,7 +86,10 @@ def cmd_run(argv: list[str]) -> int:
     if a.print_config:
         print(config_text(config), end="")
         return 0
-    print("configuration:", json.dumps(shown_config(config)), flush=True)
+    changed = " ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
+                       for k, v in shown_config(config).items())
+    print(f"settings (beside the defaults; all of them: --print-config, and config.json): {changed or 'none'}",
+          flush=True)
     if isinstance(config.model, ModelConfig):  # given as changes to a preset: the dims that result
         print(f"model: {config.model_config}", flush=True)
     nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
