@@ -243,8 +243,9 @@ code("""
 psi = dp2.config["params"]
 r0 = dp2.summary["ranks"][0]
 by_cat = pd.DataFrame({"measured peak": r0["peak_bytes"], "predicted": r0["predicted_bytes"]}).dropna()
+by_cat["predicted"] = by_cat["predicted"].round().astype(int)  # bytes: whole numbers, as measured
 by_cat["formula"] = pd.Series({"parameter": "4Ψ", "gradient": "4Ψ", "optimizer_state": "8Ψ (Adam m, v)",
-                              "activation": "tensors saved for backward"})
+                              "activation": "tensors saved for backward"}).reindex(by_cat.index).fillna("—")
 print(f"Ψ = {psi:,} parameters")
 viz.check("every category's measured peak equals its formula, to the byte",
           by_cat["measured peak"] == by_cat["predicted"])

@@ -64,7 +64,7 @@ def formula_figure(params: float, n: int, precision: str = "mixed", highlight: i
                              marker_color=CATEGORY_COLORS[cat]))
     totals = [sum(s.values()) / 1e9 for s in per_stage]
     fig.add_trace(go.Scatter(x=names, y=totals, mode="text", text=[f"{t:.1f} GB" for t in totals],
-                             textposition="top center", name="total per GPU",
+                             textposition="top center", name="total per GPU", showlegend=False,
                              hovertemplate="%{x}: %{y:.2f} GB in all<extra>total per GPU</extra>"))
     if highlight is not None:
         fig.add_vrect(x0=highlight - 0.45, x1=highlight + 0.45, line_width=2, line_color="black",
@@ -93,7 +93,8 @@ def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed
     first = next(k for k, v in PRECISIONS.items() if v[0] == precision)
     prec = widgets.Dropdown(options=list(PRECISIONS), value=first, description="precision",
                             style={"description_width": "initial"}, layout={"width": "60%"})
-    offload = widgets.Checkbox(value=False, description="ZeRO-Offload (optimizer states on the host)")
+    offload = widgets.Checkbox(value=False, description="ZeRO-Offload (optimizer states on the host)",
+                               style={"description_width": "initial"}, layout=widgets.Layout(width="auto"))
     out = widgets.Output()
     text = widgets.HTML()
 
