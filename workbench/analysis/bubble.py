@@ -108,21 +108,25 @@ def _mean_gap(spans: list[dict[str, Any]], waits: list[dict[str, Any]]) -> float
     return statistics.mean(gaps) if gaps else 0.0
 
 
+def action_costs(cost: dict[tuple[int, str], float], gap: dict[int, float]) -> Any:
+    """The simulator's cost function from measured costs: each action (stage, kind) its mean compute time,
+    plus its rank's host gap between actions (none where `gap` has no entry); transfers cost nothing here."""
+    def f(r: int, item: Any) -> tuple[float, float]:
+        if not isinstance(item, Action):
+            return 0.0, 0.0
+        busy = cost.get((item.stage, item.kind), 0.0)
+        return busy + gap.get(r, 0.0), busy
+    return f
+
+
 def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -> list[float]:
     """The simulated bubble with the measured costs added one at a time: compute, transfers, host gaps,
     entry skew."""
     cost, gap = inputs["cost"], inputs["gap"]
 
-    def costs(with_gaps: bool):
-        def f(r: int, item: Any) -> tuple[float, float]:
-            if not isinstance(item, Action):
-                return 0.0, 0.0
-            busy = cost.get((item.stage, item.kind), 0.0)
-            return busy + (gap[r] if with_gaps else 0.0), busy
-        return f
-
     def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> tuple[float, float]:
-        timeline = simulate(sched, cost=costs(with_gaps), t_comm=t, start=start, rule=rule)
+        timeline = simulate(sched, cost=action_costs(cost, gap if with_gaps else {}), t_comm=t, start=start,
+                            rule=rule)
         spans = [[(b, e) for _, b, e in rank] for rank in timeline.spans]
         return idle_fraction(spans), idle_rate(spans)
 

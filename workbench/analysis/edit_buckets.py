@@ -89,7 +89,7 @@ def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph:
     for i, it in enumerate(items):
         if it.kind == "issue" and it.keys[0] in old or _bucket_launch(it):
             continue
-        if it.kind == "block" and set(it.keys) <= set(old):
+        if it.kind == "block" and set(it.keys) <= old.keys():
             if not placed_block:
                 out.append(Item("block", it.us, tuple(keys), step=it.step, meta=dict(it.meta)))
                 placed_block = True

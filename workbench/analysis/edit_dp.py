@@ -33,15 +33,23 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
                  f"{ratio:.2f} ({new.world_size} ranks sharing the cores instead of {old.world_size}); "
                  f"data-parallel α {ab[0]:.0f} µs a ring step, "
                  f"β {1 / ab[1] if ab[1] else float('inf'):.1f} MB/s")
+    def source_of(r1: int) -> int:
+        """The old rank whose program the new rank r1 copies: the same place in replica dp mod the old dp."""
+        c1 = new.coords(r1)
+        return old.rank(**{**c1, "dp": c1["dp"] % c["dp"]})
+
+    def moved(m: int, replica: int) -> int:
+        """Old rank m's place in the new grid's replica `replica`."""
+        return new.rank(**{**old.coords(m), "dp": replica})
+
     programs: dict[int, list[Item]] = {}
     ops: dict[tuple[Any, ...], OpNode] = {}
     for r1 in range(new.world_size):
         c1 = new.coords(r1)
-        r0 = old.rank(pp=c1["pp"], dp=c1["dp"] % c["dp"], tp=c1["tp"])
 
         def moved_extra(node: OpNode, c1: dict[str, int] = c1) -> dict[int, float]:
             """A replica's copy of what each member took beyond the cost, stretched."""
-            return {new.rank(**{**old.coords(m), "dp": c1["dp"]}): x * ratio for m, x in node.extra_us.items()}
+            return {moved(m, c1["dp"]): x * ratio for m, x in node.extra_us.items()}
 
         def remap(k: tuple[Any, ...], r1: int = r1, c1: dict[str, int] = c1) -> tuple[Any, ...] | None:
             node = graph.ops.get(k)
@@ -50,9 +58,9 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
             if k[0] == "p2p":
                 key = ("p2p", k[1], c1["dp"])
                 if key not in ops:
-                    moved = [new.rank(**{**old.coords(m), "dp": c1["dp"]}) for m in node.members]
-                    sender = new.rank(**{**old.coords(node.sender), "dp": c1["dp"]}) if node.sender >= 0 else -1
-                    ops[key] = dataclasses.replace(node, key=key, members=tuple(sorted(moved)), sender=sender,
+                    members = tuple(sorted(moved(m, c1["dp"]) for m in node.members))
+                    sender = moved(node.sender, c1["dp"]) if node.sender >= 0 else -1
+                    ops[key] = dataclasses.replace(node, key=key, members=members, sender=sender,
                                                    cost_us=node.cost_us * ratio, extra_us=moved_extra(node))
                 return key
             axis = "dp" if replica_group(node) else node.group
@@ -67,9 +75,8 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
                                                queue=("queue", node.group, members),
                                                extra_us={} if dp_op else moved_extra(node))
             return key
-        programs[r1] = _scaled(graph.programs[r0], remap, (per_f, per_b, tokens), ratio, c.get("zero", 0))
-    source = {r: old.rank(pp=new.coords(r)["pp"], dp=new.coords(r)["dp"] % c["dp"], tp=new.coords(r)["tp"])
-              for r in programs}
+        programs[r1] = _scaled(graph.programs[source_of(r1)], remap, (per_f, per_b, tokens), ratio, c.get("zero", 0))
+    source = {r: source_of(r) for r in programs}
     return Graph(programs, ops, {r: graph.start_us[source[r]] for r in programs},
                  {r: graph.measured_us[source[r]] for r in programs}, {r: graph.lanes_us[source[r]] for r in programs},
                  {**c, "dp": dp}, graph.slots)

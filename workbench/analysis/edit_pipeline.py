@@ -10,12 +10,11 @@ from typing import Any
 from workbench.analysis import bubble
 from workbench.analysis.scaling import compute_ratio
 from workbench.config import ConfigError
-from workbench.schedules.build import Action, build_schedule, simulate
-from workbench.trace.merge import load_traces
+from workbench.schedules.build import build_schedule, simulate
 
 
-def relay_pipeline(path: str, source: dict[str, Any], edited: dict[str, Any], changes: dict[str, Any],
-                    hardware: Any, notes: list[str]) -> float:
+def relay_pipeline(traces: list[dict[str, Any]], source: dict[str, Any], edited: dict[str, Any],
+                   changes: dict[str, Any], hardware: Any, notes: list[str]) -> float:
     """µs the step gains (or loses) when its pipeline runs the new schedule: the simulated span of the new
     schedule less the old one's, both from the run's mean costs, transfer time and host gaps per action,
     the mean over the steps after the first and over the pipelines."""
@@ -24,12 +23,13 @@ def relay_pipeline(path: str, source: dict[str, Any], edited: dict[str, Any], ch
     if p == 1:
         raise ConfigError(f"{', '.join(changes)}: the schedule is re-laid only for a pipeline run (pp > 1); this "
                           "run has pp=1")
-    m1, v1 = int(changes.get("microbatches", m)), int(changes.get("virtual_stages", v))
-    name1 = changes.get("schedule", name)
-    if name1 != "interleaved" and "virtual_stages" not in changes and name1 not in ("zbv",):
-        v1 = 1 if name in ("interleaved", "zbv") else v1
-    if name1 == "zbv":
+    m1, name1 = int(changes.get("microbatches", m)), changes.get("schedule", name)
+    if name1 == "zbv":  # a V: two stages a rank
         v1 = 2
+    elif "virtual_stages" in changes:
+        v1 = int(changes["virtual_stages"])
+    else:  # interleaved keeps the run's chunks; the others have one
+        v1 = v if name1 == "interleaved" else 1
     layers, batch = source["model"]["layers"], source["global_batch"]
     if layers % (p * v1) or batch % (edited["dp"] * m1):
         raise ConfigError(f"pp={p} × virtual_stages={v1} must divide the {layers} layers and dp × microbatches="
@@ -39,7 +39,7 @@ def relay_pipeline(path: str, source: dict[str, Any], edited: dict[str, Any], ch
     micro = batch / source["dp"] / m
     per_f, per_b = compute_ratio(source, hardware, micro, batch / edited["dp"] / m1)
     deltas = []
-    for replica in bubble.pipelines(load_traces(path), p):
+    for replica in bubble.pipelines(traces, p):
         transfer = bubble.transfer_time(list(replica.values()))
         steps = bubble.step_inputs(old, replica)
         for step, inputs in sorted(steps.items())[1:] or sorted(steps.items()):
@@ -50,9 +50,9 @@ def relay_pipeline(path: str, source: dict[str, Any], edited: dict[str, Any], ch
                 f, b = per_rank[s % p]
                 f, b = f * per_f * chunk, b * per_b * chunk
                 cost.update({(s, "F"): f, (s, "B"): b, (s, "I"): b / 2, (s, "W"): b / 2})
-            gap = inputs["gap"]
-            t = transfer.get(step, 0.0)
-            deltas.append(_span(new, cost, gap, t, rule) - _span(old, inputs["cost"], gap, t, rule))
+            gap, t = inputs["gap"], transfer.get(step, 0.0)
+            deltas.append(simulate(new, cost=bubble.action_costs(cost, gap), t_comm=t, rule=rule).makespan -
+                          simulate(old, cost=bubble.action_costs(inputs["cost"], gap), t_comm=t, rule=rule).makespan)
     if not deltas:
         raise ConfigError("the run has no complete pipeline step to re-lay")
     notes.append(f"pipeline re-laid: {name} m={m} v={v} → {name1} m={m1} v={v1} (simulated from the run's costs)")
@@ -68,12 +68,3 @@ def _rank_costs(cost: dict[tuple[int, str], float], p: int) -> dict[int, tuple[f
         b = sum(cost[(s, k)] for s, k in mine if k in ("B", "I", "W"))
         out[r] = (f, b)
     return out
-
-
-def _span(sched: Any, cost: dict[tuple[int, str], float], gap: dict[int, float], t_comm: float, rule: str) -> float:
-    def f(r: int, item: Any) -> tuple[float, float]:
-        if not isinstance(item, Action):
-            return 0.0, 0.0
-        busy = cost.get((item.stage, item.kind), 0.0)
-        return busy + gap.get(r, 0.0), busy
-    return simulate(sched, cost=f, t_comm=t_comm, rule=rule).makespan

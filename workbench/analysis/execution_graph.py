@@ -307,6 +307,7 @@ def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots:
         for k in r.blocking & set(ops):
             ops[k].blocking = True
     measured = {(k, rank): c for k, views in seen.items() for rank, _, c, a in views if c is not None}
+    earliest = {k: min((c for _, _, c, _ in views if c is not None), default=None) for k, views in seen.items()}
     issued = {(k, rank): t for k, views in seen.items() for rank, t, _, _ in views}
     workers = Workers(slots)
     for node in sorted(ops.values(), key=lambda n: n.order if n.queue else 0):
@@ -316,7 +317,7 @@ def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots:
             start, slot = workers.start(node.queue, m, last) if node.queue else (last, 0)
             c = measured.get((node.key, m))
             if c is None:  # not recorded on this member: the earliest any member recorded
-                c = min((v for (k, _), v in measured.items() if k == node.key), default=start)
+                c = earliest[node.key] if earliest[node.key] is not None else start
             costs[m] = max(0.0, c - start)
             if node.queue:
                 workers.done(node.queue, m, slot, start + costs[m])
@@ -331,34 +332,63 @@ def _completing(node: OpNode) -> tuple[int, ...]:
     return tuple(m for m in node.members if m != node.sender) or node.members[:1]
 
 
-def completion_times(ops: dict[tuple[Any, ...], OpNode], issued: dict[tuple[Any, ...], dict[int, float]],
-                     slots: int) -> dict[tuple[tuple[Any, ...], int], float]:
-    """Each (operation, member)'s completion, given every member's issue time: a collective's member
-    completes `cost_us` (+ its `extra_us`) after the later of the last issue and a free worker on its
-    queue; a transfer's receiver `cost_us` after the later issue, its sender `send_us` after its own."""
-    done: dict[tuple[tuple[Any, ...], int], float] = {}
-    workers = Workers(slots)
-    for node in sorted(ops.values(), key=lambda n: n.order if n.queue else 0):
-        times = issued.get(node.key, {})
-        if set(times) < set(node.members):
-            continue
-        last = max(times[m] for m in node.members)
+class Completions:
+    """The operations' completions as their members issue them (the replay's, and the residuals'): a
+    collective's member completes `cost_us` (+ its `extra_us`) after the later of the last issue and a free
+    worker on its queue, the queue taken in its order; a transfer's receiver `cost_us` after the later
+    issue, its sender `send_us` after its own."""
+
+    def __init__(self, ops: dict[tuple[Any, ...], OpNode], slots: int) -> None:
+        self.ops = ops
+        self.issued: dict[tuple[Any, ...], dict[int, float]] = {}
+        self.done: dict[tuple[tuple[Any, ...], int], float] = {}
+        self.queues: dict[tuple[Any, ...], list[OpNode]] = {}
+        for node in sorted(ops.values(), key=lambda n: n.order):
+            for m in _completing(node) if node.queue is not None else ():
+                self.queues.setdefault((node.queue, m), []).append(node)
+        self.head = dict.fromkeys(self.queues, 0)
+        self.workers = Workers(slots)
+
+    def issue(self, key: tuple[Any, ...], rank: int, t: float) -> None:
+        self.issued.setdefault(key, {})[rank] = t
+        node = self.ops.get(key)
+        if node is None:
+            return
+        if node.sender == rank:
+            self.done[(key, rank)] = t + node.send_us
+        if set(self.issued[key]) < set(node.members):
+            return
+        if node.queue is None:
+            for m in _completing(node):
+                self.done[(key, m)] = max(self.issued[key].values()) + node.cost_us + node.extra_us.get(m, 0.0)
+            return
         for m in _completing(node):
-            start, slot = workers.start(node.queue, m, last) if node.queue else (last, 0)
-            done[(node.key, m)] = start + node.cost_us + node.extra_us.get(m, 0.0)
-            if node.queue:
-                workers.done(node.queue, m, slot, done[(node.key, m)])
-        if node.sender >= 0:
-            done[(node.key, node.sender)] = times[node.sender] + node.send_us
-    return done
+            self._advance((node.queue, m), m)
+
+    def _advance(self, q: tuple[Any, ...], m: int) -> None:
+        """Complete the queue's head, in order, as far as its members have issued."""
+        queue = self.queues[q]
+        while self.head[q] < len(queue):
+            node = queue[self.head[q]]
+            times = self.issued.get(node.key, {})
+            if set(times) < set(node.members):
+                return
+            start, slot = self.workers.start(node.queue, m, max(times.values()))
+            self.done[(node.key, m)] = start + node.cost_us + node.extra_us.get(m, 0.0)
+            self.workers.done(node.queue, m, slot, self.done[(node.key, m)])
+            self.head[q] += 1
 
 
 def _residuals(programs: dict[int, list[Item]], ops: dict[tuple[Any, ...], OpNode],
                ranks: dict[int, _Rank], slots: int) -> None:
     """Each block's residual: what its end came after the later of its start and its operations' completion
     for this rank (recomputed from the issues, queues and costs, as the replay will)."""
-    issued = {k: {rank: r.issued[k][0] for rank, r in ranks.items() if k in r.issued} for k in ops}
-    done = completion_times(ops, issued, slots)
+    completions = Completions(ops, slots)
+    for k in ops:
+        for rank, r in ranks.items():
+            if k in r.issued:
+                completions.issue(k, rank, r.issued[k][0])
+    done = completions.done
     for rank, program in programs.items():
         for it in program:
             if it.kind == "block":

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
 
-from workbench.analysis.execution_graph import Graph, OpNode, Workers, _completing
+from workbench.analysis.execution_graph import Completions, Graph
 
 
 @dataclass
@@ -59,59 +58,18 @@ class _Stuck(RuntimeError):
     pass
 
 
-class _Operations:
-    """The operations' completions as the replay reaches them: per member, each queue in its order (the
-    rules of execution_graph.completion_times, applied as issues arrive)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.ops = graph.ops
-        self.issued: dict[tuple[Any, ...], dict[int, float]] = {}
-        self.done: dict[tuple[tuple[Any, ...], int], float] = {}
-        self.queues: dict[tuple[Any, ...], list[OpNode]] = {}
-        for node in sorted(graph.ops.values(), key=lambda n: n.order):
-            for m in _completing(node) if node.queue is not None else ():
-                self.queues.setdefault((node.queue, m), []).append(node)
-        self.head = {q: 0 for q in self.queues}
-        self.workers = Workers(graph.slots)
-
-    def issue(self, key: tuple[Any, ...], rank: int, t: float) -> None:
-        self.issued.setdefault(key, {})[rank] = t
-        node = self.ops.get(key)
-        if node is None:
-            return
-        if node.sender == rank:
-            self.done[(key, rank)] = t + node.send_us
-        if set(self.issued[key]) < set(node.members):
-            return
-        if node.queue is None:
-            for m in _completing(node):
-                self.done[(key, m)] = max(self.issued[key].values()) + node.cost_us + node.extra_us.get(m, 0.0)
-            return
-        for m in _completing(node):
-            self._advance((node.queue, m), m)
-
-    def _advance(self, q: tuple[Any, ...], m: int) -> None:
-        """Complete the queue's head, in order, as far as its members have issued."""
-        queue = self.queues[q]
-        while self.head[q] < len(queue):
-            node = queue[self.head[q]]
-            times = self.issued.get(node.key, {})
-            if set(times) < set(node.members):
-                return
-            start, slot = self.workers.start(node.queue, m, max(times.values()))
-            self.done[(node.key, m)] = start + node.cost_us + node.extra_us.get(m, 0.0)
-            self.workers.done(node.queue, m, slot, self.done[(node.key, m)])
-            self.head[q] += 1
+Marks = dict[int, dict[tuple[str, int], float]]
+Lanes = dict[int, dict[int, dict[str, float]]]
 
 
-def run(graph: Graph) -> dict[int, dict[tuple[str, int], float]]:
-    """Replay: each rank's time at each mark, {rank: {('start' | 'end', step): µs}}; the lanes' time per
-    rank and step is left on the graph as `replayed_lanes`, each block's replayed span in its meta."""
+def run(graph: Graph) -> tuple[Marks, Lanes]:
+    """Replay: each rank's time at each mark, {rank: {('start' | 'end', step): µs}}, and its compute, blocked
+    and host time per step; each block's replayed span is left in its meta."""
     clock = dict(graph.start_us)
     pc = {r: 0 for r in graph.programs}
-    ops = _Operations(graph)
-    marks: dict[int, dict[tuple[str, int], float]] = {r: {} for r in graph.programs}
-    lanes: dict[int, dict[int, dict[str, float]]] = {r: {} for r in graph.programs}
+    ops = Completions(graph.ops, graph.slots)
+    marks: Marks = {r: {} for r in graph.programs}
+    lanes: Lanes = {r: {} for r in graph.programs}
     progress = True
     while progress:
         progress = False
@@ -145,15 +103,13 @@ def run(graph: Graph) -> dict[int, dict[tuple[str, int], float]]:
         missing = [k for k in it.keys if (k, r) not in ops.done]
         raise _Stuck(f"the replay cannot go on: rank {r} waits for {missing[:2]}, which some member never issues "
                      f"(a dependency the graph lacks)")
-    graph.replayed_lanes = lanes  # type: ignore[attr-defined]
-    return marks
+    return marks, lanes
 
 
 def replay(graph: Graph, skip_first: bool = True) -> Replayed:
     """Replay the graph and set its steps (after the first, unless `skip_first` is False) beside the
     measured ones."""
-    marks = run(graph)
-    lanes = graph.replayed_lanes  # type: ignore[attr-defined]
+    marks, lanes = run(graph)
     steps = sorted(next(iter(graph.measured_us.values())))
     compared = steps[1:] if skip_first and len(steps) > 1 else steps
     per_rank = {r: statistics.mean(m[("end", s)] - m[("start", s)] for s in compared) for r, m in marks.items()}

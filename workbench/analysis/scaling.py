@@ -4,7 +4,6 @@ cores shared by more ranks, and an action's time at another micro-batch size. No
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -30,11 +29,10 @@ def compute_ratio(config: dict[str, Any], hardware: Any, micro: float, micro_new
     micro-batch is mostly fixed cost: Python, launches)."""
     if hardware is None or not getattr(hardware, "layer_fwd_s", 0.0):
         return micro_new / micro, micro_new / micro
-    from workbench.config import ModelConfig
     from workbench.predict.action_costs import Layout, _ctx, _layer
+    from workbench.predict.formulas import run_model
 
-    keys = {f.name for f in dataclasses.fields(ModelConfig)}
-    model = ModelConfig(**{k: v for k, v in config["model"].items() if k in keys})
+    model = run_model(config)
 
     def layer(m: float) -> tuple[float, float]:
         L = Layout(model=model, tp=config["tp"], micro=m, sequence_parallel=config.get("sequence_parallel", False),

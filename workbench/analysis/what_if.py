@@ -82,7 +82,8 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         raise ConfigError(f"what_if: unknown change(s) {sorted(unknown)}; valid: {', '.join(CHANGES)}")
     path = run if isinstance(run, str) else run.path
     config = _config(path)
-    graph = build(load_traces(path), config)
+    traces = load_traces(path)
+    graph = build(traces, config)
     source = replay(graph)
     notes: list[str] = []
     steps = [statistics.mean(graph.measured_us[r][k] for r in graph.programs) for k in source.steps]
@@ -109,7 +110,7 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     predicted = edited.step_us
     pipeline = {k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes}
     if pipeline:
-        predicted += relay_pipeline(path, config, graph.config, pipeline, hardware, notes)
+        predicted += relay_pipeline(traces, config, graph.config, pipeline, hardware, notes)
     return WhatIf(dict(changes), source.measured_us / 1e6, source.step_us / 1e6, predicted / 1e6, notes, spread)
 
 
