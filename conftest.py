@@ -1,6 +1,6 @@
 """pytest, for `tests/` and the notebooks (`--nbmake`): strict communication checks everywhere, notebook
-claims that fail the notebook, and the fix for a stall in jupyter_client's async channels
-(scripts/nbclient_poll.py says what it is)."""
+claims that fail the notebook, the fix for a stall in jupyter_client's async channels
+(scripts/nbclient_poll.py says what it is), and each executed notebook kept for the documentation site."""
 
 from __future__ import annotations
 
@@ -15,6 +15,29 @@ except ModuleNotFoundError as missing:  # a machine without Jupyter (a bare GPU 
         raise
 else:
     install()
+
+
+def _keep_executed_notebooks() -> None:
+    """Each notebook nbmake executes without an error is kept as its executed copy (traces/executed/, read by
+    `make docs`: scripts/executed_notebooks.py), so the documentation site does not execute them again."""
+    try:
+        from nbmake.nb_run import NotebookRun
+    except ModuleNotFoundError:
+        return
+    from executed_notebooks import keep
+
+    execute = NotebookRun.execute
+
+    def execute_and_keep(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        result = execute(self, *args, **kwargs)
+        if result.error is None:
+            keep(result.nb, self.filename)
+        return result
+
+    NotebookRun.execute = execute_and_keep
+
+
+_keep_executed_notebooks()
 
 
 # Strict mode for the whole suite, notebooks included (their kernels and every rank inherit it): every tensor

@@ -6,6 +6,8 @@ import os
 
 import nbformat as nbf
 
+KERNELSPEC = {"name": "workbench", "display_name": "Python (workbench)", "language": "python"}
+
 
 def md(text: str):  # noqa: ANN201
     return nbf.v4.new_markdown_cell(text.strip())
@@ -18,7 +20,9 @@ def code(text: str):  # noqa: ANN201
 def write(cells: list, name: str) -> None:
     nb = nbf.v4.new_notebook()
     nb.cells = cells
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    # the kernel `make setup` installs into the venv (scripts/setup.sh): JupyterLab and nbmake start that venv's
+    # Python, whatever other kernels the machine has
+    nb.metadata["kernelspec"] = KERNELSPEC
     folder = os.environ.get("WORKBENCH_NOTEBOOKS_OUT") or \
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
     nbf.write(nb, os.path.join(folder, name))

@@ -40,5 +40,7 @@ fi
 # instead of "Error displaying widget: model not found" (the setting's default is off).
 mkdir -p "$VENV/share/jupyter/lab/settings"
 echo '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > "$VENV/share/jupyter/lab/settings/overrides.json"
-"$VENV/bin/python" -m ipykernel install --user --name workbench --display-name "Python (workbench)" >/dev/null 2>&1 || true
+# The notebooks name the kernel "workbench": installed into the venv itself (--sys-prefix), which Jupyter run from
+# the venv prefers to a user-wide kernel of that name (one left by another clone could point at a deleted venv).
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 "$VENV/bin/python" -c "import torch, workbench; print(f'[setup] ready: torch {torch.__version__}, workbench {workbench.__version__}, CUDA available: {torch.cuda.is_available()}')"

@@ -1,5 +1,5 @@
-"""Each notebook is written by its builder (scripts/build_notebook_NN.py, docs/notebooks.md says how to change
-one): built again into a temporary folder, every committed notebook has the builder's cells — their kinds and
+"""Each notebook is written by its builder (scripts/build_notebook_NN.py; docs/changing-a-notebook.md says how to
+change one): built again into a temporary folder, every committed notebook has the builder's cells — their kinds and
 sources, in order. A notebook edited in JupyterLab and not in its builder fails here."""
 
 import json
@@ -40,3 +40,5 @@ def test_the_committed_notebook_is_what_its_builder_writes(builder, built):
     committed = ROOT / "notebooks" / notebook.name
     assert committed.exists(), f"{builder.name} writes {notebook.name}, which is not committed"
     assert cells(committed) == cells(notebook), f"{committed.name} differs from {builder.name}: run the builder"
+    kernel = json.loads(committed.read_text())["metadata"]["kernelspec"]
+    assert kernel["name"] == "workbench", f"{committed.name} names the kernel {kernel['name']!r}, not setup's workbench"

@@ -1,0 +1,164 @@
+"""`make docs`: the documentation site, built without the network into traces/site/ (open traces/site/index.html).
+
+1. docs/ is copied into traces/site_src/ as written (the guides, the architecture, the formulas, the run format);
+2. the CLI reference is generated from the parser (`workbench --help`, each subcommand's, and `workbench run
+   --help`, which tyro writes from RunConfig), and the API reference's pages name each module for mkdocstrings,
+   which reads the docstrings;
+3. every notebook, executed (scripts/executed_notebooks.py: the copy `make test` kept, else executed now), becomes a
+   page: each plotly chart a div drawn by the site's one copy of plotly.js, each ipywidgets control a note that
+   it moves in Jupyter (its scripts would need the network);
+4. mkdocs.yml's nav gets the generated pages, and `mkdocs build --strict` builds it: a broken link, a page missing
+   from the nav or a docstring mkdocstrings cannot read fails the build.
+
+    python scripts/build_docs.py [--fresh]     # --fresh: execute every notebook again
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+from executed_notebooks import ROOT, executed
+
+SRC = ROOT / "traces" / "site_src"
+SITE = ROOT / "traces" / "site"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET_NOTE = ('<p class="wb-widget"><em>An interactive control (ipywidgets): it moves when the notebook runs in '
+               'Jupyter — <code>make notebook</code>.</em></p>')
+
+
+def cli_reference() -> str:
+    """The `workbench` command's help, every subcommand's, and `workbench run`'s flags, as the parser prints them."""
+    os.environ.update(COLUMNS="110", NO_COLOR="1", TERM="dumb")
+    from workbench.cli.parser import build_parser
+    from workbench.cli.run_command import parse_run
+
+    parser = build_parser()
+    parts = ["# The `workbench` command", "",
+             "Generated from the parser by `make docs` (scripts/build_docs.py): what `--help` prints.", "",
+             "```text", parser.format_help().rstrip(), "```", ""]
+    run_help = io.StringIO()
+    with contextlib.redirect_stdout(run_help), contextlib.suppress(SystemExit):
+        parse_run(["--help"])
+    parts += ["## workbench run", "", "Every `RunConfig` field is a flag (tyro writes them from the dataclass).", "",
+              "```text", run_help.getvalue().rstrip(), "```", ""]
+    (subparsers,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    for name, sub in subparsers.choices.items():
+        if name != "run":
+            parts += [f"## workbench {name}", "", "```text", sub.format_help().rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+def api_reference(dst: Path) -> list:
+    """One page for `import workbench as wb`'s names and one per package, each module's docstring and members."""
+    import workbench
+
+    (dst / "reference" / "api").mkdir(parents=True, exist_ok=True)
+    front = ["# `import workbench as wb`", "", "What the package's top level gives (each imported on first use).", ""]
+    defined_in = {name: "workbench.config" for name in ("ConfigError", "ModelConfig", "RunConfig")}
+    defined_in.update(workbench._LAZY)
+    for name in workbench.__all__:
+        front += [f"::: {defined_in[name]}.{name}", "    options:", "      show_root_full_path: false", ""]
+    (dst / "reference" / "api" / "index.md").write_text("\n".join(front))
+    nav = [{"API: wb": "reference/api/index.md"}]
+    for package in pkgutil.iter_modules(workbench.__path__):
+        if not package.ispkg:
+            continue
+        name = f"workbench.{package.name}"
+        page = [f"# `{name}`", "", f"::: {name}", "    options:", "      members: false", ""]
+        for module in pkgutil.walk_packages([str(ROOT / "workbench" / package.name)], prefix=f"{name}."):
+            page += [f"::: {module.name}", ""]
+        (dst / "reference" / "api" / f"{package.name}.md").write_text("\n".join(page))
+        nav.append({name: f"reference/api/{package.name}.md"})
+    return nav
+
+
+def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Each plotly figure as HTML that the page's plotly.js draws; each widget as a note; no widget state (whose
+    scripts nbconvert would fetch from a CDN)."""
+    import plotly.io as pio
+
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY in data:
+                figure = pio.from_json(nbformat.v4.nbjson.json.dumps(data.pop(PLOTLY)), skip_invalid=True)
+                data["text/html"] = pio.to_html(figure, include_plotlyjs=False, full_html=False,
+                                                config={"responsive": True})
+            if WIDGET in data:
+                output["data"] = {"text/html": WIDGET_NOTE}
+    return nb
+
+
+def lesson_pages(dst: Path, fresh: bool) -> list:
+    (dst / "lessons").mkdir(parents=True, exist_ok=True)
+    nav = []
+    for path in sorted(glob.glob(str(ROOT / "notebooks" / "[0-9][0-9]_*.ipynb"))):
+        nb = static_outputs(executed(path, fresh=fresh))
+        name = Path(path).name
+        nbformat.write(nb, dst / "lessons" / name)
+        nav.append(f"lessons/{name}")
+    scripts = dst / "assets" / "javascripts"
+    scripts.mkdir(parents=True, exist_ok=True)
+    import plotly
+
+    shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", scripts / "plotly.min.js")
+    return nav
+
+
+def site_config(generated: dict[str, list]) -> Path:
+    """mkdocs.yml with its nav's GENERATED entries filled in and its paths absolute, in traces/."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def fill(entries: list) -> list:
+        out = []
+        for entry in entries:
+            if isinstance(entry, str) and entry.startswith("GENERATED "):
+                out += generated[entry.split()[1]]
+            elif isinstance(entry, dict):
+                out.append({k: fill(v) if isinstance(v, list) else v for k, v in entry.items()})
+            else:
+                out.append(entry)
+        return out
+
+    config["nav"] = fill(config["nav"])
+    config["docs_dir"], config["site_dir"] = str(SRC), str(SITE)
+    config["theme"]["custom_dir"] = str(ROOT / config["theme"]["custom_dir"])
+    config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+    target = ROOT / "traces" / "mkdocs.built.yml"
+    target.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fresh", action="store_true", help="execute every notebook again")
+    args = parser.parse_args()
+    shutil.rmtree(SRC, ignore_errors=True)
+    shutil.copytree(ROOT / "docs", SRC)
+    (SRC / "reference").mkdir()
+    (SRC / "reference" / "cli.md").write_text(cli_reference())
+    generated = {"api": api_reference(SRC), "lessons": lesson_pages(SRC, args.fresh)}
+    config = site_config(generated)
+    shutil.rmtree(SITE, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(config)],
+                          cwd=ROOT)
+    if done.returncode == 0:
+        print(f"the site: {SITE / 'index.html'} (open it in a browser; no server needed)")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
