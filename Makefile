@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 
-.PHONY: setup compile demo test test-all test-gpu test-browser lint notebook notebooks-html benchmark clean
+.PHONY: setup compile demo test test-all test-gpu test-browser lint notebook docs benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -30,7 +30,9 @@ test-all: setup compile  # also the `slow` cases: more strategies for behaviours
 test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); each case skips without its GPUs
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m gpu tests/gpu
 
-test-browser: setup compile  # every notebook in JupyterLab in a real chromium (installs it); screenshots in traces/browser/
+# every notebook in JupyterLab in a real chromium (installs it), and the docs site built and opened; screenshots in
+# traces/browser/
+test-browser: setup compile docs
 	bash scripts/browser_setup.sh $(VENV)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
@@ -40,10 +42,15 @@ lint: setup
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks
 
-# every notebook executed, as HTML with its charts interactive (plotly.js inside each page), to read before
-# running anything: traces/html/NN_name.html
-notebooks-html: setup
-	OMP_NUM_THREADS=1 $(PY) scripts/notebooks_html.py
+# the documentation site, built strict and without the network into traces/site/ (open traces/site/index.html):
+# the guides, every notebook executed (the copies `make test` kept, else executed now; FRESH=1: all again), the
+# architecture, the formulas, the run format, the CLI and API references generated from the code
+docs: setup $(VENV)/.docs-installed
+	OMP_NUM_THREADS=1 $(PY) scripts/build_docs.py $(if $(FRESH),--fresh)
+
+$(VENV)/.docs-installed: pyproject.toml
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $@
 
 benchmark: setup
 	$(PY) benchmarks/dp_vs_ddp.py

@@ -1,6 +1,7 @@
 """`make docs`: the documentation site, built without the network into traces/site/ (open traces/site/index.html).
 
-1. docs/ is copied into traces/site_src/ as written (the guides, the architecture, the formulas, the run format);
+1. docs/ is copied into traces/site_src/ as written (the guides, the architecture, the formulas, the run format),
+   and the README becomes the home page, its links made relative to the site;
 2. the CLI reference is generated from the parser (`workbench --help`, each subcommand's, and `workbench run
    --help`, which tyro writes from RunConfig), and the API reference's pages name each module for mkdocstrings,
    which reads the docstrings;
@@ -66,10 +67,9 @@ def api_reference(dst: Path) -> list:
 
     (dst / "reference" / "api").mkdir(parents=True, exist_ok=True)
     front = ["# `import workbench as wb`", "", "What the package's top level gives (each imported on first use).", ""]
-    defined_in = {name: "workbench.config" for name in ("ConfigError", "ModelConfig", "RunConfig")}
-    defined_in.update(workbench._LAZY)
-    for name in workbench.__all__:
-        front += [f"::: {defined_in[name]}.{name}", "    options:", "      show_root_full_path: false", ""]
+    for name in workbench.__all__:  # each where it is defined (imports no torch: the package promises it)
+        where = getattr(workbench, name).__module__
+        front += [f"::: {where}.{name}", "    options:", "      show_root_full_path: false", ""]
     (dst / "reference" / "api" / "index.md").write_text("\n".join(front))
     nav = [{"API: wb": "reference/api/index.md"}]
     for package in pkgutil.iter_modules(workbench.__path__):
@@ -148,13 +148,14 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(SRC, ignore_errors=True)
     shutil.copytree(ROOT / "docs", SRC)
+    (SRC / "index.md").write_text((ROOT / "README.md").read_text().replace("](docs/", "]("))
     (SRC / "reference").mkdir()
     (SRC / "reference" / "cli.md").write_text(cli_reference())
     generated = {"api": api_reference(SRC), "lessons": lesson_pages(SRC, args.fresh)}
     config = site_config(generated)
     shutil.rmtree(SITE, ignore_errors=True)
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(config)],
-                          cwd=ROOT)
+                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     if done.returncode == 0:
         print(f"the site: {SITE / 'index.html'} (open it in a browser; no server needed)")
     return done.returncode

@@ -248,19 +248,20 @@ md("""
 ## Reading the model back: a sample before and after training on text
 
 Losses are numbers; a sample shows what they mean. `small-llama` with a byte vocabulary (256 tokens) trains
-on this repository's README (`data="text:README.md"`: its bytes are the tokens, its last 10 % held out
-for the validation loss every 20 steps), and writes a checkpoint at the end. Before training, the model is
-its initialisation — built here exactly as every rank builds it, from the seed — and its sample is noise;
-`wb.sample` reads the trained checkpoint back on this one process (any layout: here dp = 2) and continues
-the same prompt. *Predict first:* after 60 steps (about 20 seconds here) on 35 kB of text, words or not?
+on this repository's architecture guide (`data="text:docs/architecture.md"`: its bytes are the tokens, its
+last 10 % held out for the validation loss every 20 steps), and writes a checkpoint at the end. Before
+training, the model is its initialisation — built here exactly as every rank builds it, from the seed — and
+its sample is noise; `wb.sample` reads the trained checkpoint back on this one process (any layout: here
+dp = 2) and continues the same prompt. *Predict first:* after 60 steps (about 20 seconds here) on 40 kB of
+text, words or not?
 """),
 code("""
 import torch
 from workbench.engine.sample import generate
 from workbench.model.gpt import GPT
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(wb.__file__))), "README.md")  # the checkout's
-TEXT = {"model": {"base": "small-llama", "vocab_size": 256}, "data": f"text:{README}", "dp": 2, "steps": 60,
+GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(wb.__file__))), "docs", "architecture.md")
+TEXT = {"model": {"base": "small-llama", "vocab_size": 256}, "data": f"text:{GUIDE}", "dp": 2, "steps": 60,
         "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10, "weight_decay": 0.1, "adam_beta2": 0.95,
         "eval_every": 20, "checkpoint_every": 60}
 prompt = "The workbench "
@@ -271,14 +272,15 @@ after = wb.sample(text_run.path, prompt=prompt, tokens=80, temperature=0.8, top_
 print("before training:", repr(prompt + before))
 print("after training: ", repr(after.text))
 val = text_run.metrics.val_loss.dropna()
-viz.check("the held-out loss falls as it trains (the last 10 % of the README, never trained on)",
+viz.check("the held-out loss falls as it trains (the guide's last 10 %, never trained on)",
           val.iloc[-1] < val.iloc[0] - 0.2, first=val.iloc[0], last=val.iloc[-1])
-viz.loss_curves({"small-llama on README.md": text_run}).show()
+viz.loss_curves({"small-llama on docs/architecture.md": text_run}).show()
 """),
 md("""
 Before: bytes drawn almost uniformly from 256, most of them not even printable. After 60 steps: letters,
 spaces and punctuation in English proportions, short fragments of words — a model that has learned the
 bytes' statistics, not yet the words (the held-out loss: about 3.0 nats a byte against ln 256 = 5.5 at the
-start). The README's own run of this model, 200 steps, reaches 2.25 and begins to spell.
+start). The guides' own run of this model (docs/guide/models-and-data.md), 200 steps, reaches about 2.2
+and begins to spell.
 """),
 ], "06_training_techniques.ipynb")

@@ -69,7 +69,7 @@ with more ranks than cores, compute stretched by the measured share of a core.
 its own steps (10th to 90th percentile), a predicted one the spread calibrate()'s runs showed — this machine
 moves 10–30 % from one minute to the next, and a difference inside both bars is not one.
 `benchmarks/estimator_accuracy.py` holds 13 strategies against it; on these two shared cores most land
-within 15 %, and the README lists those that do not.
+within 15 %, and docs/guide/predictions.md lists those that do not.
 """),
 code("""
 cmp.bars().show()
@@ -260,7 +260,7 @@ table.round(1)
 md("""
 The benchmark behind this (`benchmarks/what_if_accuracy.py`) holds twelve such pairs fixed — dp ×2 and
 ÷2, micro-batches, the pipeline schedule, bucket size, an emulated link, a straggler — and reaches a mean
-|error| under 10 % with the ranking of the targets kept (README, "From a trace"); its roughest are four
+|error| under 10 % with the ranking of the targets kept (docs/guide/predictions.md); its roughest are four
 ranks on these two cores, whose forward slows more than the calibrated stretch says. `workbench what-if RUN
 --dp 4` asks the same from the command line.
 

@@ -1,17 +1,15 @@
-"""Executed copies of the notebooks, for the documentation site (`make docs`) and `make notebooks-html`:
-traces/executed/NN_name.ipynb.
+"""Executed copies of the notebooks, for the documentation site (`make docs`): traces/executed/NN_name.ipynb.
 
 `make test` already executes every notebook (pytest --nbmake): conftest.py keeps each one that ran without an
 error here, so `make docs` after `make test` (CI's order) executes nothing again. A copy is current when its
-cells are the committed notebook's cells and it was executed at the checkout's commit; any other copy is
+cells are the notebook's cells and it was written after the last change to workbench/'s sources; any other is
 executed again, here, with nbclient (the channel fix of scripts/nbclient_poll.py installed first, as for nbmake).
-Uncommitted changes to workbench/ are not seen: `make docs FRESH=1` executes every notebook.
+`make docs FRESH=1` executes every notebook.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -20,13 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "traces" / "executed"
 
 
-def _commit() -> str | None:
-    """The checkout's commit, or None outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+def _sources_changed_at() -> float:
+    """When workbench/'s newest source file was written: a copy older than that may show what the code no longer
+    does."""
+    return max(p.stat().st_mtime for p in (ROOT / "workbench").rglob("*.py"))
 
 
 def _cells(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
@@ -34,25 +29,21 @@ def _cells(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
 
 
 def keep(nb: nbformat.NotebookNode, source: str | os.PathLike) -> Path:
-    """Write an executed notebook as the copy of `source`, stamped with the commit it ran at."""
+    """Write an executed notebook as the copy of `source`."""
     FOLDER.mkdir(parents=True, exist_ok=True)
-    nb.metadata["workbench_executed"] = {"commit": _commit()}
     target = FOLDER / Path(source).name
     nbformat.write(nb, target)
     return target
 
 
 def current_copy(source: str | os.PathLike) -> nbformat.NotebookNode | None:
-    """The executed copy of `source` when it is current (same cells, executed at this commit), else None."""
+    """The executed copy of `source` when it is current (the same cells, written after workbench/'s last change),
+    else None."""
     target = FOLDER / Path(source).name
-    if not target.exists():
+    if not target.exists() or target.stat().st_mtime < _sources_changed_at():
         return None
     copy = nbformat.read(target, as_version=4)
-    committed = nbformat.read(source, as_version=4)
-    commit = copy.metadata.get("workbench_executed", {}).get("commit")
-    if _cells(copy) != _cells(committed) or commit is None or commit != _commit():
-        return None
-    return copy
+    return copy if _cells(copy) == _cells(nbformat.read(source, as_version=4)) else None
 
 
 def executed(source: str | os.PathLike, fresh: bool = False) -> nbformat.NotebookNode:

@@ -1,5 +1,5 @@
 """A fix for a stall in jupyter_client's async channels, for anything that executes the notebooks with
-nbclient: pytest --nbmake (conftest.py imports this) and `make notebooks-html` (scripts/notebooks_html.py).
+nbclient: pytest --nbmake (conftest.py imports this) and `make docs` (scripts/executed_notebooks.py).
 
 nbclient waits for a cell's reply with `AsyncZMQSocketChannel.get_msg(timeout)` — one `socket.poll(timeout)`
 on the shell socket. nbclient also *sends* on that socket while it waits: its stand-in for an ipywidgets

@@ -30,16 +30,16 @@ def main() -> None:
     llama_validation()
 
 
-#: the README's Llama run: small-llama on the README's own bytes, the last 10 % held out
-LLAMA_RUN = {"model": {"base": "small-llama", "vocab_size": 256}, "data": "text:README.md", "dp": 2, "steps": 200,
-             "lr": 1e-3, "lr_schedule": "cosine", "warmup_steps": 20, "weight_decay": 0.1, "adam_beta2": 0.95,
-             "eval_every": 20, "checkpoint_every": 200}
+#: the Llama run of docs/guide/models-and-data.md: small-llama on docs/architecture.md's bytes, last 10 % held out
+LLAMA_RUN = {"model": {"base": "small-llama", "vocab_size": 256}, "data": "text:docs/architecture.md", "dp": 2,
+             "steps": 200, "lr": 1e-3, "lr_schedule": "cosine", "warmup_steps": 20, "weight_decay": 0.1,
+             "adam_beta2": 0.95, "eval_every": 20, "checkpoint_every": 200}
 
 
 def llama_validation() -> None:
     run = wb.launch(wb.RunConfig(**LLAMA_RUN), out=os.path.join(RUNS, "llama"), force=True)
     fig = viz.loss_curves({"small-llama, dp 2": run})
-    fig.update_layout(title="small-llama on README.md: training loss and held-out loss (its last 10 %)")
+    fig.update_layout(title="small-llama on docs/architecture.md: training loss and held-out loss (its last 10 %)")
     fig.write_image(os.path.join(IMAGES, "llama_validation.png"), width=900, height=400)
     print(wb.sample(run.path, prompt="The workbench ", tokens=120, temperature=0.8, top_k=40).text)
 

@@ -4,6 +4,7 @@ import one way, no import cycle. Read from the source with `ast`, so nothing is 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "workbench"
@@ -191,6 +192,18 @@ def test_notebooks_are_committed_without_outputs():
 def test_docs_lines_stay_within_120_characters():
     """As ruff holds the code (E501): README.md and docs/ read without a horizontal scroll (a table whose rows
     would not fit is a list)."""
-    docs = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").glob("*.md"))]
+    docs = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").rglob("*.md"))]
     long = [f"{p.name}:{i}" for p in docs for i, line in enumerate(p.read_text().split("\n"), 1) if len(line) > 120]
     assert not long, long
+
+
+def test_the_readme_is_read_in_five_minutes():
+    """The README is a front door (under 10 KB: what it is, two commands, what you will see, one example of
+    each kind, where it runs, links); everything else lives in docs/, and each of its links leads to a file."""
+    readme = ROOT.parent / "README.md"
+    assert readme.stat().st_size < 10_000, f"README.md is {readme.stat().st_size} bytes: move reference to docs/"
+    links = re.findall(r"\]\(([^)#]+)\)", readme.read_text())
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 10, local
+    missing = [link for link in local if not (ROOT.parent / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"

@@ -86,7 +86,8 @@ def test_four_strategies_land_within_20_percent_of_the_model(tmp_path):
     """make test-all: calibrate this machine (on half the batch, so that its data-parallel runs are not
     the ones below), then run dp2, ZeRO-1, a GPipe pipeline and tp2 three times each, interleaved
     (this 2-core machine has slow minutes), and hold the median of each within 20 % of the estimate.
-    benchmarks/estimator_accuracy.py runs 13 strategies against 15 %; the README lists the rows that miss."""
+    benchmarks/estimator_accuracy.py runs 13 strategies against 15 %; docs/guide/predictions.md lists the rows
+    that miss."""
     from workbench.studies.calibration import calibrate
 
     base = {"model": {"base": "tiny", "layers": 4}, "global_batch": 16, "steps": 8, "backend": "gloo"}

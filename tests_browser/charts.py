@@ -108,3 +108,37 @@ def log_axes_hold_their_data(page) -> None:
         .map(([k, a]) => ({axis: k, range: a.range, title: JSON.stringify((g.layout.title || {}).text || '')})))""")
     for s in spans:
         assert s["range"][1] - s["range"][0] < 9, s
+
+
+#: every table cell on the page — pandas' HTML tables and plotly's table traces — that shows a missing value
+MISSING_CELLS = """(scope) => {
+    const cells = [...document.querySelectorAll(scope + ' table td, ' + scope + ' table th, '
+                                               + scope + ' .js-plotly-plot .table .cell-text')];
+    return cells.filter(c => /^\\s*(nan|NaN|<NA>|NaT)\\s*$/.test(c.textContent)).map(c => {
+        const row = c.closest('tr');
+        const table = c.closest('table');
+        const head = table ? [...table.querySelectorAll('thead th')].map(h => h.textContent.trim()).join(' | ') : '';
+        const cells = row ? [...row.cells].map(x => x.textContent.trim()).join(' | ') : c.textContent;
+        return cells + (head ? '  [' + head + ']' : '');
+    }); }"""
+
+
+def no_missing_values_in_tables(page, scope: str = ".jp-OutputArea-output") -> None:
+    """No table cell shows NaN (or <NA>, NaT): where no formula or no measurement applies, a table says so
+    with a dash, not with pandas' missing value."""
+    missing = page.evaluate(MISSING_CELLS, scope)
+    assert not missing, f"table cells showing a missing value (rows): {missing}"
+
+
+#: every visible ipywidgets label whose text is wider than its box (cut, or ended with an ellipsis)
+CUT_LABELS = """() => [...document.querySelectorAll(
+        '.widget-label, .widget-label-basic, .widget-inline-hbox label, .widget-toggle-button, .widget-button')]
+    .filter(e => e.offsetParent !== null && e.textContent.trim() && getComputedStyle(e).display !== 'inline')
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.textContent.trim() + ' (' + e.scrollWidth + ' px of text in ' + e.clientWidth + ' px)')"""
+
+
+def widget_labels_fit(page) -> None:
+    """Every control's label shows its whole text: its box is as wide as the text it holds."""
+    cut = page.evaluate(CUT_LABELS)
+    assert not cut, f"widget labels cut: {cut}"

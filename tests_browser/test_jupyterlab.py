@@ -1,5 +1,6 @@
 """The notebooks as a learner sees them: JupyterLab in a real browser (Debian's chromium, driven by
-Playwright), every cell run, the charts and widgets rendered, a slider that changes its chart.
+Playwright), every cell run, the charts and widgets rendered, a slider that changes its chart, no table cell
+showing NaN, no control's label cut.
 
 `make test-browser` installs chromium (apt-get) and Playwright's Python package, then runs this file;
 `.ci/run` calls it after `make test`. Screenshots are kept under traces/browser/ for people to look at.
@@ -25,7 +26,9 @@ from tests_browser.charts import (
     interleaved_controls_agree_with_the_chart,
     log_axes_hold_their_data,
     marks_use_their_legend_colours,
+    no_missing_values_in_tables,
     ring_slider_keeps_its_title,
+    widget_labels_fit,
     young_daly_axes_hold_the_curve,
 )
 
@@ -146,6 +149,8 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     assert page.locator(".js-plotly-plot").count() >= 2, "plotly charts rendered"
     marks_use_their_legend_colours(page)
     log_axes_hold_their_data(page)
+    no_missing_values_in_tables(page)
+    widget_labels_fit(page)
     _a_control_moves_its_chart(page, stem)
     for check in EXTRA_CHECKS.get(notebook, ()):
         check(page, stem)

@@ -172,7 +172,7 @@ class ModelConfig:
 #: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
 #: million parameters (benchmarks); the GPT-2 shapes are for GPUs (GPT-2's BPE vocabulary padded to 50304, a
 #: multiple of 64, as nanoGPT does; sequence 1024). Their Ψ counts an untied head: GPT-2's published 124 M ties
-#: the head to the embedding — see `param_count` and the README. The Llama shapes: `tiny-llama` and
+#: the head to the embedding — see `param_count` and docs/guide/models-and-data.md. The Llama shapes: `tiny-llama` and
 #: `small-llama` the CPU sizes of `tiny` and `small` with Llama's block (an inner width of about 8/3·h rounded
 #: to a multiple of 32, as Llama rounds its own); `llama3-1b` is Llama 3.2 1B (tied head) for one GPU; 8B,
 #: 70B and 405B are Llama 3.1's published dimensions (Dubey et al. 2024, table 3; vocabulary 128,256,

@@ -221,4 +221,7 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    try:
+        serve()
+    except KeyboardInterrupt:  # a notebook's kernel interrupted or shut down: nothing to say
+        pass

@@ -12,7 +12,7 @@ everything this project records.
 The same arithmetic runs in both (the losses are bit-identical whatever the schedule: tests/test_measure.py).
 
 `measure` (RunConfig):
-    'auto'   every step on the CPU, where measuring costs a few per cent (measured: README); on a GPU three
+    'auto'   every step on the CPU, where measuring costs a few per cent (docs/guide/running.md); on a GPU three
              steps from the first one the summary's times count (after warmup_steps_excluded), where it costs
              ~15 % of a step — the run's speed is then the fast steps'
     'all'    every step; 'none': none (memory is then not recorded)

@@ -1,0 +1,107 @@
+"""The documentation site as a reader opens it: `make docs` built traces/site/ (the Makefile builds it before
+this suite), opened from the disk in a real chromium — the home page and its navigation, one notebook's page
+with its plotly charts drawn by the site's own plotly.js, every page without a console error — and the chart
+checks of the notebooks' suite shown to fail on a page made to fail them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests_browser.charts import CUT_LABELS, MISSING_CELLS, no_missing_values_in_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "traces" / "site"
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "traces" / "browser"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+def _open(browser, path: Path):
+    """A page opened from the disk (file://, as the README says to open the site), and its console errors."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    return page, errors
+
+
+def test_the_site_was_built():
+    assert (SITE / "index.html").exists(), "no traces/site/index.html: build the site first (make docs)"
+
+
+def test_the_home_page_opens_with_its_navigation(browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, SITE / "index.html")
+    assert "workbench" in page.title()
+    assert page.locator("h1", has_text="workbench").count() == 1
+    nav = page.locator("nav.md-nav--primary .md-nav__link").all_text_contents()
+    nav = " ".join(t.strip() for t in nav)
+    for section in ("Getting started", "Lessons", "The `workbench` command", "formulas"):
+        assert section.lower().replace("`", "") in nav.lower().replace("`", ""), (section, nav)
+    assert page.locator("img[src$='timeline.png']").evaluate("i => i.naturalWidth") > 0, "the picture loads"
+    page.screenshot(path=str(SHOTS / "site-index.png"))
+    assert not errors, errors
+    page.close()
+
+
+def test_a_notebook_page_draws_its_charts(browser):
+    page, errors = _open(browser, SITE / "lessons" / "03_pipeline_parallel.html")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    charts = page.locator(".js-plotly-plot")
+    assert charts.count() >= 5, "the notebook's charts, drawn by plotly.js"
+    drawn = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => (g._fullData || [])"
+                          ".length > 0).length")
+    assert drawn == charts.count(), f"{drawn} of {charts.count()} charts have data"
+    assert page.locator("pre, .jp-RenderedText").count() > 0, "its printed outputs"
+    no_missing_values_in_tables(page, scope="article")
+    page.screenshot(path=str(SHOTS / "site-notebook.png"))
+    assert not errors, errors
+    page.close()
+
+
+def test_every_page_opens_without_a_console_error(browser):
+    """Every page (and on each notebook's page, no table cell showing NaN) but 404.html, which a server shows for a missing path (its links are absolute: from the disk,
+    they lead nowhere, and no page links to it)."""
+    pages = sorted(p for p in SITE.rglob("*.html") if p.name != "404.html")
+    assert len(pages) > 20, pages
+    failed = {}
+    for path in pages:
+        page, errors = _open(browser, path)
+        page.wait_for_timeout(200)
+        if path.parent.name == "lessons":  # the notebooks' tables, as in JupyterLab: no NaN where a dash belongs
+            errors += [f"NaN in a table: {row}" for row in page.evaluate(MISSING_CELLS, "article")]
+        if errors:
+            failed[str(path.relative_to(SITE))] = errors
+        page.close()
+    assert not failed, failed
+
+
+def test_the_chart_checks_fail_where_they_should(browser):
+    """The notebooks' checks find a NaN cell and a cut label on a page made to have both (and nothing on a
+    clean one): they can fail."""
+    page = browser.new_page()
+    page.set_content("""<div class="jp-OutputArea-output"><table><thead><tr><th>category</th><th>formula</th></tr>
+        </thead><tbody><tr><td>temporary</td><td>NaN</td></tr><tr><td>parameter</td><td>16Ψ</td></tr></tbody></table>
+        <div class="widget-inline-hbox"><label class="widget-label" style="display:block; width:40px;
+        overflow:hidden; white-space:nowrap">ZeRO-Offload (optimizer states on the host)</label>
+        <label class="widget-label" style="display:block; width:200px">stage</label></div></div>""")
+    assert page.evaluate(MISSING_CELLS, ".jp-OutputArea-output") == ["temporary | NaN  [category | formula]"]
+    cut = page.evaluate(CUT_LABELS)
+    assert len(cut) == 1 and cut[0].startswith("ZeRO-Offload"), cut
+    page.close()
