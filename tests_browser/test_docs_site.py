@@ -76,8 +76,9 @@ def test_a_notebook_page_draws_its_charts(browser):
 
 
 def test_every_page_opens_without_a_console_error(browser):
-    """Every page (and on each notebook's page, no table cell showing NaN) but 404.html, which a server shows for a missing path (its links are absolute: from the disk,
-    they lead nowhere, and no page links to it)."""
+    """Every page opens without a console error, and no table of a notebook's page shows NaN — every page but
+    404.html, which a server shows for a missing path (its links are absolute: from the disk they lead nowhere,
+    and no page links to it)."""
     pages = sorted(p for p in SITE.rglob("*.html") if p.name != "404.html")
     assert len(pages) > 20, pages
     failed = {}
