@@ -4,8 +4,10 @@ writes them back as a file that loads the same RunConfig (config/files.py)."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +102,18 @@ def test_a_run_prints_only_the_settings_that_differ_from_the_defaults():
     assert shown_config(RunConfig(dp=2, steps=100, bucket_mb=0.03, name="demo")) == \
         {"dp": 2, "steps": 100, "bucket_mb": 0.03, "name": "demo"}
     assert shown_config(RunConfig()) == {}
+
+
+def test_the_demo_prints_at_most_15_lines_before_its_first_step(tmp_path):
+    """`make demo`'s own command line (the Makefile's DEMO_ARGS, fewer steps): what it prints before the
+    first step's line — the settings it changed, the start-up — fits in 15 lines."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    (args,) = re.findall(r"^DEMO_ARGS \?= (.*)$", makefile, flags=re.M)
+    args = re.sub(r"--steps \d+", "--steps 4", args).split()
+    done = subprocess.run([sys.executable, "-m", "workbench.cli", "run", *args, "--backend", "auto", "--name", "demo",
+                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    first_step = next(i for i, line in enumerate(lines) if re.search(r"\bsteps? \d", line))
+    assert first_step <= 15, lines[:first_step + 1]
+    assert any(line.startswith("settings (beside the defaults") for line in lines[:first_step]), lines[:first_step]
