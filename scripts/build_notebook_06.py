@@ -280,7 +280,7 @@ md("""
 Before: bytes drawn almost uniformly from 256, most of them not even printable. After 60 steps: letters,
 spaces and punctuation in English proportions, short fragments of words — a model that has learned the
 bytes' statistics, not yet the words (the held-out loss: about 3.0 nats a byte against ln 256 = 5.5 at the
-start). The guides' own run of this model (docs/guide/models-and-data.md), 200 steps, reaches about 2.2
+start). The guides' own run of this model (docs/guide/models-and-data.md), 200 steps, reaches 2.39
 and begins to spell.
 """),
 ], "06_training_techniques.ipynb")
