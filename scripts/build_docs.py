@@ -118,8 +118,9 @@ def lesson_pages(dst: Path, fresh: bool) -> list:
     return nav
 
 
-def site_config(generated: dict[str, list]) -> Path:
-    """mkdocs.yml with its nav's GENERATED entries filled in and its paths absolute, in traces/."""
+def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, nav: list | None = None) -> Path:
+    """mkdocs.yml with its nav's GENERATED entries filled in (or another nav) and its paths absolute, written
+    beside `src` (traces/mkdocs.built.yml)."""
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
 
     def fill(entries: list) -> list:
@@ -133,13 +134,20 @@ def site_config(generated: dict[str, list]) -> Path:
                 out.append(entry)
         return out
 
-    config["nav"] = fill(config["nav"])
-    config["docs_dir"], config["site_dir"] = str(SRC), str(SITE)
+    config["nav"] = fill(config["nav"]) if nav is None else nav
+    config["docs_dir"], config["site_dir"] = str(src), str(site)
     config["theme"]["custom_dir"] = str(ROOT / config["theme"]["custom_dir"])
     config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
-    target = ROOT / "traces" / "mkdocs.built.yml"
+    target = src.parent / "mkdocs.built.yml"
     target.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return target
+
+
+def build(config: Path, capture: bool = False) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict`: any warning — a broken link, a page missing from the nav or from the disk, a
+    docstring mkdocstrings cannot read — fails it."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(config)],
+                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=capture, text=True)
 
 
 def main() -> int:
@@ -154,8 +162,7 @@ def main() -> int:
     generated = {"api": api_reference(SRC), "lessons": lesson_pages(SRC, args.fresh)}
     config = site_config(generated)
     shutil.rmtree(SITE, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(config)],
-                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = build(config)
     if done.returncode == 0:
         print(f"the site: {SITE / 'index.html'} (open it in a browser; no server needed)")
     return done.returncode

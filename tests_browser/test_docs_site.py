@@ -106,3 +106,36 @@ def test_the_chart_checks_fail_where_they_should(browser):
     cut = page.evaluate(CUT_LABELS)
     assert len(cut) == 1 and cut[0].startswith("ZeRO-Offload"), cut
     page.close()
+
+
+@pytest.mark.parametrize("fault", ["a broken link", "a page the nav names that is not there",
+                                   "a page the nav leaves out"])
+def test_the_build_is_strict(tmp_path, fault):
+    """The site's own configuration (mkdocs.yml, through scripts/build_docs.py) on two small pages, with one
+    fault each: the build fails, naming it; without the fault it passes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_docs import build, site_config
+
+    def attempt(with_fault: bool):
+        src = tmp_path / ("faulty" if with_fault else "clean") / "src"
+        src.mkdir(parents=True)
+        (src / "index.md").write_text("# Home\n\nSee [the other page](other.md).\n")
+        (src / "other.md").write_text("# Other\n\nBack [home](index.md).\n")
+        (src / "extra.md").write_text("# Extra\n")
+        nav = ["index.md", "other.md", "extra.md"]
+        if with_fault and fault == "a broken link":
+            (src / "other.md").write_text("# Other\n\nSee [a page that is gone](gone.md).\n")
+        if with_fault and fault == "a page the nav names that is not there":
+            nav.append("missing.md")
+        if with_fault and fault == "a page the nav leaves out":
+            nav.remove("extra.md")
+        return build(site_config({}, src=src, site=src.parent / "site", nav=nav), capture=True)
+
+    assert attempt(with_fault=False).returncode == 0
+    faulty = attempt(with_fault=True)
+    assert faulty.returncode != 0, f"{fault}: the build passed"
+    named = {"a broken link": "gone.md", "a page the nav names that is not there": "missing.md",
+             "a page the nav leaves out": "extra.md"}[fault]
+    assert named in faulty.stdout + faulty.stderr, faulty.stderr[-2000:]
