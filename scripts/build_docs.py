@@ -146,7 +146,7 @@ def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, 
 def build(config: Path, capture: bool = False) -> subprocess.CompletedProcess:
     """`mkdocs build --strict`: any warning — a broken link, a page missing from the nav or from the disk, a
     docstring mkdocstrings cannot read — fails it."""
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(config)],
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)],
                           cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=capture, text=True)
 
 

@@ -47,7 +47,7 @@ def ring_all_reduces(run: Run) -> pd.DataFrame:
 
 
 def initial_state(op: str, n: int, source: int = 0) -> list[list[frozenset]]:
-    """state[rank][chunk] before the first step: the ranks whose data the chunk holds."""
+    """`state[rank][chunk]` before the first step: the ranks whose data the chunk holds."""
     if op == "all_gather":
         return [[frozenset({r}) if c == r else frozenset() for c in range(n)] for r in range(n)]
     if op == "broadcast":
@@ -56,7 +56,7 @@ def initial_state(op: str, n: int, source: int = 0) -> list[list[frozenset]]:
 
 
 def replay(steps: pd.DataFrame, n: int, op: str = "all_reduce", source: int = 0) -> list[list[list[frozenset]]]:
-    """states[k][rank][chunk] after ring step k (k=0: before the first step), replayed from the recorded
+    """`states[k][rank][chunk]` after ring step k (k=0: before the first step), replayed from the recorded
     spans of one collective: a reduce-scatter step adds what arrives, every other step copies it."""
     state = initial_state(op, n, source)
     states = [state]
