@@ -69,7 +69,8 @@ fig.update_layout(title="fp16 loss scale: halved on the overflow, doubled after 
                   xaxis_title="step", yaxis={"type": "log", "title": "loss scale", "tickvals": ticks,
                                              "ticktext": [f"{t:,.0f}" for t in ticks]})
 fig.show()
-m[["step", "loss", "loss_scale", "skipped", "grad_norm"]]
+# the overflowed step's norm is inf or NaN (metrics.jsonl writes null for it and names it in `nonfinite`)
+m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].fillna({"grad_norm": "non-finite"})
 """),
 md("""
 ### Why scale at all: gradients at the bottom of fp16's range

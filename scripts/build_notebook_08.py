@@ -168,7 +168,7 @@ run goes on (the metrics say `skipped`).
 code("""
 nan = run("nan", dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=3)
 viz.check("only step 3 is skipped", list(nan.metrics.skipped) == [False, False, False, True, False, False])
-nan.metrics[["step", "loss", "grad_norm", "skipped"]]
+nan.metrics[["step", "loss", "grad_norm", "skipped"]].fillna({"grad_norm": "non-finite"})
 """),
 md("""
 ## A loss spike, skipped
@@ -192,7 +192,7 @@ fig.add_trace(go.Scatter(x=m.step[m.skipped], y=m.loss[m.skipped], mode="markers
 fig.update_layout(title="a loss spike (rank 1 × 10 at step 4): every rank skips that update", height=320,
                   xaxis_title="step", yaxis_title="loss")
 fig.show()
-m[["step", "loss", "skipped", "anomaly"]]
+m[["step", "loss", "skipped", "anomaly"]].fillna({"anomaly": "—"})
 """),
 md("""
 ## A straggler, found

@@ -273,7 +273,7 @@ viz.check("torch's FLOP counter equals the formulas for attention and the MLP",
 small = share.dropna()
 viz.check("the MLP's saved bytes equal the formula (SwiGLU: h + 4f values a token)",
           small["MLP saved bytes/layer (measured)"] == small["(formula)  "])
-share
+share.fillna("—")  # llama3-8b's activations are not measured: its FLOPs are counted on meta tensors
 """),
 md("""
 SwiGLU keeps the MLP's cost where GPT-2's was: three matrices of f ≈ 8/3·h multiply as much as two of 4h
