@@ -162,7 +162,8 @@ def main() -> int:
     generated = {"api": api_reference(SRC), "lessons": lesson_pages(SRC, args.fresh)}
     config = site_config(generated)
     shutil.rmtree(SITE, ignore_errors=True)
-    done = build(config)
+    done = build(config, capture=True)
+    print("\n".join(line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("INFO")))
     if done.returncode == 0:
         print(f"the site: {SITE / 'index.html'} (open it in a browser; no server needed)")
     return done.returncode
