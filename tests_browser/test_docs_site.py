@@ -11,23 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests_browser.charts import CUT_LABELS, MISSING_CELLS, no_missing_values_in_tables
+from tests_browser.conftest import CHROMIUM
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "traces" / "site"
-CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "traces" / "browser"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        yield b
-        b.close()
 
 
 def _open(browser, path: Path):

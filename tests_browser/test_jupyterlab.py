@@ -31,9 +31,9 @@ from tests_browser.charts import (
     widget_labels_fit,
     young_daly_axes_hold_the_curve,
 )
+from tests_browser.conftest import CHROMIUM
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "traces" / "browser"
 TOKEN = "workbench-browser-test"
 #: every notebook, each opened, run, a control moved, saved and reopened
@@ -88,16 +88,6 @@ def lab(tmp_path_factory):
             time.sleep(0.5)
     yield url
     stop(proc, grace_s=10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        yield b
-        b.close()
 
 
 KERNEL_READY = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
