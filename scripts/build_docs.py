@@ -93,10 +93,9 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
-            if PLOTLY in data:
-                figure = pio.from_json(nbformat.v4.nbjson.json.dumps(data.pop(PLOTLY)), skip_invalid=True)
-                data["text/html"] = pio.to_html(figure, include_plotlyjs=False, full_html=False,
-                                                config={"responsive": True})
+            if PLOTLY in data:  # the figure as the kernel's plotly wrote it: no need to validate it again
+                data["text/html"] = pio.to_html(data.pop(PLOTLY), include_plotlyjs=False, full_html=False,
+                                                validate=False, config={"responsive": True})
             if WIDGET in data:
                 output["data"] = {"text/html": WIDGET_NOTE}
     return nb
@@ -137,7 +136,8 @@ def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, 
     config["nav"] = fill(config["nav"]) if nav is None else nav
     config["docs_dir"], config["site_dir"] = str(src), str(site)
     config["theme"]["custom_dir"] = str(ROOT / config["theme"]["custom_dir"])
-    config["plugins"][-1]["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+    (docstrings,) = [p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p]
+    docstrings["handlers"]["python"]["paths"] = [str(ROOT)]
     target = src.parent / "mkdocs.built.yml"
     target.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return target

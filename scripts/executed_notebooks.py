@@ -9,6 +9,7 @@ executed again, here, with nbclient (the channel fix of scripts/nbclient_poll.py
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "traces" / "executed"
 
 
+@functools.cache  # once a build: executing a notebook does not change workbench/
 def _sources_changed_at() -> float:
     """When workbench/'s newest source file was written: a copy older than that may show what the code no longer
     does."""
@@ -50,7 +52,7 @@ def executed(source: str | os.PathLike, fresh: bool = False) -> nbformat.Noteboo
     """The notebook `source` with its outputs: the current copy, or executed now (and kept)."""
     copy = None if fresh else current_copy(source)
     if copy is not None:
-        print(f"{Path(source).name}: the copy executed by make test (traces/executed/)", flush=True)
+        print(f"{Path(source).name}: its current executed copy (traces/executed/)", flush=True)
         return copy
     from nbclient_poll import install
     from nbconvert.preprocessors import ExecutePreprocessor

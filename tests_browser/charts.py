@@ -3,10 +3,7 @@ the marks' colours, the Young/Daly chart's axes, the explorers' controls agreein
 
 from __future__ import annotations
 
-from pathlib import Path
-
-SHOTS = Path(__file__).resolve().parent.parent / "traces" / "browser"
-
+from tests_browser.conftest import SHOTS
 
 #: every trace's drawn colour per legend entry (legendgroup, else name), per chart — and, for the span kinds
 #: and memory categories of viz/palette.py, the colour they are drawn in

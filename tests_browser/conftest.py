@@ -4,10 +4,13 @@ shared by the notebooks' tests (test_jupyterlab.py) and the docs site's (test_do
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+#: the suite's screenshots, for people to look at
+SHOTS = Path(__file__).resolve().parent.parent / "traces" / "browser"
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests_browser.charts import CUT_LABELS, MISSING_CELLS, no_missing_values_in_tables
-from tests_browser.conftest import CHROMIUM
+from tests_browser.conftest import CHROMIUM, SHOTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "traces" / "site"
-SHOTS = ROOT / "traces" / "browser"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
 
@@ -103,10 +102,7 @@ def test_the_chart_checks_fail_where_they_should(browser):
 def test_the_build_is_strict(tmp_path, fault):
     """The site's own configuration (mkdocs.yml, through scripts/build_docs.py) on two small pages, with one
     fault each: the build fails, naming it; without the fault it passes."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from build_docs import build, site_config
+    from build_docs import build, site_config  # scripts/ is on the path (the root conftest.py)
 
     def attempt(with_fault: bool):
         src = tmp_path / ("faulty" if with_fault else "clean") / "src"

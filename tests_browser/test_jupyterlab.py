@@ -31,10 +31,9 @@ from tests_browser.charts import (
     widget_labels_fit,
     young_daly_axes_hold_the_curve,
 )
-from tests_browser.conftest import CHROMIUM
+from tests_browser.conftest import CHROMIUM, SHOTS
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "traces" / "browser"
 TOKEN = "workbench-browser-test"
 #: every notebook, each opened, run, a control moved, saved and reopened
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -30,34 +30,37 @@ def _passes(passes: int, n: int) -> float:
     return passes * (n - 1) / n if n else float(passes)
 
 
-def dp_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """Data parallelism's all-reduce time (2(n−1)/n·g·N bytes) over its step's compute (6·N·B FLOPs)."""
-    return _passes(2, n) * g * flops / (6 * tokens_per_rank * bw)
-
-
 def dp_crossover(flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """Tokens a rank below which data parallelism is communication-bound."""
+    """Tokens a rank below which data parallelism is communication-bound: its all-reduce (2(n−1)/n·g·N
+    bytes) against its step's compute (6·N·B FLOPs)."""
     return _passes(2, n) * g * flops / (6 * bw)
 
 
-def zero3_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """ZeRO-3's two all-gathers and reduce-scatter (3·(n−1)/n·g·N bytes) over its step's compute."""
-    return _passes(3, n) * g * flops / (6 * tokens_per_rank * bw)
+def dp_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
+    """Data parallelism's all-reduce time over its step's compute: B*/B."""
+    return dp_crossover(flops, bw, g, n) / tokens_per_rank
 
 
 def zero3_crossover(flops: float, bw: float, g: int = 2, n: int = 0) -> float:
-    """Tokens a rank below which ZeRO-3 is communication-bound."""
+    """Tokens a rank below which ZeRO-3 is communication-bound: its two all-gathers and reduce-scatter
+    (3·(n−1)/n·g·N bytes) against its step's compute."""
     return _passes(3, n) * g * flops / (6 * bw)
 
 
-def tp_ratio(hidden: float, t: int, flops: float, bw: float, g: int = 2) -> float:
-    """A layer's two all-reduces of b·s·h values over its forward matmuls (24·b·s·h²/t FLOPs)."""
-    return (t - 1) * g * flops / (6 * hidden * bw)
+def zero3_ratio(tokens_per_rank: float, flops: float, bw: float, g: int = 2, n: int = 0) -> float:
+    """ZeRO-3's communication time over its step's compute: B*/B."""
+    return zero3_crossover(flops, bw, g, n) / tokens_per_rank
 
 
 def tp_crossover(t: int, flops: float, bw: float, g: int = 2) -> float:
-    """The hidden size below which tensor parallelism over t ranks is communication-bound."""
+    """The hidden size below which tensor parallelism over t ranks is communication-bound: a layer's two
+    all-reduces of b·s·h values against its forward matmuls (24·b·s·h²/t FLOPs)."""
     return (t - 1) * g * flops / (6 * bw)
+
+
+def tp_ratio(hidden: float, t: int, flops: float, bw: float, g: int = 2) -> float:
+    """A layer's all-reduce time over its forward matmuls': h*/h."""
+    return tp_crossover(t, flops, bw, g) / hidden
 
 
 def pp_ratio(tokens: float, hidden: float, layers_per_stage: int, flops: float, bw: float, alpha: float,
