@@ -1,28 +1,30 @@
-"""Interactive explorers (ipywidgets + plotly FigureWidget) for Jupyter."""
+"""Interactive explorers (ipywidgets, with plotly charts drawn in an Output widget) for Jupyter."""
 
 from __future__ import annotations
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.analysis.run import Run
 from workbench.viz.timeline import timeline
 
 
 def timeline_explorer(run: Run) -> widgets.VBox:
-    """A step slider over the run's timeline."""
+    """A step slider over the run's timeline; each step's chart is drawn again in an Output widget.
+
+    Not a plotly FigureWidget: its saved widget state carries plotly.js as a 5 MB module (a saved notebook
+    grew from under 1 MB to 5.7 MB), which a reopened notebook must evaluate before the chart shows. On a
+    busy machine that took longer than JupyterLab's widget manager waits for a model (2 s), and the output
+    read "Error displaying widget: model not found". An Output widget saves only the chart it shows."""
     steps = sorted(int(s) for s in run.events.step.dropna().unique())
-    fig = go.FigureWidget(timeline(run, steps=[steps[-1]]))
-    fig.layout.autosize = True  # as wide as the notebook, like the charts around it
     slider = widgets.IntSlider(value=steps[-1], min=steps[0], max=steps[-1], description="step",
                                layout={"width": "60%"})
+    chart = widgets.Output(layout={"width": "100%"})
 
-    def show(change: dict) -> None:
-        new = timeline(run, steps=[change["new"]])
-        with fig.batch_update():
-            fig.data = []
-            fig.add_traces(list(new.data))
-            fig.layout.title = new.layout.title
+    def show(step: int) -> None:
+        with chart:
+            chart.clear_output(wait=True)
+            timeline(run, steps=[step]).show()
 
-    slider.observe(show, names="value")
-    return widgets.VBox([slider, fig], layout={"width": "100%"})
+    slider.observe(lambda change: show(change["new"]), names="value")
+    show(steps[-1])
+    return widgets.VBox([slider, chart], layout={"width": "100%"})
