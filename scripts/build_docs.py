@@ -1,13 +1,14 @@
 """`make docs`: the documentation site, built without the network into traces/site/ (open traces/site/index.html).
 
 1. docs/ is copied into traces/site_src/ as written (the guides, the architecture, the formulas, the run format),
-   and the README becomes the home page, its links made relative to the site;
+   but for its links to notebooks/, which lead to their pages; the README becomes the home page, its links made
+   relative to the site;
 2. the CLI reference is generated from the parser (`workbench --help`, each subcommand's, and `workbench run
    --help`, which tyro writes from RunConfig), and the API reference's pages name each module for mkdocstrings,
    which reads the docstrings;
 3. every notebook, executed (scripts/executed_notebooks.py: the copy `make test` kept, else executed now), becomes a
    page: each plotly chart a div drawn by the site's one copy of plotly.js, each ipywidgets control a note that
-   it moves in Jupyter (its scripts would need the network);
+   it moves in Jupyter (its scripts would need the network), followed by the charts its Output widgets showed;
 4. mkdocs.yml's nav gets the generated pages, and `mkdocs build --strict` builds it: a broken link, a page missing
    from the nav or a docstring mkdocstrings cannot read fails the build.
 
@@ -19,9 +20,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import html
 import io
 import os
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -35,8 +38,9 @@ SRC = ROOT / "traces" / "site_src"
 SITE = ROOT / "traces" / "site"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_NOTE = ('<p class="wb-widget"><em>An interactive control (ipywidgets): it moves when the notebook runs in '
-               'Jupyter — <code>make notebook</code>.</em></p>')
+               'Jupyter — <code>make notebook</code>. {shown}</em></p>')
 
 
 def cli_reference() -> str:
@@ -85,20 +89,48 @@ def api_reference(dst: Path) -> list:
 
 
 def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Each plotly figure as HTML that the page's plotly.js draws; each widget as a note; no widget state (whose
-    scripts nbconvert would fetch from a CDN)."""
-    import plotly.io as pio
-
-    nb.metadata.pop("widgets", None)
+    """Each plotly figure as HTML that the page's plotly.js draws; each widget as a note, followed by what its
+    Output widgets showed when the notebook ran (an explorer's chart at its first setting); no widget state
+    (whose scripts nbconvert would fetch from a CDN)."""
+    state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
-            if PLOTLY in data:  # the figure as the kernel's plotly wrote it: no need to validate it again
-                data["text/html"] = pio.to_html(data.pop(PLOTLY), include_plotlyjs=False, full_html=False,
-                                                validate=False, config={"responsive": True})
+            if PLOTLY in data:
+                data["text/html"] = plotly_html(data.pop(PLOTLY))
             if WIDGET in data:
-                output["data"] = {"text/html": WIDGET_NOTE}
+                shown = widget_outputs_html(data[WIDGET]["model_id"], state)
+                note = "Below, what it showed when the notebook ran." if shown else ""
+                output["data"] = {"text/html": WIDGET_NOTE.format(shown=note) + shown}
     return nb
+
+
+def plotly_html(figure: dict) -> str:
+    """A figure as the kernel's plotly wrote it (no need to validate it again), as a div the page's plotly.js draws."""
+    import plotly.io as pio
+
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, config={"responsive": True})
+
+
+def widget_outputs_html(model_id: str, state: dict) -> str:
+    """What a widget's Output widgets hold in the saved widget state, as HTML, found through the boxes that
+    contain them (a VBox's `children` name their models `IPY_MODEL_<id>`): plotly charts, HTML and text. The
+    controls themselves are left out: without a kernel they would move nothing."""
+    model = state.get(model_id)
+    if model is None:
+        return ""
+    parts = [widget_outputs_html(child.removeprefix("IPY_MODEL_"), state)
+             for child in model["state"].get("children", [])]
+    for output in model["state"].get("outputs", []):
+        data = output.get("data", {})
+        if PLOTLY in data:
+            parts.append(plotly_html(data[PLOTLY]))
+        elif "text/html" in data:
+            parts.append("".join(data["text/html"]))
+        elif output.get("output_type") == "stream" or "text/plain" in data:
+            text = output.get("text") or "".join(data.get("text/plain", ""))
+            parts.append(f"<pre>{html.escape(''.join(text))}</pre>")
+    return "".join(parts)
 
 
 def lesson_pages(dst: Path, fresh: bool) -> list:
@@ -143,6 +175,15 @@ def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, 
     return target
 
 
+def notebook_links_to_lessons(text: str, folder: Path) -> str:
+    """A docs page's links to a notebook of the repository (`../notebooks/01_data_parallel.ipynb` from docs/, which
+    read on GitHub opens the notebook) lead to its executed page instead (`lessons/01_data_parallel.ipynb`, from
+    the site's root; `folder` is the page's, relative to it)."""
+    up = "../" * (len(folder.parts) + 1)
+    lessons = "../" * len(folder.parts) + "lessons/"
+    return re.sub(rf"\]\({re.escape(up)}notebooks/(\d\d_\w+\.ipynb)\)", rf"]({lessons}\1)", text)
+
+
 def build(config: Path, capture: bool = False) -> subprocess.CompletedProcess:
     """`mkdocs build --strict`: any warning — a broken link, a page missing from the nav or from the disk, a
     docstring mkdocstrings cannot read — fails it."""
@@ -156,6 +197,8 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(SRC, ignore_errors=True)
     shutil.copytree(ROOT / "docs", SRC)
+    for page in SRC.rglob("*.md"):
+        page.write_text(notebook_links_to_lessons(page.read_text(), page.parent.relative_to(SRC)))
     (SRC / "index.md").write_text((ROOT / "README.md").read_text().replace("](docs/", "]("))
     (SRC / "reference").mkdir()
     (SRC / "reference" / "cli.md").write_text(cli_reference())

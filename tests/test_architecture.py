@@ -207,3 +207,18 @@ def test_the_readme_is_read_in_five_minutes():
     assert len(local) >= 10, local
     missing = [link for link in local if not (ROOT.parent / link).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_every_docs_link_leads_to_a_file():
+    """docs/ read on GitHub: each relative link leads to a file of the repository (a notebook link to the notebook,
+    which the site's build turns into a link to its executed page), but for the pages the site generates
+    (reference/: the CLI and API references)."""
+    docs = ROOT.parent / "docs"
+    dead = []
+    for page in sorted(docs.rglob("*.md")):
+        for link in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            generated = (page.parent / link).resolve().is_relative_to(docs / "reference")
+            if "://" not in link and not link.startswith("mailto:") and not generated \
+                    and not (page.parent / link).exists():
+                dead.append(f"{page.relative_to(docs)}: {link}")
+    assert not dead, dead

@@ -64,6 +64,19 @@ def test_a_notebook_page_draws_its_charts(browser):
     page.close()
 
 
+def test_each_explorer_shows_the_chart_it_drew(browser):
+    """An explorer's controls do not move on the site, but what its Output widget drew when the notebook ran is
+    there under its note, drawn (notebook 01: the bucket-size control's chart, the timeline's step slider)."""
+    page, errors = _open(browser, SITE / "lessons" / "01_data_parallel.html")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    charts_per_note = page.evaluate(
+        "() => [...document.querySelectorAll('.wb-widget')].map(n => [...n.closest('.jp-OutputArea-output')"
+        ".querySelectorAll('.js-plotly-plot')].filter(g => (g._fullData || []).length > 0).length)")
+    assert charts_per_note == [1, 1], charts_per_note
+    assert not errors, errors
+    page.close()
+
+
 def test_every_page_opens_without_a_console_error(browser):
     """Every page opens without a console error, and no table of a notebook's page shows NaN — every page but
     404.html, which a server shows for a missing path (its links are absolute: from the disk they lead nowhere,
