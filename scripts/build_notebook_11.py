@@ -216,13 +216,18 @@ for (name, values), color in zip(log2.items(), ("#4C78A8", "#F58518")):
     counts, _ = np.histogram(values, bins=edges)
     fig.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges), name=name, opacity=0.6,
                          marker_color=color, marker_line_width=0))
-for f, dash in zip(formats(), ("dot", "dashdot", "dash", "longdash")):
-    for edge in (f["smallest normal"], f["max"]):
-        fig.add_vline(x=float(np.log2(edge)), line_dash=dash, line_color="#888",
-                      annotation_text=f["format"], annotation_position="top")
+# each format's normal range as a bar above the chart, its edges as lines of its colour through it (labels on
+# the lines themselves piled up: fp16's and E5M2's smallest normal are both 2⁻¹⁴)
+for i, (f, color) in enumerate(zip(formats(), ("#54A24B", "#B279A2", "#E45756", "#72B7B2"))):
+    lo, hi, y = float(np.log2(f["smallest normal"])), float(np.log2(f["max"])), 1.05 + 0.1 * i
+    fig.add_shape(type="line", x0=lo, x1=hi, y0=y, y1=y, yref="paper", line={"color": color, "width": 5})
+    fig.add_annotation(x=hi, y=y, yref="paper", text=f"{f['format']}: 2<sup>{lo:.0f}</sup> … 2<sup>{hi:.3g}</sup>",
+                       xanchor="left", showarrow=False, font={"color": color})
+    for edge in (lo, hi):
+        fig.add_vline(x=edge, line_dash="dot", line_color=color)
 fig.update_layout(barmode="overlay", xaxis_title="log₂ |value| (lines: each format's smallest normal and max)",
-                  yaxis_title="values in the bin", height=380,
-                  title="a real activation and gradient against each format's range").show()
+                  yaxis_title="values in the bin", height=480, margin={"t": 180},
+                  title="a real activation and gradient against each format's normal range").show()
 pd.DataFrame(formats())
 """),
 md("""
