@@ -128,8 +128,7 @@ def widget_outputs_html(model_id: str, state: dict) -> str:
         elif "text/html" in data:
             parts.append("".join(data["text/html"]))
         elif output.get("output_type") == "stream" or "text/plain" in data:
-            text = output.get("text") or "".join(data.get("text/plain", ""))
-            parts.append(f"<pre>{html.escape(''.join(text))}</pre>")
+            parts.append(f"<pre>{html.escape(''.join(output.get('text') or data.get('text/plain', '')))}</pre>")
     return "".join(parts)
 
 

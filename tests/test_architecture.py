@@ -202,8 +202,7 @@ def test_the_readme_is_read_in_five_minutes():
     each kind, where it runs, links); everything else lives in docs/, and each of its links leads to a file."""
     readme = ROOT.parent / "README.md"
     assert readme.stat().st_size < 10_000, f"README.md is {readme.stat().st_size} bytes: move reference to docs/"
-    links = re.findall(r"\]\(([^)#]+)\)", readme.read_text())
-    local = [link for link in links if "://" not in link]
+    local = _relative_links(readme.read_text())
     assert len(local) >= 10, local
     missing = [link for link in local if not (ROOT.parent / link).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
@@ -216,9 +215,14 @@ def test_every_docs_link_leads_to_a_file():
     docs = ROOT.parent / "docs"
     dead = []
     for page in sorted(docs.rglob("*.md")):
-        for link in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+        for link in _relative_links(page.read_text()):
             generated = (page.parent / link).resolve().is_relative_to(docs / "reference")
-            if "://" not in link and not link.startswith("mailto:") and not generated \
-                    and not (page.parent / link).exists():
+            if not generated and not (page.parent / link).exists():
                 dead.append(f"{page.relative_to(docs)}: {link}")
     assert not dead, dead
+
+
+def _relative_links(markdown: str) -> list[str]:
+    """A Markdown text's links to files (not to a web address or an anchor of the same page), without anchors."""
+    links = re.findall(r"\]\(([^)#\s]+)", markdown)
+    return [link for link in links if "://" not in link and not link.startswith("mailto:")]

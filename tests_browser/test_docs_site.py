@@ -15,6 +15,8 @@ from tests_browser.conftest import CHROMIUM, SHOTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "traces" / "site"
+#: a plotly chart that plotly.js has drawn with data (JavaScript, for a filter over chart elements)
+HAS_DATA = "g => (g._fullData || []).length > 0"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
 
@@ -54,8 +56,7 @@ def test_a_notebook_page_draws_its_charts(browser):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     charts = page.locator(".js-plotly-plot")
     assert charts.count() >= 5, "the notebook's charts, drawn by plotly.js"
-    drawn = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => (g._fullData || [])"
-                          ".length > 0).length")
+    drawn = page.evaluate(f"() => [...document.querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length")
     assert drawn == charts.count(), f"{drawn} of {charts.count()} charts have data"
     assert page.locator("pre, .jp-RenderedText").count() > 0, "its printed outputs"
     no_missing_values_in_tables(page, scope="article")
@@ -71,7 +72,7 @@ def test_each_explorer_shows_the_chart_it_drew(browser):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     charts_per_note = page.evaluate(
         "() => [...document.querySelectorAll('.wb-widget')].map(n => [...n.closest('.jp-OutputArea-output')"
-        ".querySelectorAll('.js-plotly-plot')].filter(g => (g._fullData || []).length > 0).length)")
+        f".querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length)")
     assert charts_per_note == [1, 1], charts_per_note
     assert not errors, errors
     page.close()

@@ -104,6 +104,7 @@ KERNEL_READY = """() => { const w = window.jupyterapp && window.jupyterapp.shell
                            const s = w && w.sessionContext && w.sessionContext.session;
                            const k = s && s.kernel;
                            return !!k && k.connectionStatus === 'connected' && k.status === 'idle'; }"""
+SHUT_DOWN_KERNEL = "() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()"
 #: the notebook's progress: each code cell's prompt (`[3]:` ran, `[*]:` running or queued, `[ ]:` not
 #: asked), the first traceback shown (a cell raised; JupyterLab draws an error as stderr) and the kernel's status
 PROGRESS = """() => { const w = window.jupyterapp.shell.currentWidget;
@@ -130,11 +131,11 @@ def _run_all(page, lab: Lab, timeout_s: float) -> None:
     while True:
         state = page.evaluate(PROGRESS)
         prompts = state["prompts"]
-        if prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts):
+        ran = sum(bool(re.fullmatch(r"\[\d+\]:", p)) for p in prompts)
+        if prompts and ran == len(prompts):
             return
         why = None
         if state["error"] is not None:
-            ran = sum(bool(re.fullmatch(r"\[\d+\]:", p)) for p in prompts)
             why = f"code cell {ran} of {len(prompts)} raised:\n{state['error'][-3000:]}"
         elif "[*]:" not in prompts and state["kernel"] == "idle":
             idle_since = idle_since or time.monotonic()
@@ -195,7 +196,7 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
     page.wait_for_timeout(1500)  # the last comm messages (new widget models) reach the page
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
-    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+    page.evaluate(SHUT_DOWN_KERNEL)
     page.close()
     _saved_widget_state(lab, notebook)
     stem = notebook.removesuffix(".ipynb")
@@ -215,7 +216,7 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
     again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))
     assert "Error displaying widget" not in again.content(), "a saved widget did not come back"
     assert not [e for e in errors if "favicon" not in e], errors
-    again.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+    again.evaluate(SHUT_DOWN_KERNEL)
     again.close()
 
 
@@ -314,5 +315,5 @@ def test_run_all_stops_at_a_cell_that_raises(lab, browser):
     with pytest.raises(AssertionError, match=r"code cell 2 of 3 raised:(.|\n)*the second cell fails"):
         _run_all(page, lab, timeout_s=120)
     assert time.monotonic() - started < 60
-    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+    page.evaluate(SHUT_DOWN_KERNEL)
     page.close()

@@ -9,7 +9,8 @@ from workbench.viz.timeline import timeline
 
 
 def timeline_explorer(run: Run) -> widgets.VBox:
-    """A step slider over the run's timeline; each step's chart is drawn again in an Output widget.
+    """A step slider over the run's timeline; each step's chart is drawn again in an Output widget
+    (ipywidgets' `interactive_output`, which `interact` uses too).
 
     Not a plotly FigureWidget: its saved widget state carries plotly.js as a 5 MB module (a saved notebook
     grew from under 1 MB to 5.7 MB), which a reopened notebook must evaluate before the chart shows. On a
@@ -18,13 +19,6 @@ def timeline_explorer(run: Run) -> widgets.VBox:
     steps = sorted(int(s) for s in run.events.step.dropna().unique())
     slider = widgets.IntSlider(value=steps[-1], min=steps[0], max=steps[-1], description="step",
                                layout={"width": "60%"})
-    chart = widgets.Output(layout={"width": "100%"})
-
-    def show(step: int) -> None:
-        with chart:
-            chart.clear_output(wait=True)
-            timeline(run, steps=[step]).show()
-
-    slider.observe(lambda change: show(change["new"]), names="value")
-    show(steps[-1])
+    chart = widgets.interactive_output(lambda step: timeline(run, steps=[step]).show(), {"step": slider})
+    chart.layout.width = "100%"
     return widgets.VBox([slider, chart], layout={"width": "100%"})
