@@ -9,7 +9,9 @@
 3. every notebook, executed (scripts/executed_notebooks.py: the copy `make test` kept, else executed now), becomes a
    page: each plotly chart a div drawn by the site's one copy of plotly.js, each ipywidgets control a note that
    it moves in Jupyter (its scripts would need the network), followed by the charts its Output widgets showed;
-4. mkdocs.yml's nav gets the generated pages, and `mkdocs build --strict` builds it: a broken link, a page missing
+4. docs/lessons.md's claims ledger is written again from the notebooks just executed (scripts/claims_ledger.py),
+   with this run's margins; a committed ledger that lists other claims than the notebooks check fails the build;
+5. mkdocs.yml's nav gets the generated pages, and `mkdocs build --strict` builds it: a broken link, a page missing
    from the nav or a docstring mkdocstrings cannot read fails the build.
 
     python scripts/build_docs.py [--fresh]     # --fresh: execute every notebook again
@@ -30,6 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import claims_ledger
 import nbformat
 import yaml
 from executed_notebooks import ROOT, executed
@@ -202,6 +205,13 @@ def main() -> int:
     (SRC / "reference").mkdir()
     (SRC / "reference" / "cli.md").write_text(cli_reference())
     generated = {"api": api_reference(SRC), "lessons": lesson_pages(SRC, args.fresh)}
+    rows = claims_ledger.all_claims()  # the executed copies lesson_pages just read or wrote
+    problems = claims_ledger.stale((ROOT / "docs" / "lessons.md").read_text(), rows)
+    if problems:
+        print("docs/lessons.md's claims ledger is stale (python scripts/claims_ledger.py writes it):\n  "
+              + "\n  ".join(problems))
+        return 1
+    (SRC / "lessons.md").write_text(claims_ledger.with_ledger((SRC / "lessons.md").read_text(), rows))
     config = site_config(generated)
     shutil.rmtree(SITE, ignore_errors=True)
     done = build(config, capture=True)

@@ -60,6 +60,24 @@ viz.check("every run's losses equal one process's within 1e-5 × loss", table.ma
 viz.loss_curves(runs, baseline="1 rank").show()
 """),
 md("""
+**Why more ranks are slower here.** Each rank trains on 16/N sequences, yet the step gets longer with N on this
+machine. The table below splits rank 0's step as its trace measured it: compute (forward, backward, optimizer),
+communication, and the step. Two causes show in it. The tiny model's compute barely shrinks with a smaller
+share of the batch (most of it is the fixed cost of Python and autograd per layer, not arithmetic), and on
+4 ranks the two cores are shared by four processes, so each rank's compute *grows*. Communication is added on
+top. On GPUs, with a model whose compute is arithmetic and one device per rank, the same split shrinks compute
+by N (notebook 07 measures speedup and efficiency).
+"""),
+code("""
+def split(r):
+    s, timed = r.summary["ranks"][0], r.config["steps"] - r.summary["ranks"][0]["steps_excluded"]
+    return {"ranks": r.config["dp"], "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
+            "compute a step (ms)": 1e3 * s["compute_s"] / timed, "communication a step (ms)": 1e3 * s["comm_s"] / timed,
+            "sequences a rank": 16 // r.config["dp"]}
+
+pd.DataFrame({name: split(runs[name]) for name in ("1 rank", "2 ranks", "4 ranks")}).T.round(2)
+"""),
+md("""
 ## 2. Overlap: bucketed all-reduce during backward
 
 With one big bucket the all-reduce can only start when the *last* gradient is ready — after backward —
@@ -100,8 +118,11 @@ for name, way in ways.items():
     timed = STEPS - s["steps_excluded"]          # the summary's times are totals over the timed steps
     ev = r.events                                # exposed: each rank's host blocked in "gradient sync";
     sync = ev[(ev.name == "gradient sync") & (ev.step >= 1)].dur_us   # the median over ranks and steps
+    grads = ev[(ev["rank"] == 0) & (ev.step >= 1) & (ev.cat == "collective") & (ev.group == "dp")]
     rows[name] = {"exposed gradient sync per step, measured (ms)": sync.median() / 1e3,   # (one slow step
                   "predicted (ms)": 1e3 * est.step_terms["dp"],   # on a shared core moves a mean, not this)
+                  "all-reduces a step": len(grads) / grads.step.nunique(),
+                  "ms an all-reduce (measured)": grads.dur_us.mean() / 1e3,
                   "hidden under backward per step (ms)": 1e3 * s["overlap_s"] / timed,
                   "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
                   "predicted step (ms)": 1e3 * est.step_time_s}
@@ -111,7 +132,15 @@ viz.check("naive, one bucket and four buckets train the same model (within 1e-5 
           same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
 one, four = exposed.iloc[1, 0], exposed.iloc[2, 0]
 viz.check("under a link as slow as backward, small buckets expose less communication than one bucket",
-          four < one, four_buckets_ms=four, one_bucket_ms=one)
+          four < one, four_buckets_ms=four, one_bucket_ms=one, margin=viz.headroom(four, one),
+          regime="dp 2 on 2 cores, 8 layers, emulated 0.1 GB/s link",
+          timing="exposed time of two runs on shared cores (the link's hold is the emulator's formula)")
+exposed["error %"] = 100 * (exposed["predicted (ms)"] / exposed.iloc[:, 0] - 1)
+naive = exposed.iloc[0]
+print(f"naive: {naive['all-reduces a step']:.0f} blocking all-reduces a step, one per parameter tensor, each "
+      f"{naive['ms an all-reduce (measured)']:.2f} ms on gloo — the estimate prices the gradients' bytes and the "
+      f"link's 10 µs a message, not gloo's fixed cost per call: that cost × the count is the miss "
+      f"({naive['error %']:+.0f} %)")
 exposed.round(1)
 """),
 code("""

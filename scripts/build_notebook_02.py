@@ -94,27 +94,42 @@ Activation bytes are counted from the tensors autograd saves (saved-tensor hooks
 `workbench.predict.formulas.activation_bytes`, which counts what our block saves: 4·sbh values replicated on
 every tp rank (layer-norm inputs and outputs, the residual), (4 + 2r)·sbh/t split (qkv, attention
 output, MLP), a·s²·b/t attention probabilities. Sequence parallelism divides the replicated part by t too.
-Communication per step: the bytes of every tp collective (S as nccl-tests counts it) beside
-`formulas.tp_comm_bytes_per_step`.
+Communication per step, two ways. **Buffer bytes**: the size S of every tp collective's buffer, as nccl-tests
+counts it, beside `formulas.tp_comm_bytes_per_step`. Buffer sizes of different collectives do not add up to
+traffic: an all-reduce of S puts 2(t−1)/t·S on the wire from each rank (a reduce-scatter, then an all-gather),
+a reduce-scatter or an all-gather (t−1)/t·S. So the **wire bytes** a rank sends — the buffer bytes times each
+collective's factor (`trace/bandwidth.py`) — are what to compare across t and with sequence parallelism: they
+grow with t, and sequence parallelism's reduce-scatter plus all-gather sends what one all-reduce sent (plus
+the gather it repeats in backward), not twice as much.
 """),
 code("""
+from workbench.trace.bandwidth import bus_factor
+
+def tp_bytes(by_op, t, wire):
+    # buffer bytes (S) of the tp group's collectives, or the bytes each rank sends for them (S × the op's factor)
+    return sum(g.get("tp", 0) * (bus_factor(op, t) if wire else 1) for op, g in by_op.items())
+
 rows = []
 for name, r in runs.items():
     s = r.summary["ranks"][0]
     c = r.config
-    measured_comm = sum(g.get("tp", 0) for g in s["comm_bytes_per_step"].values())
-    predicted_comm = sum(g.get("tp", 0) for g in s["predicted_comm_bytes_per_step"].values())
+    measured_comm = tp_bytes(s["comm_bytes_per_step"], c["tp"], wire=False)
+    predicted_comm = tp_bytes(s["predicted_comm_bytes_per_step"], c["tp"], wire=False)
     rows.append({"run": name, "t": c["tp"], "sequence parallel": c["sequence_parallel"],
                  "parameters / rank": c["params_per_rank"],
                  "activation MB measured": s["peak_bytes"]["activation"] / 1e6,
                  "activation MB predicted": s["predicted_bytes"]["activation"] / 1e6,
                  "tp comm MB/step measured": measured_comm / 1e6,
-                 "tp comm MB/step predicted": predicted_comm / 1e6})
+                 "tp comm MB/step predicted": predicted_comm / 1e6,
+                 "tp wire MB/step measured": tp_bytes(s["comm_bytes_per_step"], c["tp"], wire=True) / 1e6,
+                 "tp wire MB/step predicted": tp_bytes(s["predicted_comm_bytes_per_step"], c["tp"], wire=True) / 1e6})
 mem = pd.DataFrame(rows)
 viz.check("activation memory measured = predicted",
           abs(mem["activation MB measured"] - mem["activation MB predicted"]) < 1e-9)
-viz.check("tensor-parallel bytes per step measured = predicted",
+viz.check("tensor-parallel buffer bytes per step measured = predicted",
           abs(mem["tp comm MB/step measured"] - mem["tp comm MB/step predicted"]) < 1e-9)
+viz.check("tensor-parallel wire bytes per step measured = predicted",
+          abs(mem["tp wire MB/step measured"] - mem["tp wire MB/step predicted"]) < 1e-9)
 mem
 """),
 code("""

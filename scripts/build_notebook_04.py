@@ -203,12 +203,14 @@ takes compute time away, and the step times differ by little more than this mach
 md("""
 ## ZeRO-Offload: the optimizer in host memory
 
-ZeRO-Offload (Ren et al. 2021) moves each rank's slice of the fp32 master weights, of the gradient and
-of Adam's moments to host memory, and runs the update there; the device keeps the parameters and its
-share of the gradient. In the paper's mixed precision ZeRO-2 falls from 2Ψ + 14Ψ/N to (2 + 2/N)Ψ on the
-device. On this CPU the "host" copies are separate tensors — the same code a GPU runs — so the trade is
-visible: the device's optimizer state goes to zero, the host holds 16Ψ/N, and the losses are exactly
-ZeRO-2's.
+ZeRO-Offload (Ren et al. 2021) moves each rank's slice of the fp32 master weights and of Adam's moments to
+host memory, and runs the update there. The paper moves the fp16 gradients to the CPU as well, leaving 2Ψ (the
+fp16 parameters) on the device. **This implementation keeps its gradient slice on the device** (it is reduced
+there, then copied to the host for the update): its choice, which costs 2Ψ/N of device memory and keeps the
+reduce-scatter on the device. In mixed precision ZeRO-2 so falls from 2Ψ + 14Ψ/N to (2 + 2/N)Ψ on the device
+here, against the paper's 2Ψ. On this CPU the "host" copies are separate tensors — the same code a GPU
+runs — so the trade is visible: the device's optimizer state goes to zero, the host holds 16Ψ/N, and the
+losses are exactly ZeRO-2's.
 """),
 code("""
 offload = run("zero2-offload", dp=2, zero=2, offload_optimizer=True)

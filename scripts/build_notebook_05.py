@@ -112,8 +112,11 @@ big = wb.RunConfig(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microb
 e = wb.estimate(big, hardware=A100_80GB)
 per_gpu = pd.Series({**{f"{k} (model state)": v for k, v in e.model_state_bytes.items()},
                      "activations": e.activation_bytes_per_rank}, name="GB per GPU") / 1e9
-print(f"Ψ = {e.params / 1e9:.1f} B; one GPU holds 1/(tp·pp) = 1/96 of the layers' weights: "
-      f"{e.params / 96 / 1e9:.2f} B parameters × 18 bytes = {per_gpu.iloc[:3].sum():.1f} GB of model states")
+layers_share = e.params / 96 * 18 / 1e9   # 1/(tp·pp) of every parameter, at 18 bytes each
+print(f"Ψ = {e.params / 1e9:.1f} B; one GPU holds 1/(tp·pp) = 1/96 of the model: {e.params / 96 / 1e9:.2f} B "
+      f"parameters × 18 bytes = {layers_share:.1f} GB; stage 0's GPUs also hold the word and position embeddings' "
+      f"shard (V·h/t + s·h values), so their model states come to {per_gpu.iloc[:3].sum():.1f} GB "
+      f"(+{per_gpu.iloc[:3].sum() - layers_share:.1f} GB)")
 per_gpu.round(2).to_frame().assign(share=lambda d: (d["GB per GPU"] / d["GB per GPU"].sum()).round(2))
 """),
 code("""
@@ -134,8 +137,40 @@ Tensor parallelism moves by far the most bytes — hundreds of gigabytes per GPU
 every layer — which is why it stays on NVLink (230 GB/s here, ten times a 25 GB/s InfiniBand port).
 Pipeline parallelism sends only micro-batch activations at the 11 stage boundaries; data parallelism
 all-reduces the gradients of 1/96 of the model once per step, overlapped with the last micro-batches'
-backward. Both cross machines, on InfiniBand. The model-utilisation (MFU: useful FLOPs over peak) the
-estimate gives is in the range published runs report for this layout (Megatron-LM reported 44–52 % on
-A100s, Narayanan et al. 2021).
+backward. Both cross machines, on InfiniBand.
+
+**Which published figure this MFU is comparable with.** MFU counts the model's FLOPs only (6·Ψ·tokens and the
+attention's), never a recomputed forward. Korthikanti et al. 2022 train this way — selective recomputation with
+sequence parallelism, as here — and report **54.2 % MFU** for a 530B GPT on 2,240 A100s (42.1 % with full
+recomputation). Narayanan et al. 2021's often-quoted 44–52 % of peak for GPT-3-like models counts the forward
+that full recomputation runs again: it is closer to hardware FLOPs utilisation, so it is not this figure's peer.
+
+**The same layout in notebook 07.** The planner there shows GPT-3 on this layout with other memory a GPU. The
+configurations differ, not the arithmetic: the planner's setting is mixed precision with 16-bit gradients (16Ψ,
+no fp32 main gradients) and no sequence parallelism, so each tensor-parallel rank keeps the layer norms'
+activations whole (4·sbh a layer, replicated on all 8 ranks). Both, from the same estimator:
+"""),
+code("""
+planner_setting = wb.estimate(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microbatches=192,
+                              precision="mixed", recompute="selective", activations="megatron", hardware=A100_80GB)
+both = {"here: bf16 + fp32 main gradients, sequence parallel": e,
+        "notebook 07's planner: mixed, 16-bit gradients, no sequence parallel": planner_setting}
+pd.DataFrame({name: {"model states GB": sum(x.model_state_bytes.values()) / 1e9,
+                     "activations GB": x.activation_bytes_per_rank / 1e9} for name, x in both.items()}).T.round(1)
+"""),
+md("""
+## How many GPUs GPT-3 needs, before one activation
+
+"175 billion parameters need about 350 GB" is often said of GPT-3. That is its **fp16 weights alone** (2 bytes a
+parameter). Training also keeps the gradients, Adam's two moments and an fp32 master copy: ZeRO's 16 bytes a
+parameter of model states in mixed precision (16Ψ; 18Ψ with fp32 main gradients, as above).
+"""),
+code("""
+import math
+
+psi = GPT3_175B.param_count()
+accounts = {"fp16 weights alone (2Ψ)": 2 * psi, "model states, 16Ψ": 16 * psi, "model states, 18Ψ": 18 * psi}
+print(f"Ψ = {psi / 1e9:.0f} B parameters")
+pd.DataFrame([{"what": k, "TB": v / 1e12, "A100-80GB at the least": math.ceil(v / 80e9)} for k, v in accounts.items()])
 """),
 ], "05_3d_parallel.ipynb")

@@ -52,6 +52,26 @@ pd.DataFrame({"ranks": t.world_size, "step ms": 1e3 * t.step_time_s, "± ms": 1e
               "memory error": t.memory_error.map("{:+.1%}".format), "MB sent/step": t.bytes_moved_per_step / 1e6,
               "|Δ loss|": t.loss_diff_vs_baseline}).set_index(t.strategy).round(2)
 """),
+code("""
+def comm_ms(run):  # rank 0's collectives and waits a step, measured (the steps after the first)
+    ev = run.events[(run.events["rank"] == 0) & (run.events.step >= 1)]
+    return ev[ev.cat.isin(["collective", "wait", "p2p"])].dur_us.sum() / 1e3 / ev.step.nunique()
+
+for config, (_, row) in zip(configs, t.iterrows()):
+    if abs(row.step_time_error) <= 0.25:
+        continue
+    gap = abs(row.step_time_s - row.predicted_step_time_s)
+    if gap <= row.step_time_spread_s + row.predicted_step_time_spread_s:
+        why = (f"the spreads overlap ({gap * 1e3:.1f} ms apart, ± {row.step_time_spread_s * 1e3:.1f} and "
+               f"± {row.predicted_step_time_spread_s * 1e3:.1f} ms): this machine's noise covers it")
+    else:
+        term = wb.estimate(config, hardware=hw).step_terms
+        predicted_comm = sum(term.get(k, 0.0) for k in ("tp", "cp", "ep", "zero3", "pipeline", "dp"))
+        why = (f"outside both spreads: communication measured {comm_ms(cmp.runs[row.strategy]):.1f} ms a step "
+               f"(rank 0's collectives and waits) against the estimate's {predicted_comm * 1e3:.1f} ms "
+               f"({', '.join(f'{k} {v * 1e3:.1f}' for k, v in term.items())} ms)")
+    print(f"{row.strategy}: {row.step_time_error:+.0%} — {why}")
+"""),
 md("""
 `memory_error` compares the estimate with the **simultaneous peak of every category** — what a rank
 really pays. It is exact for data, tensor and pipeline parallelism but for Adam's step counters (a few
@@ -68,8 +88,12 @@ with more ranks than cores, compute stretched by the measured share of a core.
 `step_time_dominant_term` names the largest. Each figure carries its **±**: a measured step the spread of
 its own steps (10th to 90th percentile), a predicted one the spread calibrate()'s runs showed — this machine
 moves 10–30 % from one minute to the next, and a difference inside both bars is not one.
-`benchmarks/estimator_accuracy.py` holds 13 strategies against it; on these two shared cores most land
-within 15 %, and docs/guide/predictions.md lists those that do not.
+`benchmarks/estimator_accuracy.py` holds 13 strategies against it, calibrated in three rounds, and 11 of the 13
+land within ±15 % (docs/guide/predictions.md). **This notebook's table is rougher**: it calibrates in one round,
+and its tiny model's steps last a few milliseconds, so a millisecond of noise is tens of per cent. Under the
+table, each error past 25 % is given its cause from the run itself: where the two spreads overlap, this
+machine's noise alone covers the gap; where they do not, the trace's measured time of the dominant term is set
+beside the estimate's, which names the term that missed.
 """),
 code("""
 cmp.bars().show()
@@ -195,7 +219,9 @@ ms["measured speedup"] = ms.index * ms.loc[1, "measured step (ms)"] / ms["measur
 ms["predicted speedup"] = ms.index * ms.loc[1, "predicted step (ms)"] / ms["predicted step (ms)"]
 ms["measured efficiency"] = ms["measured speedup"] / ms.index
 viz.check("measured efficiency below 1 at 2 and 4 ranks", (ms["measured efficiency"].iloc[1:] < 1).all(),
-          at_2=ms["measured efficiency"][2], at_4=ms["measured efficiency"][4])
+          at_2=ms["measured efficiency"][2], at_4=ms["measured efficiency"][4],
+          margin=viz.headroom(ms["measured efficiency"].iloc[1:].max(), 1), regime="dp 1, 2, 4 on 2 cores, tiny",
+          timing="step times of runs on shared cores")
 ms.round(2)
 """),
 md("""
@@ -221,9 +247,13 @@ collective or transfer, where it waited — and ties the ranks together by those
 measured cost: the run's execution graph (`analysis/execution_graph.py`; Lumos, MLSys 2025, builds the same
 from Kineto traces). **Replayed unedited**, the graph gives back the measured step — its consistency check:
 a dependency it missed would let a rank run ahead. **Edited**, it predicts a run nobody launched: here the
-same pipeline (2 stages, 4 micro-batches) under GPipe instead of 1F1B — the schedule re-laid by the
-simulator from the run's own forward and backward costs, transfers and host gaps (dp ×2, the micro-batches,
-bucket size, a link or a straggler are edited the same way). Then the GPipe run is launched to check it:
+same pipeline (2 stages, 1F1B) with 8 micro-batches instead of 4 — the schedule re-laid by the simulator
+from the run's own forward and backward costs (each scaled to the smaller micro-batch), transfers and host
+gaps. The formula says the bubble falls from 1/5 to 1/9 of the step; what it leaves out is that every
+micro-batch pays a fixed cost (Python, autograd, a transfer's latency), and with twice as many that cost
+doubles: the what-if, costed from the trace, counts both. (The schedule, dp ×2, bucket size, a link or a
+straggler are edited the same way; a 1F1B → GPipe edit at this p and m would show little, as both have the
+same formula bubble.) Then the m = 8 run is launched to check it:
 three rounds of both, as this machine has slow minutes (docs/formulas.md, "Trace-driven replay and what-if").
 
 """),
@@ -237,28 +267,31 @@ rounds = []
 for k in range(3):
     source = wb.launch(wb.RunConfig(pp=2, microbatches=4, steps=6),
                        out=os.path.join("..", "traces", "nb07", f"what_if_1f1b_{k}"), force=True, progress=False)
-    w = wb.what_if(source, hardware=hw, schedule="gpipe")
-    target = wb.launch(wb.RunConfig(pp=2, microbatches=4, schedule="gpipe", steps=6),
-                       out=os.path.join("..", "traces", "nb07", f"what_if_gpipe_{k}"), force=True, progress=False)
+    w = wb.what_if(source, hardware=hw, microbatches=8)
+    target = wb.launch(wb.RunConfig(pp=2, microbatches=8, steps=6),
+                       out=os.path.join("..", "traces", "nb07", f"what_if_m8_{k}"), force=True, progress=False)
     measured = replay(build(load_traces(target.path))).measured_us / 1e3  # the same mean as the source's
-    rounds.append({"1F1B measured": w.source_measured_s * 1e3, "1F1B replayed": w.source_replayed_s * 1e3,
-                   "GPipe what-if": w.predicted_s * 1e3, "GPipe measured": measured})
+    rounds.append({"m = 4 measured": w.source_measured_s * 1e3, "m = 4 replayed": w.source_replayed_s * 1e3,
+                   "m = 8 what-if": w.predicted_s * 1e3, "m = 8 measured": measured})
 table = pd.DataFrame(rounds).rename_axis("round")
 print(w)
 for note in w.notes:
     print(" ", note)
-BARS = {"1F1B measured": "#4C78A8", "1F1B replayed": "#9ECAE9", "GPipe what-if": "#F58518",
-        "GPipe measured": "#E45756"}
+BARS = {"m = 4 measured": "#4C78A8", "m = 4 replayed": "#9ECAE9", "m = 8 what-if": "#F58518",
+        "m = 8 measured": "#E45756"}
 fig = go.Figure([go.Bar(name=k, x=[f"round {i}" for i in table.index], y=table[k], marker_color=c)
                  for k, c in BARS.items()])
 fig.update_layout(barmode="group", yaxis_title="ms a step (mean over ranks and steps after the first)",
-                  title="pp = 2, m = 4: 1F1B measured and replayed; GPipe predicted from its trace, and measured",
+                  title="pp = 2, 1F1B: m = 4 measured and replayed; m = 8 predicted from its trace, and measured",
                   height=380).show()
-replay_error = (table["1F1B replayed"] / table["1F1B measured"] - 1).abs().max()
-ratio = (table["GPipe what-if"] / table["GPipe measured"]).median()
-viz.check("the replay gives back each measured 1F1B step within 5 %", replay_error <= 0.05, worst=replay_error)
-viz.check("the what-if's GPipe step is within 30 % of the measured one (median of 3 rounds)",
-          abs(ratio - 1) <= 0.30, predicted_over_measured=ratio)
+replay_error = (table["m = 4 replayed"] / table["m = 4 measured"] - 1).abs().max()
+ratio = (table["m = 8 what-if"] / table["m = 8 measured"]).median()
+# the replay of a run's own trace is its consistency, not a prediction (tests/test_what_if.py shows it fail when
+# a dependency is cut): shown, not checked
+print(f"the replay gives back the measured m = 4 step within {replay_error:.1%} (its consistency)")
+viz.check("the what-if's m = 8 step is within 30 % of the measured one (median of 3 rounds)",
+          abs(ratio - 1) <= 0.30, predicted_over_measured=ratio, margin=viz.headroom(abs(ratio - 1), 0.30),
+          regime="pp 2 on 2 cores, tiny", timing="a prediction from one run's clock against another run's clock")
 table.round(1)
 
 """),

@@ -174,10 +174,13 @@ md("""
 ## A loss spike, skipped
 
 Large runs see sudden loss spikes — a bad batch, an optimizer state gone wrong, a flipped bit — and one
-update taken on such a step can set training back by thousands of steps. A common guard (used in the
-PaLM and OPT runs, in spirit) compares each step's loss with the recent ones and skips the update when
-it jumps. `loss_spike_factor=2.0` skips any step whose loss is more than twice the median of the steps
-before it. Here rank 1's loss (and so its gradients) is multiplied by 10 at step 4
+update taken on such a step can set training back by thousands of steps. What large runs published is
+coarser than a per-step guard: PaLM (Chowdhery et al. 2022) restarted from a checkpoint about 100 steps before
+a spike and skipped the 200–500 batches around it; OPT's logbook records restarts from an earlier checkpoint
+with a lower learning rate. The guard here is **the workbench's own heuristic**, a cheap cousin of theirs: it
+compares each step's loss with the recent ones and skips the update when it jumps.
+`loss_spike_factor=2.0` skips any step whose loss is more than twice the median of the steps before it.
+Here rank 1's loss (and so its gradients) is multiplied by 10 at step 4
 (`fault="loss-spike"`): the global loss, all-reduced before the update, jumps on every rank, and all of
 them skip that update together — the weights and Adam's state stay as they were.
 """),

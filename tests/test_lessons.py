@@ -2,13 +2,19 @@
 categories at the simultaneous peak, one colour per span kind and per run, the straggler read-out, the
 planner's step-time split, transfers in the bubble explorer."""
 
+import importlib
+import json
+
+import numpy as np
 import pytest
 
 from workbench import viz
 from workbench.analysis.summary import memory_figures
 from workbench.studies.comm_calibration import alpha_beta
-from workbench.viz.check import CheckFailed
+from workbench.viz.check import CheckFailed, headroom
 from workbench.viz.palette import SPAN_COLORS, UNKNOWN, span_color
+
+check_module = importlib.import_module("workbench.viz.check")  # the module (viz.check is the function)
 
 
 def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
@@ -20,6 +26,34 @@ def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
     monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
     with pytest.raises(CheckFailed, match="one is more than two"):
         viz.check("one is more than two", 1 > 2)
+
+
+def test_a_timing_claim_is_shown_with_its_margin_and_reason_and_never_raised(monkeypatch, capsys):
+    """Under test an asserted ✗ raises; a timing claim's ✗ is printed with its margin and why it can move."""
+    monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
+    slow, fast = 12.0, 10.0
+    assert not viz.check("fast is slower", fast > slow, timing="two runs on shared cores",
+                         margin=headroom(fast, slow, below=False))
+    out = capsys.readouterr().out
+    assert "✗ fast is slower  [margin -17%]  [timing claim, shown not asserted: two runs on shared cores]" in out
+    with pytest.raises(CheckFailed):
+        viz.check("fast is slower", fast > slow, margin=headroom(fast, slow, below=False))
+
+
+def test_headroom_is_the_share_a_value_clears_its_limit_by():
+    assert headroom(7, 10) == pytest.approx(0.3) and headroom(13, 10) == pytest.approx(-0.3)
+    assert headroom(13, 10, below=False) == pytest.approx(0.3) and headroom(0.5, 0) == -0.5
+
+
+def test_in_a_notebook_each_check_displays_its_ledger_record(monkeypatch):
+    """The record beside the line is what scripts/claims_ledger.py reads from an executed notebook."""
+    shown = []
+    monkeypatch.setattr(check_module, "_show", lambda line, record: shown.append((line, record)))
+    viz.check("a claim", True, regime="2 ranks", margin=0.25, ratio=np.float64(0.5))
+    (line, record), = shown
+    assert line.startswith("✓ a claim") and record["regime"] == "2 ranks" and record["margin"] == 0.25
+    assert record["numbers"] == {"ratio": 0.5} and type(record["numbers"]["ratio"]) is float
+    assert json.loads(json.dumps(record)) == record
 
 
 def test_the_alpha_beta_fit_recovers_its_line_and_weights_every_size():
