@@ -97,7 +97,13 @@ Rows per rank in the timelines: `compute` (forward, backward, optimizer), `comm`
 collectives), `comm in flight` (each bucket's all-reduce from launch to completion, its own colour),
 `wait` (the host blocked on a handle: for the transfer, or for a slower peer).
 
-*Predict first:* of naive, one bucket and four buckets, which exposes the least communication per step?
+Predict first: the box below asks for one number, and the table after the runs says how far off it was.
+"""),
+code("""
+guess = viz.predict('The naive way all-reduces each parameter tensor on its own, blocking, after backward: about a '
+                    'hundred all-reduces a step for this 8-layer model, where one bucket sends the same bytes in one '
+                    "or two. How many times one bucket's exposed time will naive expose?", unit='×')
+guess
 """),
 code("""
 from workbench.predict.estimator import estimate, with_emulated_links
@@ -107,7 +113,7 @@ LINK = dict(ranks_per_node=1, emulate_link="inter=0.1,10")   # two emulated mach
 hw = wb.calibrate("tiny", worlds=(2, 4), repeats=1, out=os.path.join("..", "traces", "calibration"), reuse=True)
 ways = {"naive (per tensor, after backward)": dict(dp_impl="naive"),
         "one bucket (25 MB)": dict(bucket_mb=25), "four buckets (0.4 MB)": dict(bucket_mb=0.4)}
-overlap_runs, rows = {}, {}
+overlap_runs, rows, spreads = {}, {}, {}
 for name, way in ways.items():
     c = dict(model=EIGHT_LAYERS, dp=2, global_batch=16, **LINK, **way)
     r = overlap_runs[name] = wb.launch(wb.RunConfig(steps=STEPS, seed=0, **c),
@@ -119,6 +125,7 @@ for name, way in ways.items():
     ev = r.events                                # exposed: each rank's host blocked in "gradient sync";
     sync = ev[(ev.name == "gradient sync") & (ev.step >= 1)].dur_us   # the median over ranks and steps
     grads = ev[(ev["rank"] == 0) & (ev.step >= 1) & (ev.cat == "collective") & (ev.group == "dp")]
+    spreads[name] = (sync.quantile(0.1) / 1e3, sync.quantile(0.9) / 1e3)
     rows[name] = {"exposed gradient sync per step, measured (ms)": sync.median() / 1e3,   # (one slow step
                   "predicted (ms)": 1e3 * est.step_terms["dp"],   # on a shared core moves a mean, not this)
                   "all-reduces a step": len(grads) / grads.step.nunique(),
@@ -141,7 +148,19 @@ print(f"naive: {naive['all-reduces a step']:.0f} blocking all-reduces a step, on
       f"{naive['ms an all-reduce (measured)']:.2f} ms on gloo — the estimate prices the gradients' bytes and the "
       f"link's 10 µs a message, not gloo's fixed cost per call: that cost × the count is the miss "
       f"({naive['error %']:+.0f} %)")
+for name, row in exposed.iloc[1:].iterrows():
+    low, high = spreads[name]
+    if abs(row["error %"]) > 25:
+        inside = low <= row["predicted (ms)"] <= high
+        print(f"{name}: {row['error %']:+.0f} % — its steps' exposed time ranged {low:.1f}–{high:.1f} ms (10th–90th "
+              f"percentile): the prediction lies {'inside' if inside else 'outside'} that spread"
+              + (", so this machine's step-to-step noise covers the gap" if inside else ""))
 exposed.round(1)
+"""),
+code("""
+guess.reveal(exposed.iloc[0, 0] / exposed.iloc[1, 0],
+             "Each of naive's all-reduces pays gloo's fixed cost of a call, whatever its bytes: the count, not the "
+             'bytes, sets its time.')
 """),
 code("""
 viz.timeline(overlap_runs["one bucket (25 MB)"], title="one bucket: its all-reduce starts when backward is over, "

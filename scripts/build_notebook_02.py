@@ -103,6 +103,11 @@ grow with t, and sequence parallelism's reduce-scatter plus all-gather sends wha
 the gather it repeats in backward), not twice as much.
 """),
 code("""
+guess = viz.predict('tp = 2 and tp = 4 run the same all-reduces on buffers of the same size S. How many times tp = '
+                    "2's wire bytes a step does a tp = 4 rank send?", unit='×')
+guess
+"""),
+code("""
 from workbench.trace.bandwidth import bus_factor
 
 def tp_bytes(by_op, t, wire):
@@ -131,6 +136,11 @@ viz.check("tensor-parallel buffer bytes per step measured = predicted",
 viz.check("tensor-parallel wire bytes per step measured = predicted",
           abs(mem["tp wire MB/step measured"] - mem["tp wire MB/step predicted"]) < 1e-9)
 mem
+"""),
+code("""
+wire = mem.set_index("run")["tp wire MB/step measured"]
+guess.reveal(wire["tp=4"] / wire["tp=2"],
+             'An all-reduce sends 2(t−1)/t·S from each rank: 1·S at t = 2, 1.5·S at t = 4.')
 """),
 code("""
 import plotly.express as px

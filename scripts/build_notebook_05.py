@@ -166,11 +166,20 @@ parameter). Training also keeps the gradients, Adam's two moments and an fp32 ma
 parameter of model states in mixed precision (16Ψ; 18Ψ with fp32 main gradients, as above).
 """),
 code("""
+guess = viz.predict('GPT-3 has 175 B parameters. With Adam in mixed precision (16 bytes a parameter of model states),'
+                    ' how many A100-80GB does it need at the least, before one activation?', unit=' GPUs')
+guess
+"""),
+code("""
 import math
 
 psi = GPT3_175B.param_count()
 accounts = {"fp16 weights alone (2Ψ)": 2 * psi, "model states, 16Ψ": 16 * psi, "model states, 18Ψ": 18 * psi}
 print(f"Ψ = {psi / 1e9:.0f} B parameters")
 pd.DataFrame([{"what": k, "TB": v / 1e12, "A100-80GB at the least": math.ceil(v / 80e9)} for k, v in accounts.items()])
+"""),
+code("""
+guess.reveal(math.ceil(16 * psi / 80e9),
+             '16 × 175 B = 2.8 TB of model states; the 350 GB often quoted is the fp16 weights alone.')
 """),
 ], "05_3d_parallel.ipynb")

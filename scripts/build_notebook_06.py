@@ -70,7 +70,8 @@ fig.update_layout(title="fp16 loss scale: halved on the overflow, doubled after 
                                              "ticktext": [f"{t:,.0f}" for t in ticks]})
 fig.show()
 # the overflowed step's norm is inf or NaN (metrics.jsonl writes null for it and names it in `nonfinite`)
-m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].fillna({"grad_norm": "non-finite"})
+scale_table = m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].astype({"grad_norm": object})  # a text where NaN
+scale_table.fillna({"grad_norm": "non-finite"})
 """),
 md("""
 ### Why scale at all: gradients at the bottom of fp16's range
@@ -145,8 +146,13 @@ the data-parallel all-reduce runs only after the last microbatch's backward.
 
 What it is for: **memory**. Only one microbatch's activations are alive at a time, so the activation
 peak is a quarter of one pass over the whole batch — the way to train with a global batch whose
-activations would not fit, at the price of four smaller (less efficient) passes. *Predict first:* what
-share of the activation peak remains, and does the rank's total fall by as much?
+activations would not fit, at the price of four smaller (less efficient) passes. Predict first, in the box
+below.
+"""),
+code("""
+guess = viz.predict("Accumulating over 4 micro-batches: what percentage of one whole-batch pass's activation peak "
+                    'remains?', unit=' %')
+guess
 """),
 code("""
 acc = {"one batch of 16": run("batch16", dp=2), "4 microbatches of 2 per rank": run("accum4", dp=2, microbatches=4)}
@@ -162,6 +168,9 @@ share = acc_mem["activation peak (MB)"].iloc[1] / acc_mem["activation peak (MB)"
 viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak", abs(share - 0.25) < 0.02,
           share=share)
 acc_mem.round(3)
+"""),
+code("""
+guess.reveal(100 * share, "One micro-batch's activations are alive at a time: a quarter of the batch.")
 """),
 md("""
 The activation peak is a quarter; the total a rank pays falls by less, because the model states (16Ψ,
@@ -192,7 +201,7 @@ table
 """),
 code("""
 viz.timeline(rc["full"], steps=[7], title="full recomputation: each block reruns inside backward").show()
-viz.check("recomputation changes no loss, to the bit", viz.compare_losses(rc, "none").max_abs_diff.max() == 0.0)
+viz.check("recomputation changes no loss, to the bit", viz.compare_losses(rc, "none").max_abs_diff.max() == 0.0);
 """),
 md("""
 ## Fused attention: `attention="sdpa"`
@@ -243,7 +252,7 @@ fig.show()
 ends = {name: r.metrics.loss.iloc[-5:].mean() for name, r in warm.items()}
 viz.check("with warm-up the loss ends lower (mean of the last 5 steps)",
           ends["10 warm-up steps"] < ends["no warm-up"], **{k.replace(" ", "_").replace("-", "_"): v
-                                                            for k, v in ends.items()})
+                                                            for k, v in ends.items()});
 """),
 md("""
 ## Reading the model back: a sample before and after training on text

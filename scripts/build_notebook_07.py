@@ -156,7 +156,7 @@ fig.update_layout(height=420, title="GPT 1.3B on A100s, data parallel: estimated
 fig.show()
 strong = scaling[scaling.scaling.str.startswith("strong")].set_index("GPUs").efficiency
 viz.check("strong-scaling efficiency is below 1 and falls with N", (strong.iloc[1:] < 1).all()
-          and strong.is_monotonic_decreasing, at_8=strong[8], at_1024=strong[1024])
+          and strong.is_monotonic_decreasing, at_8=strong[8], at_1024=strong[1024]);
 """),
 md("""
 Where the time goes, as a share of each step: the useful compute shrinks as the GPUs get less work each
@@ -258,6 +258,12 @@ three rounds of both, as this machine has slow minutes (docs/formulas.md, "Trace
 
 """),
 code("""
+guess = viz.predict("Going from 4 to 8 micro-batches (the same global batch) halves the formula's bubble, from 1/5 of"
+                    " the step to 1/9. By what percentage will the measured step change? (Negative: faster.)",
+                    unit=" %")
+guess
+"""),
+code("""
 from workbench.analysis.execution_graph import build
 from workbench.analysis.replay import replay
 from workbench.trace.merge import load_traces
@@ -294,6 +300,11 @@ viz.check("the what-if's m = 8 step is within 30 % of the measured one (median o
           regime="pp 2 on 2 cores, tiny", timing="a prediction from one run's clock against another run's clock")
 table.round(1)
 
+"""),
+code("""
+guess.reveal(100 * (table["m = 8 measured"].median() / table["m = 4 measured"].median() - 1),
+             "Each micro-batch pays a fixed cost (Python, autograd, a transfer's latency) that the bubble formula "
+             'leaves out; with small micro-batches on a CPU it outweighs the bubble saved.')
 """),
 md("""
 The benchmark behind this (`benchmarks/what_if_accuracy.py`) holds twelve such pairs fixed — dp ×2 and

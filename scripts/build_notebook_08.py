@@ -47,6 +47,11 @@ moments per parameter = 12Ψ, split over the ranks). The files add DCP's index a
 tensor — large only for a model as small as this one.
 """),
 code("""
+guess = viz.predict("The run trains in fp32 with AdamW. How many bytes a parameter will its checkpoint's tensors "
+                    'hold?', unit=' bytes')
+guess
+"""),
+code("""
 marker = json.load(open(os.path.join(ckpt, "workbench.json")))
 saves = [(t["workbench"]["rank"], e) for t in z3.traces for e in t["traceEvents"] if e.get("cat") == "checkpoint"]
 psi = z3.config["params"]
@@ -62,6 +67,11 @@ viz.check("ZeRO-3: each of the two ranks writes its own half", min(written) > 0.
           bytes_per_rank=written)
 pd.Series({"tensors in the checkpoint": marker["tensor_bytes"], "12Ψ (formula)": 12 * psi,
            "files on disk": marker["bytes"]}, name="bytes")
+"""),
+code("""
+guess.reveal(marker["tensor_bytes"] / psi,
+             "4 bytes of parameter and 8 of Adam's two moments; the gradients are not saved (the next step makes them"
+             ' anew).')
 """),
 md("""
 ## The same checkpoint under another layout
@@ -168,7 +178,7 @@ run goes on (the metrics say `skipped`).
 code("""
 nan = run("nan", dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=3)
 viz.check("only step 3 is skipped", list(nan.metrics.skipped) == [False, False, False, True, False, False])
-nan.metrics[["step", "loss", "grad_norm", "skipped"]].fillna({"grad_norm": "non-finite"})
+nan.metrics[["step", "loss", "grad_norm", "skipped"]].astype({"grad_norm": object}).fillna({"grad_norm": "non-finite"})
 """),
 md("""
 ## A loss spike, skipped
@@ -238,7 +248,7 @@ viz.check("the job ends within seconds, rank 0's error naming the operation and 
 viz.check("doctor names rank 1 as the one behind", "behind: rank 1" in report)
 torch_view = [g for g in torch_behind(read_dumps(failed.run.path)) if g["group"] == "dp [0, 1]"]
 viz.check("torch's own flight recorder, dumped by both ranks, says the same",
-          bool(torch_view) and torch_view[0]["behind"] == [1])
+          bool(torch_view) and torch_view[0]["behind"] == [1]);
 """),
 md("""
 ## Elastic: a machine leaves, and comes back
@@ -311,7 +321,7 @@ whole = wb.launch(wb.RunConfig(model="tiny", dp=2, steps=24), out=os.path.join(O
                   force=True)
 gap = (elastic.loss - whole.metrics.loss).abs() / whole.metrics.loss
 viz.check("the losses equal the uninterrupted run's within 1e-5 relative (fp32 sums in another order)",
-          gap.max() <= 1e-5, largest_relative_difference=gap.max())
+          gap.max() <= 1e-5, largest_relative_difference=gap.max());
 """),
 code("""
 fig = go.Figure(go.Scatter(x=elastic.step, y=elastic.world_size, mode="lines+markers", line={"shape": "hv"},

@@ -155,13 +155,13 @@ acts
 md("""
 ## At scale: when the sequence is long
 
-On real hardware the reason for cp is memory. A 6.7B model's layers at 32k tokens save tens of gigabytes
-of activations per sequence; tensor parallelism divides most of them by t but stays inside a node. The
-estimator (the same formulas, A100 rates and links) for 64 GPUs, tp = 8, the same 16 sequences of 32k per
-step, cp from 1 to 8 (dp = 8/cp; each rank accumulates 16/dp microbatches of one sequence):
+On real hardware the reason for cp is memory. A 6.7B model's layers at 64k tokens save over a hundred
+gigabytes of activations per sequence; tensor parallelism divides most of them by t but stays inside a node.
+The estimator (the same formulas, A100 rates and links) for 64 GPUs, tp = 8, the same 16 sequences of 64k
+per step, cp from 1 to 8 (dp = 8/cp; each rank accumulates 16/dp microbatches of one sequence):
 """),
 code("""
-LONG = wb.ModelConfig(vocab_size=51200, seq_len=32768, hidden=4096, heads=32, layers=32)   # a 6.7B at 32k
+LONG = wb.ModelConfig(vocab_size=51200, seq_len=65536, hidden=4096, heads=32, layers=32)   # a 6.7B at 64k
 rows = []
 for cp in (1, 2, 4, 8):
     e = estimate(model=LONG, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed", global_batch=16,
@@ -171,12 +171,18 @@ for cp in (1, 2, 4, 8):
                  "memory per GPU (GB)": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
                  "ring K/V GB per step": e.comm_bytes_per_step.get("cp", 0) / 1e9,
                  "exposed ring s": e.step_terms["cp"], "step s": e.step_time_s})
-pd.DataFrame(rows)
+long_seq = pd.DataFrame(rows)
+viz.check("at 64k tokens cp = 1 does not fit an 80 GB GPU, and cp = 2 does",
+          not long_seq.fits[0] and long_seq.fits[1], cp1_GB=long_seq["memory per GPU (GB)"][0],
+          cp2_GB=long_seq["memory per GPU (GB)"][1], regime="the estimator, A100-80GB, 6.7B at 64k, tp 8")
+long_seq
 """),
 md("""
 The same tokens per GPU at every cp, so the compute hardly moves; what cp buys is memory — activations ÷ cp,
-which is what lets the sequence fit at all — and what it costs is the ring: K/V bytes per step grow towards
-2× the activations of attention's inputs, and the part of them a block's attention does not hide.
+which is what lets the sequence fit at all: at cp = 1 a GPU would need more than its 80 GB — and what it costs
+is the ring: K/V bytes per step grow towards 2× the activations of attention's inputs, and the part of them a
+block's attention does not hide lengthens the step as cp grows. (At 32k the same model fits without cp, and is
+fastest so: cp is for the sequence that does not fit, not a speed-up.)
 """),
 md("""
 # Today's block: what grouped-query attention and SwiGLU change
@@ -187,10 +193,15 @@ positions, **grouped-query attention** — `kv_heads` K/V heads, each shared by 
 inner width f ≈ 8/3·h instead of two of 4h. `tiny-llama` has 4 query heads and 2 K/V heads (g = 16 of h = 32
 values a token for K and for V) and f = 96.
 
-*Predict first:* the ring above carries K and V. With half as many K/V heads, what happens to the ring's
-bytes? And under tensor parallelism (tp = 2: one K/V head a rank), to a rank's parameters and activations?
+Predict first, in the box below. Then: under tensor parallelism (tp = 2: one K/V head a rank), what
+happens to a rank's parameters and activations?
 
 Four runs: `tiny-llama` and its multi-head twin (`kv_heads` = heads = 4), each with cp = 2 and with tp = 2.
+"""),
+code("""
+guess_kv = viz.predict('The ring carries K and V. With half as many K/V heads as query heads (grouped-query '
+                       "attention), what percentage of the multi-head ring's bytes a step will it carry?", unit=' %')
+guess_kv
 """),
 code("""
 MHA = {"base": "tiny-llama", "kv_heads": 4}
@@ -214,6 +225,10 @@ for what in ("ring", "param", "activation"):
 ratio = kv.loc["GQA, cp 2", "ring bytes/step (measured)"] / kv.loc["MHA, cp 2", "ring bytes/step (measured)"]
 viz.check("the ring carries half the K/V bytes with half the K/V heads", abs(ratio - 0.5) < 1e-9, ratio=ratio)
 kv
+"""),
+code("""
+guess_kv.reveal(100 * ratio,
+                'K and V are kv_heads·head_dim values a token each, not h: half the heads, half the bytes.')
 """),
 md("""
 The ring's bytes halve exactly: it carries g = kv_heads·head_dim values of K and of V a token, not h
@@ -273,7 +288,7 @@ viz.check("torch's FLOP counter equals the formulas for attention and the MLP",
 small = share.dropna()
 viz.check("the MLP's saved bytes equal the formula (SwiGLU: h + 4f values a token)",
           small["MLP saved bytes/layer (measured)"] == small["(formula)  "])
-share.fillna("—")  # llama3-8b's activations are not measured: its FLOPs are counted on meta tensors
+share.astype(object).fillna("—")  # llama3-8b's activations are not measured: its FLOPs are counted on meta tensors
 """),
 md("""
 SwiGLU keeps the MLP's cost where GPT-2's was: three matrices of f ≈ 8/3·h multiply as much as two of 4h
@@ -355,10 +370,20 @@ fig.show()
 from workbench.predict.formulas import expert_imbalance
 imbalance = pd.DataFrame({name: [expert_imbalance(s["blocks.0"], 2) for s in moe[name].metrics.tokens_per_expert]
                           for name in ("ep 2, dropless", "ep 2, no aux loss")})
-viz.check("an ep rank's experts never get fewer than the mean: the busiest one sets the pace",
-          (imbalance >= 1).all().all(), worst=imbalance.max().max())
-pd.DataFrame({"spread of tokens per expert (std)": counts.groupby("run").tokens.std(),
-              "busiest ep rank / mean, median over steps": imbalance.median()})
+per_step = counts.groupby(["run", "step"]).tokens.sum()
+viz.check("dropless: every step routes all 16·16·2 = 512 assignments to some expert", per_step == 512,
+          fewest=per_step.min(), most=per_step.max())
+balance = pd.DataFrame({"spread of tokens per expert (std)": counts.groupby("run").tokens.std(),
+                        "busiest ep rank / mean, median over steps": imbalance.median()})
+aux, free = balance["busiest ep rank / mean, median over steps"]
+if abs(aux - free) < 0.05:
+    why = ("no difference to speak of: in 12 steps of a tiny model on random tokens the router has not learned to "
+           "prefer any expert, so nothing has collapsed for the loss to undo. The collapse it prevents builds over "
+           "thousands of steps on real data (Fedus et al. 2021, Switch Transformer).")
+else:
+    why = "the loss keeps the busiest rank " + ("closer to" if aux < free else "no closer to") + " the mean."
+print(f"busiest ep rank over the mean: {aux:.3f} with the aux loss, {free:.3f} without — {why}")
+balance
 """),
 md("""
 ## Capacity: what a fixed budget per expert drops

@@ -118,6 +118,11 @@ about 2 ns a value, slower than memory delivers it, so that chain was compute-bo
 only traffic, had nothing to save.)
 """),
 code("""
+guess = viz.predict('Eager, the chain makes nine passes over its 64 MB tensor; fused into one kernel, two. How many '
+                    'times faster will the fused chain run?', unit='×')
+guess
+"""),
+code("""
 from torch._inductor import metrics
 
 def chain(x):
@@ -157,6 +162,11 @@ viz.check("fused, the chain runs faster than eager: the passes it saves were the
           margin=viz.headroom(compiled_s, eager_s), regime=f"one thread, {DEVICE}, 64 MB tensor",
           timing="two timings on a core other processes may share")
 fusion.round(2)
+"""),
+code("""
+guess.reveal(eager_s / compiled_s,
+             "Close to the ratio of passes, since each pass goes to memory; the fresh outputs' page faults add to "
+             'both.')
 """),
 md("""
 Fusion cuts the time about as much as the passes it removes. The bytes-over-bandwidth prediction sits beside
@@ -333,7 +343,7 @@ fig.update_layout(xaxis_title="step", yaxis_title="loss", height=340,
                   title="FP8-emulated matmuls beside bf16: the same batches, the same start").show()
 last = curves.tail(10).mean()
 gap = abs(last.iloc[1] / last.iloc[0] - 1)
-viz.check("FP8-emulated training's loss stays within 5 % of bf16's over the last 10 steps", gap < 0.05, gap=gap)
+viz.check("FP8-emulated training's loss stays within 5 % of bf16's over the last 10 steps", gap < 0.05, gap=gap);
 """),
 md("""
 **Bytes per parameter** under each recipe (model states only: parameters, gradients, master weights,
