@@ -70,7 +70,7 @@ fig.update_layout(title="fp16 loss scale: halved on the overflow, doubled after 
                                              "ticktext": [f"{t:,.0f}" for t in ticks]})
 fig.show()
 # the overflowed step's norm is inf or NaN (metrics.jsonl writes null for it and names it in `nonfinite`)
-scale_table = m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].astype({"grad_norm": object})  # a text where NaN
+scale_table = m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].astype({"grad_norm": object})
 scale_table.fillna({"grad_norm": "non-finite"})
 """),
 md("""

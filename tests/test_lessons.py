@@ -132,3 +132,73 @@ def test_a_timeline_of_chosen_steps_keeps_their_recomputation(launched):
     run = launched(recompute="full")
     last = int(run.events.step.max())
     assert "recompute" in {t.name for t in viz.timeline(run, steps=[last]).data}
+
+
+def _ledger():
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import claims_ledger
+
+    return claims_ledger
+
+
+def _claim(claim: str, *, held: bool = True, timing: str | None = None) -> dict:
+    return {"claim": claim, "held": held, "timing": timing, "margin": 0.3 if timing else None, "regime": "2 ranks",
+            "cores": 2, "numbers": {"ratio": 0.5}}
+
+
+def test_the_ledger_reads_each_check_from_an_executed_notebook_and_finds_a_stale_page():
+    """Each check's record (its display's CLAIM_MIME) becomes a row; a page whose ledger lists other claims than
+    the notebooks check is stale, line by line — `make docs` fails on it."""
+    import nbformat
+
+    ledger = _ledger()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "✓ a | b", check_module.CLAIM_MIME: _claim("a | b")}), nbformat.v4.new_output(
+        "display_data", data={"text/plain": "✗ late", check_module.CLAIM_MIME: _claim("late", held=False,
+                                                                                       timing="shared cores")})]
+    rows = ledger.claims(nb, "03_pipeline_parallel")
+    assert [r["claim"] for r in rows] == ["a | b", "late"] and rows[0]["cell"] == 0
+    page = ledger.with_ledger(f"# Lessons\n\n{ledger.START}\n{ledger.END}\n", rows)
+    assert "| 03 | a \\| b | asserted |" in page and "timing (shown, not asserted): shared cores" in page
+    assert ledger.listed(page) == [("03", "a | b"), ("03", "late")] and ledger.stale(page, rows) == []
+    assert ledger.stale(page, rows[:1]) == ["in the ledger but not checked: 03 · late"]
+    assert ledger.stale(page, [*rows, {**rows[0], "claim": "new"}]) == ["checked but not in the ledger: 03 · new"]
+
+
+def test_the_committed_ledger_lists_every_check_the_builders_write():
+    """docs/lessons.md's ledger names every claim a notebook builder passes to viz.check as a plain string (the
+    f-string claims vary by their values and are held by `make docs`, which reads the executed notebooks)."""
+    import ast
+    from pathlib import Path
+
+    ledger = _ledger()
+    root = Path(__file__).resolve().parent.parent
+    listed = {claim for _, claim in ledger.listed((root / "docs" / "lessons.md").read_text())}
+    missing = []
+    for builder in sorted((root / "scripts").glob("build_notebook_*.py")):
+        for cell in ast.walk(ast.parse(builder.read_text())):
+            if isinstance(cell, ast.Call) and getattr(cell.func, "id", "") == "code":
+                for call in ast.walk(ast.parse(cell.args[0].value)):
+                    if (isinstance(call, ast.Call) and ast.unparse(call.func) == "viz.check"
+                            and isinstance(call.args[0], ast.Constant) and call.args[0].value not in listed):
+                        missing.append(f"{builder.name}: {call.args[0].value}")
+    assert not missing, missing
+
+
+def test_a_prediction_says_how_far_off_it_was():
+    from workbench.viz.predict import how_far_off, predict
+
+    guess = predict("How many?", unit=" ms")
+    assert "Type your prediction" in guess.verdict(10.0)
+    guess.box.value = "12"
+    assert guess.verdict(10.0) == "You said 12 ms; measured 10 ms: 20% too high."
+    guess.box.value = "not a number"
+    assert guess.value is None
+    assert how_far_off(5, 10) == "50% too low" and how_far_off(3, 3) == "exact" and how_far_off(1, 0) == "+1 off"
