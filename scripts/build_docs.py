@@ -9,6 +9,7 @@
 3. every notebook, executed (scripts/executed_notebooks.py: the copy `make test` kept, else executed now), becomes a
    page: each plotly chart a div drawn by the site's one copy of plotly.js, each ipywidgets control a note that
    it moves in Jupyter (its scripts would need the network), followed by the charts its Output widgets showed;
+   a prediction's box a note, its answer the closed fold it is;
 4. docs/lessons.md's claims ledger is written again from the notebooks just executed (scripts/claims_ledger.py),
    with this run's margins; a committed ledger that lists other claims than the notebooks check fails the build;
 5. mkdocs.yml's nav gets the generated pages, and `mkdocs build --strict` builds it: a broken link, a page missing
@@ -44,6 +45,14 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_NOTE = ('<p class="wb-widget"><em>An interactive control (ipywidgets): it moves when the notebook runs in '
                'Jupyter — <code>make notebook</code>. {shown}</em></p>')
+
+
+#: viz.predict's box on a page: a note (a prediction is typed in Jupyter); its answer is an HTML fold, shown as it is
+PREDICTION_WIDGETS = {
+    "TextModel": lambda state: ('<p class="wb-predict"><em>A box for your prediction: type a number when the '
+                                'notebook runs in Jupyter (<code>make notebook</code>); here, predict in your '
+                                'head, then open the answer below.</em></p>'),
+}
 
 
 def cli_reference() -> str:
@@ -101,7 +110,14 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             data = output.get("data", {})
             if PLOTLY in data:
                 data["text/html"] = plotly_html(data.pop(PLOTLY))
+            if "<details><summary>The answer" in "".join(data.get("text/html", "")):  # viz.predict's reveal: no
+                data["text/html"] = re.sub(r"^<p>Type your prediction.*?</p>", "",  # box to type in on a page
+                                           "".join(data["text/html"]))
             if WIDGET in data:
+                model = state.get(data[WIDGET]["model_id"], {})
+                if model.get("model_name") in PREDICTION_WIDGETS:  # viz.predict's box and its verdict line
+                    output["data"] = {"text/html": PREDICTION_WIDGETS[model["model_name"]](model["state"])}
+                    continue
                 shown = widget_outputs_html(data[WIDGET]["model_id"], state)
                 note = "Below, what it showed when the notebook ran." if shown else ""
                 output["data"] = {"text/html": WIDGET_NOTE.format(shown=note) + shown}

@@ -62,11 +62,13 @@ viz.loss_curves(runs, baseline="1 rank").show()
 md("""
 **Why more ranks are slower here.** Each rank trains on 16/N sequences, yet the step gets longer with N on this
 machine. The table below splits rank 0's step as its trace measured it: compute (forward, backward, optimizer),
-communication, and the step. Two causes show in it. The tiny model's compute barely shrinks with a smaller
-share of the batch (most of it is the fixed cost of Python and autograd per layer, not arithmetic), and on
-4 ranks the two cores are shared by four processes, so each rank's compute *grows*. Communication is added on
-top. On GPUs, with a model whose compute is arithmetic and one device per rank, the same split shrinks compute
-by N (notebook 07 measures speedup and efficiency).
+communication, and the step. Two causes show in it. **Communication is most of the added time**: these runs
+cut the tiny model's 0.12 MB of gradients into small buckets (0.01 and 0.03 MB) so that there are several, and
+each bucket's all-reduce is a gloo call between processes. And **compute does not shrink** with a smaller share
+of the batch: most of a tiny model's compute is the fixed cost of Python and autograd per layer, not
+arithmetic, and with 2 and then 4 processes on two cores (each rank's gloo thread among them) a rank's compute
+can grow. On GPUs, with a model whose compute is arithmetic and one device per rank, the same split shrinks
+compute by N (notebook 07 measures speedup and efficiency).
 """),
 code("""
 def split(r):
@@ -145,8 +147,9 @@ viz.check("under a link as slow as backward, small buckets expose less communica
 exposed["error %"] = 100 * (exposed["predicted (ms)"] / exposed.iloc[:, 0] - 1)
 naive = exposed.iloc[0]
 print(f"naive: {naive['all-reduces a step']:.0f} blocking all-reduces a step, one per parameter tensor, each "
-      f"{naive['ms an all-reduce (measured)']:.2f} ms on gloo — the estimate prices the gradients' bytes and the "
-      f"link's 10 µs a message, not gloo's fixed cost per call: that cost × the count is the miss "
+      f"{naive['ms an all-reduce (measured)']:.2f} ms as rank 0's trace measured it (the link's hold, the gloo "
+      f"call, and the wait for the other rank to reach the same tensor) — the estimate prices the gradients' "
+      f"bytes and one latency a bucket, not a blocking call per tensor: the count × that time is the miss "
       f"({naive['error %']:+.0f} %)")
 for name, row in exposed.iloc[1:].iterrows():
     low, high = spreads[name]
@@ -159,13 +162,13 @@ exposed.round(1)
 """),
 code("""
 guess.reveal(exposed.iloc[0, 0] / exposed.iloc[1, 0],
-             "Each of naive's all-reduces pays gloo's fixed cost of a call, whatever its bytes: the count, not the "
-             'bytes, sets its time.')
+             "Naive makes a blocking call per tensor, and each costs about the same whatever its bytes (the line "
+             "above the table says how much): the count, not the bytes, sets its time.")
 """),
 code("""
 viz.timeline(overlap_runs["one bucket (25 MB)"], title="one bucket: its all-reduce starts when backward is over, "
              "and all of it is exposed").show()
-viz.timeline(overlap_runs["four buckets (0.4 MB)"], title="four buckets: three of them travel while backward "
+viz.timeline(overlap_runs["four buckets (0.4 MB)"], title="0.4 MB buckets: all but the last travel while backward "
              "computes the earlier layers").show()
 """),
 md("""

@@ -237,9 +237,11 @@ viz.check("with real work per micro-batch, ZB-H1 idles less than 1F1B",
 viz.schedules_side_by_side(zb_runs)
 """),
 code("""
+split = {k.replace("_", " "): v for k, v in zb_runs["ZB-H1 p=2 m=4"].summary["bubble_fraction"]["split"].items()
+         if k not in ("measured", "formula")}
 guess.reveal(bubbles["ZB-H1 p=2 m=4"],
-             "The deferred W's fill most of the cool-down; what is left is the uneven stages and the host's gaps "
-             'between actions, which no schedule removes.')
+             "Above the formula's rate, the run's own split of the gap (each part measured from its trace): "
+             + ", ".join(f"{k} {v:+.3f}" for k, v in split.items()) + ".")
 """),
 md("""
 Planned beside measured: the plan uses the mean time each kind of action (F, I, W) took here.
@@ -287,8 +289,8 @@ Here the stages need real work for the bubble to be about compute, not latency: 
 (4 layers of hidden 256), global batch 32. The formula assumes equal stage times and free
 communication. The measured bubble differs from it (the error column), and the run's summary splits the gap
 into measured parts (`bubble_fraction.split`, each read from the trace): **uneven stages** — the last stage
-also runs the head and the loss, so it is slower, and the first waits for it (Megatron-LM gives the first
-and last stages fewer layers for that reason, `--decoder-first-pipeline-num-layers`) — the **host gaps**
+also runs the head and the loss, so it is slower, and the first waits for it (Megatron-LM lets you give the first
+and last stages fewer layers with `--decoder-first-pipeline-num-layers` for that reason) — the **host gaps**
 between actions (Python between two micro-batches), the **transfers**, and what none of them explains (the
 noise of four steps on shared cores). The line under the table names the largest part at each m.
 """),
@@ -298,8 +300,8 @@ bubble_runs = [wb.launch(wb.RunConfig(model="small", pp=2, microbatches=m, globa
 rows = []
 for r in bubble_runs:
     b = r.summary["bubble_fraction"]
-    rows.append({"m": r.config["microbatches"], "measured": b["measured"], "formula": b["predicted"],
-                 "error %": 100 * (b["predicted"] / b["measured"] - 1),
+    rows.append({"m": r.config["microbatches"], "measured": b["split"]["measured"], "formula": b["predicted"],
+                 "error %": 100 * (b["predicted"] / b["split"]["measured"] - 1),
                  **{f"+ {k.replace('_', ' ')}": v for k, v in b["split"].items() if k not in ("measured", "formula")}})
 parts = pd.DataFrame(rows).set_index("m")
 print("the largest part of each gap: " + "; ".join(

@@ -79,12 +79,12 @@ md("""
 **The step times in that table are not this lesson's point, but they need a word.** These runs are set up to
 measure memory: a model of 16 small layers and 0.05 MB buckets, so each step is many small collectives. ZeRO-1
 and ZeRO-2 move the same bytes as data parallelism (below), yet their steps are longer here. The table splits
-rank 0's step as its trace measured it, and the line under it says where each stage's extra time went. Two
-things cost here what they would not on GPUs: ZeRO-1/2 make two gloo calls (a reduce-scatter, then an
-all-gather) for each of data parallelism's all-reduces — twice the collectives a step, each with a fixed cost
-on these cores — and ZeRO-2's reduce-scatters run during backward, their gloo threads sharing the two cores
-with it. On NCCL a reduce-scatter plus an all-gather costs what an all-reduce costs (an all-reduce *is* the
-two) and runs on the network, not the cores, so the stages' step times converge there.
+rank 0's step as its trace measured it, and the line under it says where each stage's extra time went, in
+compute and in time blocked on communication. None of it is bytes: the bytes are equal. ZeRO-1/2 make twice
+the collectives a step (a reduce-scatter and an all-gather for each of data parallelism's all-reduces), each a
+gloo call on cores the ranks share; how much each call costs here varies from run to run and stage to stage.
+On NCCL a reduce-scatter plus an all-gather costs what an all-reduce costs (an all-reduce *is* the two) and
+runs on the network, not the cores, so the stages' step times converge there.
 """),
 code("""
 def union(spans):  # the spans (start_us, end_us) merged where they overlap, as a list of (start, end)
@@ -244,10 +244,10 @@ SLOW = dict(model=EIGHT_LAYERS, dp=2, zero=3, global_batch=16, steps=6, seed=0, 
 pair = {f"ZeRO-3, {name}": wb.launch(wb.RunConfig(prefetch=on, **SLOW), out=os.path.join(OUT, f"zero3-{name}-link"),
                                      force=True) for name, on in (("prefetch", True), ("no prefetch", False))}
 
-def blocked_ms(r):  # rank 0's host blocked on communication, a step (the steps after the first)
+def blocked_ms(r):  # rank 0's host blocked on communication, a step (the steps after the first; `union` above)
     ev = r.events[(r.events["rank"] == 0) & (r.events.step >= 1)]
     blocked = ev[(ev.cat == "wait") | ((ev.cat == "collective") & (ev.kind == "span"))]
-    return blocked.dur_us.sum() / 1e3 / ev.step.nunique()
+    return sum(e - s for s, e in union(blocked)) / 1e3 / ev.step.nunique()
 
 prefetch_table = pd.DataFrame({name: {
     "temporary peak (MB)": r.summary["ranks"][0]["peak_bytes"].get("temporary", 0) / 1e6,

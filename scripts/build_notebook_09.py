@@ -125,7 +125,7 @@ ab.pivot(index="bytes", columns="ranks", values=["measured (ms)", "fit (ms)"]).r
 """),
 code("""
 guess.reveal(fits[2][0] * fits[2][1] / 1e3,
-             "Below it a message costs about α whatever its size; gloo's α on a CPU is tens of microseconds.")
+             "Below it a message costs about α whatever its size; above it, about its bytes over β.")
 """),
 md("""
 The right panel is the ring's claim: each rank sends 2(n−1)/n of the buffer — 1× at n = 2, 1.5× at
@@ -224,10 +224,10 @@ for algo in ("ring", "hierarchical"):
     c = wb.RunConfig(model="tiny", global_batch=8, allreduce=algo, **two_by_two)
     est = estimate(c, hardware=with_emulated_links(hw, c))
     measured = r.metrics.step_time_s.iloc[1:].median()
-    ev = r.events[(r.events["rank"] == 0) & (r.events.step >= 1)]
+    ev = r.events[r.events["rank"] == 0]   # the link's holds carry no step: every step's, over the run's steps
     rows[algo] = {"measured step (ms)": 1e3 * measured, "predicted step (ms)": 1e3 * est.step_time_s,
                   "error": f"{(est.step_time_s - measured) / measured:+.0%}",
-                  "link's holds a step, rank 0 (ms)": ev[ev.cat == "emulated"].dur_us.sum() / 1e3 / ev.step.nunique(),
+                  "link's holds a step, rank 0 (ms)": ev[ev.cat == "emulated"].dur_us.sum() / 1e3 / len(r.metrics),
                   "estimate's DP term (ms)": 1e3 * est.step_terms["dp"],
                   "bytes across machines, per rank (predicted)": est.dp_link_bytes["inter"],
                   "bytes inside a machine, per rank (predicted)": est.dp_link_bytes["intra"]}
@@ -241,13 +241,13 @@ viz.check("the hierarchical all-reduce's step is well under the flat ring's (les
 pd.DataFrame(rows).T
 """),
 md("""
-**The estimate's error, named.** The estimate sits well above both measured steps. The two columns beside
-it say where: the emulated link's holds that rank 0 measured in its trace (what the link's formula gives
-for the bytes it really sent) against the estimate's data-parallel term. The estimate charges the whole
-all-reduce to the step, after backward; in the run, the buckets' all-reduces travel while backward computes
-the earlier layers, and a hold on one rank's sending side overlaps with its peers', so the step pays less
-than the sum of its holds. Both still show the point of the section: the hierarchical all-reduce sends a
-K-th of the bytes across, and its step is the shorter.
+**The estimate's error, named.** The error column says how far each estimate is from its step. The two
+columns beside it say where to look: the emulated link's holds that rank 0's trace recorded a step (what the
+link's formula gives for the bytes it really sent) against the estimate's data-parallel term. Where the two
+agree, the estimate's communication is right and its miss is elsewhere (compute stretched by four ranks on
+two cores); where they differ, the estimate prices the link's traffic otherwise than the run sent it. Either
+way the point of the section holds: the hierarchical all-reduce sends a K-th of the bytes across, and its
+step is the shorter.
 """),
 code("""
 viz.timeline(hier, steps=[2]).show()
@@ -304,7 +304,7 @@ fig.update_layout(title="step time against the emulated link (a teaching device)
 fig.show()
 """),
 md("""
-Read the PP line in the bandwidth panel for what it is: flat. Its two points differ by this machine's
+Read the PP line in the bandwidth panel for what it is: flat. Its points differ by this machine's
 noise (a few milliseconds either way, in either direction) — a pipeline's transfers are a few kilobytes
 of activations, and even 5 MB/s moves them in a fraction of a millisecond.
 """),

@@ -111,11 +111,12 @@ operations (multiply, add, multiply by the input, add) on a 64 MB tensor, far la
 pass goes to memory: eager makes nine passes over the tensor (each op reads its inputs and writes its output),
 fused two. The bytes are **counted** from those passes, not measured (a CPU here shows no byte counter; on a
 GPU Nsight Compute's `dram__bytes` measures them); the times are **measured**, beside the time the counted bytes
-take at STREAM's triad bandwidth (section 1).
+take at STREAM's triad bandwidth, measured again at this tensor's size. A third row writes eager's outputs into
+buffers kept from call to call, which separates the passes from the cost of fresh memory.
 
-(An earlier version of this chain had a GELU in it, and fusing it changed nothing: one core evaluates `erf` at
-about 2 ns a value, slower than memory delivers it, so that chain was compute-bound and fusion, which saves
-only traffic, had nothing to save.)
+(An earlier version of this chain had a GELU in it, and fusing it changed nothing: the `erf` inside GELU costs
+one core more than the memory traffic around it, so that chain was compute-bound, and fusion saves only
+traffic.)
 """),
 code("""
 guess = viz.predict('Eager, the chain makes nine passes over its 64 MB tensor; fused into one kernel, two. How many '
@@ -154,19 +155,19 @@ fusion = pd.DataFrame({"kernels": [4, 4, kernels],
                       index=["eager", "eager, outputs into kept buffers", "compiled (fused)"])
 fusion["predicted ms (bytes / triad)"] = fusion["bytes counted (MB)"] * 1e6 / triad * 1e3
 fusion["error %"] = 100 * (fusion["predicted ms (bytes / triad)"] / fusion["measured ms"] - 1)
-print(f"a fresh 64 MB output costs {eager_s / kept_s:.1f}× a kept one: new memory is mapped and zeroed by the "
-      f"operating system page by page when first written (eager's temporaries and the compiled output are new "
-      f"each call; STREAM writes into kept arrays)")
-viz.check("fused, the chain runs faster than eager: the passes it saves were the time",
-          compiled_s < eager_s, eager_ms=eager_s * 1e3, compiled_ms=compiled_s * 1e3,
-          margin=viz.headroom(compiled_s, eager_s), regime=f"one thread, {DEVICE}, 64 MB tensor",
+print(f"triad at 64 MB: {triad / 1e9:.1f} GB/s. Eager with fresh outputs takes {eager_s / kept_s:.1f}× eager into "
+      f"kept buffers, the same passes: new memory is mapped and zeroed by the operating system page by page when "
+      f"first written (eager's temporaries and the compiled output are new each call; STREAM writes into kept arrays)")
+viz.check("fused, the chain runs faster than eager even with eager's outputs in kept buffers: fewer passes",
+          compiled_s < kept_s, eager_kept_ms=kept_s * 1e3, compiled_ms=compiled_s * 1e3,
+          margin=viz.headroom(compiled_s, kept_s), regime=f"one thread, {DEVICE}, 64 MB tensor",
           timing="two timings on a core other processes may share")
 fusion.round(2)
 """),
 code("""
 guess.reveal(eager_s / compiled_s,
-             "Close to the ratio of passes, since each pass goes to memory; the fresh outputs' page faults add to "
-             'both.')
+             f"Of plain eager's time, {1 - kept_s / eager_s:.0%} is its fresh outputs' page faults; against eager "
+             f"into kept buffers the fused chain is {kept_s / compiled_s:.1f}× faster: that part is the passes.")
 """),
 md("""
 Fusion cuts the time about as much as the passes it removes. The bytes-over-bandwidth prediction sits beside
@@ -463,7 +464,7 @@ SHORT = {"base": "small", "seq_len": 32}  # small, 32 tokens a sequence
 SHORT_N = wb.RunConfig(model=SHORT).model_config.param_count()
 PLANS = {  # strategy: (variable, low, high, settings for a value)
     "DP": ("tokens a rank", 32, 512, lambda v: dict(model=SHORT, dp=2, global_batch=2 * v // 32)),
-    # ZeRO-3's far side at 2048, not 512: at 512 it sat near 1 (the crossover, measured F, is near 480 tokens)
+    # ZeRO-3's far side at 2048, not 512: at 512 it sat near 1 (the crossover, with F measured, is 430–510 tokens)
     "ZeRO-3": ("tokens a rank", 32, 2048, lambda v: dict(model=SHORT, dp=2, zero=3, global_batch=2 * v // 32)),
     # TP's far side at 1024, not 512: at 512 the measured ratio sat at 1.0–1.07 (a one-layer model also all-reduces
     # around its embedding and loss, and a rank's collective absorbs its peer's lag on two shared cores)
@@ -570,16 +571,16 @@ for kind, g in measured.groupby("strategy", sort=False):
 measured.round(3)
 """),
 md("""
-**Errors named.** At the far points the formula, with F measured there, lands close. At the near points (32
-tokens, hidden 32) it misses by 100 % and more, and the table measures why: a step that small computes at a
-fraction of F (the column "this point's own GFLOP/s": each layer's fixed cost in Python and autograd, which no
-FLOP count sees, takes most of its time), so its real compute is longer and its ratio smaller than F predicts.
-With each point's own rate ("predicted ratio, own rate") most of that error goes. Where some remains, the
-communication columns say where: "link formula ms a step" is what the emulator holds for the bytes the run
-really sent (bytes / bandwidth; for PP the holds themselves), "comm ms a step" what the trace measured. Past
-the formula is gloo's own time and the waits for the other rank; and where the bytes sent exceed the crossover
-formula's (TP: the one-layer model's embedding and loss all-reduce too, which the formula's two all-reduces a
-layer leave out), the formula ms column shows that as well.
+**Errors named.** Each point's error is given twice. With F, the far point's rate: there the far point's
+error says little (F came from that run; for PP the link column is the trace's own holds), and the near points
+miss far more, because a step that small computes at a fraction of F (the column "this point's own GFLOP/s":
+each layer's fixed cost in Python and autograd, which no FLOP count sees). With each point's own rate, the
+compute half is taken out, and what error is left is communication: "link formula ms a step" is what the
+emulator holds for the bytes the run really sent, "comm ms a step" what the trace measured. Where the second
+is far above the first — TP at hidden 32, whose messages are a few kilobytes — the time is not the link's but
+each gloo call's own and the wait for the other rank, which the crossover formula leaves out; where the bytes
+sent exceed the formula's (TP: the one-layer model's embedding and loss all-reduce too), the link column
+shows it.
 """),
 md("""
 ## 5 · Energy

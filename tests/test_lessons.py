@@ -196,7 +196,7 @@ def test_a_prediction_says_how_far_off_it_was():
     from workbench.viz.predict import how_far_off, predict
 
     guess = predict("How many?", unit=" ms")
-    assert "Type your prediction" in guess.verdict(10.0)
+    assert "Type your prediction in the box above, then run this cell again" in guess.verdict(10.0)
     guess.box.value = "12"
     assert guess.verdict(10.0) == "You said 12 ms; measured 10 ms: 20% too high."
     guess.box.value = "not a number"

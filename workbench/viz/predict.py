@@ -4,10 +4,11 @@
     ...                                       # the run
     guess.reveal(measured_percent, "Why: ...") # the answer, folded, and the learner's error, live
 
-`predict` shows a text box (ipywidgets) under the question. `reveal` shows the measured answer inside a fold
-(an HTML `<details>`, closed: it opens in Jupyter and on the documentation site alike) and, beside it, a line
-that follows what the learner typed: "you said 20 %, measured 18 %: 11 % too high". The line updates as the
-learner types, so a notebook run from top to bottom (Run All) still asks first: the answer stays folded.
+`predict` shows a text box (ipywidgets) under the question. The learner types a number, then runs on: `reveal`
+reads the box and says how far off it was ("You said 20 %; measured 18 %: 11 % too high"), with the measured
+answer inside a fold (an HTML `<details>`, closed: it opens in Jupyter and on the documentation site alike). A
+notebook run from top to bottom (Run All) still asks first: the answer stays folded, and the line asks for a
+number and for the cell to be run again.
 """
 
 from __future__ import annotations
@@ -56,18 +57,18 @@ class Prediction:
         """What the learner is told against `measured`."""
         guess = self.value
         if guess is None:
-            return "Type your prediction in the box above; this line then says how far off it was."
+            return ("Type your prediction in the box above, then run this cell again: it says how far off you "
+                    "were.")
         return (f"You said {guess:.4g}{self.unit}; measured {measured:.4g}{self.unit}: "
                 f"{how_far_off(guess, measured)}.")
 
     def reveal(self, measured: float, why: str = "") -> None:
-        """The measured answer in a closed fold, and the learner's error, following the box as it changes."""
-        line = widgets.HTML(f"<p>{html.escape(self.verdict(measured))}</p>")
-        self.box.observe(lambda _: setattr(line, "value", f"<p>{html.escape(self.verdict(measured))}</p>"),
-                         names="value")
+        """The learner's error against `measured` (from what the box holds when this runs), and the measured
+        answer in a closed fold. Plain HTML, no widget: a reopened notebook shows it as it was, and JupyterLab
+        restores one widget fewer (each restore races its 2 s wait for the model on a busy machine)."""
         answer = f"measured: <b>{measured:.4g}{html.escape(self.unit)}</b>" + (f". {html.escape(why)}" if why else "")
-        display(line, HTML(f"<details><summary>The answer (open it after you predict)</summary><p>{answer}</p>"
-                           f"</details>"))
+        display(HTML(f"<p>{html.escape(self.verdict(measured))}</p><details><summary>The answer (open it after you "
+                     f"predict)</summary><p>{answer}</p></details>"))
 
 
 def predict(question: str, unit: str = "") -> Prediction:
