@@ -208,11 +208,6 @@ runs use the `small` model (4 layers of hidden 256, global batch 32), where a pa
 arithmetic, as a GPU's is against its kernel launches.
 """),
 code("""
-guess = viz.predict("At p = 2 and m = 4 the formula gives 1F1B a bubble of 1/5 of the step, ZB-H1 a third of 1F1B's "
-                    'rate. On this machine, with the small model, what bubble fraction will ZB-H1 measure?', unit='')
-guess
-"""),
-code("""
 def run_small(name, **config):
     return wb.launch(wb.RunConfig(model="small", steps=STEPS, global_batch=32, seed=0, **config),
                      out=os.path.join(OUT, name), force=True)
@@ -235,13 +230,6 @@ viz.check("with real work per micro-batch, ZB-H1 idles less than 1F1B",
           regime="pp 2 on 2 cores, small, m 4",
           timing="bubbles measured in two runs on shared cores")
 viz.schedules_side_by_side(zb_runs)
-"""),
-code("""
-split = {k.replace("_", " "): v for k, v in zb_runs["ZB-H1 p=2 m=4"].summary["bubble_fraction"]["split"].items()
-         if k not in ("measured", "formula")}
-guess.reveal(bubbles["ZB-H1 p=2 m=4"],
-             "Above the formula's rate, the run's own split of the gap (each part measured from its trace): "
-             + ", ".join(f"{k} {v:+.3f}" for k, v in split.items()) + ".")
 """),
 md("""
 Planned beside measured: the plan uses the mean time each kind of action (F, I, W) took here.

@@ -146,13 +146,8 @@ the data-parallel all-reduce runs only after the last microbatch's backward.
 
 What it is for: **memory**. Only one microbatch's activations are alive at a time, so the activation
 peak is a quarter of one pass over the whole batch — the way to train with a global batch whose
-activations would not fit, at the price of four smaller (less efficient) passes. Predict first, in the box
-below.
-"""),
-code("""
-guess = viz.predict("Accumulating over 4 micro-batches: what percentage of one whole-batch pass's activation peak "
-                    'remains?', unit=' %')
-guess
+activations would not fit, at the price of four smaller (less efficient) passes. *Predict first:* what
+share of the activation peak remains, and does the rank's total fall by as much?
 """),
 code("""
 acc = {"one batch of 16": run("batch16", dp=2), "4 microbatches of 2 per rank": run("accum4", dp=2, microbatches=4)}
@@ -168,9 +163,6 @@ share = acc_mem["activation peak (MB)"].iloc[1] / acc_mem["activation peak (MB)"
 viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak", abs(share - 0.25) < 0.02,
           share=share)
 acc_mem.round(3)
-"""),
-code("""
-guess.reveal(100 * share, "One micro-batch's activations are alive at a time: a quarter of the batch.")
 """),
 md("""
 The activation peak is a quarter; the total a rank pays falls by less, because the model states (16Ψ,
