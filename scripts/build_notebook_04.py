@@ -87,20 +87,10 @@ On NCCL a reduce-scatter plus an all-gather costs what an all-reduce costs (an a
 runs on the network, not the cores, so the stages' step times converge there.
 """),
 code("""
-def union(spans):  # the spans (start_us, end_us) merged where they overlap, as a list of (start, end)
-    merged = []
-    for start, end in sorted(zip(spans.start_us, spans.end_us)):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
+from workbench.trace.spans import intersection_length, union_length  # what summary.json counts time with
 
-def covered_us(spans, others):  # how much of `spans` the union of `others` covers
-    total = 0.0
-    for start, end in union(spans):
-        total += sum(max(0.0, min(end, e) - max(start, s)) for s, e in union(others))
-    return total
+def intervals(spans):  # a table's spans as (start_us, end_us)
+    return list(zip(spans.start_us, spans.end_us))
 
 def step_split(r):  # rank 0's step, part by part, from its trace (the steps after the first)
     ev = r.events[(r.events["rank"] == 0) & (r.events.step >= 1)]
@@ -108,8 +98,8 @@ def step_split(r):  # rank 0's step, part by part, from its trace (the steps aft
     blocked = ev[(ev.cat == "wait") | ((ev.cat == "collective") & (ev.kind == "span"))]
     work = ev[ev.cat.isin(["forward", "backward", "optimizer"])]
     return {"median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
-            "compute (ms)": (work.dur_us.sum() - covered_us(work, blocked)) / 1e3 / n,
-            "host blocked on communication (ms)": sum(e - s for s, e in union(blocked)) / 1e3 / n,
+            "compute (ms)": (work.dur_us.sum() - intersection_length(intervals(work), intervals(blocked))) / 1e3 / n,
+            "host blocked on communication (ms)": union_length(intervals(blocked)) / 1e3 / n,
             "collectives a step": len(ev[ev.cat == "collective"]) / n}
 
 split_table = pd.DataFrame({name: step_split(r) for name, r in runs.items() if name != "1 process"}).T
@@ -244,10 +234,10 @@ SLOW = dict(model=EIGHT_LAYERS, dp=2, zero=3, global_batch=16, steps=6, seed=0, 
 pair = {f"ZeRO-3, {name}": wb.launch(wb.RunConfig(prefetch=on, **SLOW), out=os.path.join(OUT, f"zero3-{name}-link"),
                                      force=True) for name, on in (("prefetch", True), ("no prefetch", False))}
 
-def blocked_ms(r):  # rank 0's host blocked on communication, a step (the steps after the first; `union` above)
+def blocked_ms(r):  # rank 0's host blocked on communication, a step (the steps after the first)
     ev = r.events[(r.events["rank"] == 0) & (r.events.step >= 1)]
     blocked = ev[(ev.cat == "wait") | ((ev.cat == "collective") & (ev.kind == "span"))]
-    return sum(e - s for s, e in union(blocked)) / 1e3 / ev.step.nunique()
+    return union_length(intervals(blocked)) / 1e3 / ev.step.nunique()
 
 prefetch_table = pd.DataFrame({name: {
     "temporary peak (MB)": r.summary["ranks"][0]["peak_bytes"].get("temporary", 0) / 1e6,

@@ -53,14 +53,12 @@ pd.DataFrame({"ranks": t.world_size, "step ms": 1e3 * t.step_time_s, "± ms": 1e
               "|Δ loss|": t.loss_diff_vs_baseline}).set_index(t.strategy).round(2)
 """),
 code("""
+from workbench.trace.spans import union_length
+
 def comm_ms(run):  # rank 0's time with communication in flight or waited for, a step: the union of those spans
     ev = run.events[(run.events["rank"] == 0) & (run.events.step >= 1)]
     spans = ev[ev.cat.isin(["collective", "wait", "p2p"])]
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(zip(spans.start_us, spans.end_us)):
-        if end > reach:
-            total, reach = total + end - max(start, reach), end
-    return total / 1e3 / ev.step.nunique()
+    return union_length(list(zip(spans.start_us, spans.end_us))) / 1e3 / ev.step.nunique()
 
 for config, (_, row) in zip(configs, t.iterrows()):
     if abs(row.step_time_error) <= 0.25:

@@ -476,21 +476,10 @@ PLANS = {  # strategy: (variable, low, high, settings for a value)
                                                            global_batch=2 * v // 32)),
 }
 
-def union_us(spans):
-    # the length of the union of spans (start_us, end_us)
-    total, reach = 0.0, -np.inf
-    for start, end in sorted(zip(spans.start_us, spans.end_us)):
-        if end > reach:
-            total, reach = total + end - max(start, reach), end
-    return total
+from workbench.trace.spans import intersection_length, union_length  # what summary.json counts time with
 
-def covered_us(spans, others):
-    # how much of `spans` the `others` cover (each a table of start_us, end_us; the others do not overlap)
-    total = 0.0
-    for start, end in zip(spans.start_us, spans.end_us):
-        inside = others[(others.start_us < end) & (others.end_us > start)]
-        total += (np.minimum(inside.end_us, end) - np.maximum(inside.start_us, start)).sum()
-    return total
+def intervals(spans):  # a table's spans as (start_us, end_us)
+    return list(zip(spans.start_us, spans.end_us))
 
 def launch_point(kind, value):
     variable, low, high, settings = PLANS[kind]
@@ -508,12 +497,12 @@ def launch_point(kind, value):
         group = "tp" if kind == "TP" else "dp"
         # the link's busy time: the union of the group's collectives in flight (an asynchronous one's span runs
         # from its issue, and queues behind those before it: their sum would count the queue twice)
-        comm = union_us(ev[(ev.cat == "collective") & (ev.group == group)])
+        comm = union_length(intervals(ev[(ev.cat == "collective") & (ev.group == group)]))
         # compute: forward and backward less the time the rank stood blocked inside them (a blocking collective,
         # or a wait for one in flight: TP's all-reduces, ZeRO-3's gathers sit inside its forward and backward)
         passes = ev[ev.cat.isin(["forward", "backward"])]
         blocked = ev[(ev.cat == "wait") | ((ev.cat == "collective") & (ev.kind == "span"))]
-        compute = passes.dur_us.sum() - covered_us(passes, blocked)
+        compute = passes.dur_us.sum() - intersection_length(intervals(passes), intervals(blocked))
     sent = run.summary["ranks"][0]["bytes_moved_per_step"]
     return {"strategy": kind, "variable": variable, "value": value, "measured ratio": comm / compute,
             "compute s a step": compute / 1e6 / steps, "comm ms a step": comm / 1e3 / steps,
