@@ -55,8 +55,8 @@ about 5e-7): the gradient is summed in another order, nothing else changes. The 
 strategy to `|Δloss| ≤ 1e-5 · loss` (see `tests/test_data_parallel.py` for why that bound).
 """),
 code("""
-viz.check("every run's losses equal one process's within 1e-5 × loss", table.max_abs_diff <= 1e-5 * table.final_loss,
-          largest_difference=table.max_abs_diff.max())
+viz.check("every run's losses equal one process's within 1e-5 × loss", "difference <= 1e-5 * loss",
+          difference=table.max_abs_diff, loss=table.final_loss)
 viz.loss_curves(runs, baseline="1 rank").show()
 """),
 md("""
@@ -138,10 +138,10 @@ for name, way in ways.items():
 exposed = pd.DataFrame(rows).T
 same = viz.compare_losses(overlap_runs, baseline="four buckets (0.4 MB)")
 viz.check("naive, one bucket and four buckets train the same model (within 1e-5 × loss)",
-          same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
+          "difference <= 1e-5 * loss", difference=same.max_abs_diff, loss=same.final_loss)
 one, four = exposed.iloc[1, 0], exposed.iloc[2, 0]
 viz.check("under a link as slow as backward, small buckets expose less communication than one bucket",
-          four < one, four_buckets_ms=four, one_bucket_ms=one, margin=viz.headroom(four, one),
+          "four_buckets_ms < one_bucket_ms", four_buckets_ms=four, one_bucket_ms=one, margin=viz.headroom(four, one),
           regime="dp 2 on 2 cores, 8 layers, emulated 0.1 GB/s link",
           timing="exposed time of two runs on shared cores (the link's hold is the emulator's formula)")
 exposed["error %"] = 100 * (exposed["predicted (ms)"] / exposed.iloc[:, 0] - 1)
@@ -248,8 +248,9 @@ last_step = steps[steps.step == steps.step.max()]
 states = replay(last_step[last_step.seq == last_step.seq.min()], 4)   # one all-reduce, step by step
 viz.check("the replay: 2(n−1) = 6 steps; after the reduce-scatter's 3 each rank holds one chunk summed over all 4 "
           "ranks, after the all-gather's 3 every chunk everywhere",
-          len(states) == 7 and sorted(max(len(c) for c in row) for row in states[3]) == [4, 4, 4, 4]
-          and all(len(c) == 4 for row in states[-1] for c in row))
+          "steps == 6 and list(after_reduce_scatter) == [4, 4, 4, 4] and all(after_all_gather == 4)",
+          steps=len(states) - 1, after_reduce_scatter=sorted(max(len(c) for c in row) for row in states[3]),
+          after_all_gather=[min(len(c) for c in row) for row in states[-1]])
 viz.ring_all_reduces(ring4).head()
 """),
 md("""
@@ -299,7 +300,7 @@ by_cat["formula"] = pd.Series({"parameter": "4Ψ", "gradient": "4Ψ", "optimizer
                               "activation": "tensors saved for backward"}).reindex(by_cat.index).fillna("—")
 print(f"Ψ = {psi:,} parameters")
 viz.check("every category's measured peak equals its formula, to the byte",
-          by_cat["measured peak"] == by_cat["predicted"])
+          "measured == predicted", measured=by_cat["measured peak"], predicted=by_cat["predicted"])
 by_cat
 """),
 md("""

@@ -59,8 +59,8 @@ Same seed and global batch; every tp rank starts from slices of exactly the sing
 """),
 code("""
 table = viz.compare_losses(runs, baseline="1 process")
-viz.check("every run's losses equal one process's within 1e-5 × loss", table.max_abs_diff <= 1e-5 * table.final_loss,
-          largest_difference=table.max_abs_diff.max())
+viz.check("every run's losses equal one process's within 1e-5 × loss", "difference <= 1e-5 * loss",
+          difference=table.max_abs_diff, loss=table.final_loss)
 table
 """),
 code("""
@@ -129,12 +129,12 @@ for name, r in runs.items():
                  "tp wire MB/step measured": tp_bytes(s["comm_bytes_per_step"], c["tp"], wire=True) / 1e6,
                  "tp wire MB/step predicted": tp_bytes(s["predicted_comm_bytes_per_step"], c["tp"], wire=True) / 1e6})
 mem = pd.DataFrame(rows)
-viz.check("activation memory measured = predicted",
-          abs(mem["activation MB measured"] - mem["activation MB predicted"]) < 1e-9)
-viz.check("tensor-parallel buffer bytes per step measured = predicted",
-          abs(mem["tp comm MB/step measured"] - mem["tp comm MB/step predicted"]) < 1e-9)
-viz.check("tensor-parallel wire bytes per step measured = predicted",
-          abs(mem["tp wire MB/step measured"] - mem["tp wire MB/step predicted"]) < 1e-9)
+viz.check("activation memory measured = predicted", "abs(measured - predicted) < 1e-9",
+          measured=mem["activation MB measured"], predicted=mem["activation MB predicted"])
+viz.check("tensor-parallel buffer bytes per step measured = predicted", "abs(measured - predicted) < 1e-9",
+          measured=mem["tp comm MB/step measured"], predicted=mem["tp comm MB/step predicted"])
+viz.check("tensor-parallel wire bytes per step measured = predicted", "abs(measured - predicted) < 1e-9",
+          measured=mem["tp wire MB/step measured"], predicted=mem["tp wire MB/step predicted"])
 mem
 """),
 code("""

@@ -65,8 +65,7 @@ runs = {
 }
 losses = viz.compare_losses(runs, baseline="1 process")
 viz.check("every layout's losses equal one process's within 1e-5 × loss",
-          losses.max_abs_diff <= 1e-5 * losses.final_loss,
-          largest_difference=losses.max_abs_diff.max())
+          "difference <= 1e-5 * loss", difference=losses.max_abs_diff, loss=losses.final_loss)
 losses
 """),
 md("## What each rank holds, and what each one sends"),

@@ -59,7 +59,7 @@ code("""
 ov = run("overflow", dp=2, precision="fp16", fault="overflow", fault_rank=1, fault_step=3,
          loss_scale_growth_interval=3, steps=10)
 m = ov.metrics
-viz.check("the overflow is skipped at step 3", list(m.skipped).index(True) == 3)
+viz.check("the overflow is skipped at step 3", "skipped[3] and not any(skipped[:3])", skipped=list(m.skipped))
 fig = go.Figure(go.Scatter(x=m.step, y=m.loss_scale, mode="lines+markers", name="loss scale",
                            line={"color": "#4C78A8"}))
 fig.add_trace(go.Scatter(x=m.step[m.skipped], y=m.loss_scale[m.skipped], mode="markers", name="overflow: step skipped",
@@ -123,11 +123,10 @@ widgets.interact(scale_chart, log2_scale=widgets.IntSlider(value=0, min=0, max=2
 code("""
 unscaled, scaled = shares(0), shares(8)
 viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by 2⁸ under 1 % do, none overflows",
-          unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"] > 0.01
-          and scaled["zero (underflow)"] + scaled["subnormal (precision lost)"] < 0.01
-          and scaled["inf (overflow)"] == 0,
-          underflow_or_subnormal_unscaled=unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"],
-          at_2_to_8=scaled["zero (underflow)"] + scaled["subnormal (precision lost)"])
+          "unscaled_lost > 0.01 and scaled_lost < 0.01 and scaled_overflow == 0",
+          unscaled_lost=unscaled["zero (underflow)"] + unscaled["subnormal (precision lost)"],
+          scaled_lost=scaled["zero (underflow)"] + scaled["subnormal (precision lost)"],
+          scaled_overflow=scaled["inf (overflow)"])
 pd.DataFrame({"S = 1": unscaled, "S = 2⁸": scaled}).map(lambda v: f"{100 * v:.3f} %")
 """),
 md("""
@@ -146,13 +145,18 @@ the data-parallel all-reduce runs only after the last microbatch's backward.
 
 What it is for: **memory**. Only one microbatch's activations are alive at a time, so the activation
 peak is a quarter of one pass over the whole batch — the way to train with a global batch whose
-activations would not fit, at the price of four smaller (less efficient) passes. *Predict first:* what
-share of the activation peak remains, and does the rank's total fall by as much?
+activations would not fit, at the price of four smaller (less efficient) passes. Predict first, in the box
+below.
+"""),
+code("""
+guess = viz.predict("Accumulating over 4 micro-batches: what percentage of one whole-batch pass's activation peak "
+                    'remains?', unit=' %')
+guess
 """),
 code("""
 acc = {"one batch of 16": run("batch16", dp=2), "4 microbatches of 2 per rank": run("accum4", dp=2, microbatches=4)}
 viz.check("accumulating equals one batch within 1e-5",
-          viz.compare_losses(acc, "one batch of 16").max_abs_diff.max() < 1e-5)
+          "difference < 1e-5", difference=viz.compare_losses(acc, "one batch of 16").max_abs_diff)
 viz.timeline(acc["4 microbatches of 2 per rank"], steps=[7], ranks=[0],
              title="4 forward/backward pairs, one all-reduce at the end").show()
 acc_mem = pd.DataFrame({name: {"activation peak (MB)": r.summary["ranks"][0]["peak_bytes"]["activation"] / 1e6,
@@ -160,9 +164,12 @@ acc_mem = pd.DataFrame({name: {"activation peak (MB)": r.summary["ranks"][0]["pe
                                "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median()}
                         for name, r in acc.items()}).T
 share = acc_mem["activation peak (MB)"].iloc[1] / acc_mem["activation peak (MB)"].iloc[0]
-viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak", abs(share - 0.25) < 0.02,
+viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak", "abs(share - 0.25) < 0.02",
           share=share)
 acc_mem.round(3)
+"""),
+code("""
+guess.reveal(100 * share, "One micro-batch's activations are alive at a time: a quarter of the batch.")
 """),
 md("""
 The activation peak is a quarter; the total a rank pays falls by less, because the model states (16Ψ,
@@ -188,12 +195,14 @@ for mode, r in rc.items():
                  "peak measured": s["peak_bytes"]["activation"], "peak predicted": s["predicted_bytes"]["activation"],
                  "step ms": 1e3 * r.metrics.step_time_s.median()})
 table = pd.DataFrame(rows)
-viz.check("activation peaks measured = predicted", table["peak measured"] == table["peak predicted"])
+viz.check("activation peaks measured = predicted", "measured == predicted", measured=table["peak measured"],
+          predicted=table["peak predicted"])
 table
 """),
 code("""
 viz.timeline(rc["full"], steps=[7], title="full recomputation: each block reruns inside backward").show()
-viz.check("recomputation changes no loss, to the bit", viz.compare_losses(rc, "none").max_abs_diff.max() == 0.0);
+viz.check("recomputation changes no loss, to the bit", "difference == 0",
+          difference=viz.compare_losses(rc, "none").max_abs_diff);
 """),
 md("""
 ## Fused attention: `attention="sdpa"`
@@ -212,11 +221,11 @@ attn_mem = pd.DataFrame({kind: {"activation peak (MB)": r.summary["ranks"][0]["p
                                 "final loss": r.metrics.loss.iloc[-1]} for kind, r in attn.items()}).T
 a, b = attn["eager"].metrics.loss.to_numpy(), attn["sdpa"].metrics.loss.to_numpy()
 viz.check("the same losses (within 1e-5 relative: the fused kernel sums the softmax in another order)",
-          (abs(a - b) <= 1e-5 * a).all(), largest_difference=abs(a - b).max())
+          "abs(sdpa - eager) <= 1e-5 * eager", sdpa=b, eager=a)
 viz.check("sdpa keeps fewer activation bytes than the written-out attention, as predicted",
-          attn_mem["activation peak (MB)"]["sdpa"] < attn_mem["activation peak (MB)"]["eager"]
-          and (abs(attn_mem["activation peak (MB)"] - attn_mem["predicted (MB)"]) < 1e-9).all(),
-          share=attn_mem["activation peak (MB)"]["sdpa"] / attn_mem["activation peak (MB)"]["eager"])
+          "sdpa_MB < eager_MB and all(abs(measured_MB - predicted_MB) < 1e-9)",
+          sdpa_MB=attn_mem["activation peak (MB)"]["sdpa"], eager_MB=attn_mem["activation peak (MB)"]["eager"],
+          measured_MB=attn_mem["activation peak (MB)"], predicted_MB=attn_mem["predicted (MB)"])
 attn_mem
 """),
 md("""
@@ -243,8 +252,7 @@ fig.update_layout(height=380, title="the same peak learning rate, with and witho
 fig.show()
 ends = {name: r.metrics.loss.iloc[-5:].mean() for name, r in warm.items()}
 viz.check("with warm-up the loss ends lower (mean of the last 5 steps)",
-          ends["10 warm-up steps"] < ends["no warm-up"], **{k.replace(" ", "_").replace("-", "_"): v
-                                                            for k, v in ends.items()});
+          "with_warm_up < without", with_warm_up=ends["10 warm-up steps"], without=ends["no warm-up"]);
 """),
 md("""
 ## Reading the model back: a sample before and after training on text
@@ -275,7 +283,7 @@ print("before training:", repr(prompt + before))
 print("after training: ", repr(after.text))
 val = text_run.metrics.val_loss.dropna()
 viz.check("the held-out loss falls as it trains (the guide's last 10 %, never trained on)",
-          val.iloc[-1] < val.iloc[0] - 0.2, first=val.iloc[0], last=val.iloc[-1])
+          "last < first - 0.2", first=val.iloc[0], last=val.iloc[-1])
 viz.loss_curves({"small-llama on docs/architecture.md": text_run}).show()
 """),
 md("""

@@ -46,17 +46,19 @@ from workbench.viz.ring import SENT, replay
 
 demo = ring_demo(ranks=4, numel=3, out=os.path.join(OUT, "ring-demo"), force=True)
 table = ring_collectives(demo)
-ev, full, ends, sent_ok = demo.events, {0, 1, 2, 3}, {}, {}
+ev, full, ends, busiest, formula = demo.events, {0, 1, 2, 3}, {}, {}, {}
 for row in table.itertuples():   # each replayed to its end, and the busiest rank's bytes against the formula
     steps = ev[(ev.cat == "ring_step") & (ev.seq == row.seq)]
     last = replay(steps, 4, row.op, source=0)[-1]
     ends[row.op] = (all(last[r][r] == full for r in range(4)) if row.op == "reduce_scatter" else
                     all(c == full for rank in last for c in rank) if row.op == "all_reduce" else
                     all(c for rank in last for c in rank))
-    sent_ok[row.op] = steps.groupby("rank").bytes.sum().max() == SENT[row.op](4) * row.bytes
+    busiest[row.op], formula[row.op] = steps.groupby("rank").bytes.sum().max(), SENT[row.op](4) * row.bytes
 viz.check("every ring ends where its collective does: all-reduce every chunk summed everywhere, reduce-scatter "
-          "chunk i summed on rank i, all-gather and broadcast every chunk everywhere", all(ends.values()), **ends)
-viz.check("the busiest rank sent the formula's bytes in each", all(sent_ok.values()), **sent_ok)
+          "chunk i summed on rank i, all-gather and broadcast every chunk everywhere",
+          "all_reduce and reduce_scatter and all_gather and broadcast", **ends)
+viz.check("the busiest rank sent the formula's bytes in each", "busiest == formula", busiest=list(busiest.values()),
+          formula=list(formula.values()))
 table
 """),
 code("""
@@ -117,7 +119,7 @@ fig.update_yaxes(range=[0, 2.2], title_text="2(n−1)/n", row=1, col=2)
 fig.update_layout(height=420, title="measured all-reduces on this machine (gloo), with t = α + 2(n−1)/n·S/β")
 fig.show()
 median_residual = ab["relative residual"].abs().median()
-viz.check("the α–β line fits the measured all-reduces (median |residual| under 35 %)", median_residual < 0.35,
+viz.check("the α–β line fits the measured all-reduces (median |residual| under 35 %)", "median_residual < 0.35",
           median_residual=median_residual, crossover_n2_kB=fits[2][0] * fits[2][1] / 1e3,
           margin=viz.headroom(median_residual, 0.35), regime="2 and 4 ranks on 2 cores, gloo",
           timing="timed all-reduces on shared cores")
@@ -170,11 +172,13 @@ def gradient_bytes(r, step):
                and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales")))
 
 sent = {name: gradient_bytes(r, 15) for name, r in (("fp32", full), ("bf16", half), ("onebit", onebit))}
-viz.check("bf16 buckets send exactly half the fp32 buckets' bytes (measured)", 2 * sent["bf16"] == sent["fp32"])
+viz.check("bf16 buckets send exactly half the fp32 buckets' bytes (measured)", "2 * bf16 == fp32",
+          bf16=sent["bf16"], fp32=sent["fp32"])
 viz.check("after its warm-up 1-bit Adam sends 1/32 of fp32's bytes (+ its scales, < 10 %)",
-          1 / 32 <= sent["onebit"] / sent["fp32"] <= 1.1 / 32, ratio=sent["onebit"] / sent["fp32"])
+          "1 / 32 <= ratio <= 1.1 / 32", ratio=sent["onebit"] / sent["fp32"])
 viz.check("1-bit Adam's warm-up is AdamW: the same losses, bit for bit",
-          list(onebit.metrics.loss[:WARMUP + 1]) == list(full.metrics.loss[:WARMUP + 1]))
+          "onebit == adamw", onebit=list(onebit.metrics.loss[:WARMUP + 1]),
+          adamw=list(full.metrics.loss[:WARMUP + 1]))
 pd.DataFrame({
     "bytes sent per step (measured)": list(sent.values()),
     "predicted": [estimate(wb.RunConfig(dp=2)).comm_bytes_per_step["dp"],
@@ -235,7 +239,7 @@ for algo in ("ring", "hierarchical"):
         hier = r
 flat_ms, hier_ms = rows["ring"]["measured step (ms)"], rows["hierarchical"]["measured step (ms)"]
 viz.check("the hierarchical all-reduce's step is well under the flat ring's (less than 1/1.5)",
-          flat_ms > 1.5 * hier_ms, flat_ring_ms=flat_ms, hierarchical_ms=hier_ms,
+          "flat_ring_ms > 1.5 * hierarchical_ms", flat_ring_ms=flat_ms, hierarchical_ms=hier_ms,
           margin=viz.headroom(1.5 * hier_ms, flat_ms), regime="dp 4 on 2 cores as 2 emulated machines, tiny",
           timing="step times of two runs on shared cores (the link's holds are the emulator's formula)")
 pd.DataFrame(rows).T
@@ -320,11 +324,11 @@ costs = {f"{name[:2]}_{kind}_ms": added(name, kind) for name in STRATEGIES for k
 SWEEP = dict(regime="dp 2 or pp 2 on 2 cores as 2 emulated machines, 4 layers",
              timing="fastest steps of runs on shared cores (the link's holds are the emulator's formula)")
 viz.check("a thinner pipe costs DP more than PP, and more than a longer one",
-          added(DP, "bandwidth") > 1.5 * added(PP, "bandwidth") and added(DP, "bandwidth") > added(DP, "latency"),
+          "DP_bandwidth_ms > 1.5 * PP_bandwidth_ms and DP_bandwidth_ms > DP_latency_ms",
           margin=min(viz.headroom(1.5 * added(PP, "bandwidth"), added(DP, "bandwidth")),
                      viz.headroom(added(DP, "latency"), added(DP, "bandwidth"))), **SWEEP, **costs)
 viz.check("a longer pipe costs PP more than DP, and more than a thinner one",
-          added(PP, "latency") > 1.5 * added(DP, "latency") and added(PP, "latency") > added(PP, "bandwidth"),
+          "PP_latency_ms > 1.5 * DP_latency_ms and PP_latency_ms > PP_bandwidth_ms",
           margin=min(viz.headroom(1.5 * added(DP, "latency"), added(PP, "latency")),
                      viz.headroom(added(PP, "bandwidth"), added(PP, "latency"))), **SWEEP, **costs)
 pd.DataFrame({kind: {name: f"{added(name, kind):+.1f} ms" for name in STRATEGIES} for kind in ("bandwidth", "latency")})

@@ -59,7 +59,7 @@ runs = {"1 process": run("one", dp=1),
         "cp 2, contiguous, all-gather": run("cp2-none-allgather", cp=2, cp_balance="none", cp_rotate="allgather")}
 same = viz.compare_losses(runs, baseline="1 process")
 viz.check("every cp run trains the same model as one process (within 1e-5 × loss)",
-          same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
+          "difference <= 1e-5 * loss", difference=same.max_abs_diff, loss=same.final_loss)
 same
 """),
 md("""
@@ -94,12 +94,12 @@ scores with either split; the balance matters the moment the block kernel skips 
 code("""
 work = viz.attention_work({k: v for k, v in runs.items() if k != "1 process"})
 viz.check("the recorded pairs equal the formula on every rank",
-          work["pairs per layer (recorded)"] == work["pairs per layer (formula)"])
+          "recorded == formula", recorded=work["pairs per layer (recorded)"], formula=work["pairs per layer (formula)"])
 ht = work[work.balance == "head-tail"]
 viz.check("head-tail gives every rank of a run the same work",
-          ht.groupby("run")["pairs per layer (recorded)"].nunique() == 1)
+          "distinct_work_per_run == 1", distinct_work_per_run=ht.groupby("run")["pairs per layer (recorded)"].nunique())
 none = work[work.balance == "none"]["pairs per layer (recorded)"].tolist()
-viz.check("the contiguous split leaves the last rank with most of the work", none[-1] > 2 * none[0],
+viz.check("the contiguous split leaves the last rank with most of the work", "last_rank > 2 * first_rank",
           first_rank=none[0], last_rank=none[-1])
 fig = go.Figure([go.Bar(x=[f"{r} · rank {k}" for r, k in zip(work.run, work["rank"])], y=work["share of the work"],
                         marker_color=["#4C78A8" if b == "head-tail" else "#E45756" for b in work.balance])])
@@ -127,7 +127,8 @@ for name, r in runs.items():
             rows.append({"run": name, "op": op, "measured bytes per step": by_group["cp"],
                          "formula": rank0["predicted_comm_bytes_per_step"][op]["cp"]})
 bytes_table = pd.DataFrame(rows)
-viz.check("every byte on the cp group is the formula's", bytes_table["measured bytes per step"] == bytes_table.formula)
+viz.check("every byte on the cp group is the formula's", "measured == formula",
+          measured=bytes_table["measured bytes per step"], formula=bytes_table.formula)
 bytes_table
 """),
 md("""
@@ -144,7 +145,8 @@ cp4 = wb.RunConfig(model="tiny", global_batch=16, cp=4).to_dict()
 cp4["model"] = {**wb.RunConfig().model_config.__dict__}
 print(f"cp = 4, head-tail, ring (formula): {formulas.predicted_bytes(cp4)['activation'] / 1e3:.3f} kB per rank")
 viz.check("measured activation bytes equal the formula for every cp",
-          acts["measured (kB)"] == acts["predicted (kB)"].round(3))
+          "measured_kB == predicted_kB", measured_kB=acts["measured (kB)"],
+          predicted_kB=acts["predicted (kB)"].round(3))
 fig = go.Figure([go.Bar(x=acts.run, y=acts["measured (kB)"], name="measured", marker_color="#4C78A8"),
                  go.Scatter(x=acts.run, y=acts["predicted (kB)"], name="formula", mode="markers",
                             marker={"size": 14, "symbol": "diamond", "color": "black"})])
@@ -173,8 +175,9 @@ for cp in (1, 2, 4, 8):
                  "exposed ring s": e.step_terms["cp"], "step s": e.step_time_s})
 long_seq = pd.DataFrame(rows)
 viz.check("at 64k tokens cp = 1 does not fit an 80 GB GPU, and cp = 2 does",
-          not long_seq.fits[0] and long_seq.fits[1], cp1_GB=long_seq["memory per GPU (GB)"][0],
-          cp2_GB=long_seq["memory per GPU (GB)"][1], regime="the estimator, A100-80GB, 6.7B at 64k, tp 8")
+          "not cp1_fits and cp2_fits", cp1_fits=long_seq.fits[0], cp2_fits=long_seq.fits[1],
+          cp1_GB=long_seq["memory per GPU (GB)"][0], cp2_GB=long_seq["memory per GPU (GB)"][1],
+          regime="the estimator, A100-80GB, 6.7B at 64k, tp 8")
 long_seq
 """),
 md("""
@@ -223,9 +226,10 @@ kv = pd.DataFrame(rows).set_index("run")
 for what in ("ring", "param", "activation"):
     measured = [c for c in kv.columns if c.startswith(what) and "measured" in c][0]
     formula = [c for c in kv.columns if c.startswith(what) and "formula" in c][0]
-    viz.check(f"{what} bytes measured equal the formula in every run", kv[measured] == kv[formula].round())
+    viz.check(f"{what} bytes measured equal the formula in every run", "measured == formula", measured=kv[measured],
+              formula=kv[formula].round())
 ratio = kv.loc["GQA, cp 2", "ring bytes/step (measured)"] / kv.loc["MHA, cp 2", "ring bytes/step (measured)"]
-viz.check("the ring carries half the K/V bytes with half the K/V heads", abs(ratio - 0.5) < 1e-9, ratio=ratio)
+viz.check("the ring carries half the K/V bytes with half the K/V heads", "abs(ratio - 0.5) < 1e-9", ratio=ratio)
 kv
 """),
 code("""
@@ -285,11 +289,12 @@ for name, cfg in twins.items():
     rows.append(row)
 share = pd.DataFrame(rows).set_index("model")
 viz.check("torch's FLOP counter equals the formulas for attention and the MLP",
-          (share["attention FLOPs/token (measured)"] == share["(formula)"]).all()
-          and (share["MLP FLOPs/token (measured)"] == share["(formula) "]).all())
+          "all(attention == attention_formula) and all(mlp == mlp_formula)",
+          attention=share["attention FLOPs/token (measured)"], attention_formula=share["(formula)"],
+          mlp=share["MLP FLOPs/token (measured)"], mlp_formula=share["(formula) "])
 small = share.dropna()
 viz.check("the MLP's saved bytes equal the formula (SwiGLU: h + 4f values a token)",
-          small["MLP saved bytes/layer (measured)"] == small["(formula)  "])
+          "measured == formula", measured=small["MLP saved bytes/layer (measured)"], formula=small["(formula)  "])
 share.astype(object).fillna("—")  # llama3-8b's activations are not measured: its FLOPs are counted on meta tensors
 """),
 md("""
@@ -322,7 +327,7 @@ moe = {"One process": run("moe-one", model="tiny-moe", steps=MOE_STEPS),
        "ep 2, no aux loss": run("moe-ep2-noaux", model="tiny-moe", dp=2, ep=2, aux_loss_coef=0.0, steps=MOE_STEPS)}
 same = viz.compare_losses({k: moe[k] for k in ("One process", "ep 2, dropless")}, baseline="One process")
 viz.check("expert parallelism trains the same model as one process (within 1e-5 × loss)",
-          same.max_abs_diff <= 1e-5 * same.final_loss, largest_difference=same.max_abs_diff.max())
+          "difference <= 1e-5 * loss", difference=same.max_abs_diff, loss=same.final_loss)
 same
 """),
 md("""
@@ -338,7 +343,8 @@ raw = {t["distributedInfo"]["rank"]: [e["args"]["send_splits"] for e in t["trace
        for t in moe["ep 2, dropless"].traces}
 matrix = pd.DataFrame({f"to rank {d}": [raw[r][0][d] for r in sorted(raw)] for d in range(2)},
                       index=[f"from rank {r}" for r in sorted(raw)])
-viz.check("every assignment is sent somewhere: each rank sends its T·k = 8·16·2 rows", matrix.sum(axis=1) == 256)
+viz.check("every assignment is sent somewhere: each rank sends its T·k = 8·16·2 rows", "rows_sent == 256",
+          rows_sent=matrix.sum(axis=1))
 fig = go.Figure(go.Heatmap(z=matrix.values, x=list(matrix.columns), y=list(matrix.index), colorscale="Blues",
                            text=matrix.values, texttemplate="%{text}"))
 fig.update_layout(height=300, title="tokens from rank to rank, layer 0's dispatch (last step)")
@@ -373,8 +379,8 @@ from workbench.predict.formulas import expert_imbalance
 imbalance = pd.DataFrame({name: [expert_imbalance(s["blocks.0"], 2) for s in moe[name].metrics.tokens_per_expert]
                           for name in ("ep 2, dropless", "ep 2, no aux loss")})
 dropped = moe["ep 2, dropless"].metrics.dropped_tokens
-viz.check("dropless: no assignment is dropped in any step (no capacity limit)", dropped == 0,
-          most_dropped_in_a_step=dropped.max())
+viz.check("dropless: no assignment is dropped in any step (no capacity limit)", "dropped == 0",
+          dropped=dropped)
 balance = pd.DataFrame({"spread of tokens per expert (std)": counts.groupby("run").tokens.std(),
                         "busiest ep rank / mean, median over steps": imbalance.median()})
 aux, free = balance["busiest ep rank / mean, median over steps"]
@@ -418,6 +424,6 @@ def capacity_chart(factor=1.0):
                       "tickformat": ".0%"}, title="capacity against drops")
     fig.show()
 widgets.interact(capacity_chart, factor=widgets.SelectionSlider(options=FACTORS, value=1.0, description="F"));
-viz.check("a factor of 2 drops nothing here", dropped_share(2.0) == 0.0);
+viz.check("a factor of 2 drops nothing here", "dropped_share == 0", dropped_share=dropped_share(2.0));
 """),
 ], "10_long_sequences_and_experts.ipynb")

@@ -55,7 +55,7 @@ print(f"memory: copy {bandwidth['copy'] / 1e9:.1f} GB/s, triad {bandwidth['triad
       f"ridge at {crossover.ridge(PEAK, BW):.1f} FLOPs a byte")
 smallest = sweep[sweep.m == sweep.m.min()].flops_per_s.max()
 viz.check("a matmul's shape matters: the best shape reaches at least twice the FLOP/s of the smallest cube",
-          PEAK >= 2 * smallest, best_GFLOPs=PEAK / 1e9, smallest_GFLOPs=smallest / 1e9,
+          "best_GFLOPs >= 2 * smallest_GFLOPs", best_GFLOPs=PEAK / 1e9, smallest_GFLOPs=smallest / 1e9,
           margin=viz.headroom(PEAK / smallest, 2, below=False), regime=f"one thread, {DEVICE}",
           timing="two timed matmuls on a core other processes may share")
 sweep.assign(GFLOPs=sweep.flops_per_s / 1e9).head(5)[["m", "n", "k", "GFLOPs"]]
@@ -94,7 +94,7 @@ gpt2 = ops[ops.model == "GPT-2 shape"]
 fastest_elementwise = gpt2[gpt2.kind == "element-wise"].flops_per_s.max()
 slowest_matmul = gpt2[gpt2.kind == "matmul"].flops_per_s.min()
 viz.check("memory-bound ops reach fewer FLOP/s than every matmul (GPT-2 shape)",
-          fastest_elementwise < slowest_matmul, fastest_elementwise_GFLOPs=fastest_elementwise / 1e9,
+          "fastest_elementwise_GFLOPs < slowest_matmul_GFLOPs", fastest_elementwise_GFLOPs=fastest_elementwise / 1e9,
           slowest_matmul_GFLOPs=slowest_matmul / 1e9, margin=viz.headroom(fastest_elementwise, slowest_matmul),
           regime=f"one thread, {DEVICE}, GPT-2's shape", timing="each op timed alone on a shared core")
 shares = ops[ops["memory-bound"]].groupby("model")["share of forward"].sum()
@@ -159,7 +159,7 @@ print(f"triad at 64 MB: {triad / 1e9:.1f} GB/s. Eager with fresh outputs takes {
       f"kept buffers, the same passes: new memory is mapped and zeroed by the operating system page by page when "
       f"first written (eager's temporaries and the compiled output are new each call; STREAM writes into kept arrays)")
 viz.check("fused, the chain runs faster than eager even with eager's outputs in kept buffers: fewer passes",
-          compiled_s < kept_s, eager_kept_ms=kept_s * 1e3, compiled_ms=compiled_s * 1e3,
+          "compiled_ms < eager_kept_ms", eager_kept_ms=kept_s * 1e3, compiled_ms=compiled_s * 1e3,
           margin=viz.headroom(compiled_s, kept_s), regime=f"one thread, {DEVICE}, 64 MB tensor",
           timing="two timings on a core other processes may share")
 fusion.round(2)
@@ -226,10 +226,10 @@ fig.update_xaxes(title="sequence length s", type="log")
 fig.update_layout(height=360, title="attention: what it keeps and what it costs, measured").show()
 wide = att.pivot(index="s", columns="attention", values="kept for backward MB")
 viz.check("sdpa keeps less for backward than written-out attention at every length",
-          (wide["sdpa (fused)"] < wide["written out"]).all())
+          "sdpa_MB < written_out_MB", sdpa_MB=wide["sdpa (fused)"], written_out_MB=wide["written out"])
 viz.check("the written-out attention keeps at least its s×s probabilities (the formula)",
-          (att[att.attention == "written out"]["kept for backward MB"]
-           >= att[att.attention == "written out"]["formula: s×s probabilities MB"] * 0.999).all())
+          "kept_MB >= 0.999 * probabilities_MB", kept_MB=att[att.attention == "written out"]["kept for backward MB"],
+          probabilities_MB=att[att.attention == "written out"]["formula: s×s probabilities MB"])
 att.round(3)
 """),
 md("""
@@ -306,10 +306,12 @@ for fmt_name, fmt in (("E4M3", E4M3), ("E5M2", E5M2)):
                      "values lost, one outlier ×1000": lost(with_outlier, q_out)})
 t = pd.DataFrame(rows).set_index(["format", "scaling"])
 viz.check("cast unscaled, E4M3 flushes a third or more of the gradient to zero; scaled per tensor, under 0.1 %",
-          t.loc[("E4M3", "none"), "values lost"] > 0.3 and t.loc[("E4M3", "per-tensor"), "values lost"] < 0.001)
+          "unscaled_lost > 0.3 and per_tensor_lost < 0.001", unscaled_lost=t.loc[("E4M3", "none"), "values lost"],
+          per_tensor_lost=t.loc[("E4M3", "per-tensor"), "values lost"])
 viz.check("beside one outlier, per-block scaling loses fewer values than per-tensor",
-          t.loc[("E4M3", "per-block"), "values lost, one outlier ×1000"]
-          < t.loc[("E4M3", "per-tensor"), "values lost, one outlier ×1000"])
+          "per_block_lost < per_tensor_lost",
+          per_block_lost=t.loc[("E4M3", "per-block"), "values lost, one outlier ×1000"],
+          per_tensor_lost=t.loc[("E4M3", "per-tensor"), "values lost, one outlier ×1000"])
 t.round(4)
 """),
 md("""
@@ -344,7 +346,7 @@ fig.update_layout(xaxis_title="step", yaxis_title="loss", height=340,
                   title="FP8-emulated matmuls beside bf16: the same batches, the same start").show()
 last = curves.tail(10).mean()
 gap = abs(last.iloc[1] / last.iloc[0] - 1)
-viz.check("FP8-emulated training's loss stays within 5 % of bf16's over the last 10 steps", gap < 0.05, gap=gap);
+viz.check("FP8-emulated training's loss stays within 5 % of bf16's over the last 10 steps", "gap < 0.05", gap=gap);
 """),
 md("""
 **Bytes per parameter** under each recipe (model states only: parameters, gradients, master weights,
@@ -553,8 +555,9 @@ fig.update_layout(height=330, title="measured communication / compute on either 
 for kind, g in measured.groupby("strategy", sort=False):
     low, high = g.iloc[0], g.iloc[1]
     viz.check(f"{kind}: the measured ratio brackets the predicted crossover",
-              low.value < predicted[kind] < high.value and low["measured ratio"] > 1 > high["measured ratio"],
-              crossover=predicted[kind], ratio_low=low["measured ratio"], ratio_high=high["measured ratio"],
+              "low_tokens < crossover < high_tokens and ratio_low > 1 > ratio_high", low_tokens=low.value,
+              high_tokens=high.value, crossover=predicted[kind], ratio_low=low["measured ratio"],
+              ratio_high=high["measured ratio"],
               margin=min(viz.headroom(low["measured ratio"], 1, below=False), viz.headroom(high["measured ratio"], 1)),
               regime=f"2 ranks on {os.cpu_count()} cores, small at 32 tokens a sequence, emulated link",
               timing="two ranks' compute on shared cores; the link's time is the emulator's formula")

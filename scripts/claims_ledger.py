@@ -2,8 +2,8 @@
 docs/lessons.md (between its LEDGER markers).
 
 Each check displays a machine-readable copy of itself (workbench/viz/check.py, mime type CLAIM_MIME): its claim,
-whether it held, whether it is a timing claim (and why its clock can move), its margin, its regime and the
-numbers that measure it. Nothing here is written by hand: a check added to a builder appears in the table the
+its condition, whether it held, a wrong value that fails it, whether it is a timing claim (and why its clock can
+move), its margin, its regime and the numbers that measure it. Nothing here is written by hand: a check added to a builder appears in the table the
 next time the notebooks run.
 
     python scripts/claims_ledger.py           # the executed copies make test kept (traces/executed/)
@@ -58,24 +58,30 @@ def _cell(text: object) -> str:
 
 def _numbers(numbers: dict) -> str:
     def fmt(v: object) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
         return f"{v:.3g}" if isinstance(v, float) else str(v)
     return "; ".join(f"{k} = {fmt(v)}" for k, v in numbers.items()) or "the condition itself"
 
 
 def table(rows: list[dict]) -> str:
-    """The ledger as markdown: one row a check."""
-    out = ["| notebook | claim | kind | measured by | regime | margin here | here |",
-           "|---|---|---|---|---|---|---|"]
+    """The ledger as markdown: one row a check, with its condition and a wrong value that fails it."""
+    out = ["| notebook | claim | kind | holds when | measured by | fails on | regime | margin here | here |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         kind = f"timing (shown, not asserted): {r['timing']}" if r["timing"] else "asserted"
         margin = "—" if r["margin"] is None else f"{r['margin']:+.0%}"
         regime = (r.get("regime") or "any machine") + f"; {r['cores']} cores"
-        out.append("| " + " | ".join(_cell(x) for x in (r["notebook"][:2], r["claim"], kind, _numbers(r["numbers"]),
-                                                         regime, margin, "✓" if r["held"] else "✗")) + " |")
+        fails = r.get("fails_on") or "nothing: it cannot fail"
+        out.append("| " + " | ".join(_cell(x) for x in (r["notebook"][:2], r["claim"], kind, f"`{r['holds']}`",
+                                                         _numbers(r["numbers"]), fails, regime, margin,
+                                                         "✓" if r["held"] else "✗")) + " |")
     timing = sum(1 for r in rows if r["timing"])
     head = (f"{len(rows)} checks: {len(rows) - timing} asserted (a ✗ fails `make test` and the browser suite), "
             f"{timing} timing claims (shown with their margin and the reason they can move, never raised). "
-            "Margins are those of the run that wrote this page.")
+            "Each decides by its condition over the numbers beside it, and \"fails on\" is the first wrong value "
+            "of one of them that `viz.check` found to make it fail (under test a check that nothing can fail is an "
+            "error). Margins are those of the run that wrote this page.")
     return "\n".join([START, "", head, "", *out, "", END])
 
 
@@ -93,7 +99,7 @@ def listed(page: str) -> list[tuple[str, str]]:
     pairs = []
     for line in section.splitlines():
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) == 7 and cells[0].isdigit():
+        if len(cells) == 9 and cells[0].isdigit():
             pairs.append((cells[0], cells[1]))
     return pairs
 

@@ -19,25 +19,26 @@ check_module = importlib.import_module("workbench.viz.check")  # the module (viz
 
 def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
     monkeypatch.delenv("WORKBENCH_CHECKS", raising=False)
-    assert viz.check("two is more than one", 2 > 1, a=2, b=1.0)
-    assert not viz.check("one is more than two", 1 > 2, a=1)  # a learner's run: printed, not raised
+    assert viz.check("two is more than one", "a > b", a=2, b=1.0)
+    assert not viz.check("one is more than two", "a > 2", a=1)  # a learner's run: printed, not raised
     out = capsys.readouterr().out
     assert "✓ two is more than one  (a = 2, b = 1)" in out and "✗ one is more than two  (a = 1)" in out
     monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
     with pytest.raises(CheckFailed, match="one is more than two"):
-        viz.check("one is more than two", 1 > 2)
+        viz.check("one is more than two", "a > 2", a=1)
 
 
 def test_a_timing_claim_is_shown_with_its_margin_and_reason_and_never_raised(monkeypatch, capsys):
     """Under test an asserted ✗ raises; a timing claim's ✗ is printed with its margin and why it can move."""
     monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
     slow, fast = 12.0, 10.0
-    assert not viz.check("fast is slower", fast > slow, timing="two runs on shared cores",
-                         margin=headroom(fast, slow, below=False))
+    assert not viz.check("fast is slower", "fast > slow", timing="two runs on shared cores",
+                         margin=headroom(fast, slow, below=False), fast=fast, slow=slow)
     out = capsys.readouterr().out
-    assert "✗ fast is slower  [margin -17%]  [timing claim, shown not asserted: two runs on shared cores]" in out
+    assert ("✗ fast is slower  (fast = 10, slow = 12)  [margin -17%]  [timing claim, shown not asserted: two runs "
+            "on shared cores]") in out
     with pytest.raises(CheckFailed):
-        viz.check("fast is slower", fast > slow, margin=headroom(fast, slow, below=False))
+        viz.check("fast is slower", "fast > slow", margin=headroom(fast, slow, below=False), fast=fast, slow=slow)
 
 
 def test_headroom_is_the_share_a_value_clears_its_limit_by():
@@ -49,11 +50,52 @@ def test_in_a_notebook_each_check_displays_its_ledger_record(monkeypatch):
     """The record beside the line is what scripts/claims_ledger.py reads from an executed notebook."""
     shown = []
     monkeypatch.setattr(check_module, "_show", lambda line, record: shown.append((line, record)))
-    viz.check("a claim", True, regime="2 ranks", margin=0.25, ratio=np.float64(0.5))
+    viz.check("a claim", "ratio < 1", regime="2 ranks", margin=0.25, ratio=np.float64(0.5))
     (line, record), = shown
     assert line.startswith("✓ a claim") and record["regime"] == "2 ranks" and record["margin"] == 0.25
     assert record["numbers"] == {"ratio": 0.5} and type(record["numbers"]["ratio"]) is float
+    assert record["holds"] == "ratio < 1" and record["fails_on"] == "ratio = 1.5"
     assert json.loads(json.dumps(record)) == record
+
+
+@pytest.mark.parametrize(("holds", "numbers", "fails_on"), [
+    ("measured == predicted", {"measured": 1000, "predicted": 1000}, "measured = 1050"),
+    ("difference <= 1e-5 * loss", {"difference": [0.0, 2e-7], "loss": [3.1, 3.0]}, "difference[0] = 1"),
+    ("ratio_low > 1 > ratio_high", {"ratio_low": 1.9, "ratio_high": 0.8}, "ratio_low = 0.9"),
+    ("abs(share - 0.25) < 0.02", {"share": 0.25}, "share = 1.25"),
+    ("list(np.flatnonzero(skipped)) == [3]", {"skipped": [False, False, False, True]}, "skipped[0] = True"),
+    ("'straggler: rank 1' in verdict", {"verdict": "straggler: rank 1 (40 ms a step)"}, 'verdict = ""'),
+    ("all(np.diff(total_MB) < 0)", {"total_MB": [9.0, 5.0, 3.0]}, "total_MB[0] = 4.5"),
+    ("dropped == 0", {"dropped": [0, 0, 0]}, "dropped[0] = 1"),
+])
+def test_every_kind_of_check_is_shown_failing_on_a_wrong_value(holds, numbers, fails_on, monkeypatch):
+    """Each condition the notebooks use (an equality to the byte, a tolerance over a table, a bracket, an
+    interval, a flag, a verdict's text, a trend, a count) holds on its numbers and fails on the first wrong
+    value `check` finds; that value, put back into the condition, makes it false."""
+    shown = []
+    monkeypatch.setattr(check_module, "_show", lambda line, record: shown.append(record))
+    monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
+    assert viz.check("a claim", holds, **numbers)
+    assert shown[0]["fails_on"] == fails_on
+
+
+@pytest.mark.parametrize(("holds", "numbers"), [
+    ("True", {}),                                           # a constant
+    ("peak <= peak", {"peak": 4.0}),                        # true of every value
+    ("len(steps) == 3", {"steps": [1.0, 2.0, 3.0]}),        # no wrong value of an element changes a length
+    ("flag or not flag", {"flag": True}),
+])
+def test_a_check_that_cannot_fail_is_an_error_under_test(holds, numbers, monkeypatch, capsys):
+    monkeypatch.delenv("WORKBENCH_CHECKS", raising=False)
+    assert viz.check("a tautology", holds, **numbers)        # a learner's run: shown
+    monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
+    with pytest.raises(CheckFailed, match="this check cannot fail"):
+        viz.check("a tautology", holds, **numbers)
+
+
+def test_a_condition_must_be_stated_over_the_numbers():
+    with pytest.raises(TypeError, match="state the condition as an expression over its numbers"):
+        viz.check("two is more than one", 2 > 1)
 
 
 def test_the_alpha_beta_fit_recovers_its_line_and_weights_every_size():
@@ -147,8 +189,8 @@ def _ledger():
 
 
 def _claim(claim: str, *, held: bool = True, timing: str | None = None) -> dict:
-    return {"claim": claim, "held": held, "timing": timing, "margin": 0.3 if timing else None, "regime": "2 ranks",
-            "cores": 2, "numbers": {"ratio": 0.5}}
+    return {"claim": claim, "held": held, "holds": "ratio < 1", "fails_on": "ratio = 1.5", "timing": timing,
+            "margin": 0.3 if timing else None, "regime": "2 ranks", "cores": 2, "numbers": {"ratio": 0.5}}
 
 
 def test_the_ledger_reads_each_check_from_an_executed_notebook_and_finds_a_stale_page():
@@ -166,7 +208,8 @@ def test_the_ledger_reads_each_check_from_an_executed_notebook_and_finds_a_stale
     rows = ledger.claims(nb, "03_pipeline_parallel")
     assert [r["claim"] for r in rows] == ["a | b", "late"] and rows[0]["cell"] == 0
     page = ledger.with_ledger(f"# Lessons\n\n{ledger.START}\n{ledger.END}\n", rows)
-    assert "| 03 | a \\| b | asserted |" in page and "timing (shown, not asserted): shared cores" in page
+    assert "| 03 | a \\| b | asserted | `ratio < 1` | ratio = 0.5 | ratio = 1.5 |" in page
+    assert "timing (shown, not asserted): shared cores" in page
     assert ledger.listed(page) == [("03", "a | b"), ("03", "late")] and ledger.stale(page, rows) == []
     assert ledger.stale(page, rows[:1]) == ["in the ledger but not checked: 03 · late"]
     assert ledger.stale(page, [*rows, {**rows[0], "claim": "new"}]) == ["checked but not in the ledger: 03 · new"]
@@ -186,10 +229,16 @@ def test_the_committed_ledger_lists_every_check_the_builders_write():
         for cell in ast.walk(ast.parse(builder.read_text())):
             if isinstance(cell, ast.Call) and getattr(cell.func, "id", "") == "code":
                 for call in ast.walk(ast.parse(cell.args[0].value)):
-                    if (isinstance(call, ast.Call) and ast.unparse(call.func) == "viz.check"
-                            and isinstance(call.args[0], ast.Constant) and call.args[0].value not in listed):
+                    if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "viz.check"):
+                        continue
+                    if isinstance(call.args[0], ast.Constant) and call.args[0].value not in listed:
                         missing.append(f"{builder.name}: {call.args[0].value}")
+                    if not (isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, str)):
+                        missing.append(f"{builder.name}: a condition that is not an expression over its numbers: "
+                                       f"{ast.unparse(call.args[1])}")
     assert not missing, missing
+    section = (root / "docs" / "lessons.md").read_text().split(ledger.START, 1)[1].split(ledger.END, 1)[0]
+    assert "nothing: it cannot fail" not in section
 
 
 def test_a_prediction_says_how_far_off_it_was():

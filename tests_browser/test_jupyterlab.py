@@ -185,6 +185,16 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     _saved_notebook_reopens_clean(page, browser, lab, notebook)
 
 
+#: each output that shows "Error displaying widget": its cell's number, the model it names and the source's first line
+BROKEN_WIDGETS = """() => {
+    const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
+    return cells.flatMap((cell, i) => [...cell.querySelectorAll('.jp-OutputArea-output')]
+        .filter(o => o.innerText.includes('Error displaying widget'))
+        .map(o => `cell ${i}: ${o.innerText.trim()} (${(cell.querySelector('.jp-InputArea-editor')?.innerText
+                   || '').split('\\n')[0].slice(0, 80)})`));
+}"""
+
+
 def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> None:
     """Save, shut the kernel down, open the notebook again: its outputs (progress lines, charts, widgets
     from their saved state) show without "Error displaying widget" or console errors. The save waits for the
@@ -214,7 +224,9 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
                             polling=500)
     again.wait_for_timeout(1000)
     again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))
-    assert "Error displaying widget" not in again.content(), "a saved widget did not come back"
+    broken = again.evaluate(BROKEN_WIDGETS)
+    assert not broken, (f"a saved widget did not come back: {broken}; console: "
+                        f"{[e for e in errors if 'favicon' not in e]}")
     assert not [e for e in errors if "favicon" not in e], errors
     again.evaluate(SHUT_DOWN_KERNEL)
     again.close()
