@@ -3,8 +3,8 @@ docs/lessons.md (between its LEDGER markers).
 
 Each check displays a machine-readable copy of itself (workbench/viz/check.py, mime type CLAIM_MIME): its claim,
 its condition, whether it held, a wrong value that fails it, whether it is a timing claim (and why its clock can
-move), its margin, its regime and the numbers that measure it. Nothing here is written by hand: a check added to a builder appears in the table the
-next time the notebooks run.
+move), its margin, its regime and the numbers that measure it. Nothing here is written by hand: a check added to
+a builder appears in the table the next time the notebooks run.
 
     python scripts/claims_ledger.py           # the executed copies make test kept (traces/executed/)
     python scripts/claims_ledger.py --check   # exit 1 when docs/lessons.md lists other claims than the notebooks
