@@ -95,6 +95,81 @@ code("""
 viz.memory_breakdown(three_d).show()
 """),
 md("""
+## Where each axis goes: the placement rule, measured
+
+The rule above — tensor parallelism inside a machine, the pipeline across machines — follows from the bytes
+each axis sends. Measure it: 4 ranks as 2 emulated machines of 2 (`ranks_per_node=2`), tp = 2 × pp = 2, joined
+by a slow link (20 MB/s, 500 µs; free inside a machine). Two placements of the same grid:
+
+- **block** (torchrun numbers each machine's ranks consecutively): each tp pair on one machine, the pipeline
+  across the link;
+- **round-robin** (rank r on machine r mod 2, as a grid laid out in the wrong order would be): each tp pair
+  across the link, the pipeline inside.
+
+The bytes are measured from each rank's trace; the link's time is the emulator's hold, latency + bytes /
+bandwidth (a teaching device: a real wire is the cluster notebook's), and the step time is the clock's.
+"""),
+code("""
+LINK = "inter=0.02,500"   # GB/s, µs between the two emulated machines; inside a machine: loopback, free
+PLACED_STEPS = 12
+
+def placed(name, placement=None):
+    link = {} if placement is None else dict(emulate_link=LINK, ranks_per_node=2, node_placement=placement)
+    return wb.launch(wb.RunConfig(model=model, steps=PLACED_STEPS, global_batch=16, seed=0, tp=2, pp=2,
+                                  microbatches=4, **link), out=os.path.join(OUT, name), force=True)
+
+placements = {"no slow link": placed("place-none"), "block: tp inside, pp across": placed("place-block", "block"),
+              "round-robin: tp across, pp inside": placed("place-rr", "round-robin")}
+losses = viz.compare_losses(placements, baseline="no slow link")
+viz.check("the placement changes no loss", "difference == 0", difference=losses.max_abs_diff)
+base = placements["no slow link"].summary["step_time_s"]
+M, P = 4, 2
+rows = []
+for name, r in placements.items():
+    sent, ev = r.summary["ranks"][0]["comm_bytes_per_step"], r.events
+    held = ev[ev.cat == "emulated"].groupby("rank").seconds.sum().reindex(range(4), fill_value=0) / PLACED_STEPS
+    steps = r.metrics.step_time_s.iloc[1:]          # the first step pays the start-up
+    rows.append({"placement": name, "tp bytes/step (rank 0)": sent["all_reduce"]["tp"],
+                 "pp bytes sent/step (rank 0)": sent["send"]["pp"],
+                 "hold ms/step, stage 0 (formula)": 1e3 * held[0], "hold ms/step, stage 1 (formula)": 1e3 * held[2],
+                 "step ms": 1e3 * r.summary["step_time_s"],
+                 "± ms (half the steps' interquartile range)": 500 * (steps.quantile(0.75) - steps.quantile(0.25)),
+                 "added by the link ms": 1e3 * (r.summary["step_time_s"] - base)})
+place = pd.DataFrame(rows).set_index("placement")
+# each micro-batch's slot on a stage grows by the stage's hold / m, and a 1F1B step spans m + p − 1 slots
+place["predicted added ms"] = (M + P - 1) / M * place[["hold ms/step, stage 0 (formula)",
+                                                       "hold ms/step, stage 1 (formula)"]].max(axis=1)
+place["error"] = (place["predicted added ms"] - place["added by the link ms"]) / place["added by the link ms"].abs()
+place.loc["no slow link", "error"] = float("nan")
+tp_bytes, pp_bytes = place["tp bytes/step (rank 0)"].iloc[0], place["pp bytes sent/step (rank 0)"].iloc[0]
+block_ms, rr_ms = place["step ms"].iloc[1], place["step ms"].iloc[2]
+viz.check("tensor parallelism sends at least 5× the pipeline's bytes a step", "tp_bytes >= 5 * pp_bytes",
+          tp_bytes=tp_bytes, pp_bytes=pp_bytes)
+viz.check("the same grid steps slower with tp across the slow link than with pp across it", "rr_ms > block_ms",
+          rr_ms=rr_ms, block_ms=block_ms, margin=viz.headroom(block_ms, rr_ms),
+          regime="tp 2 × pp 2 on 2 cores as 2 emulated machines, hidden 64, 20 MB/s and 500 µs between them",
+          timing="step times of runs on shared cores (the link's holds are the emulator's formula)")
+noise = place.loc["no slow link", "± ms (half the steps' interquartile range)"]
+for name in list(placements)[1:]:
+    row = place.loc[name]
+    miss = abs(row["predicted added ms"] - row["added by the link ms"])
+    cause = ("" if abs(row["error"]) <= 0.25 else
+             f": a miss of {miss:.1f} ms, within this machine's step-to-step spread (±{noise:.1f} ms with no link, "
+             "twice that for a difference of two runs)" if miss <= 2 * noise else
+             f": a miss of {miss:.1f} ms, beyond the steps' spread (±{noise:.1f} ms) and not explained by the slots")
+    print(f"{name}: predicted {row['predicted added ms']:.1f} ms added, measured {row['added by the link ms']:.1f} ms "
+          f"({row['error']:+.0%}){cause}")
+place.T.round(2)
+"""),
+md("""
+Tensor parallelism all-reduces activations inside every layer, forward and backward, and a rank waits for
+each before the next matmul: across the slow link every one of them pays the latency and the bandwidth, on
+the critical path. The pipeline sends one activation a micro-batch at a stage boundary. So the same grid, with
+the same losses, pays more for the link with its tensor-parallel pairs split across it: compare the two rows'
+holds and step times above. The prediction puts each stage's hold into the pipeline's step: every micro-batch's
+slot on the stage grows by hold / m, and a 1F1B step spans m + p − 1 slots.
+"""),
+md("""
 ## The same layout at GPT-3's scale: per GPU
 
 The eight tiny ranks above show the mechanics. What the layout does at scale is arithmetic: GPT-3 175B

@@ -36,6 +36,21 @@ def test_links_parse_and_time_like_the_ring():
         RunConfig(dp=3, tp=2, global_batch=6, allreduce="hierarchical", ranks_per_node=3).validate()
 
 
+def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
+    """tp 2 × pp 2 on 2 machines of 2: in blocks (torchrun's numbering) each tp pair shares a machine and the
+    pipeline crosses the link; round-robin puts each tp pair across it and the pipeline inside (notebook 05)."""
+    links = parse_links("inter=0.02,500")
+    block = EmulatedNetwork(links, ranks_per_node=2, placement="block", world_size=4)
+    spread = EmulatedNetwork(links, ranks_per_node=2, placement="round-robin", world_size=4)
+    assert [block.node(r) for r in range(4)] == [0, 0, 1, 1] and [spread.node(r) for r in range(4)] == [0, 1, 0, 1]
+    assert block.link([0, 1])[0] == "intra" and block.link([0, 2])[0] == "inter"      # tp pair inside, pp across
+    assert spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"    # tp pair across, pp inside
+    with pytest.raises(ConfigError, match="node_placement='diagonal': valid values are"):
+        RunConfig(tp=2, pp=2, node_placement="diagonal").validate()
+    with pytest.raises(ConfigError, match="needs emulate_link"):
+        RunConfig(tp=2, pp=2, node_placement="round-robin").validate()
+
+
 @pytest.mark.slow  # notebook 09 checks the same under the same link in make test
 def test_hierarchical_beats_the_flat_ring_on_a_slow_inter_link(launched):
     """Flat ring: every one of its 2(n−1) steps waits for the pair that crosses machines. Hierarchical:

@@ -1,4 +1,4 @@
-"""The helpers of notebook 11 (issue 40): the crossover formulas, FP8 emulation, and the roofline's counts."""
+"""The helpers of notebook 12 (issue 40): the crossover formulas, FP8 emulation, and the roofline's counts."""
 
 from __future__ import annotations
 

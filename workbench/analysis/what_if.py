@@ -98,7 +98,8 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         _straggle(graph, int(rank), float(seconds))
     if "emulate_link" in changes or "ranks_per_node" in changes:
         _relink(graph, changes.get("emulate_link", config.get("emulate_link")),
-                int(changes.get("ranks_per_node", config.get("ranks_per_node") or 0)))
+                int(changes.get("ranks_per_node", config.get("ranks_per_node") or 0)),
+                config.get("node_placement") or "block", config["world_size"])
     if "bucket_mb" in changes:
         if not float(changes["bucket_mb"]) > 0:
             raise ConfigError(f"bucket_mb={changes['bucket_mb']}: a bucket holds more than 0 MB (default 25)")
@@ -130,13 +131,14 @@ def _straggle(graph: Graph, rank: int, seconds: float) -> None:
             program.insert(i + 1, Item("busy", seconds * 1e6, tag="host", step=it.step, meta={"kind": "straggler"}))
 
 
-def _relink(graph: Graph, spec: str | None, ranks_per_node: int) -> None:
-    """Every operation's emulated time replaced by what the new links would hold it."""
+def _relink(graph: Graph, spec: str | None, ranks_per_node: int, placement: str = "block", world: int = 0) -> None:
+    """Every operation's emulated time replaced by what the new links would hold it (the machines take the run's
+    ranks as the run placed them: `node_placement`)."""
     from workbench.comm.emulated_link import EmulatedNetwork
 
     if spec and ranks_per_node < 1:
         raise ConfigError("emulate_link needs ranks_per_node ≥ 1 (how many ranks an emulated machine holds)")
-    net = EmulatedNetwork(parse_links(spec) if spec else {}, max(ranks_per_node, 1))
+    net = EmulatedNetwork(parse_links(spec) if spec else {}, max(ranks_per_node, 1), placement, world)
     for node in graph.ops.values():
         if node.op == "send":
             peer = next((m for m in node.members if m != node.sender), node.sender)

@@ -4,7 +4,10 @@ On one machine every link looks alike, so the brief's "data parallelism is bandw
 pipeline parallelism latency-sensitive" cannot be seen. `--emulate-link 'inter=BW_GBps,LATENCY_us;
 intra=BW_GBps,LATENCY_us'` (either part may be left out) gives the ranks emulated machines of
 `ranks_per_node` ranks each: a message between two machines crosses the `inter` link, one inside a
-machine the `intra` link. The traced communication layer holds each message for
+machine the `intra` link. The machines take their ranks in `node_placement`'s order: 'block' (consecutive
+ranks share a machine, as torchrun numbers each node's ranks; Megatron's order then keeps a tensor-parallel
+group on one machine) or 'round-robin' (rank r on machine r mod M: each tensor-parallel group spread over the
+machines, as a grid laid out in the wrong order would be). The traced communication layer holds each message for
 
     latency + bytes / bandwidth
 
@@ -42,6 +45,9 @@ class EmulatedNetwork:
 
     links: dict[str, Link]
     ranks_per_node: int
+    #: 'block' (machine = rank // ranks_per_node) or 'round-robin' (machine = rank mod machines)
+    placement: str = "block"
+    world_size: int = 0
     busy_until_us: dict[str, float] = field(default_factory=dict)
 
     def occupy(self, link: str, start_us: float, seconds: float) -> float:
@@ -52,6 +58,8 @@ class EmulatedNetwork:
         return self.busy_until_us[link]
 
     def node(self, rank: int) -> int:
+        if self.placement == "round-robin":
+            return rank % (self.world_size // self.ranks_per_node)
         return rank // self.ranks_per_node
 
     def link(self, ranks: list[int]) -> tuple[str, Link | None]:

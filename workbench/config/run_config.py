@@ -39,6 +39,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
 BACKENDS = ("auto", "gloo", "nccl", "mpi", "ccl")
 ALLREDUCE = ("backend", "ring", "hierarchical")
+NODE_PLACEMENTS = ("block", "round-robin")
 DP_IMPLS = ("bucketed", "naive")
 FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "nan-params", "loss-spike", "straggle")
 
@@ -140,6 +141,10 @@ class RunConfig:
     emulate_link: str | None = None
     #: ranks an emulated machine (0: LOCAL_WORLD_SIZE, the real machine's)
     ranks_per_node: int = 0
+    #: how the emulated machines take their ranks: 'block' (ranks_per_node consecutive ranks a machine, as
+    #: torchrun numbers them: each tp group on one machine) or 'round-robin' (rank r on machine r mod machines:
+    #: each tp group spread over them, as a grid in the wrong order would be)
+    node_placement: str = "block"
     #: 'adamw', or 'onebit-adam' (1-bit Adam: AdamW for onebit_warmup_steps, then frozen variance and a
     #: momentum all-reduced in signs with error feedback; optim/onebit_adam.py)
     optimizer: str = "adamw"
@@ -262,6 +267,7 @@ class RunConfig:
         if self.gpu_health_every < 0:
             raise ConfigError(f"gpu_health_every={self.gpu_health_every}: a number of steps ≥ 1, or 0 for never")
         _choice("allreduce", self.allreduce, ALLREDUCE)
+        _choice("node_placement", self.node_placement, NODE_PLACEMENTS)
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
         _choice("grad_compression", self.grad_compression, ("none", "bf16", "fp16"))
         _choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))

@@ -123,7 +123,8 @@ def emulated_network(config: RunConfig) -> EmulatedNetwork | None:
     """--emulate-link's machines (a teaching device): ranks_per_node ranks each, or the real machine's."""
     if config.emulate_link is None:
         return None
-    return EmulatedNetwork(parse_links(config.emulate_link), ranks_per_node(config))
+    return EmulatedNetwork(parse_links(config.emulate_link), ranks_per_node(config), config.node_placement,
+                           config.world_size)
 
 
 def ranks_per_node(config: RunConfig) -> int:

@@ -1,6 +1,6 @@
 """What each part of a model costs, measured on one forward: the bytes it saves for backward and the FLOPs
 it runs, by the kind of module that did it (attention, MLP, norms ...). For teaching what a block's parts
-weigh (notebook 10: what grouped-query attention and SwiGLU change) — beside the formulas' split.
+weigh (notebook 11: what grouped-query attention and SwiGLU change) — beside the formulas' split.
 
     saved_bytes_by_part   the tensors autograd saves, through `torch.autograd.graph.saved_tensors_hooks`
                           (as measure/memory.py counts activations: each storage once, parameters not),

@@ -1,5 +1,5 @@
 """The machine underneath, measured here: how many FLOP/s a matmul reaches by shape, how many bytes a second
-memory moves, and where each operation of a training step sits between the two (notebook 11).
+memory moves, and where each operation of a training step sits between the two (notebook 12).
 
     matmul_sweep(shapes)     each (m, n, k)'s best time and FLOP/s — the MAMF finder's way (Bekman,
                              ml-engineering: scan shapes, keep the best; the datasheet's peak is never met)

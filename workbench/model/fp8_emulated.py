@@ -1,4 +1,4 @@
-"""FP8 training, emulated: the numerics of 8-bit matmuls on any device, not their speed (notebook 11).
+"""FP8 training, emulated: the numerics of 8-bit matmuls on any device, not their speed (notebook 12).
 
 An FP8 recipe (Micikevicius et al. 2022, "FP8 formats for deep learning"; NVIDIA Transformer Engine) keeps
 the weights and the optimizer in higher precision and runs each Linear's matmul on 8-bit operands: the
@@ -14,7 +14,7 @@ input and the weight in E4M3 (more precision, max 448), the output's gradient in
 `quantize` casts to the format and back (`fp8_cast`): the values an FP8 matmul would multiply, in the
 original dtype. `emulate_fp8(model)` makes every Linear do so around its matmul, forward and backward —
 labelled *emulated* wherever it shows: it runs at the original dtype's speed. On a GPU with FP8 tensor
-cores, torch._scaled_mm runs the same products in 8 bits (notebook 11's GPU cell).
+cores, torch._scaled_mm runs the same products in 8 bits (notebook 12's GPU cell).
 """
 
 from __future__ import annotations

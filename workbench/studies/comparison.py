@@ -159,8 +159,8 @@ def baseline_config(c: RunConfig) -> RunConfig:
     return c.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
                      precision="fp32", grad_reduce_dtype="fp32", recompute="none", grad_compression="none",
                      optimizer="adamw", allreduce="backend", offload_optimizer=False, emulate_link=None,
-                     ranks_per_node=0, fault=None, checkpoint_every=0, checkpoint_dir=None, resume=None,
-                     max_restarts=0, elastic=False, name=None)
+                     ranks_per_node=0, node_placement="block", fault=None, checkpoint_every=0, checkpoint_dir=None,
+                     resume=None, max_restarts=0, elastic=False, name=None)
 
 
 def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "compare"),
