@@ -251,3 +251,14 @@ def test_a_prediction_says_how_far_off_it_was():
     guess.box.value = "not a number"
     assert guess.value is None
     assert how_far_off(5, 10) == "50% too low" and how_far_off(3, 3) == "exact" and how_far_off(1, 0) == "+1 off"
+
+
+def test_every_notebook_asks_first():
+    """Each notebook's builder asks the learner for a number (viz.predict) before a run and reveals the measured
+    answer after it (docs/changing-a-notebook.md)."""
+    from pathlib import Path
+
+    builders = sorted((Path(__file__).resolve().parent.parent / "scripts").glob("build_notebook_*.py"))
+    assert len(builders) >= 12
+    silent = [b.name for b in builders if "viz.predict(" not in b.read_text() or ".reveal(" not in b.read_text()]
+    assert not silent, silent
