@@ -139,8 +139,8 @@ place = pd.DataFrame(rows).set_index("placement")
 # each micro-batch's slot on a stage grows by the stage's hold / m, and a 1F1B step spans m + p − 1 slots
 place["predicted added ms"] = (M + P - 1) / M * place[["hold ms/step, stage 0 (formula)",
                                                        "hold ms/step, stage 1 (formula)"]].max(axis=1)
-place["error"] = (place["predicted added ms"] - place["added by the link ms"]) / place["added by the link ms"].abs()
-place.loc["no slow link", "error"] = float("nan")
+error = (place["predicted added ms"] - place["added by the link ms"]) / place["added by the link ms"].abs()
+place["error"] = ["—"] + [f"{e:+.0%}" for e in error.iloc[1:]]   # the baseline has nothing to predict
 tp_bytes, pp_bytes = place["tp bytes/step (rank 0)"].iloc[0], place["pp bytes sent/step (rank 0)"].iloc[0]
 block_ms, rr_ms = place["step ms"].iloc[1], place["step ms"].iloc[2]
 viz.check("tensor parallelism sends at least 5× the pipeline's bytes a step", "tp_bytes >= 5 * pp_bytes",
@@ -153,12 +153,12 @@ noise = place.loc["no slow link", "± ms (half the steps' interquartile range)"]
 for name in list(placements)[1:]:
     row = place.loc[name]
     miss = abs(row["predicted added ms"] - row["added by the link ms"])
-    cause = ("" if abs(row["error"]) <= 0.25 else
+    cause = ("" if abs(error[name]) <= 0.25 else
              f": a miss of {miss:.1f} ms, within this machine's step-to-step spread (±{noise:.1f} ms with no link, "
              "twice that for a difference of two runs)" if miss <= 2 * noise else
              f": a miss of {miss:.1f} ms, beyond the steps' spread (±{noise:.1f} ms) and not explained by the slots")
     print(f"{name}: predicted {row['predicted added ms']:.1f} ms added, measured {row['added by the link ms']:.1f} ms "
-          f"({row['error']:+.0%}){cause}")
+          f"({error[name]:+.0%}){cause}")
 place.T.round(2)
 """),
 md("""

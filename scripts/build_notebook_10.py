@@ -198,4 +198,29 @@ is the ring: K/V bytes per step grow towards 2× the activations of attention's 
 block's attention does not hide lengthens the step as cp grows. (At 32k the same model fits without cp, and is
 fastest so: cp is for the sequence that does not fit, not a speed-up.)
 """),
+md("""
+Move the sequence length: the estimator's memory per GPU at each cp, against an A100's 80 GB. Where the bars
+turn red at cp = 1 is where context parallelism stops being a choice.
+"""),
+code("""
+import ipywidgets as widgets
+
+SEQS = [8192, 16384, 32768, 65536, 131072]
+
+def memory_against_cp(seq_len=65536):
+    model = wb.ModelConfig(vocab_size=51200, seq_len=seq_len, hidden=4096, heads=32, layers=32)
+    gb = []
+    for cp in (1, 2, 4, 8):
+        e = estimate(model=model, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed", global_batch=16,
+                     microbatches=16 // (8 // cp), recompute="selective", activations="ours", hardware=A100_80GB)
+        gb.append(e.memory_bytes_per_rank / 1e9)
+    fig = go.Figure(go.Bar(x=[f"cp {cp}" for cp in (1, 2, 4, 8)], y=gb, name="memory per GPU (estimated)",
+                           marker_color=["#E45756" if g > 80 else "#4C78A8" for g in gb]))
+    fig.add_hline(y=80, line_dash="dot", annotation_text="an A100's 80 GB")
+    fig.update_layout(height=340, yaxis_title="GB per GPU (estimated)",
+                      title=f"{seq_len // 1024}k tokens: memory per GPU against cp (red: does not fit)")
+    fig.show()
+
+widgets.interact(memory_against_cp, seq_len=widgets.SelectionSlider(options=SEQS, value=65536, description="tokens"));
+"""),
 ], "10_long_sequences.ipynb")
