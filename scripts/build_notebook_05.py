@@ -153,7 +153,10 @@ noise = place.loc["no slow link", "± ms (half the steps' interquartile range)"]
 for name in list(placements)[1:]:
     row = place.loc[name]
     miss = abs(row["predicted added ms"] - row["added by the link ms"])
+    hold = max(row["hold ms/step, stage 0 (formula)"], row["hold ms/step, stage 1 (formula)"])
     cause = ("" if abs(error[name]) <= 0.25 else
+             f": the run with the link stepped faster than the one without, so the difference of two runs on shared "
+             f"cores is larger here than the link's {hold:.1f} ms hold" if row["added by the link ms"] < 0 else
              f": a miss of {miss:.1f} ms, within this machine's step-to-step spread (±{noise:.1f} ms with no link, "
              "twice that for a difference of two runs)" if miss <= 2 * noise else
              f": a miss of {miss:.1f} ms, beyond the steps' spread (±{noise:.1f} ms) and not explained by the slots")
