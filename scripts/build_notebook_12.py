@@ -42,7 +42,7 @@ H100 SXM 792 of the datasheet's 989 TFLOP/s. Here the same scan, on this machine
 bandwidth**: STREAM's copy (read a, write b) and triad (a = b + s·c).
 """),
 code("""
-sizes = (64, 128, 256, 512, 1024) if DEVICE == "cpu" else (1024, 2048, 4096, 8192)
+sizes = (32, 64, 256, 512, 1024) if DEVICE == "cpu" else (1024, 2048, 4096, 8192)
 shapes = sorted({(s, s, s) for s in sizes} | {(sizes[-1], n, k) for n in sizes[2:] for k in sizes[2:]})
 shapes += [(1024, 3 * 768, 768), (1024, 3072, 768), (1024, 768, 3072)]  # GPT-2's qkv, MLP up and down
 sweep = pd.DataFrame(roofline.matmul_sweep(shapes, device=DEVICE)).sort_values("flops_per_s", ascending=False)
