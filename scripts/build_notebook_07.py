@@ -222,10 +222,13 @@ for round_ in range(2):
                                  "predicted step (ms)": 1e3 * e.step_time_s})
         rank0 = r.summary["ranks"][0]
         per_step = 1e3 / len(rank0["measured_steps"])
+        step_ms = 1e3 * r.metrics.step_time_s.iloc[1:].median()
+        rest = sum(e.step_terms.values()) - e.step_terms["compute"] - e.step_terms["overhead"] - e.step_terms["dp"]
         split[n] = {"compute": per_step * rank0["compute_s"],
                     "exposed communication": per_step * rank0["exposed_comm_s"],
+                    "the rest": step_ms - per_step * (rank0["compute_s"] + rank0["exposed_comm_s"]),
                     "compute + overhead, estimated": 1e3 * (e.step_terms["compute"] + e.step_terms["overhead"]),
-                    "communication, estimated": 1e3 * e.step_terms["dp"]}
+                    "communication, estimated": 1e3 * e.step_terms["dp"], "the rest, estimated": 1e3 * rest}
 ms = pd.DataFrame(measured_scaling).groupby("ranks").min()
 ms["error"] = (ms["predicted step (ms)"] - ms["measured step (ms)"]) / ms["measured step (ms)"]
 ms["measured speedup"] = ms.index * ms.loc[1, "measured step (ms)"] / ms["measured step (ms)"]
@@ -235,10 +238,11 @@ viz.check("measured efficiency below 1 at 2 and 4 ranks", "at_2 < 1 and at_4 < 1
           at_2=ms["measured efficiency"][2], at_4=ms["measured efficiency"][4],
           margin=viz.headroom(ms["measured efficiency"].iloc[1:].max(), 1), regime="dp 1, 2, 4 on 2 cores, tiny",
           timing="step times of runs on shared cores")
-for n, row in ms[ms.error.abs() > 0.25].iterrows():   # each miss, split by rank 0's trace (the last round's run)
+for n, row in ms[ms.error.abs() > 0.25].iterrows():   # each miss, split by rank 0's trace (the second round's run)
     s = split[n]
     gaps = {"compute (with the per-step overhead)": (s["compute + overhead, estimated"], s["compute"]),
-            "communication": (s["communication, estimated"], s["exposed communication"])}
+            "communication": (s["communication, estimated"], s["exposed communication"]),
+            "the rest (optimizer, idle, the step's fixed cost)": (s["the rest, estimated"], s["the rest"])}
     term, (est, got) = max(gaps.items(), key=lambda kv: abs(kv[1][0] - kv[1][1]))
     print(f"{n} rank(s): {row.error:+.0%} — the largest gap is {term}: {est:.1f} ms estimated from the calibration, "
           f"{got:.1f} ms a step on rank 0 here")

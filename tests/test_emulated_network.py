@@ -47,8 +47,15 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
     assert spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"    # tp pair across, pp inside
     with pytest.raises(ConfigError, match="node_placement='diagonal': valid values are"):
         RunConfig(tp=2, pp=2, node_placement="diagonal").validate()
-    with pytest.raises(ConfigError, match="needs emulate_link"):
+    with pytest.raises(ConfigError, match="needs emulate_link and ranks_per_node"):
         RunConfig(tp=2, pp=2, node_placement="round-robin").validate()
+    with pytest.raises(ValueError, match="split world_size=4 evenly"):
+        EmulatedNetwork(links, ranks_per_node=3, placement="round-robin", world_size=4)
+    from workbench.predict.estimator import estimate
+
+    spread_cfg = RunConfig(tp=2, pp=2, emulate_link="inter=0.02,500", ranks_per_node=2, node_placement="round-robin")
+    with pytest.raises(ConfigError, match="node_placement='round-robin' is not modelled"):
+        estimate(spread_cfg)
 
 
 @pytest.mark.slow  # notebook 09 checks the same under the same link in make test

@@ -138,6 +138,9 @@ def _relink(graph: Graph, spec: str | None, ranks_per_node: int, placement: str 
 
     if spec and ranks_per_node < 1:
         raise ConfigError("emulate_link needs ranks_per_node ≥ 1 (how many ranks an emulated machine holds)")
+    if ranks_per_node > 1 and world % ranks_per_node:
+        raise ConfigError(f"ranks_per_node={ranks_per_node}: the emulated machines must split the run's {world} "
+                          "ranks evenly")
     net = EmulatedNetwork(parse_links(spec) if spec else {}, max(ranks_per_node, 1), placement, world)
     for node in graph.ops.values():
         if node.op == "send":

@@ -57,6 +57,11 @@ class EmulatedNetwork:
         self.busy_until_us[link] = start + seconds * 1e6
         return self.busy_until_us[link]
 
+    def __post_init__(self) -> None:
+        if self.placement == "round-robin" and (self.world_size < 1 or self.world_size % self.ranks_per_node):
+            raise ValueError(f"round-robin placement needs machines of ranks_per_node={self.ranks_per_node} that "
+                             f"split world_size={self.world_size} evenly")
+
     def node(self, rank: int) -> int:
         if self.placement == "round-robin":
             return rank % (self.world_size // self.ranks_per_node)

@@ -27,10 +27,11 @@ def check_communication(cfg: RunConfig) -> None:
         valid = divisors(world)
         raise ConfigError(f"ranks_per_node={cfg.ranks_per_node}: the emulated machines must split the {world} "
                           f"ranks evenly; valid: {valid} (0: the real machine's)")
-    if cfg.node_placement != "block" and (cfg.emulate_link is None or cfg.allreduce == "hierarchical"):
+    if cfg.node_placement != "block" and (cfg.emulate_link is None or not cfg.ranks_per_node
+                                          or cfg.allreduce == "hierarchical"):
         raise ConfigError(f"node_placement={cfg.node_placement!r} places emulated machines' ranks: it needs "
-                          "emulate_link, and the hierarchical all-reduce splits dp groups by consecutive ranks; "
-                          "valid here: 'block'")
+                          "emulate_link and ranks_per_node ≥ 1, and the hierarchical all-reduce splits dp groups by "
+                          "consecutive ranks; valid here: 'block'")
     if cfg.allreduce == "hierarchical" and cfg.ranks_per_node:
         try:
             node_groups(RankGrid(dp=cfg.dp, tp=cfg.tp, pp=cfg.pp), cfg.ranks_per_node)

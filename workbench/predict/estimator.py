@@ -190,6 +190,9 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     count only: `activations='ours'`). `uneven_stages`: a pp that does not divide the layers, as Llama 3's
     pipeline (`uneven`)."""
     if config is not None:
+        if config.node_placement != "block":
+            raise ConfigError(f"estimate: node_placement={config.node_placement!r} is not modelled: the estimator "
+                              "puts each tp group on one machine, as 'block' does; estimate node_placement='block'")
         return estimate(None, **_run_kwargs(config), activations=activations, hardware=hardware,
                         backend_copies=backend_copies, rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule))
     params = _checked(params, model, precision, dp, tp, pp, zero, uneven_stages)

@@ -169,7 +169,7 @@ def check(claim: str, holds: str, *, timing: str | None = None, margin: float | 
                         "to fail it")
     values = {k: _operand(v) for k, v in numbers.items()}
     held = evaluate(holds, values)
-    counter = fails_on(holds, values)
+    counter = fails_on(holds, values) if held else "the measured values themselves"
     detail = ", ".join(f"{k} = {_fmt(v)}" for k, v in numbers.items())
     line = f"{'✓' if held else '✗'} {claim}" + (f"  ({detail})" if detail else "")
     if margin is not None:
