@@ -95,3 +95,49 @@ def test_the_held_out_loss_reaches_the_loggers_and_the_progress_line():
     assert step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25  # TensorBoard's and W&B's points
     rows = [json.dumps(r).encode() for r in (row, {**row, "step": 4, "val_loss": None})]
     assert last_val_loss(rows) == 2.25
+
+
+def _evaluate_through_the_cuda_batch_path(rank: int, world: int, run_dir: str) -> None:
+    """One rank evaluates twice with the same model: its held-out batches made as on the CPU, then through the
+    CUDA path (engine/batches.py: prepared ahead, pinned, copied without blocking) with the device faked — the
+    copy is a stand-in that records each batch it moves and hands the host tensor back."""
+    import os
+
+    import torch
+
+    from workbench.engine import batches as batch_module
+    from workbench.engine.batches import Batches
+    from workbench.engine.context import setup
+    from workbench.engine.evaluate import evaluate
+    from workbench.engine.parallelize import parallelize
+    from workbench.engine.train_step import train_step
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    cfg = wb.RunConfig(model="tiny", steps=2, backend="gloo", eval_every=1, eval_batches=3).validate()
+    ctx = setup(cfg, run_dir)
+    strategy = parallelize(cfg, ctx)
+    train_step(strategy, Batches(cfg, ctx.device, 0, 1), 0, measured=False)
+    on_cpu = evaluate(strategy, Batches(cfg, ctx.device, 0, 1, part="val"), 0)
+    moved = []
+    batch_module.to_device = lambda batch, device: moved.append((device.type, batch[0][0, :4].tolist())) or batch
+    faked = Batches(cfg, torch.device("cuda"), 0, 1, part="val")
+    on_cuda = evaluate(strategy, faked, 0)
+    assert on_cuda == on_cpu, (on_cuda, on_cpu)  # the same batches, the same model: the same number
+    cpu_rows = [Batches(cfg, ctx.device, 0, 1, part="val").host(k)[0][0, :4].tolist() for k in range(3)]
+    assert moved == [("cuda", row) for row in cpu_rows], "each held-out batch copied once, in order"
+    assert faked.ready == {}, "none prepared past the last held-out batch"
+    train = Batches(cfg, torch.device("cuda"), 0, 1)
+    train.prepare(1)
+    train.prepare(2)  # past the run's last step: nothing
+    assert list(train.ready) == [1] and train.get(1) is not None and train.ready == {}
+
+
+def test_evaluation_runs_through_the_cuda_batch_path():
+    """On CUDA the held-out batches were refused by `prepare` and then asked of `ready`: a KeyError at the first
+    evaluation of any GPU run. Now each comes through the same path as a training batch."""
+    import tempfile
+
+    from tests.distributed import run_ranks
+
+    with tempfile.TemporaryDirectory() as d:
+        run_ranks(_evaluate_through_the_cuda_batch_path, 1, d)

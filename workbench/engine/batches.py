@@ -3,11 +3,13 @@
 under context parallelism, of those rows only this cp rank's tokens.
 
 The batch is made inside the step's time (engine/train_step.py: a `data` span), so tokens/s counts it.
-On CUDA the next step's batch is made at the end of this one — after every kernel of the step is queued,
-while the GPU works through them and the host would only wait — into pinned memory, and its copy to the
-GPU is queued without blocking (the copy lands after the step's kernels; the caching host allocator keeps
-the pinned block until it has). No thread: a second Python thread would take the GIL from the one that
-launches the kernels. On the CPU a batch is made when its step asks for it.
+It is made on the host (numpy's generator, or the data file's windows), never on the GPU. On CUDA the next
+step's batch is made at the end of this one — after every kernel of the step is queued, while the GPU works
+through them and the host would only wait — into pinned memory, and its copy to the GPU is queued without
+blocking (the copy lands after the step's kernels; the caching host allocator keeps the pinned block until it
+has). The held-out batches of an evaluation go the same way, each prepared while the one before it runs
+(engine/evaluate.py). No thread: a second Python thread would take the GIL from the one that launches the
+kernels. On the CPU a batch is made when its step asks for it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from workbench.data.synthetic import global_batch
 from workbench.parallel.context_parallel import ContextParallel
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """A host batch pinned, its copy to `device` queued without blocking."""
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
 
 
 class Batches:
@@ -51,18 +58,20 @@ class Batches:
         return x, y
 
     def prepare(self, step: int) -> None:
-        """CUDA: make step `step`'s batch now, pinned, and queue its copy; nothing on the CPU."""
-        if self.device.type != "cuda" or self.part != "train" or step >= self.cfg.steps or step in self.ready:
+        """CUDA: make batch `step` now (a training step's, or the `step`-th held-out one), pinned, and queue its
+        copy; nothing on the CPU, or past the last batch there will be."""
+        last = self.cfg.steps if self.part == "train" else self.cfg.eval_batches
+        if self.device.type != "cuda" or step >= last or step in self.ready:
             return
-        self.ready[step] = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in self.host(step))
+        self.ready[step] = to_device(self.host(step), self.device)
 
     def get(self, step: int) -> Batch:
+        """Batch `step` on the device: the one prepared ahead, or made now."""
         batch = self.ready.pop(step, None)
         if batch is not None:
             return batch
         if self.device.type == "cuda":
-            self.prepare(step)
-            return self.ready.pop(step)
+            return to_device(self.host(step), self.device)
         return tuple(t.contiguous() for t in self.host(step))
 
     def __call__(self, step: int) -> Any:

@@ -38,5 +38,6 @@ def evaluate(strategy: Strategy, held_out: Batches, step: int) -> float:
         for k in range(cfg.eval_batches):
             x, y = held_out.get(k)
             total = total + strategy.forward_backward.evaluate(x, y, step).detach().float()
+            held_out.prepare(k + 1)  # CUDA: the next held-out batch made while the GPU runs this one's forward
         summed = global_loss(ctx, total)
     return read(summed, ctx.groups, cfg)[0] / cfg.eval_batches
