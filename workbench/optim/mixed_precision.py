@@ -22,7 +22,8 @@ Flat buffers: the 16-bit parameters live end to end in one buffer and the fp32 m
 (parallel/flat.py), so the copy back is one kernel; the norm is one multi-tensor kernel and the update
 torch's fused AdamW on CUDA, with the loss scale's division, the clipping and the skip of a non-finite step
 inside it (parallel/adamw.apply_update) — no kernel per tensor, and for bf16 nothing the host waits for.
-fp16's dynamic scale is read on the host once a step (the overflow flag every rank agrees on).
+fp16's overflow check is one multi-tensor norm whatever the number of parameters, read on the host once a step
+(the flag every rank agrees on).
 
 `MixedPrecisionUpdater` is the `Updater` (optim/updater.py) of a 16-bit model: `step` returns None
 for a step skipped on an fp16 overflow.
@@ -141,10 +142,13 @@ class MixedPrecisionUpdater:
         fp16 checks: bf16 has fp32's exponent range and is not scaled."""
         if self.precision != "fp16":
             return False
-        # one flag per gradient, combined on the device: the host waits once (for the agreed answer), not
-        # once per parameter as `if not torch.isfinite(g).all()` would make it
-        flags = [torch.isfinite(g).all().logical_not() for p in self.params if (g := grad_of(p)) is not None]
-        bad = torch.stack(flags).any().float().reshape(1) if flags else torch.zeros(1, device=self.params[0].device)
+        # one multi-tensor norm over every gradient (in fp32: an fp16 norm of finite values can itself overflow),
+        # inf or NaN exactly where some gradient holds one; the host waits once, for the answer all ranks agree on
+        grads = [g for p in self.params if (g := grad_of(p)) is not None]
+        bad = torch.zeros(1, device=self.params[0].device)
+        if grads:
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            bad = torch.stack(norms).sum().isfinite().logical_not().float().reshape(1)
         if self.comm.size("world") > 1:
             self.comm.all_reduce(bad, "world", label="overflow check", reduce_op="max")
         return bool(bad.item() > 0)
