@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.model.cross_entropy import CrossEntropy
 from workbench.model.llama import RMSNorm, SwiGLU, rotary_tables, rotate
 from workbench.model.moe import MoE
 
@@ -199,13 +200,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class CrossEntropy(nn.Module):
-    """Mean cross-entropy over every token (tensor parallelism swaps in the vocabulary-parallel one)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
 def uninitialised_embedding(rows: int, dim: int) -> nn.Embedding:
     """An embedding whose weight `init_weights` fills. nn.Embedding's own normal_ draw would be thrown
     away, and on the meta device it runs torch's Python reference, which imports torch._dynamo (~1 s of
@@ -296,4 +290,4 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return self.loss(logits.float(), targets)  # the loss in fp32 whatever the activations' precision
+        return self.loss(logits, targets)  # in fp32 whatever the activations' precision (model/cross_entropy.py)

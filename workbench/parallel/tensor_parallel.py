@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.model.cross_entropy import row_blocks
 from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
@@ -158,38 +159,43 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Blocked as model/cross_entropy.py's loss: fp32 a block of rows at a time, no fp32 copy of the logits."""
+
     @staticmethod
     def forward(ctx, logits, targets, tp, vocab_start):  # noqa: ANN001
         n, v_local = logits.shape
         layer = "loss"
-        m = logits.max(dim=-1).values
+        m = logits.amax(dim=-1).float()
         tp.comm.all_reduce(m, "tp", label="loss max forward", reduce_op="max",
                            meta={"layer": layer, "direction": "forward"})
-        shifted = logits - m.unsqueeze(-1)
-        exp = shifted.exp()
-        sum_exp = all_reduce_tp(exp.sum(dim=-1), tp, layer, "forward")
+        local_sum = torch.empty(n, dtype=torch.float32, device=logits.device)
+        for rows in row_blocks(n, v_local):
+            local_sum[rows] = (logits[rows].float() - m[rows].unsqueeze(1)).exp_().sum(dim=-1)
+        sum_exp = all_reduce_tp(local_sum, tp, layer, "forward")
         local_t = targets - vocab_start
         inside = (local_t >= 0) & (local_t < v_local)
         local_t = local_t.masked_fill(~inside, 0)
-        target_logit = shifted.gather(1, local_t.unsqueeze(1)).squeeze(1).masked_fill(~inside, 0.0)
+        target_logit = (logits.gather(1, local_t.unsqueeze(1)).squeeze(1).float() - m).masked_fill(~inside, 0.0)
         target_logit = all_reduce_tp(target_logit, tp, layer, "forward")
-        loss = (sum_exp.log() - target_logit).mean()
-        softmax = exp.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(softmax, local_t, inside)
-        return loss
+        log_sum = sum_exp.log()
+        ctx.save_for_backward(logits, local_t, inside, m + log_sum)  # the log-sum-exp: 4 bytes a row
+        return (log_sum - target_logit).mean()
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
-        softmax, local_t, inside = ctx.saved_tensors
-        g = softmax.clone()
-        rows = torch.arange(g.size(0), device=g.device)
-        g[rows, local_t] -= inside.to(g.dtype)
-        return g * (grad / g.size(0)), None, None, None
+        logits, local_t, inside, lse = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        scale = grad / logits.size(0)
+        for rows in row_blocks(*logits.shape):
+            p = (logits[rows].float() - lse[rows].unsqueeze(1)).exp_()
+            p.scatter_add_(1, local_t[rows].unsqueeze(1), -inside[rows].unsqueeze(1).float())
+            out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
+        return out, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks;
-    equal to F.cross_entropy on the full logits."""
+    """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks, in fp32
+    whatever their dtype; equal to F.cross_entropy on the full logits."""
     v_local = logits.size(-1)
     return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local)
 

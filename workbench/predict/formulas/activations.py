@@ -172,16 +172,15 @@ def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
 def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
                           sequence_parallel: bool = False, device: str = "cpu") -> float:
     """What the last stage saves besides its blocks: the final layer norm's input, output (the head's
-    input) and statistics, and the loss's saved tensors — the log-softmax output, targets and the
-    total weight; or under tensor parallelism this rank's vocabulary slice of the softmax, the local
-    targets and their mask."""
+    input) and statistics, and the loss's saved tensors (model/cross_entropy.py) — the logits in the
+    activations' dtype, the targets and the fp32 log-sum-exp of each row; or under tensor parallelism this
+    rank's vocabulary slice of the logits, the local targets, their mask and the log-sum-exp."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
     ln_f = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)  # in, out; stats
-    # the loss runs in fp32 whatever the activations' precision: its saved softmax is 4 bytes a value
     if t == 1:
-        return ln_f + 4 * s * b * v + 8 * s * b + 4
+        return ln_f + w * s * b * v + 8 * s * b + 4 * s * b
     split = t if sequence_parallel else 1
-    return ln_f / split + 4 * s * b * v / t + 8 * s * b + s * b
+    return ln_f / split + w * s * b * v / t + 8 * s * b + s * b + 4 * s * b
 
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
