@@ -94,3 +94,34 @@ def test_head_tail_balances_the_causal_work():
                 assert work == sorted(work) and work[-1] / work[0] == pytest.approx(2 * cp - 1, rel=0.1), work
     assert chunks_of(1, 4) == [1, 6] and chunks_of(1, 4, "none") == [1]
     assert positions(16, 0, 2).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+
+
+def test_the_causal_masks_are_built_on_the_device_with_nothing_from_the_host():
+    """Every block's mask comes from positions already on the compute device (copied once per run by
+    parallel/context_parallel.py), so no block of any layer copies from host memory — each such copy on CUDA
+    would make the host wait. The device is torch's `meta` here: a copy from the CPU to it is seen as an op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from workbench.parallel.ring_attention import Ring, ring_attention
+
+    world, balance = 2, "head-tail"
+    pos = [positions(SEQ, r, world, balance) for r in range(world)]
+    q, k, v = (torch.empty(B, HEADS, SEQ // world, D, device="meta", requires_grad=True) for _ in range(3))
+    copies = []
+
+    class FromTheHost(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if any(t.device.type == "cpu" for t in tensors) and any(t.device.type == "meta" for t in tensors):
+                copies.append(str(func))
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and tensors[0].device.type == "cpu":
+                copies.append(str(func))
+            return out
+
+    for rotate in ("ring", "allgather"):
+        ring = Ring(0, world, pos, lambda ts: lambda: ts, gather=lambda kv: [kv, kv],
+                    scatter_sum=lambda parts: parts[0], device_pos=[p.to("meta") for p in pos])
+        with FromTheHost():
+            ring_attention(q, k, v, ring, rotate).sum().backward()
+        assert copies == [], copies

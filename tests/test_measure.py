@@ -116,3 +116,29 @@ def test_the_cli_takes_the_schedule_and_compile():
     config, _ = parse_run(["--measure", "2:5", "--compile", "--steps", "8"])
     assert config.validate().measure == "2:5" and config.compile is True
     assert parse_run([])[0].measure == "auto"
+
+
+def _final_evaluation_is_written(rank: int, world: int, run_dir: str) -> None:
+    """Steps 1.. fast under a device clock with fake events: the evaluation after the last step is a fast span,
+    deferred to a step end that never comes unless training ends by writing it."""
+    import os
+
+    from tests.test_device_timing import FakeEvent
+    from workbench.comm.device_timing import DeviceClock
+    from workbench.engine.context import setup
+    from workbench.engine.train import train
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    cfg = RunConfig(model="tiny", steps=3, backend="gloo", measure="0:1", eval_every=2, eval_batches=1).validate()
+    ctx = setup(cfg, run_dir)
+    rec = ctx.recorder
+    rec.device_clock = ctx.comm.clock = DeviceClock(rec.now_us, synchronize=lambda: None, sync_compute=lambda: None,
+                                                    event=lambda: FakeEvent(rec.now_us), measured=lambda: rec.measured)
+    train(ctx)
+    evaluations = [e["args"]["step"] for e in rec.events if e.get("ph") == "X" and e["name"] == "evaluate"]
+    assert evaluations == [1, 2], evaluations
+    assert ctx.comm.clock.spans == [], "nothing left waiting for its times"
+
+
+def test_the_last_step_s_deferred_spans_are_written(tmp_path):
+    run_ranks(_final_evaluation_is_written, 1, str(tmp_path))

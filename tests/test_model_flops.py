@@ -41,7 +41,8 @@ def test_the_figures_the_issue_restated():
 @pytest.mark.parametrize("name, precision, tflops", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756.0),
     ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100-PCIE-40GB", "fp16", 312.0),
-    ("NVIDIA H100 80GB HBM3", "fp32", 66.9), ("NVIDIA L4", "bf16", 121.0)])
+    ("NVIDIA H100 80GB HBM3", "fp32", 66.9), ("NVIDIA L4", "bf16", 121.0), ("NVIDIA H200 NVL", "bf16", 835.0),
+    ("NVIDIA L40", "bf16", 181.0), ("NVIDIA L40S", "bf16", 362.1), ("NVIDIA GH200 480GB", "bf16", 989.4)])
 def test_the_peak_comes_from_the_devices_name(name, precision, tflops):
     assert peak_flops(name, precision) == pytest.approx(tflops * 1e12)
 

@@ -69,3 +69,46 @@ def test_the_estimate_and_the_plan_say_what_offload_saves():
     plan = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(1,), offload=(False, True))
     both = plan.candidates.groupby("offload").model_states_GB.min()
     assert both[True] < both[False]
+
+
+def test_the_parameters_go_back_only_after_the_compute_stream_s_queued_work(monkeypatch):
+    """On CUDA the host → device copies run on a side stream: it must first wait for the compute stream, whose
+    queued kernels may still read the parameters being overwritten. The streams are stand-ins that log what
+    is asked of them (the ordering is all this code decides); the copies themselves run on the CPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from workbench.optim.offload import OffloadedAdamWUpdater
+    from workbench.trace.recorder import TraceRecorder
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits for {other.name}")
+
+    class On:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            log.append(f"on {self.stream.name}")
+
+        def __exit__(self, *exc):
+            log.append(f"off {self.stream.name}")
+
+    compute = Stream("compute")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch.cuda, "stream", On)
+    updater = object.__new__(OffloadedAdamWUpdater)
+    updater.params = [torch.zeros(3), torch.zeros(2)]
+    updater.host_params = [torch.ones(3), torch.full((2,), 2.0)]
+    updater.side, updater.device = Stream("side"), torch.device("cpu")
+    updater.comm = SimpleNamespace(recorder=TraceRecorder(0, 1, "gloo", {}, "test"), step=0)
+    updater._parameters_to_device()
+    assert log == ["side waits for compute", "on side", "off side", "on side", "off side", "compute waits for side"]
+    assert [p.tolist() for p in updater.params] == [[1.0, 1.0, 1.0], [2.0, 2.0]]

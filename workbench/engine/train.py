@@ -77,6 +77,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
         suspect = r.extra.get("anomaly") == "non-finite gradient norm"
         divergence.observe(step, r.loss, r.extra, parameters_finite(strategy) if suspect else None)
         maybe_save(strategy, step)
+    ctx.comm.end_step()  # CUDA: spans deferred past the last step's end (its evaluation) given their device times
+    ctx.recorder.flush()
     return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
             "loss": results[-1].loss if results else float("nan"),
             "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count(), "logs": logs}

@@ -111,7 +111,12 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         return value
 
     def _parameters_to_device(self) -> None:
+        """Each updated slice host → device. On CUDA on the side stream, after the work already queued on the
+        compute stream (which may still read the parameters it overwrites), and the compute stream then waits
+        for the copies."""
         rec = self.comm.recorder
+        if self.side is not None:
+            self.side.wait_stream(torch.cuda.current_stream(self.device))
         for i, (shard, hp) in enumerate(zip(self.params, self.host_params, strict=True)):
             with rec.span(f"offload param {i} h2d", "offload", "offload", slice=i, direction="h2d",
                           bytes=hp.numel() * hp.element_size(), step=self.comm.step):

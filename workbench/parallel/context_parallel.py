@@ -40,6 +40,7 @@ class ContextParallel:
         self.members = comm.groups.ranks["cp"]
         self.size, self.index = len(self.members), comm.groups.index("cp")
         self.pos = [positions(seq_len, r, self.size, balance) for r in range(self.size)]
+        self._device_pos: dict[torch.device, list[torch.Tensor]] = {}  # the same, copied once per device
         #: unmasked query-key pairs this rank computed per attention layer (the last forward's), the work
         self.pairs: dict[str, int] = {}
 
@@ -55,8 +56,10 @@ class ContextParallel:
     def attention(self, layer: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of this rank's (b, heads, s/cp, d) queries against the whole sequence's keys and
         values, returned as (b, heads, s/cp, d)."""
+        if q.device not in self._device_pos:  # once per run: the causal masks are built on the device from these
+            self._device_pos[q.device] = [p.to(q.device) for p in self.pos]
         ring = Ring(self.index, self.size, self.pos, self._exchange(layer), gather=self._gather(layer),
-                    scatter_sum=self._scatter_sum(layer))
+                    scatter_sum=self._scatter_sum(layer), device_pos=self._device_pos[q.device])
         out = ring_attention(q, k, v, ring, self.rotate)
         self.pairs[layer] = ring.pairs
         return out

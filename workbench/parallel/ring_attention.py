@@ -80,11 +80,20 @@ class Ring:
     #: the sum over ranks of a per-rank list, each rank keeping its own entry (one reduce-scatter)
     gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
     scatter_sum: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
+    #: the same positions on the compute device, where each block's causal mask is built (`pos` stays on the
+    #: host for the decisions the host makes: which blocks to skip, the pairs counted); None: `pos` itself
+    device_pos: list[torch.Tensor] | None = None
+
+    def at(self, src: int) -> torch.Tensor:
+        """Rank `src`'s positions where the masks are built."""
+        return self.pos[src] if self.device_pos is None else self.device_pos[src]
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Scaled scores, causally masked; the positions on the scores' device (a mask copied from host memory would
+    make the host wait at every block of every layer)."""
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    return s.masked_fill((k_pos.unsqueeze(0) > q_pos.unsqueeze(1)).to(s.device), float("-inf"))
+    return s.masked_fill(k_pos.unsqueeze(0) > q_pos.unsqueeze(1), float("-inf"))
 
 
 def _skipped(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
@@ -136,7 +145,7 @@ class RingAttention(torch.autograd.Function):
             src = (ring.rank - i) % ring.size
             pending = ring.exchange([kv]) if i < ring.size - 1 else None  # the next block, while computing
             if not _skipped(me, ring.pos[src]):
-                o, ls = _block(q, kv[0], kv[1], me, ring.pos[src])
+                o, ls = _block(q, kv[0], kv[1], ring.at(ring.rank), ring.at(src))
                 out, lse = _merge(out, lse, o, ls)
                 ring.pairs += unmasked_pairs(me, ring.pos[src])
             if pending is not None:
@@ -159,7 +168,7 @@ class RingAttention(torch.autograd.Function):
         for i in range(ring.size):
             src = (ring.rank - i) % ring.size
             if not _skipped(me, ring.pos[src]):
-                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, me, ring.pos[src])
+                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src))
                 dq += gq
                 dkv[0] += gk
                 dkv[1] += gv
@@ -196,7 +205,7 @@ class AllGatherAttention(torch.autograd.Function):
         out = lse = None
         for src, kv in enumerate(blocks):
             if not _skipped(me, ring.pos[src]):
-                o, ls = _block(q, kv[0], kv[1], me, ring.pos[src])
+                o, ls = _block(q, kv[0], kv[1], ring.at(ring.rank), ring.at(src))
                 out, lse = _merge(out, lse, o, ls)
                 ring.pairs += unmasked_pairs(me, ring.pos[src])
         assert out is not None and lse is not None
@@ -215,7 +224,7 @@ class AllGatherAttention(torch.autograd.Function):
         dkvs = [torch.zeros_like(kv, dtype=torch.float32) for kv in blocks]
         for src, kv in enumerate(blocks):
             if not _skipped(me, ring.pos[src]):
-                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, me, ring.pos[src])
+                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src))
                 dq += gq
                 dkvs[src][0] += gk
                 dkvs[src][1] += gv

@@ -67,11 +67,12 @@ H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8,
                      memory_bw=3.35e12, matmul_flops=MAMF_TFLOPS["H100"] * 1e12 * SHAPE_EFFICIENCY)
 
 #: dense peaks from the datasheets, TFLOP/s per device: (16-bit tensor cores, plain fp32) — the figures an MFU
-#: divides by. Matched in order against torch.cuda.get_device_name() (the first name contained in it wins).
+#: divides by. Matched against torch.cuda.get_device_name(): the longest name contained in it wins ("H200 NVL"
+#: over "H200", "L40" over "L4").
 DATASHEET_TFLOPS: tuple[tuple[str, float, float], ...] = (
-    ("H100 PCIe", 756.0, 51.2), ("H100 NVL", 835.0, 60.0), ("H100", 989.4, 66.9), ("H200", 989.4, 66.9),
-    ("GH200", 989.4, 66.9), ("A100", 312.0, 19.5), ("L40S", 362.1, 91.6), ("L4", 121.0, 30.3),
-    ("RTX 4090", 165.2, 82.6),
+    ("H100 PCIe", 756.0, 51.2), ("H100 NVL", 835.0, 60.0), ("H100", 989.4, 66.9), ("H200 NVL", 835.0, 60.0),
+    ("H200", 989.4, 66.9), ("GH200", 989.4, 66.9), ("A100", 312.0, 19.5), ("L40S", 362.1, 91.6),
+    ("L40", 181.0, 90.5), ("L4", 121.0, 30.3), ("RTX 4090", 165.2, 82.6),
 )
 #: the environment variable that gives another device's peak (TFLOP/s, for the run's precision)
 PEAK_ENV = "PEAK_TFLOPS"
@@ -83,10 +84,11 @@ def peak_flops(device_name: str, precision: str = "bf16", override: str | None =
     its MFU asks for PEAK_TFLOPS."""
     if override:
         return float(override) * 1e12
-    for name, half, single in DATASHEET_TFLOPS:
-        if name.lower() in device_name.lower():
-            return (single if precision == "fp32" else half) * 1e12
-    return None
+    known = [row for row in DATASHEET_TFLOPS if row[0].lower() in device_name.lower()]
+    if not known:
+        return None
+    _, half, single = max(known, key=lambda row: len(row[0]))
+    return (single if precision == "fp32" else half) * 1e12
 
 
 def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
