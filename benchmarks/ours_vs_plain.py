@@ -4,6 +4,7 @@
     python benchmarks/ours_vs_plain.py --rounds 60 --repeat 3   # the spread over three whole runs
     python benchmarks/ours_vs_plain.py --backend nccl --model gpt2-small --global-batch 16 --precision bf16 \\
         --attention sdpa [--compile]                            # one GPU: eager, or both sides compiled
+    ... --model gpt-1.3b --global-batch 8 --compile --one-side-at-a-time   # ours timed and freed, then plain
 
 Ours: the real engine — `parallelize` builds the Strategy, `train_step` runs it on a Batches source
 (engine/batches.py), every step traced — once with fast steps (nothing measured) and once with every step
@@ -30,7 +31,7 @@ import os
 import sys
 import tempfile
 
-from harness import check_same_losses, common_arguments, entry, interleaved_rounds, rank_device, report
+from harness import Timings, check_same_losses, common_arguments, entry, interleaved_rounds, rank_device, report
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -58,11 +59,21 @@ def worker(args: argparse.Namespace) -> None:
         step["ours"] += 1
         return train_step(ours, batches, step["ours"], measured).loss
 
-    plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
     rtol = 1e-5 if cfg.precision == "fp32" else 3e-2
-    check_same_losses(("ours", lambda: run_ours(False)), ("plain", plain_step), rtol=rtol)
-    med = interleaved_rounds({"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True),
-                              "plain": plain_step}, args.rounds, args.warmup)
+    if args.one_side_at_a_time:  # a model too large for both at once: ours timed and let go, then plain
+        first = [run_ours(False) for _ in range(3)]
+        timed = interleaved_rounds({"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True)},
+                                   args.rounds, args.warmup)
+        del ours, run_ours
+        free_device(device)
+        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
+        check_same_losses(("ours", lambda: first.pop(0)), ("plain", plain_step), rtol=rtol)
+        med = Timings({**timed.rounds, **interleaved_rounds({"plain": plain_step}, args.rounds, args.warmup).rounds})
+    else:
+        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
+        check_same_losses(("ours", lambda: run_ours(False)), ("plain", plain_step), rtol=rtol)
+        med = interleaved_rounds({"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True),
+                                  "plain": plain_step}, args.rounds, args.warmup)
     if dist.get_rank() == 0:
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores"
         print(f"\nworkbench vs a plain PyTorch loop — {args.model}, {cfg.precision}, attention {cfg.attention}, "
@@ -78,6 +89,7 @@ def worker(args: argparse.Namespace) -> None:
         if path := os.environ.get("WB_BENCH_JSON"):  # scripts/gpu_check.sh's summary table reads these
             with open(path, "a") as f:
                 f.write(json.dumps({"model": args.model, "precision": cfg.precision, "compiled": args.compile,
+                                    "sequential": args.one_side_at_a_time,
                                     "device": where, "speed": speed,
                                     "ratio_fast": vars(med.ratio("ours_fast", "plain")),
                                     "ratio_measured": vars(med.ratio("ours_measured", "plain"))}) + "\n")
@@ -105,7 +117,11 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
     import torch
 
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model_config, seed=cfg.seed).to(device)
+    with torch.device("meta"):  # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
+        model = GPT(cfg.model_config)
+    model.to_empty(device=device)
+    model.tie()
+    model.init_weights(cfg.seed)
     for m in model.modules():
         if hasattr(m, "fused"):
             m.fused = cfg.attention == "sdpa"
@@ -135,6 +151,17 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
     return one
 
 
+def free_device(device) -> None:  # noqa: ANN001
+    """Let go of a side's model, optimizer and compiled graphs before the other side is built."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = common_arguments(__doc__, ranks=1, rounds=40)
     p.add_argument("--global-batch", type=int, default=16)
@@ -142,6 +169,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
     p.add_argument("--compile", action="store_true", help="ours: each block compiled; plain: the whole model")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--one-side-at-a-time", action="store_true",
+                   help="ours timed and freed, then plain (not interleaved): for a model both sides cannot hold")
     args = p.parse_args(argv)
     if args.ranks != 1:
         p.error("--ranks: one process (the plain loop has no parallelism)")

@@ -1,11 +1,12 @@
-"""The one table scripts/gpu_check.sh ends with, read from what its sections left in OUT:
+"""The one table scripts/gpu_check.py rewrites after every section, read from what the sections left in OUT:
 
     python scripts/gpu_summary.py OUT [SECONDS]
 
-sections.tsv (each section's result: passed, FAILED, cut at its bound, not run), test_gpu.log and
-notebooks.log (pytest's last line), bench.jsonl (benchmarks/ours_vs_plain.py: tokens/s and MFU of our fast
-steps, our measured steps and the plain loop, ours/plain with its 95 % interval), run_summary.json (the CLI
-run's summary.json: its MFU and what measuring cost). Each throughput row names issue 35's goal beside it.
+sections.tsv (each section's result — passed, FAILED, cut at its bound, not run and why —, its seconds, its
+bound and, rehearsing, its estimate on one H100), each suite section's log (pytest's last line), bench.jsonl
+(benchmarks/ours_vs_plain.py: tokens/s and MFU of our fast steps, our measured steps and the plain loop, ours/plain
+with its 95 % interval), run_summary.json (the CLI run's summary.json: its MFU and what measuring cost). Each
+throughput row names issue 35's goal beside it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def throughput_rows(out: str) -> list[str]:
     rows = []
     for line in open(path):
         b = json.loads(line)
-        name = f"{b['model']} {'compiled' if b['compiled'] else 'eager'}"
+        name = f"{b['model']} {'compiled' if b['compiled'] else 'eager'}{', one side' if b.get('sequential') else ''}"
         goal = MFU_GOALS.get((b["model"], b["compiled"]))
         for key, label in (("ours_fast", "ours, fast steps"), ("ours_measured", "ours, every step measured"),
                            ("plain", "plain PyTorch loop")):
@@ -47,23 +48,27 @@ def throughput_rows(out: str) -> list[str]:
         for key, label in (("ratio_fast", "ours fast / plain"), ("ratio_measured", "ours measured / plain")):
             r = b[key]
             mark = ""
-            if key == "ratio_fast":
+            if key == "ratio_fast" and goal is not None:
                 mark = f"goal ≤ {RATIO_GOAL}: {'met' if r['median'] <= RATIO_GOAL else 'NOT met'}"
             interval = f"95 % [{r['low']:.3f}, {r['high']:.3f}]"
             rows.append(f"  {name:<22} {label:<27} {r['median']:>12.3f}  {interval}  {mark}")
     return rows
 
 
+SUITE_LOGS = ("fast_path", "one_GPU", "rest_of_the_suite")
+
+
 def main(out: str, seconds: str | None = None) -> None:
     gpus = last_line(os.path.join(out, "gpus.txt"))
     print(f"\n=== GPU check: {gpus}{f' — {int(seconds) / 60:.1f} min' if seconds else ''}")
-    print("sections")
+    print(f"sections {'':<20} {'s':>4} {'bound':>5}  result")
     if os.path.exists(os.path.join(out, "sections.tsv")):
         for line in open(os.path.join(out, "sections.tsv")):
-            name, state = line.rstrip("\n").split("\t")
-            print(f"  {name:<28} {state}")
-    print(f"  suite: {last_line(os.path.join(out, 'test_gpu.log'))}")
-    print(f"  notebooks: {last_line(os.path.join(out, 'notebooks.log'))}")
+            name, state, took, bound, estimate = line.rstrip("\n").split("\t")
+            print(f"  {name:<26} {took:>4} {bound:>5}  {state}{f'; on one H100: {estimate}' if estimate else ''}")
+    for log in SUITE_LOGS:
+        if os.path.exists(os.path.join(out, f"{log}.log")):
+            print(f"  {log.replace('_', ' ')}: {last_line(os.path.join(out, f'{log}.log'))}")
     print(f"throughput (bf16, sdpa)          {'':<27} {'tokens/s':>12} {'MFU':>7} {'step ms':>9}")
     print("\n".join(throughput_rows(out)))
     run = os.path.join(out, "run_summary.json")
@@ -72,8 +77,8 @@ def main(out: str, seconds: str | None = None) -> None:
         mfu = (s.get("mfu") or {}).get("value")
         r0 = s["ranks"][0]
         cost = r0.get("measure_cost")
-        print(f"cli run (gpt2-small, 12 steps): step {s['step_time_s'] * 1e3:.1f} ms ({r0.get('step_time_from')}), "
-              f"MFU {f'{mfu:.1%}' if mfu else 'n/a'}; "
+        print(f"cli run (12 steps, an evaluation every 6): step {s['step_time_s'] * 1e3:.1f} ms "
+              f"({r0.get('step_time_from')}), MFU {f'{mfu:.1%}' if mfu else 'n/a'}; "
               f"{f'a measured step costs {cost:.2f}× a fast one' if cost else 'no fast/measured pair'}")
 
 
