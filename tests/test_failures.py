@@ -28,6 +28,40 @@ def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path):
     assert os.path.exists(os.path.join(run.path, "trace.json"))
 
 
+def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(tmp_path):
+    """SIGKILL (what the kernel's out-of-memory killer sends) runs no handler: the killed rank writes no error file,
+    and its peer's broken collective would otherwise be named. torchrun's summary names the signal."""
+    from workbench.analysis.doctor import diagnose
+
+    with pytest.raises(wb.RunFailed) as e:
+        wb.launch(wb.RunConfig(dp=2, steps=4, fault="kill", fault_rank=1, fault_step=1, timeout_s=30),
+                  out=str(tmp_path / "killed"), progress=False)
+    assert e.value.rank == 1
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("rank 1 ") and "SIGKILL" in first and "most likely out of memory" in first, first
+    assert "rank 0: CommError" in str(e.value), "the peer that failed because of it: named second"
+    assert "the first cause: rank 1: Killed" in diagnose(e.value.run.path).splitlines()[0]
+
+
+def test_the_kernel_s_log_decides_out_of_memory(tmp_path):
+    from workbench.analysis.killed_ranks import killed_ranks, oom_killed, torchrun_signals
+
+    log = ("  rank      : 3 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)  (SIGKILL)\n"
+           "  rank      : 2 (local_rank: 0)\n  exitcode  : 1 (pid: 4241)\n")
+    assert torchrun_signals(log) == {3: (9, 4242)}
+    for (rank, reserved, error_file) in ((3, True, False), (2, True, True), (1, False, False)):
+        if reserved:
+            (tmp_path / f".error_rank{rank}.reserved").write_bytes(b"\0" * 16)
+        if error_file:
+            (tmp_path / f"error_rank{rank}.json").write_text("{}")
+    [killed] = killed_ranks(str(tmp_path), log, read_kernel_log=False)  # rank 2 wrote its file; 1 ended well
+    assert (killed.rank, killed.signal, killed.pid) == (3, 9, 4242)
+    killed.out_of_memory = True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
+    assert "out-of-memory killer ended it" in killed.describe()
+    assert oom_killed("[12.3] Out of memory: Killed process 4242 (python) total-vm:1kB", 4242)
+    assert not oom_killed("[12.3] Out of memory: Killed process 4243 (python)", 4242)
+
+
 @pytest.mark.slow  # notebook 08's hang checks the same in make test: the error, doctor's and torch's views
 def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     t = time.time()

@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 
+from workbench.analysis.killed_ranks import killed_ranks, record_killed
 from workbench.analysis.run import Run, load
 from workbench.config import ConfigError, RunConfig
 from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_for
@@ -275,15 +276,21 @@ def _failure(run_dir: str, rc: int, log_path: str) -> RunFailed:
         write_merged(run_dir)
     except OSError as e:  # a full disk: the error files, written first, say why
         print(f"[workbench] the merged trace was not written: {e}", file=sys.stderr)
+    with open(log_path) as f:
+        log = f.read()
+    log_tail = log[-4000:]
+    for killed in killed_ranks(run_dir, log):  # no handler ran: the error file it could not write, written here
+        record_killed(run_dir, killed)
     run = load(run_dir)
     errors = sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))
-    with open(log_path) as f:
-        log_tail = f.read()[-4000:]
     if not errors:
         return RunFailed(f"torchrun exited with code {rc} and no rank reported an error; log:\n{log_tail}",
                          None, log_tail, run)
     root = errors[0]
     others = ", ".join(f"rank {e['rank']}: {e['type']}" for e in errors[1:])
+    if root["type"] == "Killed":  # its message names the rank and the signal; it has no traceback
+        return RunFailed(f"{root['message']}\n(run directory kept: {run_dir}"
+                         f"{'; after it, and because of it: ' + others if others else ''})", root["rank"], "", run)
     message = (f"rank {root['rank']} failed: {root['type']}: {root['message']}\n"
                f"(run directory kept: {run_dir}{'; then ' + others if others else ''})\n\n"
                f"--- traceback of rank {root['rank']} ---\n{root['traceback']}")
