@@ -1,7 +1,10 @@
 """Every run's traces follow docs/run-format.md, and show what data parallelism does."""
 
+import json
+
 import pytest
 
+import workbench as wb
 from workbench.trace.recorder import LANES
 from workbench.trace.validate import validate_run, validate_trace
 
@@ -92,3 +95,29 @@ def test_summary_memory_equals_the_prediction(launched):
         assert peak["optimizer_state"] == pred["optimizer_state"] == 8 * psi
         assert peak["activation"] == pred["activation"]
         assert r["grad_sync_bytes_per_step"] == 4 * psi
+
+
+def test_a_damaged_trace_is_named_with_where_and_how_to_rebuild(launched, tmp_path, capsys):
+    """A trace cut short (a killed writer, a full disk) is named — the file, the byte where it breaks — by wb.load
+    and by `workbench show`, with how to get a whole one back: trace.json is rebuilt from the per-rank files by
+    `workbench merge`; a rank's file only from its stream, if the run still has it."""
+    import shutil
+
+    from workbench.cli.parser import main
+    from workbench.trace.merge import DamagedTrace
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(launched(dp=2).path, run_dir)
+    merged = run_dir / "trace.json"
+    whole = merged.read_bytes()
+    merged.write_bytes(whole[: len(whole) // 2])
+    assert main(["show", str(run_dir)]) == 1
+    said = capsys.readouterr().out
+    assert f"damaged: {merged} is damaged at byte" in said and "cut short" in said
+    assert f"`workbench merge {run_dir}`" in said
+    assert main(["merge", str(run_dir)]) == 0 and json.loads(merged.read_text())["workbench"]["merged"]
+    assert main(["show", str(run_dir)]) == 0 and "damaged:" not in capsys.readouterr().out
+    rank1 = run_dir / "trace_rank1.json"
+    rank1.write_bytes(rank1.read_bytes()[:-100])
+    with pytest.raises(DamagedTrace, match=rf"{rank1} is damaged at byte .* this rank's events are lost"):
+        _ = wb.load(str(run_dir)).events

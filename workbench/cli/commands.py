@@ -152,6 +152,24 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(run_dir: str) -> int:
+    """Rebuild trace.json (and any rank trace its stream still holds): 0, or 1 naming a file that stays damaged."""
+    from workbench.trace.merge import DamagedTrace, rebuild
+
+    if not os.path.isdir(run_dir):
+        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
+        return 2
+    try:
+        recovered, merged = rebuild(run_dir)
+    except DamagedTrace as e:
+        print(f"workbench: {e}", file=sys.stderr)
+        return 1
+    if recovered:
+        print(f"rank trace(s) rebuilt from their streams: {', '.join(f'rank {r}' for r in recovered)}")
+    print(f"merged: {merged}" if merged else f"{run_dir} holds no rank traces to merge")
+    return 0
+
+
 def cmd_show(run_dir: str) -> int:
     """A finished run's summary (0); an unfinished one's steps, errors and files (1); no run (2)."""
     from workbench.analysis.run import load
@@ -162,9 +180,16 @@ def cmd_show(run_dir: str) -> int:
     if not any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json")):
         print(f"workbench: {run_dir} is not a workbench run (no request.json)", file=sys.stderr)
         return 2
+    from workbench.trace.merge import damaged_traces
+
+    damaged = damaged_traces(run_dir)
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         print_summary(run_dir)
-        return 0
+        for problem in damaged:
+            print(f"damaged: {problem}")
+        return 1 if damaged else 0
+    for problem in damaged:
+        print(f"damaged: {problem}")
     run = load(run_dir)
     m = run.metrics
     print(f"{run_dir}: this run did not finish (no summary.json); {len(m)} step(s) recorded"

@@ -20,7 +20,7 @@ import sys
 
 
 def _add_other_commands(sub: argparse._SubParsersAction) -> None:
-    """compare, validate, show, doctor, report, schedule, checkpoint, sample."""
+    """compare, validate, show, doctor, merge, report, schedule, checkpoint, sample."""
     cmp = sub.add_parser("compare", help="run several configurations and compare them side by side")
     cmp.add_argument("configs", nargs="+",
                      help="each a JSON object of RunConfig fields, e.g. '{\"dp\": 2, \"zero\": 3}', or a .json file")
@@ -32,7 +32,8 @@ def _add_other_commands(sub: argparse._SubParsersAction) -> None:
 
     for name, text in (("validate", "check a run's traces against the run format"),
                        ("show", "print a run's summary"),
-                       ("doctor", "why a run failed: the first cause, and who was behind at which collective")):
+                       ("doctor", "why a run failed: the first cause, and who was behind at which collective"),
+                       ("merge", "rebuild a run's trace.json from its per-rank traces (a rank's from its stream)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("run_dir")
     rpt = sub.add_parser("report", help="one run's charts in a self-contained HTML file (RUN/report.html)")
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.cli.commands import cmd_compare, cmd_report, cmd_run, cmd_schedule, cmd_show
+    from workbench.cli.commands import cmd_compare, cmd_merge, cmd_report, cmd_run, cmd_schedule, cmd_show
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return what_if_command.run(a)
     if a.command == "show":
         return cmd_show(a.run_dir)
+    if a.command == "merge":
+        return cmd_merge(a.run_dir)
     if a.command == "report":
         return cmd_report(a.run_dir, a.out)
     if a.command == "schedule":

@@ -56,12 +56,69 @@ def merge_traces(traces: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+class DamagedTrace(ValueError):
+    """A trace file that is not whole JSON: which file, where, and how to get a whole one back."""
+
+
+def read_trace(path: str) -> dict[str, Any]:
+    """One trace file (a rank's, or the merged trace.json), or DamagedTrace naming it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DamagedTrace(damage(path, data, e)) from None
+
+
+def damage(path: str, data: bytes, e: ValueError) -> str:
+    """What is wrong with the file and what to do about it."""
+    pos = getattr(e, "pos", getattr(e, "start", 0))
+    cut = not data.rstrip().endswith(b"}")  # a whole trace ends its object
+    where = f"at byte {pos:,} of {len(data):,}" + (f" (line {e.lineno}, column {e.colno})"
+                                                   if isinstance(e, json.JSONDecodeError) else "")
+    why = (f"it ends at byte {len(data):,}, cut short (the process writing it was killed, or the disk filled)"
+           if cut else f"not JSON there ({getattr(e, 'msg', e)})")
+    run_dir, name = os.path.split(os.path.abspath(path))
+    if name == "trace.json":
+        fix = (f"the per-rank traces it merges are still there: rebuild it with `workbench merge {run_dir}` "
+               f"(or wb.load(...), which reads the per-rank files)")
+    elif os.path.exists(stream := os.path.join(run_dir, f"{name[:-5]}.partial.jsonl")):
+        fix = f"`workbench merge {run_dir}` rebuilds it from its stream, {os.path.basename(stream)}"
+    else:
+        fix = (f"its stream ({os.path.basename(stream)}) is gone (removed once the rank's trace was written): this "
+               f"rank's events are lost; the other ranks' files hold theirs")
+    return f"{path} is damaged {where}: {why}; {fix}"
+
+
 def load_traces(run_dir: str) -> list[dict[str, Any]]:
-    traces = []
-    for path in rank_trace_paths(run_dir).values():
-        with open(path) as f:
-            traces.append(json.load(f))
-    return traces
+    return [read_trace(path) for path in rank_trace_paths(run_dir).values()]
+
+
+def damaged_traces(run_dir: str) -> list[str]:
+    """What is wrong with each trace file of the run (the per-rank ones and trace.json): empty when all are whole."""
+    paths = list(rank_trace_paths(run_dir).values()) + [p for p in [os.path.join(run_dir, "trace.json")]
+                                                         if os.path.exists(p)]
+    problems = []
+    for path in paths:
+        try:
+            read_trace(path)
+        except DamagedTrace as e:
+            problems.append(str(e))
+    return problems
+
+
+def rebuild(run_dir: str) -> tuple[list[int], str | None]:
+    """Every rank trace its stream can still give (`recover_partials`), then trace.json merged again from the
+    per-rank files; returns the ranks recovered and the merged file's path."""
+    for rank, path in rank_trace_paths(run_dir).items():  # a damaged rank file whose stream is still there
+        stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
+        if os.path.exists(stream):
+            try:
+                read_trace(path)
+            except DamagedTrace:
+                os.remove(path)
+    recovered = recover_partials(run_dir)
+    return recovered, write_merged(run_dir)
 
 
 def write_merged(run_dir: str) -> str | None:
