@@ -41,11 +41,12 @@ def _run(loss_fn, dtype):
     return loss.item(), logits.grad, max(int(e["args"]["Total Allocated"]) for e in events) - before
 
 
-@pytest.fixture(autouse=True)
-def _small_blocks(monkeypatch):
+@pytest.fixture
+def small_blocks(monkeypatch):
     monkeypatch.setattr(ce, "BLOCK_BYTES", 2 * 2**20)
 
 
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_blocked_loss_is_the_fp32_cross_entropy(dtype):
     loss, grad, _ = _run(ce.cross_entropy, dtype)
@@ -61,6 +62,7 @@ def test_the_blocked_loss_is_the_fp32_cross_entropy(dtype):
         assert ((grad.float() - ref_grad.float()).abs() <= step)[differ].all()
 
 
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_peak_falls_by_the_fp32_copy_of_the_logits(dtype):
     """Measured: the old loss's peak holds the fp32 copy (bf16), the log-softmax and the two fp32 gradients of
@@ -73,7 +75,15 @@ def test_the_peak_falls_by_the_fp32_copy_of_the_logits(dtype):
     assert blocked <= width * N * V + 4 * ce.BLOCK_BYTES, "one gradient and a few blocks, no more"
 
 
+@pytest.mark.usefixtures("small_blocks")
 def test_a_row_longer_than_a_block_is_a_block_of_its_own():
     assert [(s.start, s.stop) for s in ce.row_blocks(3, 10**9)] == [(0, 1), (1, 2), (2, 3)]
     assert [(s.start, s.stop) for s in ce.row_blocks(300, 8192)] == [(0, 64), (64, 128), (128, 192), (192, 256),
                                                                      (256, 300)]
+
+
+def test_the_formulas_block_is_the_loss_s():
+    """predict/ has no torch, so it keeps its own copy of the block size the loss allocates by."""
+    from workbench.predict.formulas.activations import LOSS_BLOCK_BYTES
+
+    assert LOSS_BLOCK_BYTES == ce.BLOCK_BYTES == 64 * 2**20

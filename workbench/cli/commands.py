@@ -98,7 +98,8 @@ def cmd_run(argv: list[str]) -> int:
         signal.signal(sig, _stop)
     try:
         run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force, launcher=a.launcher,
-                     ray_address=a.ray_address, check_disk=a.check_disk)
+                     ray_address=a.ray_address, check_disk=a.check_disk,
+                     check_memory=a.check_memory)
     except (ConfigError, FileExistsError) as e:
         print(f"workbench: {e}", file=sys.stderr)
         return 2

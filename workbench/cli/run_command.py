@@ -50,6 +50,8 @@ class LaunchOptions:
     quiet: bool = False
     #: refuse a run whose checkpoints, traces and metrics would not fit on out's filesystem (--no-check-disk: go)
     check_disk: bool = True
+    #: refuse a run whose predicted peak memory would not fit in this machine's free memory (--no-check-memory: go)
+    check_memory: bool = True
     #: a YAML or TOML file of RunConfig's fields (config/files.py); the flags given beside it change it
     config: str | None = None
     #: print the resolved settings as YAML — a file --config loads back the same — and start nothing

@@ -29,6 +29,7 @@ from workbench.config.model_config import lr_warning
 from workbench.engine.checkpoint.files import archive_attempt, check_resume
 from workbench.launching.disk_space import check_disk_space
 from workbench.launching.lifetime import die_with_parent, stop
+from workbench.launching.memory_fit import check_fits_memory
 from workbench.launching.progress import Progress, Speed
 from workbench.launching.run_lock import RunLock
 from workbench.launching.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
@@ -102,17 +103,21 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
 
 def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
            echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None,
-           check_disk: bool = True) -> Run:
+           check_disk: bool = True, check_memory: bool = True) -> Run:
     """Validate, run with torchrun (or as Ray Train workers: launcher='ray', launching/ray_launch.py), and return the
     loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
     `force=True` (FileExistsError otherwise), and never while it is alive (launching/run_lock.py); a run whose
-    files would not fit on out's filesystem is refused unless `check_disk=False` (launching/disk_space.py)."""
+    files would not fit on out's filesystem is refused unless `check_disk=False` (launching/disk_space.py), and one
+    whose predicted peak would not fit in this machine's free memory unless `check_memory=False`
+    (launching/memory_fit.py)."""
     _warn_lr(config)
     config.validate()
     backend = choose_backend(config, nodes, say=True)
     _check_launcher(launcher, config, backend, nodes, ray_address)
     if nodes.elastic:
         config = elastic_config(config, nodes)
+    if check_memory and launcher == "torchrun":  # Ray places its workers itself, maybe elsewhere
+        check_fits_memory(config, backend, config.world_size // nodes.range[1])
     run_dir = os.path.abspath(out or default_run_dir(config))
     lock = None
     if not _joins(run_dir, config, nodes):

@@ -183,6 +183,21 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
     return ln_f / split + w * s * b * v / t + 8 * s * b + s * b + 4 * s * b
 
 
+#: model/cross_entropy.py's BLOCK_BYTES (tests/test_cross_entropy.py holds the two equal): the loss's fp32 block
+LOSS_BLOCK_BYTES = 64 * 2**20
+
+
+def loss_transient_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1) -> float:
+    """What the loss's backward allocates on top of what the forward saved (model/cross_entropy.py), at the start
+    of backward, when every activation is still held: the logits' gradient in their dtype (b·s·V/t values) and
+    its fp32 blocks — two at a time for 16-bit logits (the fp32 copy of a block, then exp(logits − lse)), one for
+    fp32 ones (their block needs no copy). The last pipeline stage's only."""
+    s, b, v, w = cfg.seq_len, micro_batch, cfg.vocab_size / tp, bytes_per_value
+    rows = s * b
+    block_rows = min(rows, max(1, LOSS_BLOCK_BYTES // (4 * int(v))))
+    return w * rows * v + (2 if w < 4 else 1) * 4 * block_rows * v
+
+
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
                            tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
                            device: str = "cpu", core: str = "eager") -> float:

@@ -10,7 +10,12 @@ from typing import Any
 
 from workbench.config import ModelConfig
 from workbench.config.grid import replica_group
-from workbench.predict.formulas.activations import activation_bytes, backward_extra_bytes, stage_activation_bytes
+from workbench.predict.formulas.activations import (
+    activation_bytes,
+    backward_extra_bytes,
+    loss_transient_bytes,
+    stage_activation_bytes,
+)
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.context_parallel import cp_comm_bytes_per_step
 from workbench.predict.formulas.expert_parallel import moe_comm_bytes
@@ -44,6 +49,30 @@ def predicted_memory(config: dict[str, Any]) -> tuple[dict[str, float], float, i
         total = states + max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
         if best is None or total > best[1]:
             best = (categories, total, rank)
+    assert best is not None
+    return best
+
+
+def predicted_peak(config: dict[str, Any]) -> tuple[float, dict[str, float], int]:
+    """The most a rank holds at once — `predicted_memory`'s peak plus, on the last pipeline stage, the loss's
+    transient at the start of its backward (`loss_transient_bytes`), when every activation is still held (an upper
+    bound in a pipeline, where fewer may be) — with that rank's categories and its pipeline rank. What a launch
+    checks against the machine's free memory (launching/memory_fit.py)."""
+    model = run_model(config)
+    pp = config.get("pp", 1)
+    micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
+    width = 4 if config.get("precision", "fp32") == "fp32" else 2
+    acts, _ = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
+    best: tuple[float, dict[str, float], int] | None = None
+    for rank in range(pp):
+        categories, masters, together = _categories(config, rank)
+        states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
+        total = states + max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+        if rank == pp - 1:
+            loss = loss_transient_bytes(acts, micro, width, config.get("tp", 1))
+            total = max(total, states + together + loss + categories["temporary"] - masters)
+        if best is None or total > best[0]:
+            best = (total, categories, rank)
     assert best is not None
     return best
 
