@@ -168,6 +168,50 @@ md("""
 The measured saving is smaller than the model-state formula's: activations are not partitioned, and
 ZeRO-2/3 pay for the gradient copies in flight and ZeRO-3 for the gathered layers.
 
+## The true peak: where a large vocabulary puts it
+
+The snapshots are taken at phase boundaries, and the allocator's high-water mark can fall between two of them.
+With `profile_memory=True` the profiled step records every allocation and free, so its **true peak** is measured
+— the most the allocator held at any moment — with the categories in effect then (`true_peak` in summary.json).
+
+For a large vocabulary and a small width (V = 32768, h = 64; 4 × 64 tokens a rank) the logits, b·s·V values, are
+the step's largest tensors, and the peak falls at **the start of the loss's backward**: every activation is still
+held (backward has released none yet), the logits are alive until the loss's backward returns, and that backward
+allocates their gradient, as large, and an fp32 block of rows. The `loss` band is that moment — the loss reports
+exactly those bytes at that instant (model/cross_entropy.py), and `formulas.loss_bytes` predicts them. Without the
+band, that share of the peak would be named by nothing.
+"""),
+code("""
+WIDE_VOCABULARY = {"vocab_size": 32768, "seq_len": 64, "hidden": 64, "heads": 4, "layers": 2}
+wide = wb.launch(wb.RunConfig(model=WIDE_VOCABULARY, dp=2, global_batch=8, steps=3, seed=0, profile_memory=True,
+                              profile_memory_step=2), out=os.path.join(OUT, "wide_vocabulary"), force=True)
+r0 = wide.summary["ranks"][0]
+peak = r0["true_peak"]
+at_peak = {k: v / 2**20 for k, v in peak["categories"].items() if v}
+print(f"the true peak: {peak['allocated'] / 2**20:.1f} MiB; the categories then (MiB): "
+      + ", ".join(f"{k} {v:.1f}" for k, v in at_peak.items()))
+print(f"the loss's bytes: {peak['categories']['loss'] / peak['allocated']:.0%} of the peak "
+      f"(measured {r0['peak_bytes']['loss'] / 2**20:.1f} MiB, predicted {r0['predicted_bytes']['loss'] / 2**20:.1f})")
+measured = peak["allocated"] - peak["backend_threads"]
+error = measured / r0["predicted_peak_total_bytes"] - 1
+print(f"unattributed at the true peak: {peak['unattributed'] / 2**20:.2f} MiB "
+      f"({peak['unattributed'] / peak['allocated']:.1%}); predicted peak {r0['predicted_peak_total_bytes'] / 2**20:.1f}"
+      f" MiB, measured {measured / 2**20:.1f} ({error:+.1%}: the prediction leaves out Adam's step counters)")
+viz.check("the categories explain the allocator's true peak within 1 %", "abs(unattributed) <= 0.01 * allocated",
+          unattributed=peak["unattributed"], allocated=peak["allocated"])
+viz.check("the true peak falls at the loss's backward (its bytes are in the categories then)",
+          "loss_then == loss_peak", loss_then=peak["categories"]["loss"], loss_peak=r0["peak_bytes"]["loss"])
+viz.check("the predicted peak is the measured one within 2 %", "abs(error) <= 0.02", error=error)
+viz.memory_over_time(wide, rank=0, steps=1, first=2).show()
+"""),
+md("""
+Where the band sits in the chart: the forward's activations climb to their top, then — the first thing backward
+does — the loss's bytes appear on top of them, and the allocator's true peak (the diamond) lands there; backward then
+releases the activations layer by layer. The rise is 2·b·s·V values plus a block, so it grows with the micro-batch,
+the sequence and the vocabulary, and not with the number of ranks: ZeRO does not shard it, tensor parallelism's
+vocabulary-parallel loss divides it by t, and a smaller micro-batch is the usual cure. Before launch, the same
+prediction refuses a run whose peak would not fit in the machine's free memory (docs/guide/reliability.md).
+
 ## ZeRO-3 over one step: the saw-tooth
 
 Each layer's parameters are all-gathered just before its forward (the next one prefetched while it

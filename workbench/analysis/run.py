@@ -111,6 +111,13 @@ class Run:
         return pd.DataFrame(rows, columns=None if rows else ["rank", "ts_us", "allocated"])
 
     @cached_property
+    def allocator_peak(self) -> pd.DataFrame:
+        """The CPU allocator's true peak of the profiled step (--profile-memory): rank, ts_us, allocated,
+        backend_threads, after_snapshot_us (the snapshot whose categories held then)."""
+        rows = self._counters("allocator_peak")
+        return pd.DataFrame(rows, columns=None if rows else ["rank", "ts_us", "allocated"])
+
+    @cached_property
     def flows(self) -> pd.DataFrame:
         """Flow events (send → receive links): rank, ph ('s' or 'f'), id, cat, ts_us, lane."""
         rows = []

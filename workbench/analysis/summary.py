@@ -104,6 +104,7 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         "data_s": data_us / 1e6,
         **memory_figures(events),
         "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
+        "predicted_peak_total_bytes": formulas.predicted_total(config, info["pp"])[1],
         **({"predicted_host_bytes": host} if (host := formulas.predicted_host_bytes(config, info["pp"])) else {}),
         "predicted_comm_bytes_per_step": formulas.predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
@@ -123,7 +124,9 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     the allocator was read (CUDA, or CPU with --profile-memory), `allocator_peak_bytes`,
     `unattributed_bytes` (what the allocator held at its peak beyond the categories and, on CPU, beyond
     what the backend's own threads had allocated) and `attributed_share_min` (the smallest share of the
-    allocator's bytes so explained at any snapshot)."""
+    allocator's bytes so explained at any snapshot). With the CPU's profile, `true_peak`: the most the allocator
+    held at any moment of the profiled step (every allocation and free, not only the snapshots), the categories
+    in effect then (the last snapshot before it) and what they leave `unattributed` there."""
     peaks: dict[str, int] = {}
     totals: dict[float, int] = {}
     at_peak: dict[str, int] = {}
@@ -131,7 +134,11 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     allocator: dict[str, int] = {}
     allocated: dict[float, int] = {}
     backend: dict[float, int] = {}  # CPU profile: live bytes the communication backend's threads allocated
+    true_peak: dict[str, Any] | None = None
     for e in events:
+        if e.get("ph") == "C" and e["name"] == "allocator_peak":
+            true_peak = {"allocated": int(e["args"]["allocated"]), "ts_us": e["ts"],
+                         "backend_threads": int(e["args"].get("backend_threads", 0))}
         if e.get("ph") == "C" and e["name"] == "memory":
             for k, v in e["args"].items():
                 peaks[k] = max(peaks.get(k, 0), int(v))
@@ -157,7 +164,18 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
             at_peak = max(matched.values())
             out["unattributed_bytes"] = at_peak[0] - at_peak[1]
             out["attributed_share_min"] = min(t / a for a, t in matched.values())
+    if true_peak is not None:
+        out["true_peak"] = at_true_peak(events, true_peak)
     return out
+
+
+def at_true_peak(events: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
+    """The categories of the last `memory` snapshot at or before the allocator's true peak, and the bytes they
+    (and the backend's threads) leave unexplained there."""
+    before = [e for e in events if e.get("ph") == "C" and e["name"] == "memory" and e["ts"] <= peak["ts_us"]]
+    categories = {k: int(v) for k, v in max(before, key=lambda e: e["ts"])["args"].items()} if before else {}
+    return {**peak, "categories": categories,
+            "unattributed": peak["allocated"] - sum(categories.values()) - peak["backend_threads"]}
 
 
 def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:

@@ -58,6 +58,18 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any, index: int) -> None:
+    """A blocking reduce-scatter on gloo done as gloo does it — an all-reduce of a full-size copy of the input, this
+    rank's slice kept — but with the copy's memory released on return (its storage resized to nothing, ZeRO-3's way of
+    freeing): gloo's Work of a blocking call can outlive it, held in a reference cycle until the garbage collector
+    runs, and with it the copy — a whole bucket, unattributed at the next step's peak on one rank or another
+    (tests/test_true_peak.py)."""
+    copy = inp.clone()
+    dist.all_reduce(copy, group=pg)
+    out.copy_(copy[index * out.numel():(index + 1) * out.numel()])
+    copy.untyped_storage().resize_(0)
+
+
 class CommError(RuntimeError):
     """A communication operation failed or timed out; the message says which rank and operation."""
 
@@ -192,6 +204,9 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
+        if self.backend_copies and not async_op:  # gloo's own: an all-reduce of a copy, which it can keep alive
+            return self._run(args, lambda a: _gloo_reduce_scatter(out, inp, pg, self.groups.index(group)), False, n,
+                             [output, input], label, staged)
         return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n,
                          [output, input], label, staged)
 

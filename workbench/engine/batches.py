@@ -20,7 +20,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.files import TokenFile
-from workbench.data.synthetic import global_batch
+from workbench.data.synthetic import BRANCHES, global_batch
 from workbench.parallel.context_parallel import ContextParallel
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -44,6 +44,11 @@ class Batches:
         self.rows = (dp_index * per, (dp_index + 1) * per)
         self.tokens = TokenFile(cfg.data, cfg.val_data, part) if cfg.data != "synthetic" else None
         self.ready: dict[int, Batch] = {}
+
+    def resident_bytes(self) -> int:
+        """What the source keeps in this process for the whole run: the synthetic chain's successor table (a data
+        file is memory-mapped, outside torch's allocator)."""
+        return 8 * self.cfg.model_config.vocab_size * BRANCHES if self.tokens is None else 0
 
     def host(self, step: int) -> Batch:
         """This rank's rows (and tokens) of step `step`, in host memory."""

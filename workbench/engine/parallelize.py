@@ -153,6 +153,8 @@ def build_chunk(cfg: RunConfig, ctx: RankContext, parts: ChunkParts, layers: ran
     chunk.init_weights(cfg.seed)
     if parts.recompute is not None:
         apply_recompute(chunk, parts.recompute)
+    if last:  # the loss tells the tracker its bytes at their peak (model/cross_entropy.py)
+        chunk.loss.memory = ctx.memory
     for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
         attn.fused, attn.context = cfg.attention == "sdpa", parts.cp
         if parts.cp is not None and attn.rope:  # each token rotated by its true position in the sequence

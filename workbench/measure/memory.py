@@ -1,7 +1,7 @@
 """Memory by category per rank, counted from the tensors the engine really holds.
 
 Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_state`, `activation`,
-`wgrad_stash`, `comm_buffer`, `temporary`, `other`.
+`loss`, `wgrad_stash`, `comm_buffer`, `temporary`, `other`.
 
 - parameter / gradient / optimizer_state: the bytes of the distinct storages behind the model's
   parameters, their gradients (the data-parallel buckets, when gradients are views into them) and the
@@ -13,7 +13,10 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
   activations) and released when backward has unpacked every save of it — as backward consumes
   them, so the counter shows the saw-tooth of forward and backward, 1F1B's microbatches in flight and
   a recomputed block's rerun as they happen.
+- loss: the loss's bytes at their peak, reported by the loss (model/cross_entropy.py) at that instant — the logits
+  (unpacked, so no longer activations), their gradient and a block's fp32 temporaries.
 - comm_buffer / temporary: reported by whoever allocates them (the ring's receive buffer ...).
+- other: Adam's step counters, and what the data source keeps for the run (the synthetic chain's table).
 - wgrad_stash: a zero-bubble schedule's Linear inputs and output gradients, kept from each I until its
   W (pipeline/weight_grad.py).
 
@@ -73,6 +76,8 @@ class MemoryTracker:
         #: --profile-memory: the profile the snapshots mark (measure/memory_profile.py), and when each was
         self.profile: MemoryProfile | None = None
         self._marker_ts: dict[int, float] = {}
+        #: what the data source keeps in memory for the run (the synthetic chain's table), counted under `other`
+        self.data_bytes = 0
         #: ZeRO-Offload: what the host holds for the optimizer, by category (None: nothing offloaded)
         self.host: dict[str, int] | None = None
         self.host_peak: dict[str, int] = {}
@@ -115,7 +120,7 @@ class MemoryTracker:
         self.current["parameter"] = storage_bytes(params)
         self.current["gradient"] = storage_bytes(grads)
         self.current["optimizer_state"] = storage_bytes(states)
-        self.current["other"] = storage_bytes(counters)
+        self.current["other"] = storage_bytes(counters) + self.data_bytes
         self._update_peaks()
 
     def count_host(self, tensors: dict[str, list[torch.Tensor]]) -> None:
@@ -201,10 +206,20 @@ class MemoryTracker:
 
     def record_allocator(self, at_marker: dict[int, dict[str, int]], since_us: float = 0.0) -> None:
         """The allocator's live bytes at the marked snapshots from `since_us` on (CPU, --profile-memory:
-        the chosen step), as counters at those snapshots' times (`allocated`, `backend_threads`)."""
+        the chosen step), as counters at those snapshots' times (`allocated`, `backend_threads`); and its true
+        peak, the highest it went between two snapshots, as an `allocator_peak` counter at that moment, with the
+        snapshot whose categories held then (`after_snapshot_us`)."""
+        best: tuple[int, int, float, float] | None = None  # (bytes, backend's, when, after which snapshot)
         for marker, values in sorted(at_marker.items()):
-            if self._marker_ts.get(marker, -1.0) >= since_us:
-                self._allocator_counter(values, self._marker_ts[marker])
+            ts = self._marker_ts.get(marker, -1.0)
+            if ts < since_us:
+                continue
+            self._allocator_counter({k: values[k] for k in ("allocated", "backend_threads")}, ts)
+            if best is None or values["high_water"] > best[0]:
+                best = (values["high_water"], values["high_water_backend"], ts + values["high_water_after_us"], ts)
+        if best is not None:
+            self.recorder.counter("allocator_peak", {"allocated": best[0], "backend_threads": best[1],
+                                                     "after_snapshot_us": best[3]}, ts=best[2])
 
     def _allocator_counter(self, values: dict[str, int], ts: float) -> None:
         for k, v in values.items():

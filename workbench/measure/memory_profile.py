@@ -71,7 +71,11 @@ def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
     running total) and `backend_threads` (the live bytes that threads other than the one that marks the
     snapshots allocated — the communication backend's workers: gloo gathers an all-gather into a flat
     buffer of the output's size on its worker thread, which it frees when the operation ends). Each
-    allocation is followed by its address until it is freed, on whichever thread."""
+    allocation is followed by its address until it is freed, on whichever thread.
+
+    And the true peak between snapshots: `high_water` (the most the allocator held from this marker to the
+    next — every allocation and free counts, not only the snapshots' instants), `high_water_backend` (the
+    backend's bytes then) and `high_water_after_us` (how long after this marker it came)."""
     markers = [e for e in events if str(e.get("name", "")).startswith(MARKER)]
     main = markers[0]["tid"] if markers else None
     timeline = sorted(
@@ -80,9 +84,12 @@ def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
         + [(e["ts"], 1, e) for e in markers], key=lambda x: (x[0], x[1]))
     out: dict[int, dict[str, int]] = {}
     total, other, live = 0, 0, {}  # live: address → (bytes, allocated on another thread)
-    for _, kind, e in timeline:
+    current, since = None, 0.0  # the last marker passed, and when
+    for ts, kind, e in timeline:
         if kind == 1:
-            out[int(e["name"][len(MARKER):])] = {"allocated": total, "backend_threads": other}
+            current, since = int(e["name"][len(MARKER):]), ts
+            out[current] = {"allocated": total, "backend_threads": other, "high_water": total,
+                            "high_water_backend": other, "high_water_after_us": 0}
             continue
         a = e["args"]
         total, size, addr = int(a["Total Allocated"]), int(a["Bytes"]), a.get("Addr")
@@ -91,4 +98,6 @@ def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
             other += size if e["tid"] != main else 0
         elif (known := live.pop(addr, None)) is not None and known[1]:
             other -= known[0]
+        if current is not None and total > out[current]["high_water"]:
+            out[current].update(high_water=total, high_water_backend=other, high_water_after_us=int(ts - since))
     return out

@@ -12,6 +12,12 @@ fp32 gradients of that size (the log-softmax's and the copy's) before casting to
     backward   per block: softmax = exp(logits − lse) in fp32, minus one at the target, × grad / N, written
                into the gradient in the logits' dtype. One gradient of the logits' size, never an fp32 one.
 
+Measured (measure/memory.py's `loss` category, in measured steps): at its first block the backward holds the most
+it will — the logits (unpacked, so no longer counted as activations, but alive until it returns), their gradient and
+the block's fp32 temporaries — and reports exactly those bytes at that instant, a snapshot between two others: the
+allocator's true peak of the step falls there (the start of backward, every activation still held).
+`predict/formulas/activations.loss_bytes` is the same sum.
+
 The same arithmetic as F.cross_entropy — fp32 throughout, the gradient rounded to the logits' dtype once, as the
 `.float()` cast's backward rounds it — with the sums in another order: the loss agrees to about 1e-6 relative
 (tests/test_models.py). The block is `BLOCK_BYTES` of fp32 (its rows: BLOCK_BYTES / (4·V)); a whole small
@@ -38,14 +44,28 @@ def row_blocks(rows: int, columns: int) -> Iterator[slice]:
         yield slice(start, min(rows, start + step))
 
 
+def report_peak(memory, logits: torch.Tensor, out: torch.Tensor, block: torch.Tensor,  # noqa: ANN001
+                p: torch.Tensor) -> None:
+    """To the memory tracker (if any): the loss's bytes at its peak — the logits, their gradient, the block's fp32
+    copy (none for fp32 logits: `.float()` is the block itself) and its probabilities — as one snapshot."""
+    if memory is None:
+        return
+    copy = block.numel() * 4 if logits.dtype != torch.float32 else 0
+    held = logits.numel() * logits.element_size() + out.numel() * out.element_size() + copy + p.numel() * 4
+    memory.add("loss", held)
+    memory.snapshot()
+    memory.add("loss", -held)
+
+
 class _BlockedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets):  # noqa: ANN001 - (N, V) logits of any float dtype, (N,) int64 targets
+    def forward(ctx, logits, targets, memory):  # noqa: ANN001 - (N, V) logits of any float dtype, (N,) int64 targets
         lse = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
         for rows in row_blocks(*logits.shape):
             lse[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
         target_logit = logits.gather(1, targets.unsqueeze(1)).squeeze(1).float()
         ctx.save_for_backward(logits, targets, lse)
+        ctx.memory = memory
         return (lse - target_logit).mean()
 
     @staticmethod
@@ -53,20 +73,28 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         logits, targets, lse = ctx.saved_tensors
         out = torch.empty_like(logits)
         scale = grad / logits.size(0)
-        for rows in row_blocks(*logits.shape):
-            p = (logits[rows].float() - lse[rows].unsqueeze(1)).exp_()
+        for i, rows in enumerate(row_blocks(*logits.shape)):
+            block = logits[rows].float()
+            p = (block - lse[rows].unsqueeze(1)).exp_()
+            if i == 0:
+                report_peak(ctx.memory, logits, out, block, p)
+            del block
             p.scatter_add_(1, targets[rows].unsqueeze(1), p.new_full((p.size(0), 1), -1.0))
             out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
-        return out, None
+        return out, None, None
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every token of (..., V) logits in fp32, without an fp32 copy of them."""
-    return _BlockedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> torch.Tensor:  # noqa: ANN001
+    """Mean cross-entropy over every token of (..., V) logits in fp32, without an fp32 copy of them; `memory`: the
+    rank's tracker, told the loss's bytes at their peak."""
+    return _BlockedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), memory)
 
 
 class CrossEntropy(nn.Module):
     """The model's loss module (tensor parallelism swaps in the vocabulary-parallel one)."""
 
+    #: set by engine/parallelize.py: the rank's memory tracker (measure/memory.py)
+    memory = None
+
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits, targets)
+        return cross_entropy(logits, targets, self.memory)

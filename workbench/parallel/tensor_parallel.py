@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.model.cross_entropy import row_blocks
+from workbench.model.cross_entropy import report_peak, row_blocks
 from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
@@ -162,7 +162,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Blocked as model/cross_entropy.py's loss: fp32 a block of rows at a time, no fp32 copy of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, targets, tp, vocab_start):  # noqa: ANN001
+    def forward(ctx, logits, targets, tp, vocab_start, memory):  # noqa: ANN001
         n, v_local = logits.shape
         layer = "loss"
         m = logits.amax(dim=-1).float()
@@ -179,6 +179,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = all_reduce_tp(target_logit, tp, layer, "forward")
         log_sum = sum_exp.log()
         ctx.save_for_backward(logits, local_t, inside, m + log_sum)  # the log-sum-exp: 4 bytes a row
+        ctx.memory = memory
         return (log_sum - target_logit).mean()
 
     @staticmethod
@@ -186,29 +187,38 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits, local_t, inside, lse = ctx.saved_tensors
         out = torch.empty_like(logits)
         scale = grad / logits.size(0)
-        for rows in row_blocks(*logits.shape):
-            p = (logits[rows].float() - lse[rows].unsqueeze(1)).exp_()
+        for i, rows in enumerate(row_blocks(*logits.shape)):
+            block = logits[rows].float()
+            p = (block - lse[rows].unsqueeze(1)).exp_()
+            if i == 0:
+                report_peak(ctx.memory, logits, out, block, p)
+            del block
             p.scatter_add_(1, local_t[rows].unsqueeze(1), -inside[rows].unsqueeze(1).float())
             out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
-        return out, None, None, None
+        return out, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext) -> torch.Tensor:
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext,
+                                 memory=None) -> torch.Tensor:  # noqa: ANN001
     """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks, in fp32
     whatever their dtype; equal to F.cross_entropy on the full logits."""
     v_local = logits.size(-1)
-    return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local)
+    return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local,
+                                            memory)
 
 
 class VocabParallelCrossEntropy(nn.Module):
     """The model's loss module under tensor parallelism (replaces the dense cross-entropy)."""
+
+    #: set by engine/parallelize.py: the rank's memory tracker (the loss reports its peak: model/cross_entropy.py)
+    memory = None
 
     def __init__(self, tp: TPContext) -> None:
         super().__init__()
         self.tp = tp
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, targets, self.tp)
+        return vocab_parallel_cross_entropy(logits, targets, self.tp, self.memory)
 
 
 class SequenceParallelPositions(nn.Module):

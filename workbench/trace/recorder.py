@@ -42,7 +42,7 @@ LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "rin
                          "data": 7}
 
 #: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
-MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "wgrad_stash", "comm_buffer",
+MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "loss", "wgrad_stash", "comm_buffer",
                      "temporary", "other")
 
 CATEGORIES = (

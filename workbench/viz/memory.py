@@ -48,16 +48,17 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2, first: int | None 
     run's warm-up steps, `warmup_steps_excluded`; values held between samples); where the
     allocator was read: on CPU the bytes the communication backend's own threads allocated (measured by
     the profile, not booked), what it held beyond those and the categories as an `unattributed` band, and
-    its line."""
+    its line; with the CPU's profile, its true peak between the snapshots as a diamond."""
     mem = run.memory
     mem = mem[mem["rank"] == rank].sort_values("ts_us")
     ev = run.events
     step_spans = ev[(ev["rank"] == rank) & (ev.cat == "step")].sort_values("start_us")
     first = int(run.config.get("warmup_steps_excluded", 0)) if first is None else first
     first = min(first, max(len(step_spans) - 1, 0))
+    window = (float("-inf"), float("inf"))
     if len(step_spans):
-        last = step_spans.end_us.iloc[min(first + steps, len(step_spans)) - 1]
-        mem = mem[(mem.ts_us >= step_spans.start_us.iloc[first]) & (mem.ts_us <= last)]
+        window = (step_spans.start_us.iloc[first], step_spans.end_us.iloc[min(first + steps, len(step_spans)) - 1])
+        mem = mem[(mem.ts_us >= window[0]) & (mem.ts_us <= window[1])]
     fig = go.Figure()
     for cat, color in CATEGORY_COLORS.items():
         if cat in mem and mem[cat].any():
@@ -78,6 +79,13 @@ def memory_over_time(run: Run, rank: int = 0, steps: int = 2, first: int | None 
                                  fillpattern={"shape": "/"}))
         fig.add_trace(go.Scatter(x=merged.ts_us / 1e3, y=merged.allocated / 1e6, name="allocator (measured)",
                                  mode="lines", line={"shape": "hv", "color": "black", "dash": "dot"}))
+    peaks = run.allocator_peak
+    if not peaks.empty:  # CPU profile: the most the allocator held at any moment, between two snapshots
+        peaks = peaks[(peaks["rank"] == rank) & (peaks.ts_us >= window[0]) & (peaks.ts_us <= window[1])]
+        if not peaks.empty:
+            fig.add_trace(go.Scatter(x=peaks.ts_us / 1e3, y=peaks.allocated / 1e6, mode="markers",
+                                     name="allocator's true peak (measured)",
+                                     marker={"symbol": "diamond", "size": 11, "color": "black"}))
     note = f" (steps before {first} left out: warm-up)" if first else ""
     fig.update_layout(title=f"memory over time — rank {rank}, {steps} step(s) from step {first}{note}",
                       xaxis_title="time (ms)", yaxis_title="MB")

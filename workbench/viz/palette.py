@@ -20,8 +20,8 @@ SPAN_COLORS = {
     "restart": "#D67195", "data": "#A0CBE8",
 }
 #: memory categories, in the recorder's order
-MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#FF9DA6", "#72B7B2",
-                                             "#B279A2", "#BAB0AC"), strict=True))
+MEMORY_COLORS = dict(zip(MEMORY_CATEGORIES, ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#EECA3B", "#FF9DA6",
+                                             "#72B7B2", "#B279A2", "#BAB0AC"), strict=True))
 #: ranks or groups told apart (tensor-parallel shards, data-parallel replicas)
 SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D"]
 UNKNOWN = "#888888"

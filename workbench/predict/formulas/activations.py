@@ -187,15 +187,23 @@ def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: i
 LOSS_BLOCK_BYTES = 64 * 2**20
 
 
-def loss_transient_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1) -> float:
-    """What the loss's backward allocates on top of what the forward saved (model/cross_entropy.py), at the start
-    of backward, when every activation is still held: the logits' gradient in their dtype (b·s·V/t values) and
-    its fp32 blocks — two at a time for 16-bit logits (the fp32 copy of a block, then exp(logits − lse)), one for
-    fp32 ones (their block needs no copy). The last pipeline stage's only."""
-    s, b, v, w = cfg.seq_len, micro_batch, cfg.vocab_size / tp, bytes_per_value
+def loss_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1) -> float:
+    """The `loss` category at its peak (model/cross_entropy.py), at the start of the loss's backward, when every
+    other activation is still held: the logits (b·s·V/t values in the activations' dtype: unpacked, so no longer
+    counted as activations, but alive until the loss's backward returns), their gradient in the same dtype, and the
+    first block's fp32 temporaries — its copy (16-bit logits only) and its probabilities. The last pipeline
+    stage's only."""
+    s, b, v, w = cfg.seq_len, micro_batch, cfg.vocab_size // tp, bytes_per_value
     rows = s * b
-    block_rows = min(rows, max(1, LOSS_BLOCK_BYTES // (4 * int(v))))
-    return w * rows * v + (2 if w < 4 else 1) * 4 * block_rows * v
+    block_rows = min(rows, max(1, LOSS_BLOCK_BYTES // (4 * v)))
+    return 2 * w * rows * v + (2 if w < 4 else 1) * 4 * block_rows * v
+
+
+def loss_transient_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1) -> float:
+    """What the loss's backward holds beyond what its forward saved: `loss_bytes` less the logits, which the
+    activations counted until then — the rise of the step's total at that moment."""
+    return loss_bytes(cfg, micro_batch, bytes_per_value, tp) - bytes_per_value * cfg.seq_len * micro_batch * (
+        cfg.vocab_size // tp)
 
 
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,

@@ -13,7 +13,7 @@ from workbench.config.grid import replica_group
 from workbench.predict.formulas.activations import (
     activation_bytes,
     backward_extra_bytes,
-    loss_transient_bytes,
+    loss_bytes,
     stage_activation_bytes,
 )
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
@@ -25,9 +25,10 @@ from workbench.schedules.build import Schedule, build_schedule
 
 
 def predicted_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, float]:
-    """The formulas' memory per rank for this run, by category: model states, activations, and the
-    buffers ZeRO-2/3 stage and gather (`buffer_bytes`). Under context parallelism ZeRO shards over dp×cp
-    and the activations are those of each rank's s/cp tokens, with the ring's attention core."""
+    """The formulas' memory per rank for this run, by category: model states, activations, the loss's bytes at
+    their peak (the last stage's: `loss_bytes`), and the buffers ZeRO-2/3 stage and gather (`buffer_bytes`). Under
+    context parallelism ZeRO shards over dp×cp and the activations are those of each rank's s/cp tokens, with the
+    ring's attention core."""
     return _categories(config, pp_rank)[0]
 
 
@@ -38,49 +39,50 @@ def predicted_memory(config: dict[str, Any]) -> tuple[dict[str, float], float, i
 
     The peak: model states, plus the largest of the activations with the zero-bubble W stash held at the
     same time (they peak at the end of forward or, in a pipeline, when the schedule holds the most
-    micro-batches), the gradient
+    micro-batches), the activations at the start of the loss's backward with the loss's own bytes (`loss_bytes`:
+    the logits, their gradient and a block — on the last stage, where the step's true peak usually falls), the
+    gradient
     copies in flight (they peak during backward, as activations are released) and the fp32 copies of
     16-bit gradients (at the update, activations gone), plus the other temporaries (ZeRO-3's gathered
     layers)."""
     best: tuple[dict[str, float], float, int] | None = None
     for rank in range(config.get("pp", 1)):
-        categories, masters, together = _categories(config, rank)
-        states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
-        total = states + max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+        categories, total = predicted_total(config, rank)
         if best is None or total > best[1]:
             best = (categories, total, rank)
     assert best is not None
     return best
 
 
+def predicted_total(config: dict[str, Any], pp_rank: int = 0) -> tuple[dict[str, float], float]:
+    """Pipeline rank `pp_rank`'s categories and the most it holds at once (`predicted_memory`'s peak): what
+    summary.json puts beside the allocator's true peak (`predicted_peak_total_bytes`)."""
+    categories, masters, together, at_loss = _categories(config, pp_rank)
+    states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
+    # at the loss's backward nothing else is in flight: no gradient yet, and ZeRO-3 gathers the head again only
+    # once the logits' gradient exists (its output's hook), after the loss has let its bytes go
+    elsewhere = max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+    return categories, states + max(elsewhere, at_loss) + data_bytes(config)
+
+
+def data_bytes(config: dict[str, Any]) -> float:
+    """What the data source keeps for the run (under `other`): the synthetic chain's successor table, V × 4 int64
+    (engine/batches.py); a data file is memory-mapped, outside the allocator."""
+    return 8 * 4 * run_model(config).vocab_size if config.get("data", "synthetic") == "synthetic" else 0.0
+
+
 def predicted_peak(config: dict[str, Any]) -> tuple[float, dict[str, float], int]:
-    """The most a rank holds at once — `predicted_memory`'s peak plus, on the last pipeline stage, the loss's
-    transient at the start of its backward (`loss_transient_bytes`), when every activation is still held (an upper
-    bound in a pipeline, where fewer may be) — with that rank's categories and its pipeline rank. What a launch
-    checks against the machine's free memory (launching/memory_fit.py)."""
-    model = run_model(config)
-    pp = config.get("pp", 1)
-    micro = config["global_batch"] // config["dp"] // config.get("microbatches", 1)
-    width = 4 if config.get("precision", "fp32") == "fp32" else 2
-    acts, _ = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
-    best: tuple[float, dict[str, float], int] | None = None
-    for rank in range(pp):
-        categories, masters, together = _categories(config, rank)
-        states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
-        total = states + max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
-        if rank == pp - 1:
-            loss = loss_transient_bytes(acts, micro, width, config.get("tp", 1))
-            total = max(total, states + together + loss + categories["temporary"] - masters)
-        if best is None or total > best[0]:
-            best = (total, categories, rank)
-    assert best is not None
-    return best
+    """The most a rank holds at once (`predicted_memory`'s peak, the loss's moment included), with that rank's
+    categories and its pipeline rank: what a launch checks against the machine's free memory
+    (launching/memory_fit.py)."""
+    categories, total, rank = predicted_memory(config)
+    return total, categories, rank
 
 
-def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float], float, float]:
-    """`predicted_bytes`; the fp32 copies of 16-bit gradients the update makes (inside `temporary`); and the
+def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float], float, float, float]:
+    """`predicted_bytes`; the fp32 copies of 16-bit gradients the update makes (inside `temporary`); the
     most activations and W stash held at once (the two peak at different actions of a zero-bubble
-    schedule)."""
+    schedule); and what activations, stash and the loss hold at the loss's peak (0 off the last stage)."""
     model = run_model(config)
     shards = config["dp"] * config.get("cp", 1)  # the ranks holding the same parameters
     acts, core = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
@@ -102,9 +104,11 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
     if config.get("attention", "eager") == "sdpa":  # the fused kernel keeps no probabilities (validated: rc none)
         rc = "fused"
     device = config.get("device", "cpu")  # config.json's resolved device: CUDA's kernels save other extras
+    loss = loss_bytes(acts, micro, width, tp)
+    logits = width * acts.seq_len * micro * (acts.vocab_size // tp)  # saved until the loss's backward unpacks them
     if config.get("pp", 1) == 1 and m == 1:
         act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
-        return {**states, "activation": act}, masters, act
+        return {**states, "activation": act, "loss": loss}, masters, act, act - logits + loss
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
@@ -116,12 +120,15 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
     layers = model.layers // sched.stages
     stash = {k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
              for k in range(sched.stages)}
-    live = peak = stashed = peak_stash = together = 0.0
+    live = peak = stashed = peak_stash = together = at_loss = 0.0
+    last = sched.stages - 1
     for a in sched.actions[pp_rank]:
         if a.kind == "F":
             live += stage_bytes[a.stage]
             peak = max(peak, live)
         elif a.kind in ("B", "I"):
+            if a.stage == last:  # the loss's backward starts this one: its logits unpacked, its bytes held
+                at_loss = max(at_loss, live + stashed - logits + loss)
             peak = max(peak, live + extra[a.stage])
             together = max(together, live + extra[a.stage] + stashed)
             live -= stage_bytes[a.stage]
@@ -129,7 +136,9 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
         together = max(together, live + stashed)
-    return {**states, "activation": peak, "wgrad_stash": peak_stash}, masters, together
+    holds_loss = any(a.stage == last for a in sched.actions[pp_rank])
+    return ({**states, "activation": peak, "loss": loss if holds_loss else 0.0, "wgrad_stash": peak_stash}, masters,
+            together, at_loss)
 
 
 def zero_states(config: dict[str, Any], model: ModelConfig, params: float, shards: int,
