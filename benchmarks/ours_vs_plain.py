@@ -78,7 +78,8 @@ def worker(args: argparse.Namespace) -> None:
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores"
         print(f"\nworkbench vs a plain PyTorch loop — {args.model}, {cfg.precision}, attention {cfg.attention}, "
               f"batch {args.global_batch}×{cfg.model_config.seq_len}{', compiled' if args.compile else ''}, "
-              f"{where}, torch {torch.__version__}; {args.rounds} rounds interleaved")
+              f"{where}, torch {torch.__version__}; {args.rounds} rounds "
+              f"{'a side at a time (ours timed and freed, then plain)' if args.one_side_at_a_time else 'interleaved'}")
         print(f"  median step   ours fast {med['ours_fast'] * 1e3:8.2f} ms   ours measured "
               f"{med['ours_measured'] * 1e3:8.2f} ms   plain {med['plain'] * 1e3:8.2f} ms")
         print("  " + report("ours (fast steps) / plain", med.ratio("ours_fast", "plain")))
@@ -157,6 +158,7 @@ def free_device(device) -> None:  # noqa: ANN001
 
     import torch
 
+    torch._dynamo.reset()  # the compiled graphs hold their own references
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -17,13 +17,15 @@ The sections, as data (SECTIONS), in the order of what a cut call should still b
                        AdamW, the same training whatever is measured
     one GPU            tests/gpu/test_one_gpu.py: one GPU equals one CPU process, offload, recomputation, fp16,
                        resume, NVML
-    rest of the suite  everything else under tests/gpu (compiled blocks, calibration, NCCL launches), in the time left
+    rest of the suite  everything else under tests/gpu (compiled blocks, calibration, NCCL launches), 90 s
     gpt-1.3b compiled  only if its bound still fits: ours, then plain, each built on the device
     dp vs ddp          with two GPUs or more
 
-Every section runs under its own bound and the whole check under TOTAL_S (a section that would not fit in what is
-left is not started, and says so). As each ends, its row goes into OUT/sections.tsv and the summary table
-(scripts/gpu_summary.py) is rewritten to OUT/summary.txt: a call cut at any point returns every row finished before.
+Every section runs under its own bound and the whole check under TOTAL_S: a section starts if 20 s are left and is
+cut at what is left; one marked "if time" (gpt-1.3b) starts only if its whole bound is left — at the default 480 s
+it is not (its row says so): TOTAL_S=600 in a call of its own runs it. As each ends, its row goes into
+OUT/sections.tsv and the summary table (scripts/gpu_summary.py) is rewritten to OUT/summary.txt: a call cut at any
+point returns every row finished before.
 
 --rehearse runs each section's command on the CPU (gloo, `tiny`, a round or two) under a fresh virtualenv that
 holds only the packages the GPU machine's image lists (scripts/gpu_image_packages.txt) and the ones the check
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -98,10 +101,11 @@ SECTIONS = [
     Section("fast path", 80, suite("-k", "not compiled", "tests/gpu/test_fast_path.py"),
             suite("-k", "not compiled", "tests/gpu/test_fast_path.py"), per_case=True),
     Section("one GPU", 80, suite("tests/gpu/test_one_gpu.py"), suite("tests/gpu/test_one_gpu.py"), per_case=True),
-    Section("rest of the suite", 0, suite("tests/gpu", "--deselect", "tests/gpu/test_one_gpu.py", "-k",
+    Section("rest of the suite", 90, suite("tests/gpu", "--deselect", "tests/gpu/test_one_gpu.py", "-k",
                                           "not test_fast_path or compiled"),
             suite("tests/gpu", "--deselect", "tests/gpu/test_one_gpu.py", "-k", "not test_fast_path or compiled")),
-    Section("gpt-1.3b compiled", 300, *bench("gpt-1.3b", 8, "--compile", "--one-side-at-a-time"), needs="toolchain",
+    Section("gpt-1.3b compiled", 300, bench("gpt-1.3b", 8, "--compile", "--one-side-at-a-time")[0],
+            bench("gpt-1.3b", 8, "--one-side-at-a-time")[1], needs="toolchain",  # rehearsed eager: one compile will do
             if_time=True, device_s=ASSUMED["start_s"] + ASSUMED["compile_s"] + ASSUMED["big_compile_s"]
             + STEPS * ASSUMED["big_step_s"]),
     Section("dp vs ddp", 60, ["PY", "benchmarks/dp_vs_ddp.py", "--backend", "nccl", "--ranks", "NGPU", "--model",
@@ -165,7 +169,7 @@ class Check:
     def run(self, section: Section) -> None:
         if why := self.why_not(section):
             return self.row(section.name, why)
-        bound = section.bound_s or max(0.0, self.left() - 5)
+        bound = section.bound_s
         if not self.rehearse and (self.left() < (bound if section.if_time else 20)):
             return self.row(section.name, f"not run: {self.left():.0f} s left of {TOTAL_S:.0f}")
         limit = bound if self.rehearse else min(bound, self.left() - 5)
@@ -173,11 +177,14 @@ class Check:
         env = {**os.environ, "WB_BENCH_JSON": str(self.out / "bench.jsonl")}
         print(f"== {section.name} (bound {limit:.0f} s): {' '.join(self.argv(section))}", flush=True)
         t0 = time.monotonic()
-        with open(log, "w") as f:
+        with open(log, "w") as f:  # a session of its own: a cut section's torchrun and ranks go with it
+            proc = subprocess.Popen(self.argv(section), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             try:
-                rc = subprocess.run(self.argv(section), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=limit if limit > 0 else None).returncode
+                rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 rc = 124
         seconds = time.monotonic() - t0
         print(log.read_text()[-3000:], flush=True)
@@ -207,9 +214,12 @@ class Check:
 
     def after_cli_run(self) -> None:
         run = self.out / "gpt2-small"
-        doctor = subprocess.run([self.py, "-m", "workbench.cli", "doctor", str(run)], cwd=ROOT, capture_output=True,
-                                text=True, timeout=60)
-        (self.out / "doctor.log").write_text(doctor.stdout + doctor.stderr)
+        try:
+            doctor = subprocess.run([self.py, "-m", "workbench.cli", "doctor", str(run)], cwd=ROOT, capture_output=True,
+                                    text=True, timeout=60)
+            (self.out / "doctor.log").write_text(doctor.stdout + doctor.stderr)
+        except subprocess.TimeoutExpired:
+            (self.out / "doctor.log").write_text("doctor did not answer within 60 s\n")
         if (run / "summary.json").exists():
             shutil.copy(run / "summary.json", self.out / "run_summary.json")
         shutil.make_archive(str(self.out / "gpt2_small_run"), "gztar", self.out, "gpt2-small")
@@ -228,8 +238,8 @@ def preflight(check: Check) -> bool:
     probe = ("import torch; c = torch.cuda.is_available(); "
              "print('torch', torch.__version__, 'CUDA', torch.version.cuda, "
              "'NCCL', torch.cuda.nccl.version() if c else None, torch.cuda.get_device_name() if c else 'no GPU')")
-    got = subprocess.run([check.py, "-c", probe], capture_output=True, text=True, cwd=ROOT)
-    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout if check.gpus else ""
+    got = subprocess.run([check.py, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout if check.gpus else ""
     (check.out / "gpus.txt").write_text(gpus + got.stdout + got.stderr[-2000:])
     tools = f"toolchain missing: {check.missing_toolchain}" if check.missing_toolchain else "toolchain found"
     ok = got.returncode == 0 and (check.rehearse or "no GPU" not in got.stdout)

@@ -38,7 +38,7 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(tmp_path):
                   out=str(tmp_path / "killed"), progress=False)
     assert e.value.rank == 1
     first = str(e.value).splitlines()[0]
-    assert first.startswith("rank 1 ") and "SIGKILL" in first and "most likely out of memory" in first, first
+    assert first.startswith("rank 1 ") and "SIGKILL" in first and "out-of-memory killer" in first, first
     assert "rank 0: CommError" in str(e.value), "the peer that failed because of it: named second"
     assert "the first cause: rank 1: Killed" in diagnose(e.value.run.path).splitlines()[0]
 
@@ -54,12 +54,14 @@ def test_the_kernel_s_log_decides_out_of_memory(tmp_path):
             (tmp_path / f".error_rank{rank}.reserved").write_bytes(b"\0" * 16)
         if error_file:
             (tmp_path / f"error_rank{rank}.json").write_text("{}")
-    [killed] = killed_ranks(str(tmp_path), log, read_kernel_log=False)  # rank 2 wrote its file; 1 ended well
+    (tmp_path / ".error_rank7.reserved").write_bytes(b"\0")  # a rank an earlier, larger attempt had
+    [killed] = killed_ranks(str(tmp_path), log, 4, read_kernel_log=False)  # rank 2 wrote its file; 1 ended well
     assert (killed.rank, killed.signal, killed.pid) == (3, 9, 4242)
     killed.out_of_memory = True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
     assert "out-of-memory killer ended it" in killed.describe()
     assert oom_killed("[12.3] Out of memory: Killed process 4242 (python) total-vm:1kB", 4242)
-    assert not oom_killed("[12.3] Out of memory: Killed process 4243 (python)", 4242)
+    assert oom_killed("[12.3] oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=4242,uid=0", 4242)
+    assert not oom_killed("[ 4242.000001] Out of memory: Killed process 4243 (python)", 4242), "not its timestamp"
 
 
 @pytest.mark.slow  # notebook 08's hang checks the same in make test: the error, doctor's and torch's views

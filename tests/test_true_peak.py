@@ -15,7 +15,7 @@ import pytest
 from workbench.config import ModelConfig
 
 WIDE_VOCABULARY = ModelConfig(vocab_size=32768, hidden=64, layers=2, heads=4, seq_len=64)
-PROFILED = {"model": WIDE_VOCABULARY, "global_batch": 8, "steps": 3, "profile_memory": True, "profile_memory_step": 2}
+PROFILED = {"model": WIDE_VOCABULARY, "global_batch": 8, "steps": 2, "profile_memory": True, "profile_memory_step": 1}
 CASES = {"dp2": {"dp": 2}, "zero1": {"dp": 2, "zero": 1}, "zero2": {"dp": 2, "zero": 2}, "zero3": {"dp": 2, "zero": 3},
          "tp2 (vocabulary-parallel loss)": {"tp": 2}, "pp2 (the last stage)": {"pp": 2, "microbatches": 2}}
 

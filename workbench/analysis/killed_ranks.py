@@ -33,6 +33,7 @@ class Killed:
     signal: int | None  # from torchrun's summary; None where it did not observe this rank's exit
     pid: int | None
     out_of_memory: bool | None  # the kernel's log names its pid (True), does not (False), or cannot be read (None)
+    last_seen: float = 0.0  # wall-clock time of its last trace flush
 
     def describe(self) -> str:
         if self.signal is None:
@@ -46,17 +47,21 @@ class Killed:
         if self.signal in (None, signal.SIGKILL):
             why = ("its pid is not known, so the kernel's log was not searched" if self.pid is None else
                    "the kernel's log cannot be read here" if self.out_of_memory is None else
-                   "nothing in the kernel's log that can be read here says so")
-            return (f"{what} — most likely out of memory (the kernel's out-of-memory killer sends SIGKILL; {why}), "
-                    f"or something outside the run killed it")
+                   "nothing in the kernel's log that can be read here names it")
+            return (f"{what} — the kernel's out-of-memory killer sends SIGKILL ({why}), and so does torchrun to a "
+                    f"rank still stuck after its grace period, or something outside the run")
         return what
 
 
-def unreported_ranks(run_dir: str) -> list[int]:
-    """Ranks whose error-file reservation is still there with no error file: they ran no handler."""
+def unreported_ranks(run_dir: str, world_size: int, since: float = 0.0) -> list[int]:
+    """Ranks of this launch (below `world_size`, reserved at or after `since`, a wall-clock time) whose error-file
+    reservation is still there with no error file: they ran no handler. An earlier attempt's (an elastic run that
+    shrank) or an earlier launch's reservation is not this launch's rank."""
     ranks = []
     for path in glob.glob(os.path.join(run_dir, ".error_rank*.reserved")):
         rank = int(re.search(r"error_rank(\d+)\.reserved", path).group(1))
+        if rank >= world_size or os.path.getmtime(path) < since:
+            continue
         if not os.path.exists(os.path.join(run_dir, f"error_rank{rank}.json")):
             ranks.append(rank)
     return sorted(ranks)
@@ -67,9 +72,11 @@ def torchrun_signals(launcher_log: str) -> dict[int, tuple[int, int]]:
     return {int(r): (-int(code), int(pid)) for r, code, pid in _FAILURE.findall(launcher_log) if int(code) < 0}
 
 
-def killed_ranks(run_dir: str, launcher_log: str, read_kernel_log: bool = True) -> list[Killed]:
-    """The ranks of a failed run that ended before any handler ran, with what is known of why."""
-    ranks = unreported_ranks(run_dir)
+def killed_ranks(run_dir: str, launcher_log: str, world_size: int, since: float = 0.0,
+                 read_kernel_log: bool = True) -> list[Killed]:
+    """The ranks of a failed launch that ended before any handler ran, with what is known of why; each stamped with
+    the last time it wrote its trace stream (its last sign of life), so that it sorts among the error files."""
+    ranks = unreported_ranks(run_dir, world_size, since)
     if not ranks:
         return []
     signals = torchrun_signals(launcher_log)
@@ -77,7 +84,10 @@ def killed_ranks(run_dir: str, launcher_log: str, read_kernel_log: bool = True) 
     out = []
     for rank in ranks:
         sig, pid = signals.get(rank, (None, None))
-        out.append(Killed(rank, sig, pid, None if kernel is None or pid is None else oom_killed(kernel, pid)))
+        killed = Killed(rank, sig, pid, None if kernel is None or pid is None else oom_killed(kernel, pid))
+        stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
+        killed.last_seen = os.path.getmtime(stream) if os.path.exists(stream) else time.time()
+        out.append(killed)
     return out
 
 
@@ -85,7 +95,7 @@ def record_killed(run_dir: str, killed: Killed) -> None:
     """The error file the rank could not write, into its reservation: its first line names the cause."""
     reserved = os.path.join(run_dir, f".error_rank{killed.rank}.reserved")
     write_error_file(os.path.join(run_dir, f"error_rank{killed.rank}.json"), reserved,
-                     {"rank": killed.rank, "time": time.time(), "type": "Killed", "message": killed.describe(),
+                     {"rank": killed.rank, "time": killed.last_seen, "type": "Killed", "message": killed.describe(),
                       "traceback": "", "coords": None, "secondary": False, "last_collectives": [],
                       "signal": killed.signal, "pid": killed.pid, "out_of_memory": killed.out_of_memory})
 
@@ -102,5 +112,4 @@ def kernel_log() -> str | None:
 def oom_killed(kernel: str, pid: int) -> bool:
     """Whether a line of the out-of-memory killer's names the pid ("Out of memory: Killed process 1234 (python)",
     "oom-kill:...,pid=1234,...")."""
-    return any(re.search(rf"\b{pid}\b", line) for line in kernel.splitlines()
-               if re.search(r"out of memory|oom-kill|killed process", line, re.IGNORECASE))
+    return re.search(rf"(Killed process {pid}\b|\bpid={pid}\b)", kernel, re.IGNORECASE) is not None

@@ -58,7 +58,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any, index: int) -> None:
+def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
     """A blocking reduce-scatter on gloo done as gloo does it — an all-reduce of a full-size copy of the input, this
     rank's slice kept — but with the copy's memory released on return (its storage resized to nothing, ZeRO-3's way of
     freeing): gloo's Work of a blocking call can outlive it, held in a reference cycle until the garbage collector
@@ -66,6 +66,7 @@ def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any, index: i
     (tests/test_true_peak.py)."""
     copy = inp.clone()
     dist.all_reduce(copy, group=pg)
+    index = dist.get_rank(pg)  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
     out.copy_(copy[index * out.numel():(index + 1) * out.numel()])
     copy.untyped_storage().resize_(0)
 
@@ -204,9 +205,9 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        if self.backend_copies and not async_op:  # gloo's own: an all-reduce of a copy, which it can keep alive
-            return self._run(args, lambda a: _gloo_reduce_scatter(out, inp, pg, self.groups.index(group)), False, n,
-                             [output, input], label, staged)
+        if self.backend_copies and not async_op and self.clock is None:  # gloo's own way, its copy released here
+            return self._run(args, lambda a: _gloo_reduce_scatter(out, inp, pg), False, n, [output, input], label,
+                             staged)
         return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n,
                          [output, input], label, staged)
 

@@ -46,7 +46,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
     source = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
-    ctx.memory.data_bytes = source.resident_bytes()  # under `other`
+    if ctx.device.type == "cpu":  # the table lives in host memory: the rank's memory only on a CPU run
+        ctx.memory.data_bytes = source.resident_bytes()  # under `other`
     schedule = measured_steps(ctx)
     logs = step_logs(ctx)
     kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))

@@ -146,6 +146,7 @@ def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: 
     """Start the ranks (torchrun or Ray) into a prepared directory, follow them, load what they wrote."""
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
+    started = time.time()  # the ranks' error-file reservations are this launch's from here on
     if launcher == "ray":
         from workbench.launching.ray_launch import run_on_ray
 
@@ -160,7 +161,7 @@ def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: 
             proc = _start_torchrun(cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys)
             rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
-        raise _failure(run_dir, rc, log_path)
+        raise _failure(run_dir, rc, log_path, config.world_size, started)
     return load(run_dir)
 
 
@@ -234,11 +235,12 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
         with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
             json.dump({"numel": numel}, f)
         log_path = os.path.join(run_dir, "launcher.log")
+        started = time.time()
         with open(log_path, "w") as log:
             proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
                                    rank_env(chosen), log, log_path)
             if proc.wait() != 0:
-                raise _failure(run_dir, proc.returncode, log_path)
+                raise _failure(run_dir, proc.returncode, log_path, config.world_size, started)
         return load(run_dir)
     finally:
         lock.release()
@@ -273,19 +275,21 @@ def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: b
         shown.close(ok=rc == 0)
 
 
-def _failure(run_dir: str, rc: int, log_path: str) -> RunFailed:
+def _failure(run_dir: str, rc: int, log_path: str, world_size: int, since: float) -> RunFailed:
     """The failed run's root cause as RunFailed; what the ranks wrote is kept (and, disk allowing, each killed
-    rank's trace rebuilt from its stream and the merged trace.json written)."""
+    rank's trace rebuilt from its stream and the merged trace.json written). A rank that ran no handler gets the
+    error file it could not write (analysis/killed_ranks.py), stamped with its last sign of life."""
+    with open(log_path) as f:
+        log = f.read()
+    log_tail = log[-4000:]
+    killed = killed_ranks(run_dir, log, world_size, since)  # before its stream becomes its trace file
     try:
         recover_partials(run_dir)
         write_merged(run_dir)
     except OSError as e:  # a full disk: the error files, written first, say why
         print(f"[workbench] the merged trace was not written: {e}", file=sys.stderr)
-    with open(log_path) as f:
-        log = f.read()
-    log_tail = log[-4000:]
-    for killed in killed_ranks(run_dir, log):  # no handler ran: the error file it could not write, written here
-        record_killed(run_dir, killed)
+    for k in killed:
+        record_killed(run_dir, k)
     run = load(run_dir)
     errors = sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))
     if not errors:

@@ -12,11 +12,12 @@ A run that does not fit is refused before any process starts, naming both figure
 same run with ZeRO-3, with more microbatches (a smaller micro-batch), with full recomputation, or on fewer ranks —
 each predicted the same way. `launch(check_memory=False)` (`--no-check-memory`) goes anyway. Without this a run
 too large for the host starts, and the kernel's out-of-memory killer ends a rank a minute later with SIGKILL.
-No torch, but for the GPUs' free memory.
+No torch: the GPUs' free memory comes from nvidia-smi.
 """
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 
 from workbench.config import ConfigError, RunConfig
@@ -52,12 +53,15 @@ def host_available() -> float | None:
 
 
 def gpu_free() -> float | None:
-    """The least free memory of this machine's GPUs (bytes), or None without them."""
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+    """The least free memory of this machine's GPUs (bytes), from nvidia-smi — not through torch, which would open a
+    CUDA context on every GPU in the launcher, taking memory from each rank's for the whole run; None without it."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20)
+        free = [float(line) * 2**20 for line in done.stdout.split() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    return min(free) if done.returncode == 0 and free else None
 
 
 def alternatives(config: RunConfig) -> list[tuple[str, RunConfig]]:

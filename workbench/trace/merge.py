@@ -110,15 +110,24 @@ def damaged_traces(run_dir: str) -> list[str]:
 def rebuild(run_dir: str) -> tuple[list[int], str | None]:
     """Every rank trace its stream can still give (`recover_partials`), then trace.json merged again from the
     per-rank files; returns the ranks recovered and the merged file's path."""
+    rebuilt = []
     for rank, path in rank_trace_paths(run_dir).items():  # a damaged rank file whose stream is still there
         stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
-        if os.path.exists(stream):
+        if not os.path.exists(stream):
+            continue
+        try:
+            read_trace(path)
+        except DamagedTrace:
             try:
-                read_trace(path)
-            except DamagedTrace:
-                os.remove(path)
-    recovered = recover_partials(run_dir)
-    return recovered, write_merged(run_dir)
+                trace = recover_partial(stream)  # replaced only by a stream that reads whole
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+            with open(path, "w") as f:
+                json.dump(trace, f)
+            os.remove(stream)
+            rebuilt.append(rank)
+    recovered = sorted(rebuilt + recover_partials(run_dir))
+    return recovered, write_merged(run_dir)  # a rank file still damaged stops it, named (DamagedTrace)
 
 
 def write_merged(run_dir: str) -> str | None:

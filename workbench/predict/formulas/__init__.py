@@ -23,7 +23,6 @@ from workbench.predict.formulas.activations import (
     head_activation_bytes,
     korthikanti_activation_bytes_per_layer,
     loss_bytes,
-    loss_transient_bytes,
     recompute_activation_bytes,
     stage_activation_bytes,
 )
@@ -81,7 +80,7 @@ __all__ = [
     "bubble_fraction", "buffer_bytes", "checkpoint_overhead", "dp_bytes_per_step", "dp_link_bytes",
     "embedding_activation_bytes", "head_activation_bytes", "korthikanti_activation_bytes_per_layer",
     "model_state_bytes", "offload_host_bytes", "onebit_bytes_per_step", "params_per_rank", "predicted_bytes",
-    "predicted_memory", "predicted_peak", "predicted_total", "loss_bytes", "loss_transient_bytes",
+    "predicted_memory", "predicted_peak", "predicted_total", "loss_bytes",
     "predicted_comm_bytes", "predicted_host_bytes", "recompute_activation_bytes", "run_model", "run_schedule",
     "stage_activation_bytes", "stage_params", "tp_comm_bytes_per_step", "active_params", "mfu", "model_flops_per_token",
     "young_daly_interval", "bubble_rate", "named_bubble_fraction", "schedule_bubble_fraction",

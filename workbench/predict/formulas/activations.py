@@ -199,13 +199,6 @@ def loss_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp:
     return 2 * w * rows * v + (2 if w < 4 else 1) * 4 * block_rows * v
 
 
-def loss_transient_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1) -> float:
-    """What the loss's backward holds beyond what its forward saved: `loss_bytes` less the logits, which the
-    activations counted until then — the rise of the step's total at that moment."""
-    return loss_bytes(cfg, micro_batch, bytes_per_value, tp) - bytes_per_value * cfg.seq_len * micro_batch * (
-        cfg.vocab_size // tp)
-
-
 def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
                            tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
                            device: str = "cpu", core: str = "eager") -> float:

@@ -67,8 +67,9 @@ def predicted_total(config: dict[str, Any], pp_rank: int = 0) -> tuple[dict[str,
 
 def data_bytes(config: dict[str, Any]) -> float:
     """What the data source keeps for the run (under `other`): the synthetic chain's successor table, V × 4 int64
-    (engine/batches.py); a data file is memory-mapped, outside the allocator."""
-    return 8 * 4 * run_model(config).vocab_size if config.get("data", "synthetic") == "synthetic" else 0.0
+    (engine/batches.py), in host memory — a CPU rank's; a data file is memory-mapped, outside the allocator."""
+    synthetic = config.get("data", "synthetic") == "synthetic" and config.get("device", "cpu") == "cpu"
+    return 8 * 4 * run_model(config).vocab_size if synthetic else 0.0
 
 
 def predicted_peak(config: dict[str, Any]) -> tuple[float, dict[str, float], int]:
@@ -108,7 +109,8 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
     logits = width * acts.seq_len * micro * (acts.vocab_size // tp)  # saved until the loss's backward unpacks them
     if config.get("pp", 1) == 1 and m == 1:
         act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
-        return {**states, "activation": act, "loss": loss}, masters, act, act - logits + loss
+        kept = stage_activation_bytes(acts, micro, 0, 1, width, tp, sp, rc, device, core)  # a rerun's rise comes later
+        return {**states, "activation": act, "loss": loss}, masters, act, kept - logits + loss
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
