@@ -74,10 +74,9 @@ def _peak_with_an_unnamed_temporary(rank: int, world: int, run_dir: str, extra: 
         assert peak["unattributed"] >= extra, peak
 
 
-@pytest.mark.parametrize("share", [0.0, 0.012])
-def test_an_unnamed_temporary_of_1_percent_of_the_peak_is_caught(tmp_path, share):
+def test_an_unnamed_temporary_of_1_percent_of_the_peak_is_caught(tmp_path):
     """A temporary of 1.2 % of the true peak (about 2 MiB of ~165), alive at it and counted nowhere, fails the
-    check; without it the same step passes."""
+    check (the same step without it passes: the dp2 case above is this step on each rank)."""
     from tests.distributed import run_ranks
 
-    run_ranks(_peak_with_an_unnamed_temporary, 1, str(tmp_path), int(share * 165 * 2**20))
+    run_ranks(_peak_with_an_unnamed_temporary, 1, str(tmp_path), int(0.012 * 165 * 2**20))
