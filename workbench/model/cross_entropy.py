@@ -71,17 +71,26 @@ class _BlockedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         logits, targets, lse = ctx.saved_tensors
-        out = torch.empty_like(logits)
-        scale = grad / logits.size(0)
-        for i, rows in enumerate(row_blocks(*logits.shape)):
-            block = logits[rows].float()
-            p = (block - lse[rows].unsqueeze(1)).exp_()
-            if i == 0:
-                report_peak(ctx.memory, logits, out, block, p)
-            del block
-            p.scatter_add_(1, targets[rows].unsqueeze(1), p.new_full((p.size(0), 1), -1.0))
-            out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
-        return out, None, None
+        return blocked_gradient(logits, lse, targets, grad, ctx.memory), None, None
+
+
+def blocked_gradient(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor, memory,  # noqa: ANN001
+                     at_target: torch.Tensor | None = None) -> torch.Tensor:
+    """d(mean loss)/d(logits) a block of rows at a time: softmax = exp(logits − lse) in fp32, minus `at_target` at
+    each row's target (1; the vocabulary-parallel loss: 0 where the target is another rank's), × grad / N, written
+    in the logits' dtype; the first block reports the loss's peak to `memory`."""
+    out = torch.empty_like(logits)
+    scale = grad / logits.size(0)
+    for i, rows in enumerate(row_blocks(*logits.shape)):
+        block = logits[rows].float()
+        p = (block - lse[rows].unsqueeze(1)).exp_()
+        if i == 0:
+            report_peak(memory, logits, out, block, p)
+        del block
+        minus = p.new_full((p.size(0), 1), -1.0) if at_target is None else -at_target[rows].unsqueeze(1).float()
+        p.scatter_add_(1, targets[rows].unsqueeze(1), minus)
+        out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
+    return out
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> torch.Tensor:  # noqa: ANN001

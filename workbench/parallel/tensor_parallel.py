@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.model.cross_entropy import report_peak, row_blocks
+from workbench.model.cross_entropy import blocked_gradient, row_blocks
 from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
@@ -185,17 +185,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         logits, local_t, inside, lse = ctx.saved_tensors
-        out = torch.empty_like(logits)
-        scale = grad / logits.size(0)
-        for i, rows in enumerate(row_blocks(*logits.shape)):
-            block = logits[rows].float()
-            p = (block - lse[rows].unsqueeze(1)).exp_()
-            if i == 0:
-                report_peak(ctx.memory, logits, out, block, p)
-            del block
-            p.scatter_add_(1, local_t[rows].unsqueeze(1), -inside[rows].unsqueeze(1).float())
-            out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
-        return out, None, None, None, None
+        return blocked_gradient(logits, lse, local_t, grad, ctx.memory, at_target=inside), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext,

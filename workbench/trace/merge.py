@@ -30,16 +30,24 @@ def recover_partials(run_dir: str) -> list[int]:
     for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.partial.jsonl"))):
         rank = int(re.search(r"trace_rank(\d+)\.partial", path).group(1))
         final = os.path.join(run_dir, f"trace_rank{rank}.json")
-        if not os.path.exists(final):
-            try:
-                trace = recover_partial(path)
-            except (OSError, ValueError, KeyError, IndexError):
-                continue
-            with open(final, "w") as f:
-                json.dump(trace, f)
+        if os.path.exists(final):
+            os.remove(path)
+        elif stream_to_trace(path, final):
             recovered.append(rank)
-        os.remove(path)
     return recovered
+
+
+def stream_to_trace(stream: str, final: str) -> bool:
+    """Write the trace a rank's stream holds to `final` and drop the stream; False (both kept as they are) where the
+    stream does not read whole."""
+    try:
+        trace = recover_partial(stream)
+    except (OSError, ValueError, KeyError, IndexError):
+        return False
+    with open(final, "w") as f:
+        json.dump(trace, f)
+    os.remove(stream)
+    return True
 
 
 def merge_traces(traces: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,14 +126,8 @@ def rebuild(run_dir: str) -> tuple[list[int], str | None]:
         try:
             read_trace(path)
         except DamagedTrace:
-            try:
-                trace = recover_partial(stream)  # replaced only by a stream that reads whole
-            except (OSError, ValueError, KeyError, IndexError):
-                continue
-            with open(path, "w") as f:
-                json.dump(trace, f)
-            os.remove(stream)
-            rebuilt.append(rank)
+            if stream_to_trace(stream, path):  # replaced only by a stream that reads whole
+                rebuilt.append(rank)
     recovered = sorted(rebuilt + recover_partials(run_dir))
     return recovered, write_merged(run_dir)  # a rank file still damaged stops it, named (DamagedTrace)
 
