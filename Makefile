@@ -36,8 +36,11 @@ test-browser: setup compile docs
 	bash scripts/browser_setup.sh $(VENV)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests_browser
 
+LINTED := conftest.py workbench tests tests_browser benchmarks scripts
+# the formatter's check (lines of 100), ruff's rules, and the type checker over workbench/
 lint: setup
-	$(PY) -m ruff check conftest.py workbench tests tests_browser benchmarks scripts
+	$(PY) -m ruff format --check --quiet $(LINTED)
+	$(PY) -m ruff check $(LINTED)
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks

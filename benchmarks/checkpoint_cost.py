@@ -24,12 +24,18 @@ from workbench.engine.checkpoint.files import verify  # noqa: E402
 
 
 def spans(run: wb.Run, prefix: str) -> dict[int, dict]:
-    return {t["workbench"]["rank"]: e for t in run.traces for e in t["traceEvents"]
-            if e.get("cat") == "checkpoint" and e["name"].startswith(prefix)}
+    return {
+        t["workbench"]["rank"]: e
+        for t in run.traces
+        for e in t["traceEvents"]
+        if e.get("cat") == "checkpoint" and e["name"].startswith(prefix)
+    }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="small")
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--zero", type=int, default=3)
@@ -41,10 +47,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for i in range(a.repeats):
             base = wb.RunConfig(model=a.model, dp=a.dp, zero=a.zero, global_batch=8, steps=2)
-            first = wb.launch(base.replace(checkpoint_every=2), out=os.path.join(d, f"save{i}"), progress=False)
+            first = wb.launch(
+                base.replace(checkpoint_every=2), out=os.path.join(d, f"save{i}"), progress=False
+            )
             path = os.path.join(first.path, "checkpoints", "step_000002")
             marker = verify(path)
-            resumed = wb.launch(base.replace(steps=3, resume=path), out=os.path.join(d, f"load{i}"), progress=False)
+            resumed = wb.launch(
+                base.replace(steps=3, resume=path), out=os.path.join(d, f"load{i}"), progress=False
+            )
             for r, e in spans(first, "checkpoint save").items():
                 saves.setdefault(r, []).append(e["dur"] / 1e6)
                 written[r] = e["args"]["bytes"]
@@ -52,14 +62,22 @@ def main() -> None:
                 loads.setdefault(r, []).append(e["dur"] / 1e6)
         psi = first.config["params"]
     share = 12 * psi / (a.dp if a.zero else 1)
-    print(f"{a.model}: Ψ = {psi:,}; dp={a.dp} zero={a.zero}; fp32 AdamW model states 12Ψ = {12 * psi:,} bytes")
-    print(f"checkpoint: {marker['bytes']:,} bytes in files, {marker['tensor_bytes']:,} of tensors "
-          f"({marker['tensor_bytes'] / (12 * psi):.3f} × 12Ψ)")
-    print(f"{'rank':>4} {'save s':>8} {'load s':>8} {'bytes written':>14} {'12Ψ/N':>12} {'ratio':>6} {'MB/s':>7}")
+    print(
+        f"{a.model}: Ψ = {psi:,}; dp={a.dp} zero={a.zero}; fp32 AdamW model states 12Ψ = {12 * psi:,} bytes"
+    )
+    print(
+        f"checkpoint: {marker['bytes']:,} bytes in files, {marker['tensor_bytes']:,} of tensors "
+        f"({marker['tensor_bytes'] / (12 * psi):.3f} × 12Ψ)"
+    )
+    print(
+        f"{'rank':>4} {'save s':>8} {'load s':>8} {'bytes written':>14} {'12Ψ/N':>12} {'ratio':>6} {'MB/s':>7}"
+    )
     for r in sorted(saves):
         s, ld = statistics.median(saves[r]), statistics.median(loads.get(r, [float("nan")]))
-        print(f"{r:>4} {s:>8.3f} {ld:>8.3f} {written[r]:>14,} {share:>12,.0f} {written[r] / share:>6.3f} "
-              f"{written[r] / s / 1e6:>7.1f}")
+        print(
+            f"{r:>4} {s:>8.3f} {ld:>8.3f} {written[r]:>14,} {share:>12,.0f} {written[r] / share:>6.3f} "
+            f"{written[r] / s / 1e6:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,9 +61,15 @@ def worker(args: argparse.Namespace) -> None:
             opt.step()
             sync.zero_grad()
             return loss.detach()
+
         return step, comm
 
-    ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True, broadcast_buffers=False)
+    ddp = DDP(
+        GPT(cfg, seed=0),
+        bucket_cap_mb=args.bucket_mb,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
+    )
     # DDP refuses its bf16 hook off CUDA by the hook's name; gloo reduces bf16 fine: the same function
     # runs under another name (tests/test_compression.py does the same)
     ddp.register_comm_hook(None, lambda state, bucket: bf16_compress_hook(state, bucket))
@@ -79,13 +85,18 @@ def worker(args: argparse.Namespace) -> None:
     bf16, bf16_comm = ours(torch.bfloat16)
     fp32, fp32_comm = ours(None)
     if rank == 0:
-        print(f"\ngradient compression — model {args.model}, {world} ranks, buckets {args.bucket_mb} MB", flush=True)
+        print(
+            f"\ngradient compression — model {args.model}, {world} ranks, buckets {args.bucket_mb} MB",
+            flush=True,
+        )
     # both cast to bf16, divide there and sum: the same arithmetic; bf16 rounding in another order at most
     check_same_losses(("ours-bf16", bf16), ("DDP-bf16-hook", step_ddp), rtol=1e-5)
     _sent(bf16_comm), _sent(fp32_comm)
     bf16(), fp32()
     wire = {"bf16": _sent(bf16_comm), "fp32": _sent(fp32_comm)}
-    med = interleaved_rounds({"ours_bf16": bf16, "ours_fp32": fp32, "ddp_bf16": step_ddp}, args.rounds, args.warmup)
+    med = interleaved_rounds(
+        {"ours_bf16": bf16, "ours_fp32": fp32, "ddp_bf16": step_ddp}, args.rounds, args.warmup
+    )
 
     n = sum(p.numel() for p in GPT(cfg, seed=0).parameters())
     padded = -(-n // (8 * world)) * 8 * world
@@ -95,14 +106,24 @@ def worker(args: argparse.Namespace) -> None:
     comm.all_reduce(torch.randn(n), "dp")
     full = _sent(comm)
     if rank == 0:
-        print(f"  bytes sent per step    ours-bf16 {wire['bf16']:,.0f}   ours-fp32 {wire['fp32']:,.0f}   "
-              f"ratio bf16/fp32 = {wire['bf16'] / wire['fp32']:.3f}")
-        print(f"  median step            ours-bf16 {med['ours_bf16'] * 1e3:.2f} ms   ours-fp32 "
-              f"{med['ours_fp32'] * 1e3:.2f} ms   DDP-bf16 {med['ddp_bf16'] * 1e3:.2f} ms")
+        print(
+            f"  bytes sent per step    ours-bf16 {wire['bf16']:,.0f}   ours-fp32 {wire['fp32']:,.0f}   "
+            f"ratio bf16/fp32 = {wire['bf16'] / wire['fp32']:.3f}"
+        )
+        print(
+            f"  median step            ours-bf16 {med['ours_bf16'] * 1e3:.2f} ms   ours-fp32 "
+            f"{med['ours_fp32'] * 1e3:.2f} ms   DDP-bf16 {med['ddp_bf16'] * 1e3:.2f} ms"
+        )
         print("  " + report("ratio ours-bf16 / ours-fp32", med.ratio("ours_bf16", "ours_fp32")))
-        print("  " + report("ratio ours-bf16 / DDP-bf16", med.ratio("ours_bf16", "ddp_bf16")) + "  (target ≤ 1.00)")
-        print(f"  1-bit Adam momentum    {onebit:,.0f} bytes against the fp32 all-reduce's {full:,.0f}: "
-              f"ratio = {onebit / full:.4f} (1/32 = {1 / 32:.4f})")
+        print(
+            "  "
+            + report("ratio ours-bf16 / DDP-bf16", med.ratio("ours_bf16", "ddp_bf16"))
+            + "  (target ≤ 1.00)"
+        )
+        print(
+            f"  1-bit Adam momentum    {onebit:,.0f} bytes against the fp32 all-reduce's {full:,.0f}: "
+            f"ratio = {onebit / full:.4f} (1/32 = {1 / 32:.4f})"
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -23,7 +23,15 @@ import statistics
 import sys
 import time
 
-from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, rank_device, report
+from harness import (
+    check_same_losses,
+    common_arguments,
+    entry,
+    interleaved_rounds,
+    join,
+    rank_device,
+    report,
+)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -52,8 +60,13 @@ def worker(args: argparse.Namespace) -> None:
     ours, ours_sync, ours_opt = make(trace=True)
     quiet, quiet_sync, quiet_opt = make(trace=False)
     ddp_model = GPT(cfg, seed=0).to(device)
-    ddp = DDP(ddp_model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_mb,
-              gradient_as_bucket_view=True, broadcast_buffers=False)
+    ddp = DDP(
+        ddp_model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_mb,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
+    )
     ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
 
     x, y = global_batch(0, 0, args.global_batch, cfg.seq_len, cfg.vocab_size)
@@ -77,11 +90,18 @@ def worker(args: argparse.Namespace) -> None:
         return loss.detach()
 
     if rank == 0:
-        print("\nworkbench DP vs torch DDP — same model (seed 0), same batch, same AdamW", flush=True)
+        print(
+            "\nworkbench DP vs torch DDP — same model (seed 0), same batch, same AdamW", flush=True
+        )
     # gradients averaged in another order (divide then sum, against DDP's sum then divide): ~1 ulp
-    check_same_losses(("ours", lambda: step_ours(ours, ours_sync, ours_opt)), ("DDP", step_ddp), rtol=1e-5)
-    candidates = {"ours": lambda: step_ours(ours, ours_sync, ours_opt), "ddp": step_ddp,
-                  "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt)}
+    check_same_losses(
+        ("ours", lambda: step_ours(ours, ours_sync, ours_opt)), ("DDP", step_ddp), rtol=1e-5
+    )
+    candidates = {
+        "ours": lambda: step_ours(ours, ours_sync, ours_opt),
+        "ddp": step_ddp,
+        "ours_untraced": lambda: step_ours(quiet, quiet_sync, quiet_opt),
+    }
     med = interleaved_rounds(candidates, args.rounds, args.warmup)
 
     # ring vs backend all-reduce bandwidth
@@ -110,17 +130,23 @@ def worker(args: argparse.Namespace) -> None:
 
     if rank == 0:
         n_params = sum(p.numel() for p in ours.parameters())
-        print(f"\nworkbench DP vs torch DDP — model {args.model} ({n_params / 1e6:.2f} M params), {world} ranks, "
-              f"global batch {args.global_batch}, buckets {args.bucket_mb} MB, {args.rounds} rounds interleaved "
-              f"(torch {torch.__version__}, {args.backend})")
+        print(
+            f"\nworkbench DP vs torch DDP — model {args.model} ({n_params / 1e6:.2f} M params), {world} ranks, "
+            f"global batch {args.global_batch}, buckets {args.bucket_mb} MB, {args.rounds} rounds interleaved "
+            f"(torch {torch.__version__}, {args.backend})"
+        )
         print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DDP {med['ddp'] * 1e3:8.2f} ms")
         print("  " + report("ratio ours/DDP", med.ratio("ours", "ddp")))
-        print(f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms")
+        print(
+            f"  tracing       on {med['ours'] * 1e3:8.2f} ms   off {med['ours_untraced'] * 1e3:8.2f} ms"
+        )
         print("  " + report("tracing overhead on/off", med.ratio("ours", "ours_untraced")))
         print("  all-reduce bus bandwidth (GB/s, median):")
         print(f"  {'bytes':>10} {'backend':>10} {'ring (ours)':>12} {'ring/backend':>13}")
         for nbytes, row in bw_rows:
-            print(f"  {nbytes:>10} {row['backend']:>10.3f} {row['ring']:>12.3f} {row['ring'] / row['backend']:>13.3f}")
+            print(
+                f"  {nbytes:>10} {row['backend']:>10.3f} {row['ring']:>12.3f} {row['ring'] / row['backend']:>13.3f}"
+            )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -19,22 +19,41 @@ def self_launch(script: str, ranks: int) -> int:
     """Run `script` on `ranks` processes (torchrun's free port, one thread per rank); its argv travels
     in WB_BENCH_ARGS."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WB_BENCH_ARGS": " ".join(sys.argv[1:])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           os.path.abspath(script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        os.path.abspath(script),
+    ]
     return subprocess.call(cmd, env=env)
 
 
 def common_arguments(doc: str | None, **defaults: object) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ranks", type=int, default=defaults.get("ranks", 2))
     p.add_argument("--model", default=defaults.get("model", "small"))
-    p.add_argument("--rounds", type=int, default=defaults.get("rounds", 40),
-                   help="interleaved rounds; the ratios' intervals are bootstrapped over them (≥ 40)")
-    p.add_argument("--repeat", type=int, default=1, help="rerun the whole comparison K times; print the spread")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=defaults.get("rounds", 40),
+        help="interleaved rounds; the ratios' intervals are bootstrapped over them (≥ 40)",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rerun the whole comparison K times; print the spread"
+    )
     p.add_argument("--warmup", type=int, default=defaults.get("warmup", 3))
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--backend", default=defaults.get("backend", "gloo"), choices=("gloo", "nccl"),
-                   help="nccl: one GPU per rank (timing synchronises the device)")
+    p.add_argument(
+        "--backend",
+        default=defaults.get("backend", "gloo"),
+        choices=("gloo", "nccl"),
+        help="nccl: one GPU per rank (timing synchronises the device)",
+    )
     return p
 
 
@@ -53,7 +72,9 @@ class Timings:
         return ratio(self.rounds[a], self.rounds[b])
 
 
-def interleaved_rounds(candidates: dict[str, Callable[[], None]], rounds: int, warmup: int) -> Timings:
+def interleaved_rounds(
+    candidates: dict[str, Callable[[], None]], rounds: int, warmup: int
+) -> Timings:
     """Each round runs every candidate once (order reversed every other round, a barrier before each);
     a round's time is the slowest rank's. `timings[name]` is the median, `timings.ratio(a, b)` a/b
     with its interval."""
@@ -63,7 +84,7 @@ def interleaved_rounds(candidates: dict[str, Callable[[], None]], rounds: int, w
     times: dict[str, list[float]] = {k: [] for k in candidates}
     sync = torch.cuda.synchronize if dist.get_backend() == "nccl" else (lambda: None)
     for i in range(rounds + warmup):
-        for name in (list(candidates) if i % 2 == 0 else list(reversed(candidates))):
+        for name in list(candidates) if i % 2 == 0 else list(reversed(candidates)):
             dist.barrier()
             sync()
             t = time.perf_counter()
@@ -88,8 +109,12 @@ def report(label: str, value: object) -> str:
     return f"{label} = {value}"
 
 
-def entry(script: str, parse: Callable[[list[str]], argparse.Namespace], worker: Callable[[argparse.Namespace], None],
-          after: Callable[[argparse.Namespace], None] | None = None) -> int:
+def entry(
+    script: str,
+    parse: Callable[[list[str]], argparse.Namespace],
+    worker: Callable[[argparse.Namespace], None],
+    after: Callable[[argparse.Namespace], None] | None = None,
+) -> int:
     """The benchmark's main: under torchrun run the worker, else start torchrun (then `after`)."""
     if "RANK" in os.environ:
         worker(parse(os.environ.get("WB_BENCH_ARGS", "").split()))
@@ -165,8 +190,13 @@ def join(axis: str, backend: str = "gloo") -> tuple[int, int, Callable[[bool], o
     return rank, world, make_comm
 
 
-def check_same_losses(ours: tuple[str, Callable[[], object]], ref: tuple[str, Callable[[], object]],
-                      steps: int = 3, rtol: float = 1e-5, reduce: str = "mean") -> None:
+def check_same_losses(
+    ours: tuple[str, Callable[[], object]],
+    ref: tuple[str, Callable[[], object]],
+    steps: int = 3,
+    rtol: float = 1e-5,
+    reduce: str = "mean",
+) -> None:
     """Before any timing: both sides train `steps` steps (each callable runs one and returns this rank's
     loss) from the same model on the same batch; the global loss (`reduce`: the mean of the ranks'
     losses, or their sum when only one rank holds it) must agree within rtol · loss at every step.
@@ -178,14 +208,21 @@ def check_same_losses(ours: tuple[str, Callable[[], object]], ref: tuple[str, Ca
     world = dist.get_world_size()
     history = []
     for _ in range(steps):
-        pair = torch.tensor([float(ours[1]()), float(ref[1]())], dtype=torch.float64, device=rank_device())
+        pair = torch.tensor(
+            [float(ours[1]()), float(ref[1]())], dtype=torch.float64, device=rank_device()
+        )
         dist.all_reduce(pair)
         history.append(pair / world if reduce == "mean" else pair)
     history = [h.cpu() for h in history]
     worst = max(abs(a - b).item() / abs(b).item() for a, b in history)
     if dist.get_rank() == 0:
-        print(f"  check  {ours[0]} vs {ref[0]}: losses {history[0][0]:.6f} → {history[-1][0]:.6f} over {steps} "
-              f"steps, max relative difference {worst:.1e} (tolerance {rtol:g})", flush=True)
+        print(
+            f"  check  {ours[0]} vs {ref[0]}: losses {history[0][0]:.6f} → {history[-1][0]:.6f} over {steps} "
+            f"steps, max relative difference {worst:.1e} (tolerance {rtol:g})",
+            flush=True,
+        )
     if worst > rtol:
-        raise SystemExit(f"{ours[0]} and {ref[0]} do not compute the same losses (max relative difference "
-                         f"{worst:.2e} > {rtol:g}): fix the comparison before timing it")
+        raise SystemExit(
+            f"{ours[0]} and {ref[0]} do not compute the same losses (max relative difference "
+            f"{worst:.2e} > {rtol:g}): fix the comparison before timing it"
+        )

@@ -31,7 +31,15 @@ import os
 import sys
 import tempfile
 
-from harness import Timings, check_same_losses, common_arguments, entry, interleaved_rounds, rank_device, report
+from harness import (
+    Timings,
+    check_same_losses,
+    common_arguments,
+    entry,
+    interleaved_rounds,
+    rank_device,
+    report,
+)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -46,9 +54,17 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.model.gpt import GPT
 
     torch.set_num_threads(1)
-    cfg = RunConfig(model=args.model, global_batch=args.global_batch, steps=100_000, lr=args.lr,
-                    precision=args.precision, attention=args.attention, compile=args.compile, backend=args.backend,
-                    timeout_s=300).validate()
+    cfg = RunConfig(
+        model=args.model,
+        global_batch=args.global_batch,
+        steps=100_000,
+        lr=args.lr,
+        precision=args.precision,
+        attention=args.attention,
+        compile=args.compile,
+        backend=args.backend,
+        timeout_s=300,
+    ).validate()
     ctx = setup(cfg, tempfile.mkdtemp(prefix="ours_vs_plain_"))
     device = rank_device()
     ours = parallelize(cfg, ctx)
@@ -60,40 +76,84 @@ def worker(args: argparse.Namespace) -> None:
         return train_step(ours, batches, step["ours"], measured).loss
 
     rtol = 1e-5 if cfg.precision == "fp32" else 3e-2
-    if args.one_side_at_a_time:  # a model too large for both at once: ours timed and let go, then plain
+    if (
+        args.one_side_at_a_time
+    ):  # a model too large for both at once: ours timed and let go, then plain
         first = [run_ours(False) for _ in range(3)]
-        timed = interleaved_rounds({"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True)},
-                                   args.rounds, args.warmup)
+        timed = interleaved_rounds(
+            {"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True)},
+            args.rounds,
+            args.warmup,
+        )
         del ours, run_ours
         free_device(device)
         plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
         check_same_losses(("ours", lambda: first.pop(0)), ("plain", plain_step), rtol=rtol)
-        med = Timings({**timed.rounds, **interleaved_rounds({"plain": plain_step}, args.rounds, args.warmup).rounds})
+        med = Timings(
+            {
+                **timed.rounds,
+                **interleaved_rounds({"plain": plain_step}, args.rounds, args.warmup).rounds,
+            }
+        )
     else:
         plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
         check_same_losses(("ours", lambda: run_ours(False)), ("plain", plain_step), rtol=rtol)
-        med = interleaved_rounds({"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True),
-                                  "plain": plain_step}, args.rounds, args.warmup)
+        med = interleaved_rounds(
+            {
+                "ours_fast": lambda: run_ours(False),
+                "ours_measured": lambda: run_ours(True),
+                "plain": plain_step,
+            },
+            args.rounds,
+            args.warmup,
+        )
     if dist.get_rank() == 0:
-        where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores"
-        print(f"\nworkbench vs a plain PyTorch loop — {args.model}, {cfg.precision}, attention {cfg.attention}, "
-              f"batch {args.global_batch}×{cfg.model_config.seq_len}{', compiled' if args.compile else ''}, "
-              f"{where}, torch {torch.__version__}; {args.rounds} rounds "
-              f"{'a side at a time (ours timed and freed, then plain)' if args.one_side_at_a_time else 'interleaved'}")
-        print(f"  median step   ours fast {med['ours_fast'] * 1e3:8.2f} ms   ours measured "
-              f"{med['ours_measured'] * 1e3:8.2f} ms   plain {med['plain'] * 1e3:8.2f} ms")
+        where = (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"CPU, {os.cpu_count()} cores"
+        )
+        print(
+            f"\nworkbench vs a plain PyTorch loop — {args.model}, {cfg.precision}, attention {cfg.attention}, "
+            f"batch {args.global_batch}×{cfg.model_config.seq_len}{', compiled' if args.compile else ''}, "
+            f"{where}, torch {torch.__version__}; {args.rounds} rounds "
+            f"{'a side at a time (ours timed and freed, then plain)' if args.one_side_at_a_time else 'interleaved'}"
+        )
+        print(
+            f"  median step   ours fast {med['ours_fast'] * 1e3:8.2f} ms   ours measured "
+            f"{med['ours_measured'] * 1e3:8.2f} ms   plain {med['plain'] * 1e3:8.2f} ms"
+        )
         print("  " + report("ours (fast steps) / plain", med.ratio("ours_fast", "plain")))
-        print("  " + report("ours (every step measured) / plain", med.ratio("ours_measured", "plain")))
+        print(
+            "  " + report("ours (every step measured) / plain", med.ratio("ours_measured", "plain"))
+        )
         speed = throughput(cfg, med, where if device.type == "cuda" else None)
-        print("  tokens/s  " + "   ".join(f"{k} {v['tokens_per_s']:,.0f}" + (f" (MFU {v['mfu']:.1%})" if v["mfu"]
-                                                                               else "") for k, v in speed.items()))
-        if path := os.environ.get("WB_BENCH_JSON"):  # scripts/gpu_check.sh's summary table reads these
+        print(
+            "  tokens/s  "
+            + "   ".join(
+                f"{k} {v['tokens_per_s']:,.0f}" + (f" (MFU {v['mfu']:.1%})" if v["mfu"] else "")
+                for k, v in speed.items()
+            )
+        )
+        if path := os.environ.get(
+            "WB_BENCH_JSON"
+        ):  # scripts/gpu_check.sh's summary table reads these
             with open(path, "a") as f:
-                f.write(json.dumps({"model": args.model, "precision": cfg.precision, "compiled": args.compile,
-                                    "sequential": args.one_side_at_a_time,
-                                    "device": where, "speed": speed,
-                                    "ratio_fast": vars(med.ratio("ours_fast", "plain")),
-                                    "ratio_measured": vars(med.ratio("ours_measured", "plain"))}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "model": args.model,
+                            "precision": cfg.precision,
+                            "compiled": args.compile,
+                            "sequential": args.one_side_at_a_time,
+                            "device": where,
+                            "speed": speed,
+                            "ratio_fast": vars(med.ratio("ours_fast", "plain")),
+                            "ratio_measured": vars(med.ratio("ours_measured", "plain")),
+                        }
+                    )
+                    + "\n"
+                )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -106,9 +166,14 @@ def throughput(cfg, med, gpu_name: str | None) -> dict:  # noqa: ANN001
 
     peak = peak_flops(gpu_name, cfg.precision, os.environ.get(PEAK_ENV)) if gpu_name else None
     tokens = cfg.global_batch * cfg.model_config.seq_len
-    return {k: {"step_s": med[k], "tokens_per_s": tokens / med[k],
-                "mfu": mfu(cfg.model_config, tokens / med[k], peak) if peak else None}
-            for k in ("ours_fast", "ours_measured", "plain")}
+    return {
+        k: {
+            "step_s": med[k],
+            "tokens_per_s": tokens / med[k],
+            "mfu": mfu(cfg.model_config, tokens / med[k], peak) if peak else None,
+        }
+        for k in ("ours_fast", "ours_measured", "plain")
+    }
 
 
 def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 - the loop a user would write
@@ -118,7 +183,9 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
     import torch
 
     torch.manual_seed(cfg.seed)
-    with torch.device("meta"):  # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
+    with torch.device(
+        "meta"
+    ):  # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
         model = GPT(cfg.model_config)
     model.to_empty(device=device)
     model.tie()
@@ -127,11 +194,19 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
         if hasattr(m, "fused"):
             m.fused = cfg.attention == "sdpa"
     cuda = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cuda or None,
-                            foreach=None if cuda else True)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        fused=cuda or None,
+        foreach=None if cuda else True,
+    )
     forward = torch.compile(model) if cfg.compile else model
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.precision == "bf16"
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if cuda and cfg.precision == "bf16"
+        else contextlib.nullcontext()
+    )
     state = {"next": None}
 
     def one() -> float:
@@ -142,7 +217,9 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
         if step["plain"] + 1 < cfg.steps:  # fetch the next batch while the forward runs (nanoGPT)
             state["next"] = batches.host(step["plain"] + 1)
             if cuda:
-                state["next"] = tuple(t.pin_memory().to(device, non_blocking=True) for t in state["next"])
+                state["next"] = tuple(
+                    t.pin_memory().to(device, non_blocking=True) for t in state["next"]
+                )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -169,10 +246,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
-    p.add_argument("--compile", action="store_true", help="ours: each block compiled; plain: the whole model")
+    p.add_argument(
+        "--compile", action="store_true", help="ours: each block compiled; plain: the whole model"
+    )
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--one-side-at-a-time", action="store_true",
-                   help="ours timed and freed, then plain (not interleaved): for a model both sides cannot hold")
+    p.add_argument(
+        "--one-side-at-a-time",
+        action="store_true",
+        help="ours timed and freed, then plain (not interleaved): for a model both sides cannot hold",
+    )
     args = p.parse_args(argv)
     if args.ranks != 1:
         p.error("--ranks: one process (the plain loop has no parallelism)")

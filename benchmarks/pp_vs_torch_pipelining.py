@@ -36,27 +36,47 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     import workbench as wb
     from workbench.config import PRESETS
 
-    layers = -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks  # ZBV's 2p stages divide them
+    layers = (
+        -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks
+    )  # ZBV's 2p stages divide them
     model = {"base": args.model, "layers": layers}  # the same model for every schedule
-    print(f"\nmeasured bubbles, p={args.ranks}, m=8, model {args.model} with {layers} layers, global batch "
-          f"{args.batch}: the rate "
-          f"(idle ÷ work) beside the formula and the simulation with measured costs; the fraction of the step "
-          f"beside its simulation from every measured cost (compute per stage and kind, transfers, host gaps, "
-          f"entry skew: summary.json's split less its unexplained rest; band: within {band:.0%})")
-    print(f"  {'schedule':<9} {'rate':>6} {'formula':>8} {'sim.':>6} │ {'fraction':>8} {'sim.':>6} {'within':>7}")
+    print(
+        f"\nmeasured bubbles, p={args.ranks}, m=8, model {args.model} with {layers} layers, global batch "
+        f"{args.batch}: the rate "
+        f"(idle ÷ work) beside the formula and the simulation with measured costs; the fraction of the step "
+        f"beside its simulation from every measured cost (compute per stage and kind, transfers, host gaps, "
+        f"entry skew: summary.json's split less its unexplained rest; band: within {band:.0%})"
+    )
+    print(
+        f"  {'schedule':<9} {'rate':>6} {'formula':>8} {'sim.':>6} │ {'fraction':>8} {'sim.':>6} {'within':>7}"
+    )
     with tempfile.TemporaryDirectory() as d:
         for name in ("1f1b", "zbh1", "zbv"):
-            run = wb.launch(wb.RunConfig(model=model, pp=args.ranks, microbatches=8, global_batch=args.batch,
-                                         schedule=name, steps=6), out=os.path.join(d, name), progress=False)
+            run = wb.launch(
+                wb.RunConfig(
+                    model=model,
+                    pp=args.ranks,
+                    microbatches=8,
+                    global_batch=args.batch,
+                    schedule=name,
+                    steps=6,
+                ),
+                out=os.path.join(d, name),
+                progress=False,
+            )
             b = run.summary["bubble_fraction"]
             split = b["split"]
             sim = split["measured"] - split["unexplained"]
             within = abs(split["unexplained"]) <= band * sim
-            print(f"  {name:<9} {b['measured_rate']:>6.3f} {b['formula_rate']:>8.3f} {b['simulated_rate']:>6.3f} │ "
-                  f"{split['measured']:>8.3f} {sim:>6.3f} {str(within):>7}")
-    print("  The formula assumes equal pass times (T_F = T_I = T_W) and free transfers; the simulation takes\n"
-          "  each kind of pass's measured mean and the measured transfer time. On a CPU, ranks beyond the\n"
-          "  cores share them, and each microbatch boundary adds a gloo send/receive to the critical path.")
+            print(
+                f"  {name:<9} {b['measured_rate']:>6.3f} {b['formula_rate']:>8.3f} {b['simulated_rate']:>6.3f} │ "
+                f"{split['measured']:>8.3f} {sim:>6.3f} {str(within):>7}"
+            )
+    print(
+        "  The formula assumes equal pass times (T_F = T_I = T_W) and free transfers; the simulation takes\n"
+        "  each kind of pass's measured mean and the measured transfer time. On a CPU, ranks beyond the\n"
+        "  cores share them, and each microbatch boundary adds a gloo send/receive to the critical path."
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -65,7 +85,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _PipelineScheduleRuntime
+    from torch.distributed.pipelining.schedules import (
+        ScheduleZBVZeroBubble,
+        _PipelineScheduleRuntime,
+    )
 
     from workbench.config import PRESETS
     from workbench.data.synthetic import global_batch
@@ -90,8 +113,15 @@ def worker(args: argparse.Namespace) -> None:
         return GPT(cfg, seed=0, layers=layers, first=first, last=last)
 
     ours_chunks = build_stages(cfg.layers, schedule, rank, stage)
-    executor = PipelineExecutor(schedule, rank, ours_chunks, comm, MemoryTracker(rec, device),
-                                (args.batch // m, cfg.seq_len, cfg.hidden), device)
+    executor = PipelineExecutor(
+        schedule,
+        rank,
+        ours_chunks,
+        comm,
+        MemoryTracker(rec, device),
+        (args.batch // m, cfg.seq_len, cfg.hidden),
+        device,
+    )
     ours_params = [p for c in ours_chunks.values() for p in c.parameters()]
     ours_opt = torch.optim.AdamW(ours_params, lr=1e-4, foreach=False)
 
@@ -102,20 +132,28 @@ def worker(args: argparse.Namespace) -> None:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
 
     if args.schedule == "zbv":
-        ref_schedule, ref_name = ScheduleZBVZeroBubble(ref_stages, m, loss_fn=loss_fn), "ScheduleZBVZeroBubble"
+        ref_schedule, ref_name = (
+            ScheduleZBVZeroBubble(ref_stages, m, loss_fn=loss_fn),
+            "ScheduleZBVZeroBubble",
+        )
     elif args.schedule == "zbh1":  # torch's runtime on our schedule, as its CSV
         path = os.path.abspath(f".wb_bench_zbh1_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.csv")
         if rank == 0:
             write_csv(schedule, path)
         dist.barrier()
-        ref_schedule, ref_name = _PipelineScheduleRuntime(ref_stages, m, loss_fn=loss_fn), "torch runtime (our CSV)"
+        ref_schedule, ref_name = (
+            _PipelineScheduleRuntime(ref_stages, m, loss_fn=loss_fn),
+            "torch runtime (our CSV)",
+        )
         ref_schedule._load_csv(path, format="compute_only")
         dist.barrier()
         if rank == 0:
             os.remove(path)
     else:
         ref_schedule, ref_name = Schedule1F1B(ref_stages[0], m, loss_fn=loss_fn), "Schedule1F1B"
-    ref_opt = torch.optim.AdamW([p for c in ref_modules.values() for p in c.parameters()], lr=1e-4, foreach=False)
+    ref_opt = torch.optim.AdamW(
+        [p for c in ref_modules.values() for p in c.parameters()], lr=1e-4, foreach=False
+    )
     first, last = schedule.rank_of(0), schedule.rank_of(schedule.stages - 1)
 
     def step_ours():  # noqa: ANN202
@@ -126,22 +164,31 @@ def worker(args: argparse.Namespace) -> None:
 
     def step_ref():  # noqa: ANN202
         losses: list[torch.Tensor] = []
-        ref_schedule.step(*([x] if rank == first else []), **({"target": y, "losses": losses} if rank == last else {}))
+        ref_schedule.step(
+            *([x] if rank == first else []),
+            **({"target": y, "losses": losses} if rank == last else {}),
+        )
         ref_opt.step()
         ref_opt.zero_grad()
         return torch.stack(losses).mean().detach() if losses else torch.zeros(())
 
     if rank == 0:
-        print(f"\nworkbench {args.schedule} vs {ref_name} — same stages (seed 0), same batch and microbatches",
-              flush=True)
+        print(
+            f"\nworkbench {args.schedule} vs {ref_name} — same stages (seed 0), same batch and microbatches",
+            flush=True,
+        )
     # the same arithmetic per microbatch; the gradient sums the microbatches (W: later, in the same sum)
     check_same_losses(("ours", step_ours), (ref_name, step_ref), reduce="sum")
     med = interleaved_rounds({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
     if rank == 0:
-        print(f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model}, "
-              f"p={world}, m={m}, batch {args.batch}, {args.rounds} rounds interleaved "
-              f"(torch {torch.__version__}, gloo)")
-        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms")
+        print(
+            f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model}, "
+            f"p={world}, m={m}, batch {args.batch}, {args.rounds} rounds interleaved "
+            f"(torch {torch.__version__}, gloo)"
+        )
+        print(
+            f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms"
+        )
         print("  " + report("ratio ours/torch", med.ratio("ours", "torch")))
     dist.barrier()
     dist.destroy_process_group()

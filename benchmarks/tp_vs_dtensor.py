@@ -25,7 +25,12 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
 
     from workbench.config import PRESETS
     from workbench.data.synthetic import global_batch
@@ -47,11 +52,19 @@ def worker(args: argparse.Namespace) -> None:
     mesh = init_device_mesh("cpu", (world,))
     ref = GPT(cfg, seed=0)
     heads_first(ref, world)
-    plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
-            "head": ColwiseParallel(use_local_output=False)}  # logits stay split by vocabulary: loss_parallel
+    plan = {
+        "wte": RowwiseParallel(input_layouts=Replicate()),
+        "head": ColwiseParallel(use_local_output=False),
+    }  # logits stay split by vocabulary: loss_parallel
     for i in range(cfg.layers):
-        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
-                     f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()})
+        plan.update(
+            {
+                f"blocks.{i}.attn.qkv": ColwiseParallel(),
+                f"blocks.{i}.attn.proj": RowwiseParallel(),
+                f"blocks.{i}.mlp.fc": ColwiseParallel(),
+                f"blocks.{i}.mlp.proj": RowwiseParallel(),
+            }
+        )
     parallelize_module(ref, mesh, plan)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-4, foreach=False)
 
@@ -64,7 +77,9 @@ def worker(args: argparse.Namespace) -> None:
         return loss.detach()
 
     def step_ref():  # noqa: ANN202
-        with loss_parallel():  # the cross-entropy of vocabulary-split logits, never gathered (like ours)
+        with (
+            loss_parallel()
+        ):  # the cross-entropy of vocabulary-split logits, never gathered (like ours)
             loss = ref(x, y)
             loss.backward()
         ref_opt.step()
@@ -72,17 +87,26 @@ def worker(args: argparse.Namespace) -> None:
         return loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
 
     if rank == 0:
-        print("\nworkbench TP vs DTensor TP — same model (seed 0), q/k/v split by heads and the vocabulary-"
-              "parallel loss on both sides", flush=True)
+        print(
+            "\nworkbench TP vs DTensor TP — same model (seed 0), q/k/v split by heads and the vocabulary-"
+            "parallel loss on both sides",
+            flush=True,
+        )
     # the same shards; the row-parallel sums and the loss's all-reduces add in another order: a few ulps
-    check_same_losses(("ours", step_ours), ("DTensor", step_ref), rtol=1e-5)  # every tp rank holds the loss
+    check_same_losses(
+        ("ours", step_ours), ("DTensor", step_ref), rtol=1e-5
+    )  # every tp rank holds the loss
 
     med = interleaved_rounds({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
     if rank == 0:
-        print(f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, "
-              f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} "
-              f"(torch {torch.__version__}, gloo)")
-        print(f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms")
+        print(
+            f"\nworkbench TP vs DTensor TP — model {args.model}, tp={world}, batch {args.batch}, "
+            f"{args.rounds} rounds interleaved, tracing {'on' if args.trace else 'off'} "
+            f"(torch {torch.__version__}, gloo)"
+        )
+        print(
+            f"  median step   ours {med['ours'] * 1e3:8.2f} ms   DTensor {med['dtensor'] * 1e3:8.2f} ms"
+        )
         print("  " + report("ratio ours/DTensor", med.ratio("ours", "dtensor")))
     dist.barrier()
     dist.destroy_process_group()

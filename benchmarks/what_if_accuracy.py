@@ -40,12 +40,19 @@ PAIRS = [
     ("pp2 1f1b m4", {"microbatches": 8}, {"pp": 2, "microbatches": 8}),
     ("pp2 1f1b m4", {"microbatches": 2}, {"pp": 2, "microbatches": 2}),
     ("pp2 1f1b m4", {"schedule": "gpipe"}, {"pp": 2, "schedule": "gpipe", "microbatches": 4}),
-    ("pp2 gpipe m4", {"schedule": "interleaved", "virtual_stages": 2},
-     {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}),
+    (
+        "pp2 gpipe m4",
+        {"schedule": "interleaved", "virtual_stages": 2},
+        {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+    ),
     ("dp2", {"bucket_mb": 0.05}, {"dp": 2, "bucket_mb": 0.05}),
     ("dp2", LINK, {"dp": 2, **LINK}),
     ("pp2 1f1b m4", LINK, {"pp": 2, "microbatches": 4, **LINK}),
-    ("dp2", {"straggler": (1, 0.02)}, {"dp": 2, "fault": "straggle", "fault_rank": 1, "fault_delay_s": 0.02}),
+    (
+        "dp2",
+        {"straggler": (1, 0.02)},
+        {"dp": 2, "fault": "straggle", "fault_rank": 1, "fault_delay_s": 0.02},
+    ),
 ]
 
 
@@ -56,11 +63,15 @@ def label(changes: dict) -> str:
 def launch(settings: dict, out: str):
     import workbench as wb
 
-    return wb.launch(wb.RunConfig.from_dict({**BASE, **settings}), out=out, progress=False, force=True)
+    return wb.launch(
+        wb.RunConfig.from_dict({**BASE, **settings}), out=out, progress=False, force=True
+    )
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", default=None, help="comma-separated pair numbers")
     p.add_argument("--out", default=os.path.join("traces", "what_if_accuracy"))
@@ -72,8 +83,13 @@ def main(argv: list[str]) -> int:
 
     chosen = [int(i) for i in args.only.split(",")] if args.only else list(range(len(PAIRS)))
     # this machine's fixed cost per layer and how ranks share its cores (reused when already made)
-    hw = calibrate(wb.RunConfig.from_dict(BASE).model_config, global_batch=BASE["global_batch"] // 2,
-                   backend="gloo", out=args.out, reuse=True)
+    hw = calibrate(
+        wb.RunConfig.from_dict(BASE).model_config,
+        global_batch=BASE["global_batch"] // 2,
+        backend="gloo",
+        out=args.out,
+        reuse=True,
+    )
     reference = launch({}, os.path.join(args.out, "one_process")).metrics.loss.tolist()
     sources = sorted({PAIRS[i][0] for i in chosen})
     measured: dict[str, list[float]] = {}
@@ -92,21 +108,42 @@ def main(argv: list[str]) -> int:
             measured.setdefault(name, []).append(float(run.metrics.step_time_s.iloc[1:].median()))
         for i in chosen:
             run = launch(PAIRS[i][2], os.path.join(args.out, f"target_{i}_{k}"))
-            worst = max(worst, max(abs(a - b) for a, b in zip(run.metrics.loss, reference, strict=True)))
+            worst = max(
+                worst, max(abs(a - b) for a, b in zip(run.metrics.loss, reference, strict=True))
+            )
             measured.setdefault(str(i), []).append(float(run.metrics.step_time_s.iloc[1:].median()))
-    print(f"every target's losses equal one process's within {worst:.1e}; {args.rounds} interleaved rounds; "
-          f"the sources' replays within {max(abs(e) for e in replay_errors):.1%} of their measured steps")
-    print(f"{'#':>2} {'source':<13} {'what if':<40} {'source ms':>9} {'predicted':>9} {'measured':>9} "
-          f"{'spread':>13} {'error':>7}")
+    print(
+        f"every target's losses equal one process's within {worst:.1e}; {args.rounds} interleaved rounds; "
+        f"the sources' replays within {max(abs(e) for e in replay_errors):.1%} of their measured steps"
+    )
+    print(
+        f"{'#':>2} {'source':<13} {'what if':<40} {'source ms':>9} {'predicted':>9} {'measured':>9} "
+        f"{'spread':>13} {'error':>7}"
+    )
     rows = []
     for i in chosen:
         src, changes, _ = PAIRS[i]
-        pred, meas = statistics.median(predicted[i]) * 1e3, statistics.median(measured[str(i)]) * 1e3
+        pred, meas = (
+            statistics.median(predicted[i]) * 1e3,
+            statistics.median(measured[str(i)]) * 1e3,
+        )
         runs = [t * 1e3 for t in measured[str(i)]]
-        rows.append({"pair": i, "source": src, "changes": label(changes), "predicted_ms": pred, "measured_ms": meas,
-                     "runs_ms": runs, "error": pred / meas - 1})
-        print(f"{i:>2} {src:<13} {label(changes):<40} {statistics.median(measured[src]) * 1e3:>9.1f} {pred:>9.1f} "
-              f"{meas:>9.1f} {min(runs):>6.1f}–{max(runs):<6.1f} {pred / meas - 1:>+7.1%}", flush=True)
+        rows.append(
+            {
+                "pair": i,
+                "source": src,
+                "changes": label(changes),
+                "predicted_ms": pred,
+                "measured_ms": meas,
+                "runs_ms": runs,
+                "error": pred / meas - 1,
+            }
+        )
+        print(
+            f"{i:>2} {src:<13} {label(changes):<40} {statistics.median(measured[src]) * 1e3:>9.1f} {pred:>9.1f} "
+            f"{meas:>9.1f} {min(runs):>6.1f}–{max(runs):<6.1f} {pred / meas - 1:>+7.1%}",
+            flush=True,
+        )
     mean_abs = statistics.mean(abs(r["error"]) for r in rows)
     print(f"\nmean |error| {mean_abs:.1%} over {len(rows)} pairs (goal ≤ {args.goal:.0%})")
     if len(rows) > 1:

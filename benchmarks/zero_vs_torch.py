@@ -46,8 +46,13 @@ def worker(args: argparse.Namespace) -> None:
     z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, AdamHyper())
 
     ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
-    zro = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False,
-                                  weight_decay=0.0)
+    zro = ZeroRedundancyOptimizer(
+        ddp.parameters(),
+        optimizer_class=torch.optim.AdamW,
+        lr=1e-4,
+        foreach=False,
+        weight_decay=0.0,
+    )
     fsdp_model = GPT(cfg, seed=0)
     mesh = init_device_mesh("cpu", (world,))
     for block in fsdp_model.blocks.values():
@@ -63,6 +68,7 @@ def worker(args: argparse.Namespace) -> None:
             updater.step(1e-4, None)
             sync.zero_grad()
             return loss.detach()
+
         return step
 
     def torch_zero1():  # noqa: ANN202
@@ -80,18 +86,34 @@ def worker(args: argparse.Namespace) -> None:
         return loss.detach()
 
     if rank == 0:
-        print("\nworkbench ZeRO vs torch — same model (seed 0), same batch, AdamW without weight decay", flush=True)
+        print(
+            "\nworkbench ZeRO vs torch — same model (seed 0), same batch, AdamW without weight decay",
+            flush=True,
+        )
     # a reduce-scatter sums in another order than DDP's all-reduce: ~1 ulp of the loss
-    check_same_losses(("ours ZeRO-1", ours(z1_model, z1, z1_update)), ("ZeroRedundancyOptimizer", torch_zero1))
+    check_same_losses(
+        ("ours ZeRO-1", ours(z1_model, z1, z1_update)), ("ZeroRedundancyOptimizer", torch_zero1)
+    )
     check_same_losses(("ours ZeRO-3", ours(z3_model, z3, z3_update)), ("FSDP2", torch_fsdp2))
-    candidates = {"ours ZeRO-1": ours(z1_model, z1, z1_update), "ZeroRedundancyOptimizer": torch_zero1,
-                  "ours ZeRO-3": ours(z3_model, z3, z3_update), "FSDP2": torch_fsdp2}
+    candidates = {
+        "ours ZeRO-1": ours(z1_model, z1, z1_update),
+        "ZeroRedundancyOptimizer": torch_zero1,
+        "ours ZeRO-3": ours(z3_model, z3, z3_update),
+        "FSDP2": torch_fsdp2,
+    }
     med = interleaved_rounds(candidates, args.rounds, args.warmup)
     if rank == 0:
-        print(f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "
-              f"{args.rounds} rounds interleaved (torch {torch.__version__}, gloo)")
-        for ours_name, ref in (("ours ZeRO-1", "ZeroRedundancyOptimizer"), ("ours ZeRO-3", "FSDP2")):
-            print(f"  {ours_name:<12} {med[ours_name] * 1e3:8.2f} ms   {ref:<24} {med[ref] * 1e3:8.2f} ms")
+        print(
+            f"\nworkbench ZeRO vs torch — model {args.model}, {world} ranks, global batch {args.batch}, "
+            f"{args.rounds} rounds interleaved (torch {torch.__version__}, gloo)"
+        )
+        for ours_name, ref in (
+            ("ours ZeRO-1", "ZeroRedundancyOptimizer"),
+            ("ours ZeRO-3", "FSDP2"),
+        ):
+            print(
+                f"  {ours_name:<12} {med[ours_name] * 1e3:8.2f} ms   {ref:<24} {med[ref] * 1e3:8.2f} ms"
+            )
             print("    " + report(f"ratio {ours_name}/{ref}", med.ratio(ours_name, ref)))
     dist.barrier()
     dist.destroy_process_group()

@@ -43,15 +43,19 @@ SITE = ROOT / "traces" / "site"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-WIDGET_NOTE = ('<p class="wb-widget"><em>An interactive control (ipywidgets): it moves when the notebook runs in '
-               'Jupyter — <code>make notebook</code>. {shown}</em></p>')
+WIDGET_NOTE = (
+    '<p class="wb-widget"><em>An interactive control (ipywidgets): it moves when the notebook runs in '
+    "Jupyter — <code>make notebook</code>. {shown}</em></p>"
+)
 
 
 #: viz.predict's box on a page: a note (a prediction is typed in Jupyter); its answer is an HTML fold, shown as it is
 PREDICTION_WIDGETS = {
-    "TextModel": lambda state: ('<p class="wb-predict"><em>A box for your prediction: type a number when the '
-                                'notebook runs in Jupyter (<code>make notebook</code>); here, predict in your '
-                                'head, then open the answer below.</em></p>'),
+    "TextModel": lambda state: (
+        '<p class="wb-predict"><em>A box for your prediction: type a number when the '
+        "notebook runs in Jupyter (<code>make notebook</code>); here, predict in your "
+        "head, then open the answer below.</em></p>"
+    ),
 }
 
 
@@ -62,14 +66,29 @@ def cli_reference() -> str:
     from workbench.cli.run_command import parse_run
 
     parser = build_parser()
-    parts = ["# The `workbench` command", "",
-             "Generated from the parser by `make docs` (scripts/build_docs.py): what `--help` prints.", "",
-             "```text", parser.format_help().rstrip(), "```", ""]
+    parts = [
+        "# The `workbench` command",
+        "",
+        "Generated from the parser by `make docs` (scripts/build_docs.py): what `--help` prints.",
+        "",
+        "```text",
+        parser.format_help().rstrip(),
+        "```",
+        "",
+    ]
     run_help = io.StringIO()
     with contextlib.redirect_stdout(run_help), contextlib.suppress(SystemExit):
         parse_run(["--help"])
-    parts += ["## workbench run", "", "Every `RunConfig` field is a flag (tyro writes them from the dataclass).", "",
-              "```text", run_help.getvalue().rstrip(), "```", ""]
+    parts += [
+        "## workbench run",
+        "",
+        "Every `RunConfig` field is a flag (tyro writes them from the dataclass).",
+        "",
+        "```text",
+        run_help.getvalue().rstrip(),
+        "```",
+        "",
+    ]
     (subparsers,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     for name, sub in subparsers.choices.items():
         if name != "run":
@@ -82,8 +101,15 @@ def api_reference(dst: Path) -> list:
     import workbench
 
     (dst / "reference" / "api").mkdir(parents=True, exist_ok=True)
-    front = ["# `import workbench as wb`", "", "What the package's top level gives (each imported on first use).", ""]
-    for name in workbench.__all__:  # each where it is defined (imports no torch: the package promises it)
+    front = [
+        "# `import workbench as wb`",
+        "",
+        "What the package's top level gives (each imported on first use).",
+        "",
+    ]
+    for (
+        name
+    ) in workbench.__all__:  # each where it is defined (imports no torch: the package promises it)
         where = getattr(workbench, name).__module__
         front += [f"::: {where}.{name}", "    options:", "      show_root_full_path: false", ""]
     (dst / "reference" / "api" / "index.md").write_text("\n".join(front))
@@ -93,7 +119,9 @@ def api_reference(dst: Path) -> list:
             continue
         name = f"workbench.{package.name}"
         page = [f"# `{name}`", "", f"::: {name}", "    options:", "      members: false", ""]
-        for module in pkgutil.walk_packages([str(ROOT / "workbench" / package.name)], prefix=f"{name}."):
+        for module in pkgutil.walk_packages(
+            [str(ROOT / "workbench" / package.name)], prefix=f"{name}."
+        ):
             page += [f"::: {module.name}", ""]
         (dst / "reference" / "api" / f"{package.name}.md").write_text("\n".join(page))
         nav.append({name: f"reference/api/{package.name}.md"})
@@ -110,13 +138,22 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             data = output.get("data", {})
             if PLOTLY in data:
                 data["text/html"] = plotly_html(data.pop(PLOTLY))
-            if "<details><summary>The answer" in "".join(data.get("text/html", "")):  # viz.predict's reveal: no
-                data["text/html"] = re.sub(r"^<p>Type your prediction.*?</p>", "",  # box to type in on a page
-                                           "".join(data["text/html"]))
+            if "<details><summary>The answer" in "".join(
+                data.get("text/html", "")
+            ):  # viz.predict's reveal: no
+                data["text/html"] = re.sub(
+                    r"^<p>Type your prediction.*?</p>",
+                    "",  # box to type in on a page
+                    "".join(data["text/html"]),
+                )
             if WIDGET in data:
                 model = state.get(data[WIDGET]["model_id"], {})
-                if model.get("model_name") in PREDICTION_WIDGETS:  # viz.predict's box and its verdict line
-                    output["data"] = {"text/html": PREDICTION_WIDGETS[model["model_name"]](model["state"])}
+                if (
+                    model.get("model_name") in PREDICTION_WIDGETS
+                ):  # viz.predict's box and its verdict line
+                    output["data"] = {
+                        "text/html": PREDICTION_WIDGETS[model["model_name"]](model["state"])
+                    }
                     continue
                 shown = widget_outputs_html(data[WIDGET]["model_id"], state)
                 note = "Below, what it showed when the notebook ran." if shown else ""
@@ -128,7 +165,9 @@ def plotly_html(figure: dict) -> str:
     """A figure as the kernel's plotly wrote it (no need to validate it again), as a div the page's plotly.js draws."""
     import plotly.io as pio
 
-    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, config={"responsive": True})
+    return pio.to_html(
+        figure, include_plotlyjs=False, full_html=False, validate=False, config={"responsive": True}
+    )
 
 
 def widget_outputs_html(model_id: str, state: dict) -> str:
@@ -138,8 +177,10 @@ def widget_outputs_html(model_id: str, state: dict) -> str:
     model = state.get(model_id)
     if model is None:
         return ""
-    parts = [widget_outputs_html(child.removeprefix("IPY_MODEL_"), state)
-             for child in model["state"].get("children", [])]
+    parts = [
+        widget_outputs_html(child.removeprefix("IPY_MODEL_"), state)
+        for child in model["state"].get("children", [])
+    ]
     for output in model["state"].get("outputs", []):
         data = output.get("data", {})
         if PLOTLY in data:
@@ -147,7 +188,9 @@ def widget_outputs_html(model_id: str, state: dict) -> str:
         elif "text/html" in data:
             parts.append("".join(data["text/html"]))
         elif output.get("output_type") == "stream" or "text/plain" in data:
-            parts.append(f"<pre>{html.escape(''.join(output.get('text') or data.get('text/plain', '')))}</pre>")
+            parts.append(
+                f"<pre>{html.escape(''.join(output.get('text') or data.get('text/plain', '')))}</pre>"
+            )
     return "".join(parts)
 
 
@@ -163,11 +206,15 @@ def lesson_pages(dst: Path, fresh: bool) -> list:
     scripts.mkdir(parents=True, exist_ok=True)
     import plotly
 
-    shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", scripts / "plotly.min.js")
+    shutil.copy(
+        Path(plotly.__file__).parent / "package_data" / "plotly.min.js", scripts / "plotly.min.js"
+    )
     return nav
 
 
-def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, nav: list | None = None) -> Path:
+def site_config(
+    generated: dict[str, list], src: Path = SRC, site: Path = SITE, nav: list | None = None
+) -> Path:
     """mkdocs.yml with its nav's GENERATED entries filled in (or another nav) and its paths absolute, written
     beside `src` (traces/mkdocs.built.yml)."""
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
@@ -186,7 +233,9 @@ def site_config(generated: dict[str, list], src: Path = SRC, site: Path = SITE, 
     config["nav"] = fill(config["nav"]) if nav is None else nav
     config["docs_dir"], config["site_dir"] = str(src), str(site)
     config["theme"]["custom_dir"] = str(ROOT / config["theme"]["custom_dir"])
-    (docstrings,) = [p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p]
+    (docstrings,) = [
+        p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p
+    ]
     docstrings["handlers"]["python"]["paths"] = [str(ROOT)]
     target = src.parent / "mkdocs.built.yml"
     target.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
@@ -205,8 +254,13 @@ def notebook_links_to_lessons(text: str, folder: Path) -> str:
 def build(config: Path, capture: bool = False) -> subprocess.CompletedProcess:
     """`mkdocs build --strict`: any warning — a broken link, a page missing from the nav or from the disk, a
     docstring mkdocstrings cannot read — fails it."""
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)],
-                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=capture, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=capture,
+        text=True,
+    )
 
 
 def main() -> int:
@@ -224,14 +278,22 @@ def main() -> int:
     rows = claims_ledger.all_claims()  # the executed copies lesson_pages just read or wrote
     problems = claims_ledger.stale((ROOT / "docs" / "lessons.md").read_text(), rows)
     if problems:
-        print("docs/lessons.md's claims ledger is stale (python scripts/claims_ledger.py writes it):\n  "
-              + "\n  ".join(problems))
+        print(
+            "docs/lessons.md's claims ledger is stale (python scripts/claims_ledger.py writes it):\n  "
+            + "\n  ".join(problems)
+        )
         return 1
-    (SRC / "lessons.md").write_text(claims_ledger.with_ledger((SRC / "lessons.md").read_text(), rows))
+    (SRC / "lessons.md").write_text(
+        claims_ledger.with_ledger((SRC / "lessons.md").read_text(), rows)
+    )
     config = site_config(generated)
     shutil.rmtree(SITE, ignore_errors=True)
     done = build(config, capture=True)
-    print("\n".join(line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("INFO")))
+    print(
+        "\n".join(
+            line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("INFO")
+        )
+    )
     if done.returncode == 0:
         print(f"the site: {SITE / 'index.html'} (open it in a browser; no server needed)")
     return done.returncode

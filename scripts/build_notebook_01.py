@@ -1,8 +1,10 @@
 """Regenerates notebooks/01_data_parallel.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 1 · Data parallelism, for real
 
 Every rank holds the **whole model** and takes **1/N of the global batch**. After backward the
@@ -18,7 +20,7 @@ then reads what every rank recorded:
 3. the **ring all-reduce**, built from send/recv, step by step: 2(n−1) steps, each moving 1/n of the buffer;
 4. **memory by category** per rank, measured beside the formula (4Ψ parameters + 4Ψ gradients + 8Ψ Adam in fp32).
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import workbench as wb
@@ -31,14 +33,14 @@ def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", steps=STEPS, global_batch=16, seed=0, **config),
                      out=os.path.join(OUT, name), force=True)
 """),
-md("""
+        md("""
 ## 1. The same model on 1, 2 and 4 ranks
 
 Same seed, same global batch of 16 sequences: with N ranks each rank trains on 16/N of them.
 `bucket_mb` (megabytes per gradient bucket) is set small so that the tiny model's 0.12 MB of
 gradients is cut into several buckets.
 """),
-code("""
+        code("""
 runs = {
     "1 rank": run("dp1", dp=1),
     "2 ranks": run("dp2", dp=2, bucket_mb=0.01),
@@ -49,17 +51,17 @@ runs = {
 table = viz.compare_losses(runs, baseline="1 rank")
 table
 """),
-md("""
+        md("""
 The differences are at the level of fp32 rounding (one unit in the last place of a loss near 4 is
 about 5e-7): the gradient is summed in another order, nothing else changes. The test suite holds every
 strategy to `|Δloss| ≤ 1e-5 · loss` (see `tests/test_data_parallel.py` for why that bound).
 """),
-code("""
+        code("""
 viz.check("every run's losses equal one process's within 1e-5 × loss", "difference <= 1e-5 * loss",
           difference=table.max_abs_diff, loss=table.final_loss)
 viz.loss_curves(runs, baseline="1 rank").show()
 """),
-md("""
+        md("""
 **Why more ranks are slower here.** Each rank trains on 16/N sequences, yet the step gets longer with N on this
 machine. The table below splits rank 0's step as its trace measured it: compute (forward, backward, optimizer),
 communication, and the step. Two causes show in it. **Communication is most of the added time**: these runs
@@ -70,7 +72,7 @@ arithmetic, and with 2 and then 4 processes on two cores (each rank's gloo threa
 can grow. On GPUs, with a model whose compute is arithmetic and one device per rank, the same split shrinks
 compute by N (notebook 07 measures speedup and efficiency).
 """),
-code("""
+        code("""
 def split(r):
     s, timed = r.summary["ranks"][0], r.config["steps"] - r.summary["ranks"][0]["steps_excluded"]
     return {"ranks": r.config["dp"], "median step (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].median(),
@@ -79,7 +81,7 @@ def split(r):
 
 pd.DataFrame({name: split(runs[name]) for name in ("1 rank", "2 ranks", "4 ranks")}).T.round(2)
 """),
-md("""
+        md("""
 ## 2. Overlap: bucketed all-reduce during backward
 
 With one big bucket the all-reduce can only start when the *last* gradient is ready — after backward —
@@ -101,13 +103,13 @@ collectives), `comm in flight` (each bucket's all-reduce from launch to completi
 
 Predict first: the box below asks for one number, and the table after the runs says how far off it was.
 """),
-code("""
+        code("""
 guess = viz.predict('The naive way all-reduces each parameter tensor on its own, blocking, after backward: about a '
                     'hundred all-reduces a step for this 8-layer model, where one bucket sends the same bytes in one '
                     "or two. How many times one bucket's exposed time will naive expose?", unit='×')
 guess
 """),
-code("""
+        code("""
 from workbench.predict.estimator import estimate, with_emulated_links
 
 EIGHT_LAYERS = {"hidden": 64, "layers": 8, "seq_len": 32}
@@ -160,18 +162,18 @@ for name, row in exposed.iloc[1:].iterrows():
               + (", so this machine's step-to-step noise covers the gap" if inside else ""))
 exposed.round(1)
 """),
-code("""
+        code("""
 guess.reveal(exposed.iloc[0, 0] / exposed.iloc[1, 0],
              "Naive makes a blocking call per tensor, and each costs about the same whatever its bytes (the line "
              "above the table says how much): the count, not the bytes, sets its time.")
 """),
-code("""
+        code("""
 viz.timeline(overlap_runs["one bucket (25 MB)"], title="one bucket: its all-reduce starts when backward is over, "
              "and all of it is exposed").show()
 viz.timeline(overlap_runs["four buckets (0.4 MB)"], title="0.4 MB buckets: all but the last travel while backward "
              "computes the earlier layers").show()
 """),
-md("""
+        md("""
 The bucket size is a trade-off. Each bucket pays the link's latency and a fixed cost of launching a
 collective; the last bucket (the first layers' gradients, the embedding among them) can only start when
 backward ends, and stays exposed. The control below predicts the exposed communication for any bucket
@@ -179,7 +181,7 @@ size under the same emulated link, with the three measurements as markers: too l
 overlaps, too small and the fixed costs add up. DDP's default, 25 MB, is sized for GPUs and gigabytes of
 gradients.
 """),
-code("""
+        code("""
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
@@ -206,24 +208,24 @@ def bucket_chart(bucket_mb=0.4):
 
 widgets.interact(bucket_chart, bucket_mb=widgets.SelectionSlider(options=SIZES_MB, value=0.4, description="bucket MB"));
 """),
-md("""
+        md("""
 **The CPU side of the trade-off.** Without the emulated link, on these two shared cores, the same
 comparison on the `tiny` model goes the other way: a dozen 10 kB all-reduces each pay a fixed cost that
 dwarfs their transfer, and the ranks and gloo's threads share the cores — small buckets make the step
 *slower*. That is the latency side: when communication is cheap next to its fixed cost, fewer, bigger
 messages win.
 """),
-code("""
+        code("""
 one_bucket = run("dp2-one-bucket", dp=2, bucket_mb=25)
 small_buckets = runs["2 ranks"]
 pd.concat({"one bucket": viz.overlap_table(one_bucket), "small buckets (0.01 MB)": viz.overlap_table(small_buckets)})
 """),
-md("Step through the steps of the small-bucket run under the emulated link:"),
-code("""
+        md("Step through the steps of the small-bucket run under the emulated link:"),
+        code("""
 from workbench.viz.widgets import timeline_explorer
 timeline_explorer(overlap_runs["four buckets (0.4 MB)"])
 """),
-md("""
+        md("""
 ## 3. The ring all-reduce, step by step
 
 `allreduce="ring"` replaces the backend's all-reduce with ours, written from send/recv. Each bucket
@@ -237,7 +239,7 @@ linearly with n (many ranks and small buffers: latency-bound).
 The chart replays one recorded all-reduce of the 4-rank run: each cell shows how many ranks'
 contributions that chunk holds on that rank; arrows are the transfers of the step (from the spans' args).
 """),
-code("""
+        code("""
 from workbench.viz.ring import replay
 
 ring4 = runs["4 ranks, ring all-reduce"]
@@ -253,18 +255,18 @@ viz.check("the replay: 2(n−1) = 6 steps; after the reduce-scatter's 3 each ran
           after_all_gather=[min(len(c) for c in row) for row in states[-1]])
 viz.ring_all_reduces(ring4).head()
 """),
-md("""
+        md("""
 Bus bandwidth of each bucket's all-reduce, ours against the backend's (nccl-tests' definition:
 busbw = S/t · 2(n−1)/n). Tiny buckets are latency-bound on any transport; `benchmarks/dp_vs_ddp.py`
 measures large ones.
 """),
-code("""
+        code("""
 from workbench.analysis.collectives import bandwidth_by_size
 
 pd.concat({"backend (gloo), GB/s": bandwidth_by_size(runs["4 ranks"]),
            "ring (ours), GB/s": bandwidth_by_size(ring4)}, axis=1)
 """),
-md("""
+        md("""
 ## 4. Memory by category
 
 Each rank counts the bytes it really holds — parameters, gradients (the buckets), Adam's two moments,
@@ -280,7 +282,7 @@ buffers, under ZeRO-3) the profile measures that too and a dotted band shows it.
 simultaneous total: the categories peak at different moments, so what a rank pays at once is less than
 the stack of their peaks.
 """),
-code("""
+        code("""
 dp2 = runs["2 ranks"]
 profiled = run("dp2-profiled", dp=2, profile_memory=True, profile_memory_step=1)
 viz.memory_breakdown(profiled).show()
@@ -291,7 +293,7 @@ print(f"simultaneous peak of the categories: {r['peak_total_bytes'] / 1e6:.3f} M
       f"{r['unattributed_bytes'] / 1e6:.3f} MB; the categories explained at least "
       f"{100 * r['attributed_share_min']:.0f} % of the allocator at every snapshot")
 """),
-code("""
+        code("""
 psi = dp2.config["params"]
 r0 = dp2.summary["ranks"][0]
 by_cat = pd.DataFrame({"measured peak": r0["peak_bytes"], "predicted": r0["predicted_bytes"]}).dropna()
@@ -303,14 +305,16 @@ viz.check("every category's measured peak equals its formula, to the byte",
           "measured == predicted", measured=by_cat["measured peak"], predicted=by_cat["predicted"])
 by_cat
 """),
-md("""
+        md("""
 ## Open the traces
 
 Every run directory holds `trace_rank{r}.json` per rank and the merged `trace.json`: drop it on
 <https://ui.perfetto.dev> to see the same lanes, the all-reduce flows and the memory counters.
 """),
-code("""
+        code("""
 print(os.path.abspath(dp2.path))
 sorted(os.listdir(dp2.path))
 """),
-], "01_data_parallel.ipynb")
+    ],
+    "01_data_parallel.ipynb",
+)

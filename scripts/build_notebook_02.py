@@ -1,8 +1,10 @@
 """Regenerates notebooks/02_tensor_parallel.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 2 · Tensor parallelism (Megatron-style), with sequence parallelism
 
 Tensor parallelism splits each **weight matrix** over t ranks (Shoeybi et al. 2019). A transformer
@@ -23,7 +25,7 @@ Like Megatron, our column-parallel layers then keep only their slice of the inpu
 again in backward: 2L + 1 more all-gathers per step, traded for activation memory — the table below
 shows both sides of that trade.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import workbench as wb
@@ -47,47 +49,49 @@ runs = {
     "dp=2 × tp=2": run("dp2-tp2", dp=2, tp=2, bucket_mb=0.05),
 }
 """),
-md("## The splits, drawn from the shapes each rank held"),
-code("""
+        md("## The splits, drawn from the shapes each rank held"),
+        code("""
 viz.tp_shards(runs["tp=4"]).show()
 viz.shard_table(runs["tp=2"]).query("rank == 0").head(12)
 """),
-md("""
+        md("""
 ## The same model as one process
 
 Same seed and global batch; every tp rank starts from slices of exactly the single-process weights.
 """),
-code("""
+        code("""
 table = viz.compare_losses(runs, baseline="1 process")
 viz.check("every run's losses equal one process's within 1e-5 × loss", "difference <= 1e-5 * loss",
           difference=table.max_abs_diff, loss=table.final_loss)
 table
 """),
-code("""
+        code("""
 viz.loss_curves(runs, baseline="1 process").show()
 """),
-md("""
+        md("""
 ## Where each collective sits
 
 Forward: `g` all-reduces after each row-parallel layer (inside the blue forward span); backward: the
 `f` all-reduces before the column-parallel layers. With sequence parallelism the same places hold
 all-gathers and reduce-scatters. Hover a bar for its layer, direction and bytes.
 """),
-code("""
+        code("""
 viz.timeline(runs["tp=2"], steps=[STEPS - 1], title="tp=2: collectives inside forward and backward").show()
 viz.timeline(runs["tp=2 + sequence parallel"], steps=[STEPS - 1], title="tp=2 with sequence parallelism").show()
 """),
-md("Step through the steps of the tp=2 run (the first step is slower: allocators and caches warm up):"),
-code("""
+        md(
+            "Step through the steps of the tp=2 run (the first step is slower: allocators and caches warm up):"
+        ),
+        code("""
 from workbench.viz.widgets import timeline_explorer
 timeline_explorer(runs["tp=2"])
 """),
-code("""
+        code("""
 events = [e["args"] for e in runs["tp=2"].traces[0]["traceEvents"]
           if e.get("ph") == "X" and e.get("args", {}).get("group") == "tp" and e["args"].get("step") == STEPS - 1]
 pd.DataFrame(events)[["layer", "direction", "op", "bytes"]]
 """),
-md("""
+        md("""
 ## Activation memory and communication against t, measured beside predicted
 
 Activation bytes are counted from the tensors autograd saves (saved-tensor hooks) and predicted by
@@ -102,12 +106,12 @@ collective's factor (`trace/bandwidth.py`) — are what to compare across t and 
 grow with t, and sequence parallelism's reduce-scatter plus all-gather sends what one all-reduce sent (plus
 the gather it repeats in backward), not twice as much.
 """),
-code("""
+        code("""
 guess = viz.predict('tp = 2 and tp = 4 run the same all-reduces on buffers of the same size S. How many times tp = '
                     "2's wire bytes a step does a tp = 4 rank send?", unit='×')
 guess
 """),
-code("""
+        code("""
 from workbench.trace.bandwidth import bus_factor
 
 def tp_bytes(by_op, t, wire):
@@ -137,12 +141,12 @@ viz.check("tensor-parallel wire bytes per step measured = predicted", "abs(measu
           measured=mem["tp wire MB/step measured"], predicted=mem["tp wire MB/step predicted"])
 mem
 """),
-code("""
+        code("""
 wire = mem.set_index("run")["tp wire MB/step measured"]
 guess.reveal(wire["tp=4"] / wire["tp=2"],
              'An all-reduce sends 2(t−1)/t·S from each rank: 1·S at t = 2, 1.5·S at t = 4.')
 """),
-code("""
+        code("""
 import plotly.express as px
 long = mem.melt(id_vars=["run"], value_vars=["activation MB measured", "activation MB predicted"],
                 var_name="source", value_name="MB")
@@ -150,11 +154,11 @@ px.bar(long, x="run", y="MB", color="source", barmode="group",
        labels={"MB": "activation memory per rank (MB)", "run": "run", "source": ""},
        title="activation memory per rank: measured beside predicted").show()
 """),
-md("""
+        md("""
 For comparison, Megatron's 16-bit formula (with dropout masks, which our model does not have) per layer:
 s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes.
 """),
-code("""
+        code("""
 cfg = PRESETS["tiny"]
 # both in 16 bits per value (2 bytes), as Megatron's formula counts; the runs above were fp32 (4 bytes)
 pd.DataFrame([{"t": t, "ours, 16-bit (bytes/layer)": formulas.activation_bytes_per_layer(cfg, 16, 2, t),
@@ -162,13 +166,15 @@ pd.DataFrame([{"t": t, "ours, 16-bit (bytes/layer)": formulas.activation_bytes_p
                "Korthikanti et al., 16-bit": formulas.korthikanti_activation_bytes_per_layer(cfg, 16, t)}
               for t in (1, 2, 4)])
 """),
-md("""
+        md("""
 ## Memory per rank
 
 Parameters, gradients and Adam's moments shrink with t (the replicated layer norms, position embeddings
 and row biases stay whole on every rank).
 """),
-code("""
+        code("""
 viz.memory_breakdown(runs["dp=2 × tp=2"]).show()
 """),
-], "02_tensor_parallel.ipynb")
+    ],
+    "02_tensor_parallel.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/03_pipeline_parallel.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 3 · Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B, zero bubble
 
 The model's layers are cut into **stages**, one per rank (or v per rank, interleaved). A batch is cut
@@ -16,7 +18,7 @@ Schedules here are **data**: each rank's list of actions (`0F3` = stage 0 forwar
 `SEND_F`, `RECV_B` ...). The same list is validated (no backward before its forward, every send
 received, no deadlock), simulated without processes, drawn, and executed.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import workbench as wb
@@ -29,7 +31,7 @@ s = build_schedule("1f1b", p=4, m=8)
 print(s.grid())
 viz.check("the schedule passes the validator", "problems == 0", problems=len(validate(s)));
 """),
-md("""
+        md("""
 ## Planned: the simulator
 
 Equal forward costs, backward twice as long. Move the sliders: with free transfers the bubble follows
@@ -39,10 +41,10 @@ beyond the formula. The rank labels carry the most micro-batches whose activatio
 once — GPipe holds all m, 1F1B at most p (rank 0 the most). The zero-bubble schedules (`zbh1`, `zbv`,
 below) split each backward into I and W; `T_W / T_B` sets how much of a backward is W.
 """),
-code("""
+        code("""
 bubble_explorer()
 """),
-code("""
+        code("""
 rows = []
 for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
     for m in (4, 8, 16):
@@ -56,7 +58,7 @@ viz.check("the simulated bubble equals (p−1)/(m+p−1) at unit costs", "abs(si
           simulated=table["simulated bubble"], formula=table["formula"])
 table
 """),
-md("""
+        md("""
 GPipe keeps all m microbatches' activations on every stage; 1F1B starts backward as soon as it can
 and holds at most p on the first stage — same bubble, far less memory. Interleaving cuts the bubble by v
 at the price of more, smaller transfers.
@@ -72,7 +74,7 @@ in lockstep with its neighbours — one `batch_isend_irecv` (one NCCL group) —
 pipelining do. The validator checks that rule (and that both ranks of a pair post their transfers in the
 same order, since NCCL has no tags):
 """),
-code("""
+        code("""
 old = build_schedule("1f1b", p=2, m=4, placement="adjacent")   # each receive just before, each send just after
 print("posted one by one, gloo's rule:", validate(old, rule="gloo", batched=False) or "no deadlock")
 print("posted one by one, NCCL's rule:", validate(old, batched=False)[0][:160], "…")
@@ -82,14 +84,14 @@ viz.check("the old order passes gloo's rule and fails NCCL's", "gloo_problems ==
 for item in build_schedule("1f1b", p=2, m=4).program(0):
     print(item)
 """),
-md("""
+        md("""
 ## Measured: real runs on this machine
 
 A 4-layer model, global batch 16, each schedule on 2 ranks; all must equal one process. *Predict
 first:* with p = 2 and m = 4, what bubble fraction does the formula give for GPipe and 1F1B, and which
 one holds fewer activations on rank 0? Then compare with the measurement below.
 """),
-code("""
+        code("""
 OUT = os.path.join("..", "traces", "nb03")
 STEPS = 5
 model = wb.ModelConfig(layers=4)
@@ -110,16 +112,16 @@ viz.check("every schedule's losses equal one process's within 1e-5 × loss",
           "difference <= 1e-5 * loss", difference=losses.max_abs_diff, loss=losses.final_loss)
 losses
 """),
-md("""
+        md("""
 Planned (the schedule simulated with the forward and backward times the run measured) above, what the
 ranks recorded below. Forward solid, backward hatched, one colour per microbatch, grey where a rank waits.
 """),
-code("""
+        code("""
 viz.planned_vs_measured(runs["1F1B p=2 m=4"]).show()
 viz.planned_vs_measured(runs["GPipe p=2 m=4"]).show()
 viz.planned_vs_measured(runs["interleaved p=2 v=2 m=4"]).show()
 """),
-md("""
+        md("""
 Three bubbles stand in each chart, and they differ for reasons you can name:
 
 - **the formula** (p−1)/(v·m+p−1) assumes every forward takes the same time, every backward the same time,
@@ -134,13 +136,13 @@ Three bubbles stand in each chart, and they differ for reasons you can name:
   far above its formula, the opposite of what it buys on a GPU, where a microbatch's compute dwarfs the
   p2p latency.
 """),
-md("""
+        md("""
 ## Activation memory per stage: GPipe holds m, 1F1B at most p
 
 Measured peaks (saved-tensor hooks) beside the schedule's prediction: walk each rank's action list,
 adding one microbatch's stage activations at each forward and releasing them at its backward.
 """),
-code("""
+        code("""
 rows = []
 for name in ("GPipe p=2 m=4", "1F1B p=2 m=4", "interleaved p=2 v=2 m=4"):
     for r in runs[name].summary["ranks"]:
@@ -151,7 +153,7 @@ viz.check("activation memory measured = predicted", "abs(measured - predicted) <
           measured=mem["activation MB measured"], predicted=mem["predicted"])
 mem
 """),
-md("""
+        md("""
 ## Zero bubble: split the backward in two (Qi et al., ICLR 2024)
 
 A backward computes two things: the gradient of the stage's **input** (I), which the previous stage is
@@ -168,7 +170,7 @@ at the optimizer step. For a Linear y = x·Wᵀ, I is dx = dy·W and W is dW = d
 *Predict first:* with p = 4 and m = 8, what bubble rate does each schedule have, and which holds the most
 activations on rank 0?
 """),
-code("""
+        code("""
 rows, paper = [], {}
 for name, v in (("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2)):
     sched = build_schedule(name, 4, 8, v)
@@ -186,7 +188,7 @@ viz.check("the simulated bubble rates are the paper's at T_F = T_I = T_W",
 print(build_schedule("zbh1", 4, 8).grid())
 zb_table
 """),
-md("""
+        md("""
 Where did each W go? The schedule at T_F = T_I = T_W, each W joined to its I by a line: the later stages
 (which finish their forwards first) push their W's furthest — into the cool-down where 1F1B idles. The
 first stage never defers: an I followed at once by its own W is simply B (one autograd pass, nothing
@@ -194,11 +196,11 @@ stashed), as torch's schedules merge them too. In
 the explorer above, move `T_W / T_B` away from ½: with W shorter than I there is less to fill the gaps
 with, with W longer it overflows them, and ZBV's bubble stops being zero on both sides.
 """),
-code("""
+        code("""
 viz.w_deferral(build_schedule("zbh1", 4, 8)).show()
 viz.w_deferral(build_schedule("zbv", 4, 8)).show()
 """),
-md("""
+        md("""
 ### Measured: ZB-H1 and ZBV on 2 ranks
 
 Each Linear's weight gradient is now computed later, from the stash, and added into the same buffers: the
@@ -208,12 +210,12 @@ latency and deferring W has nothing to fill: measured there, ZB-H1 and ZBV idled
 runs use the `small` model (4 layers of hidden 256, global batch 32), where a pass is tens of milliseconds of
 arithmetic, as a GPU's is against its kernel launches.
 """),
-code("""
+        code("""
 guess = viz.predict("At p = 2 and m = 4 the formula gives 1F1B a bubble of 1/5 of the step, ZB-H1 a third of 1F1B's "
                     'rate. On this machine, with the small model, what bubble fraction will ZB-H1 measure?', unit='')
 guess
 """),
-code("""
+        code("""
 def run_small(name, **config):
     return wb.launch(wb.RunConfig(model="small", steps=STEPS, global_batch=32, seed=0, **config),
                      out=os.path.join(OUT, name), force=True)
@@ -237,27 +239,27 @@ viz.check("with real work per micro-batch, ZB-H1 idles less than 1F1B",
           timing="bubbles measured in two runs on shared cores")
 viz.schedules_side_by_side(zb_runs)
 """),
-code("""
+        code("""
 split = {k.replace("_", " "): v for k, v in zb_runs["ZB-H1 p=2 m=4"].summary["bubble_fraction"]["split"].items()
          if k not in ("measured", "formula")}
 guess.reveal(bubbles["ZB-H1 p=2 m=4"],
              "Above the formula's rate, the run's own split of the gap (each part measured from its trace): "
              + ", ".join(f"{k} {v:+.3f}" for k, v in split.items()) + ".")
 """),
-md("""
+        md("""
 Planned beside measured: the plan uses the mean time each kind of action (F, I, W) took here.
 """),
-code("""
+        code("""
 viz.planned_vs_measured(zb_runs["ZB-H1 p=2 m=4"]).show()
 viz.planned_vs_measured(zb_runs["ZBV p=2 m=4"]).show()
 """),
-md("""
+        md("""
 What deferring W costs: from each I until its W, every Linear keeps its input and its output gradient
 (16·h values per token and layer at t = 1, plus the head's h + V on the last stage). The memory counter
 records it as its own category, `wgrad_stash`, beside the activations — measured here, equal to the
 formula (the schedule walked with those bytes per microbatch).
 """),
-code("""
+        code("""
 viz.stash_over_time({k: zb_runs[k] for k in ("1F1B p=2 m=4", "ZB-H1 p=2 m=4", "ZBV p=2 m=4")}).show()
 stash = pd.DataFrame([{"run": k, "rank": r["rank"], "W stash MB measured": r["peak_bytes"]["wgrad_stash"] / 1e6,
                        "predicted": r["predicted_bytes"]["wgrad_stash"] / 1e6}
@@ -266,7 +268,7 @@ viz.check("the W stash measured = predicted", "abs(measured - predicted) < 1e-9"
           measured=stash["W stash MB measured"], predicted=stash["predicted"])
 stash
 """),
-md("""
+        md("""
 ### The same schedule in torch
 
 torch.distributed.pipelining reads and writes schedules as CSV (`_PipelineScheduleRuntime._load_csv`,
@@ -276,7 +278,7 @@ torch-csv` writes ours, and `--schedule csv:FILE` runs any of theirs (tests/test
 ZB-H1 on torch's runtime, and torch's DualPipeV on ours). Below: our action grid, and the same CSV as
 torch's visualizer spaces it (`_schedule_visualizer.add_schedule_op_spacing`: one column per time step).
 """),
-code("""
+        code("""
 from workbench.schedules.torch_csv import write_csv
 
 zbh1 = build_schedule("zbh1", 2, 4)
@@ -284,7 +286,7 @@ write_csv(zbh1, os.path.join(OUT, "zbh1.csv"))
 print(open(os.path.join(OUT, "zbh1.csv")).read())
 viz.torch_grid(zbh1)
 """),
-md("""
+        md("""
 ## The bubble against m, measured beside the formula
 
 Here the stages need real work for the bubble to be about compute, not latency: the `small` model
@@ -296,7 +298,7 @@ and last stages fewer layers with `--decoder-first-pipeline-num-layers` for that
 between actions (Python between two micro-batches), the **transfers**, and what none of them explains (the
 noise of four steps on shared cores). The line under the table names the largest part at each m.
 """),
-code("""
+        code("""
 bubble_runs = [wb.launch(wb.RunConfig(model="small", pp=2, microbatches=m, global_batch=32, steps=4),
                          out=os.path.join(OUT, f"bubble-m{m}"), force=True) for m in (2, 4, 8)]
 rows = []
@@ -311,15 +313,17 @@ print("the largest part of each gap: " + "; ".join(
     for m, row in parts.iterrows()))
 parts.round(3)
 """),
-code("""
+        code("""
 viz.bubble_vs_m(bubble_runs).show()
 """),
-md("""
+        md("""
 Every send is linked to its receive in the trace (`trace.json`, flows between the ranks' lanes), and
 each action is a span on the `schedule` lane — open it in <https://ui.perfetto.dev>.
 """),
-code("""
+        code("""
 ev = runs["1F1B p=2 m=4"].events
 ev[(ev.lane == "schedule") & (ev.step == STEPS - 1) & (ev["rank"] == 0)][["name", "start_us", "dur_us"]].head(12)
 """),
-], "03_pipeline_parallel.ipynb")
+    ],
+    "03_pipeline_parallel.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/04_zero.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 4 · ZeRO: partition the optimizer states, the gradients, the parameters
 
 Data parallelism keeps a full copy of the **model states** on every rank: with mixed-precision Adam
@@ -22,7 +24,7 @@ by default — accumulates and all-reduces the gradients in fp32 (`main_grad`, 4
 without ZeRO (notebook 06 measures both). The explorer offers both accountings, and ZeRO-Offload, which
 moves the optimizer states (12Ψ/N of them, with the fp32 gradient slice: 16Ψ/N) to the host's memory.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.express as px
@@ -34,11 +36,11 @@ from workbench.viz.zero import formula_explorer
 pd.DataFrame([{"stage": z, "GB per GPU": sum(formulas.model_state_bytes(7.5e9, 64, z, "mixed").values()) / 1e9}
               for z in range(4)])
 """),
-md("The formula explorer: move Ψ, N and the stage; pick the accounting; tick offload."),
-code("""
+        md("The formula explorer: move Ψ, N and the stage; pick the accounting; tick offload."),
+        code("""
 formula_explorer(params=7.5e9, n=64)
 """),
-md("""
+        md("""
 ## Measured: the same model with stages 0–3 on this machine
 
 fp32 here (the CPU has no fast 16-bit matmul), where the same accounting is parameters 4Ψ,
@@ -48,12 +50,12 @@ with 0.05 MB buckets, as one process, data parallelism and ZeRO-1/2/3 on 2 ranks
 `profile_memory=True` (the allocator's view beside ours). Each run must equal one process step by step.
 Predict first, in the box below.
 """),
-code("""
+        code("""
 guess = viz.predict("ZeRO-3 on 2 ranks halves the model states (16Ψ → 8Ψ). By what percentage will a ZeRO-3 rank's "
                     "total at its peak — everything it holds at once — fall below a data-parallel rank's?", unit=' %')
 guess
 """),
-code("""
+        code("""
 OUT = os.path.join("..", "traces", "nb04")
 STATES_DOMINATE = {"vocab_size": 256, "seq_len": 8, "hidden": 64, "heads": 4, "layers": 16}
 
@@ -74,7 +76,7 @@ viz.check("every stage's losses equal one process's within 1e-5 × loss",
           "difference <= 1e-5 * loss", difference=losses.max_abs_diff, loss=losses.final_loss)
 losses
 """),
-md("""
+        md("""
 **The step times in that table are not this lesson's point, but they need a word.** These runs are set up to
 measure memory: a model of 16 small layers and 0.05 MB buckets, so each step is many small collectives. ZeRO-1
 and ZeRO-2 move the same bytes as data parallelism (below), yet their steps are longer here. The table splits
@@ -85,7 +87,7 @@ gloo call on cores the ranks share; how much each call costs here varies from ru
 On NCCL a reduce-scatter plus an all-gather costs what an all-reduce costs (an all-reduce *is* the two) and
 runs on the network, not the cores, so the stages' step times converge there.
 """),
-code("""
+        code("""
 from workbench.trace.spans import intersection_length, union_length  # what summary.json counts time with
 
 def intervals(spans):  # a table's spans as (start_us, end_us)
@@ -108,10 +110,10 @@ print("over data parallelism's step: " + "; ".join(
     f"{row['host blocked on communication (ms)']:+.0f})" for name, row in extra.drop("dp=2").iterrows()))
 split_table.round(1)
 """),
-code("""
+        code("""
 viz.stages_side_by_side({k: v for k, v in runs.items() if k != "1 process"}).show()
 """),
-code("""
+        code("""
 rows = []
 for name, r in runs.items():
     s = r.summary["ranks"][0]
@@ -124,14 +126,14 @@ viz.check("model states measured within 3 % of the formula", "abs(error_percent)
           error_percent=states["error %"])
 states.pivot(index="run", columns="category", values="measured")
 """),
-md("""
+        md("""
 ## What a rank really pays: the simultaneous total
 
 Model states are not all a rank holds. The figure that counts is `peak_total_bytes` — every category
 at the same instant, including the gradient copies ZeRO-2/3 keep in flight (at most two buckets or
 layers) and the layers ZeRO-3 gathers — checked against what the allocator held.
 """),
-code("""
+        code("""
 totals = {}
 for name, r in runs.items():
     if name == "1 process":
@@ -160,11 +162,11 @@ for name in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
           f"(the formula's model states alone: {100 * formula:.0f} %)")
 table.round(3)
 """),
-code("""
+        code("""
 guess.reveal(100 * table.loc["ZeRO-3", "saving vs DP, measured"],
              'Less than half: the activations and the gathered layers in flight are not sharded.')
 """),
-md("""
+        md("""
 The measured saving is smaller than the model-state formula's: activations are not partitioned, and
 ZeRO-2/3 pay for the gradient copies in flight and ZeRO-3 for the gathered layers.
 
@@ -181,7 +183,7 @@ allocates their gradient, as large, and an fp32 block of rows. The `loss` band i
 exactly those bytes at that instant (model/cross_entropy.py), and `formulas.loss_bytes` predicts them. Without the
 band, that share of the peak would be named by nothing.
 """),
-code("""
+        code("""
 WIDE_VOCABULARY = {"vocab_size": 32768, "seq_len": 64, "hidden": 64, "heads": 4, "layers": 2}
 wide = wb.launch(wb.RunConfig(model=WIDE_VOCABULARY, dp=2, global_batch=8, steps=3, seed=0, profile_memory=True,
                               profile_memory_step=2), out=os.path.join(OUT, "wide_vocabulary"), force=True)
@@ -204,7 +206,7 @@ viz.check("the true peak falls at the loss's backward (its bytes are in the cate
 viz.check("the predicted peak is the measured one within 2 %", "abs(error) <= 0.02", error=error)
 viz.memory_over_time(wide, rank=0, steps=1, first=2).show()
 """),
-md("""
+        md("""
 Where the band sits in the chart: the forward's activations climb to their top, then — the first thing backward
 does — the loss's bytes appear on top of them, and the allocator's true peak (the diamond) lands there; backward then
 releases the activations layer by layer. The rise is 2·b·s·V values plus a block, so it grows with the micro-batch,
@@ -220,11 +222,11 @@ reduce-scattered. `temporary` is the gathered layers; `parameter` stays at this 
 model the states dominate, so the stack shows it — and beneath it the gathered layers alone, one tooth
 per layer in forward and again in backward:
 """),
-code("""
+        code("""
 zero3 = runs["ZeRO-3"]
 viz.memory_over_time(zero3, rank=0, steps=1).show()
 """),
-code("""
+        code("""
 mem = zero3.memory[zero3.memory["rank"] == 0]
 spans = zero3.events[(zero3.events["rank"] == 0) & (zero3.events.cat == "step")].sort_values("start_us")
 one = mem[(mem.ts_us >= spans.start_us.iloc[1]) & (mem.ts_us <= spans.end_us.iloc[1])]
@@ -236,14 +238,14 @@ teeth = int(((one.temporary.diff() > 0)).sum())
 layers = STATES_DOMINATE["layers"]
 print(f"{teeth} rises of the gathered-layer memory in one step ({layers} layers, forward and backward)")
 """),
-md("""
+        md("""
 ## Communication: ZeRO-1 and 2 move what data parallelism moves, ZeRO-3 1.5 ×
 
 An all-reduce is a reduce-scatter followed by an all-gather: ZeRO-1/2 reduce-scatter the gradients
 and all-gather the updated parameters — 2Ψ values, like the all-reduce. ZeRO-3 gathers the parameters
 twice (forward and backward) and reduce-scatters the gradients: 3Ψ. Bytes each rank sends per step:
 """),
-code("""
+        code("""
 dp_bytes = runs["dp=2"].summary["ranks"][0]["bytes_moved_per_step"]
 moved = pd.DataFrame([{"run": name, "bytes sent per step": r.summary["ranks"][0]["bytes_moved_per_step"],
                        "× data parallel": r.summary["ranks"][0]["bytes_moved_per_step"] / dp_bytes}
@@ -252,7 +254,7 @@ viz.check("ZeRO-3 moves 1.5× data parallelism's bytes",
           "abs(ratio - 1.5) < 0.01", ratio=moved.set_index("run").loc["ZeRO-3", "× data parallel"])
 moved
 """),
-md("""
+        md("""
 ## ZeRO-3 prefetch: memory for time
 
 ZeRO-3 gathers each layer's parameters just before it computes. With `prefetch` (the default, as
@@ -269,7 +271,7 @@ measurement), with an 8-layer model, so that each layer's gather lasts about as 
 does between GPU machines. **Exposed** here is the time rank 0's host stood blocked on communication: in a
 blocking gather, or waiting for one in flight.
 """),
-code("""
+        code("""
 EIGHT_LAYERS = {"hidden": 64, "layers": 8, "seq_len": 32}
 SLOW = dict(model=EIGHT_LAYERS, dp=2, zero=3, global_batch=16, steps=6, seed=0, ranks_per_node=1,
             emulate_link="inter=0.05,0")
@@ -299,13 +301,13 @@ viz.check("the losses are the same with and without prefetch",
           without=list(pair["ZeRO-3, no prefetch"].metrics.loss))
 prefetch_table.round(3)
 """),
-md("""
+        md("""
 The memory is exact and always there: one more gathered layer. The time saving needs a gather worth
 hiding and something to hide it under: here the slow link gives the first, each layer's compute the second,
 and prefetch cuts the blocked time and the step with it. On a GPU the all-gather runs on the network while
 the SMs compute, as FSDP's and DeepSpeed's prefetch rely on.
 """),
-md("""
+        md("""
 ## ZeRO-Offload: the optimizer in host memory
 
 ZeRO-Offload (Ren et al. 2021) moves each rank's slice of the fp32 master weights and of Adam's moments to
@@ -317,7 +319,7 @@ here, against the paper's 2Ψ. On this CPU the "host" copies are separate tensor
 runs — so the trade is visible: the device's optimizer state goes to zero, the host holds 16Ψ/N, and the
 losses are exactly ZeRO-2's.
 """),
-code("""
+        code("""
 offload = run("zero2-offload", dp=2, zero=2, offload_optimizer=True)
 viz.check("offload trains exactly as ZeRO-2", "offload == zero2", offload=list(offload.metrics.loss),
           zero2=list(runs["ZeRO-2"].metrics.loss))
@@ -331,14 +333,16 @@ pd.DataFrame({"ZeRO-2 (device)": {c: base["peak_bytes"][c] / 1e6 for c in STATES
               "ZeRO-2 + offload (host)": {c: v / 1e6 for c, v in s["host_peak_bytes"].items()},
               "host, formula 16Ψ/N": {c: v / 1e6 for c, v in s["predicted_host_bytes"].items()}}).round(3)
 """),
-code("""
+        code("""
 e = wb.estimate(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True)
 print(f"the paper's 7.5 B on 64 GPUs, ZeRO-2 + offload: {e.model_state_bytes_per_rank / 1e9:.1f} GB per GPU "
       f"(= (2 + 2/64)Ψ), {sum(e.host_bytes.values()) / 1e9:.2f} GB per rank in host memory")
 """),
-md("""
+        md("""
 Supported: ZeRO-1/2/3 over data parallelism, each with or without offload; ZeRO-1 beside pipeline
 parallelism. Rejected before launch, with the reason: ZeRO with tensor parallelism, ZeRO-2/3 with
 pipelines, ZeRO-3 with gradient accumulation, offload without ZeRO.
 """),
-], "04_zero.ipynb")
+    ],
+    "04_zero.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/05_3d_parallel.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 5 · 3D parallelism: data × tensor × pipeline on 8 ranks
 
 The standard 3D picture (Megatron-LM's): **tensor parallelism innermost** (the ranks that exchange activations inside
@@ -12,7 +14,7 @@ slowest links). Megatron-LM's order:
 
     rank = pp_index · (dp · tp) + dp_index · tp + tp_index
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.express as px
@@ -28,7 +30,7 @@ for r in range(grid.world_size):
                  "pp group": grid.group_ranks("pp", r)})
 pd.DataFrame(rows).set_index("rank")
 """),
-code("""
+        code("""
 layout = pd.DataFrame([{"rank": r, "pipeline stage": f"stage {c['pp']}", "data replica": f"replica {c['dp']}",
                         "tensor shard": c["tp"], "tp group": f"tp group {grid.group_ranks('tp', r)}"}
                        for r, c in ((r, grid.coords(r)) for r in range(8))])
@@ -41,14 +43,14 @@ fig.update_xaxes(dtick=1, range=[-0.6, 1.6])
 fig.update_layout(height=380, legend_title_text="")
 fig.show()
 """),
-md("""
+        md("""
 ## The same model, split four ways
 
 A 4-layer model with 8 heads (so that t = 8 divides them), global batch 16: all tensor-parallel on 8
 ranks, pipeline × data on 8, and the 3D layout on 8 — every run must equal the single process step by
 step. (Pure data parallelism and ZeRO are notebooks 01 and 04.)
 """),
-code("""
+        code("""
 OUT = os.path.join("..", "traces", "nb05")
 STEPS = 4
 model = wb.ModelConfig(hidden=64, heads=8, layers=4)
@@ -68,8 +70,8 @@ viz.check("every layout's losses equal one process's within 1e-5 × loss",
           "difference <= 1e-5 * loss", difference=losses.max_abs_diff, loss=losses.final_loss)
 losses
 """),
-md("## What each rank holds, and what each one sends"),
-code("""
+        md("## What each rank holds, and what each one sends"),
+        code("""
 rows = []
 for name, r in runs.items():
     s0 = r.summary["ranks"][0]
@@ -81,20 +83,20 @@ for name, r in runs.items():
                  "collectives": ", ".join(f"{op} {'/'.join(g)}" for op, g in sent.items())})
 pd.DataFrame(rows)
 """),
-code("""
+        code("""
 three_d = runs["3D: dp=2 × tp=2 × pp=2"]
 viz.timeline(three_d, steps=[STEPS - 1], ranks=[0, 1, 4, 5],
              title="3D: ranks 0, 1 (stage 0, one tp pair) and 4, 5 (stage 1)").show()
 """),
-md("Step through the 3D run's steps, all eight ranks:"),
-code("""
+        md("Step through the 3D run's steps, all eight ranks:"),
+        code("""
 from workbench.viz.widgets import timeline_explorer
 timeline_explorer(three_d)
 """),
-code("""
+        code("""
 viz.memory_breakdown(three_d).show()
 """),
-md("""
+        md("""
 ## Where each axis goes: the placement rule, measured
 
 The rule above — tensor parallelism inside a machine, the pipeline across machines — follows from the bytes
@@ -109,7 +111,7 @@ by a slow link (20 MB/s, 500 µs; free inside a machine). Two placements of the 
 The bytes are measured from each rank's trace; the link's time is the emulator's hold, latency + bytes /
 bandwidth (a teaching device: a real wire is the cluster notebook's), and the step time is the clock's.
 """),
-code("""
+        code("""
 LINK = "inter=0.02,500"   # GB/s, µs between the two emulated machines; inside a machine: loopback, free
 PLACED_STEPS = 12
 
@@ -164,7 +166,7 @@ for name in list(placements)[1:]:
           f"({error[name]:+.0%}){cause}")
 place.T.round(2)
 """),
-md("""
+        md("""
 Tensor parallelism all-reduces activations inside every layer, forward and backward, and a rank waits for
 each before the next matmul: across the slow link every one of them pays the latency and the bandwidth, on
 the critical path. The pipeline sends one activation a micro-batch at a stage boundary. So the same grid, with
@@ -172,7 +174,7 @@ the same losses, pays more for the link with its tensor-parallel pairs split acr
 holds and step times above. The prediction puts each stage's hold into the pipeline's step: every micro-batch's
 slot on the stage grows by hold / m, and a 1F1B step spans m + p − 1 slots.
 """),
-md("""
+        md("""
 ## The same layout at GPT-3's scale: per GPU
 
 The eight tiny ranks above show the mechanics. What the layout does at scale is arithmetic: GPT-3 175B
@@ -181,7 +183,7 @@ machine, 12 pipeline stages, 8 data-parallel replicas — bf16 with fp32 main gr
 recomputation, sequence parallelism, 1,536 sequences of 2,048 tokens per step in micro-batches of one.
 The estimator (docs/formulas.md) gives what each GPU holds and what crosses each kind of link.
 """),
-code("""
+        code("""
 from workbench.predict.estimator import A100_80GB, GPT3_175B
 
 big = wb.RunConfig(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microbatches=192, precision="bf16",
@@ -196,7 +198,7 @@ print(f"Ψ = {e.params / 1e9:.1f} B; one GPU holds 1/(tp·pp) = 1/96 of the mode
       f"(+{per_gpu.iloc[:3].sum() - layers_share:.1f} GB)")
 per_gpu.round(2).to_frame().assign(share=lambda d: (d["GB per GPU"] / d["GB per GPU"].sum()).round(2))
 """),
-code("""
+        code("""
 LINKS = {"tp": ("NVLink, inside a machine", A100_80GB.intra_node_bw),
          "pp": ("InfiniBand, between machines", A100_80GB.inter_node_bw),
          "dp": ("InfiniBand, between machines", A100_80GB.inter_node_bw)}
@@ -209,7 +211,7 @@ print(f"estimated step {e.step_time_s:.1f} s: compute {e.step_terms['compute']:.
       f"exposed DP {e.step_terms['dp']:.2f} s; MFU = {mfu:.0%} of the A100s' 312 TFLOP/s")
 links.round(2)
 """),
-md("""
+        md("""
 Tensor parallelism moves by far the most bytes — hundreds of gigabytes per GPU per step, activations in
 every layer — which is why it stays on NVLink (230 GB/s here, ten times a 25 GB/s InfiniBand port).
 Pipeline parallelism sends only micro-batch activations at the 11 stage boundaries; data parallelism
@@ -227,7 +229,7 @@ configurations differ, not the arithmetic: the planner's setting is mixed precis
 no fp32 main gradients) and no sequence parallelism, so each tensor-parallel rank keeps the layer norms'
 activations whole (4·sbh a layer, replicated on all 8 ranks). Both, from the same estimator:
 """),
-code("""
+        code("""
 planner_setting = wb.estimate(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microbatches=192,
                               precision="mixed", recompute="selective", activations="megatron", hardware=A100_80GB)
 both = {"here: bf16 + fp32 main gradients, sequence parallel": e,
@@ -235,19 +237,19 @@ both = {"here: bf16 + fp32 main gradients, sequence parallel": e,
 pd.DataFrame({name: {"model states GB": sum(x.model_state_bytes.values()) / 1e9,
                      "activations GB": x.activation_bytes_per_rank / 1e9} for name, x in both.items()}).T.round(1)
 """),
-md("""
+        md("""
 ## How many GPUs GPT-3 needs, before one activation
 
 "175 billion parameters need about 350 GB" is often said of GPT-3. That is its **fp16 weights alone** (2 bytes a
 parameter). Training also keeps the gradients, Adam's two moments and an fp32 master copy: ZeRO's 16 bytes a
 parameter of model states in mixed precision (16Ψ; 18Ψ with fp32 main gradients, as above).
 """),
-code("""
+        code("""
 guess = viz.predict('GPT-3 has 175 B parameters. With Adam in mixed precision (16 bytes a parameter of model states),'
                     ' how many A100-80GB does it need at the least, before one activation?', unit=' GPUs')
 guess
 """),
-code("""
+        code("""
 import math
 
 psi = GPT3_175B.param_count()
@@ -255,8 +257,10 @@ accounts = {"fp16 weights alone (2Ψ)": 2 * psi, "model states, 16Ψ": 16 * psi,
 print(f"Ψ = {psi / 1e9:.0f} B parameters")
 pd.DataFrame([{"what": k, "TB": v / 1e12, "A100-80GB at the least": math.ceil(v / 80e9)} for k, v in accounts.items()])
 """),
-code("""
+        code("""
 guess.reveal(math.ceil(16 * psi / 80e9),
              '16 × 175 B = 2.8 TB of model states; the 350 GB often quoted is the fp16 weights alone.')
 """),
-], "05_3d_parallel.ipynb")
+    ],
+    "05_3d_parallel.ipynb",
+)

@@ -1,14 +1,16 @@
 """Regenerates notebooks/06_training_techniques.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 6 · Training techniques: mixed precision, loss scaling, accumulation, recomputation, warm-up
 
 Each technique trades one resource for another; each is run here for real and measured beside what
 the formulas say.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.express as px
@@ -26,7 +28,7 @@ def run(name, **config):
     return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name),
                      force=True)  # re-running the notebook replaces its own runs
 """),
-md("""
+        md("""
 ## Mixed precision: 18Ψ or 16Ψ, measured
 
 16-bit parameters (2Ψ); fp32 master weights, momentum and variance (12Ψ). The gradients: by default,
@@ -36,7 +38,7 @@ in 16 bits (2Ψ, the ZeRO paper's 16Ψ, half the bytes on the wire), and the upd
 them (4Ψ, counted as `temporary` while they live, after backward). bf16 has fp32's exponent range; fp16
 does not, so its loss is multiplied by a scale before backward and the gradients divided by it after.
 """),
-code("""
+        code("""
 mp = {"fp32": run("fp32", dp=2, steps=20), "bf16": run("bf16", dp=2, precision="bf16", steps=20),
       "bf16, 16-bit reduce": run("bf16r", dp=2, precision="bf16", grad_reduce_dtype="bf16", steps=20),
       "fp16": run("fp16", dp=2, precision="fp16", steps=20)}
@@ -48,14 +50,14 @@ table = pd.DataFrame({name: {**{k: r.summary["ranks"][0]["peak_bytes"][k] / psi 
                       for name, r in mp.items()}).rename_axis("bytes per parameter (measured)")
 table
 """),
-md("""
+        md("""
 ## fp16: an overflow skips its step and lowers the scale
 
 An overflow is injected into rank 1's gradients at step 3. Every rank sees it (a max all-reduce of an
 inf flag), skips the update, halves the scale; after `loss_scale_growth_interval` good steps the scale
 doubles again.
 """),
-code("""
+        code("""
 ov = run("overflow", dp=2, precision="fp16", fault="overflow", fault_rank=1, fault_step=3,
          loss_scale_growth_interval=3, steps=10)
 m = ov.metrics
@@ -73,7 +75,7 @@ fig.show()
 scale_table = m[["step", "loss", "loss_scale", "skipped", "grad_norm"]].astype({"grad_norm": object})
 scale_table.fillna({"grad_norm": "non-finite"})
 """),
-md("""
+        md("""
 ### Why scale at all: gradients at the bottom of fp16's range
 
 fp16 keeps 5 exponent bits: its smallest normal number is 2⁻¹⁴ ≈ 6.1e-5, its smallest subnormal
@@ -84,7 +86,7 @@ and most of fp16's range, up to 2¹⁶, is unused. Multiplying the loss by a sca
 gradient by S (backward is linear): the histogram slides right. *Predict first:* how large can S be
 before the largest gradient overflows? Move log₂(S).
 """),
-code("""
+        code("""
 import numpy as np
 import torch
 import ipywidgets as widgets
@@ -120,7 +122,7 @@ def scale_chart(log2_scale=0):
 
 widgets.interact(scale_chart, log2_scale=widgets.IntSlider(value=0, min=0, max=24, description="log₂(S)"));
 """),
-code("""
+        code("""
 unscaled, scaled = shares(0), shares(8)
 viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by 2⁸ under 1 % do, none overflows",
           "unscaled_lost > 0.01 and scaled_lost < 0.01 and scaled_overflow == 0",
@@ -129,14 +131,14 @@ viz.check("unscaled, some gradients underflow or go subnormal in fp16; scaled by
           scaled_overflow=scaled["inf (overflow)"])
 pd.DataFrame({"S = 1": unscaled, "S = 2⁸": scaled}).map(lambda v: f"{100 * v:.3f} %")
 """),
-md("""
+        md("""
 Gradients shrink further as training goes on and in deeper models (Micikevicius et al. 2018 found most
 of an SSD network's activation gradients below fp16's range). Too large a scale overflows instead: the
 dynamic scaler above starts high, halves on every overflow and doubles after a run of good steps, so it
 sits just below the largest scale that does not overflow. bf16 keeps fp32's 8 exponent bits, so it needs
 no scaling.
 """),
-md("""
+        md("""
 ## Gradient accumulation
 
 With dp = 2, each rank's 8 sequences of the global batch of 16 run as four microbatches of 2: their
@@ -148,12 +150,12 @@ peak is a quarter of one pass over the whole batch — the way to train with a g
 activations would not fit, at the price of four smaller (less efficient) passes. Predict first, in the box
 below.
 """),
-code("""
+        code("""
 guess = viz.predict("Accumulating over 4 micro-batches: what percentage of one whole-batch pass's activation peak "
                     'remains?', unit=' %')
 guess
 """),
-code("""
+        code("""
 acc = {"one batch of 16": run("batch16", dp=2), "4 microbatches of 2 per rank": run("accum4", dp=2, microbatches=4)}
 viz.check("accumulating equals one batch within 1e-5",
           "difference < 1e-5", difference=viz.compare_losses(acc, "one batch of 16").max_abs_diff)
@@ -168,15 +170,15 @@ viz.check("accumulating over 4 microbatches keeps ≈ 1/4 of the activation peak
           share=share)
 acc_mem.round(3)
 """),
-code("""
+        code("""
 guess.reveal(100 * share, "One micro-batch's activations are alive at a time: a quarter of the batch.")
 """),
-md("""
+        md("""
 The activation peak is a quarter; the total a rank pays falls by less, because the model states (16Ψ,
 the same in both) do not shrink — on this tiny model they are most of it. On a large model with long
 sequences the activations dominate, and accumulation is what lets the batch grow without more memory.
 """),
-md("""
+        md("""
 ## Activation recomputation
 
 Full recomputation keeps only each block's input and reruns the block in backward (the `recompute`
@@ -184,7 +186,7 @@ spans); selective recomputation drops only the attention softmax (the a·s²·b 
 long sequences). Measured peaks beside the formula, which counts what each block keeps and what one
 rerun rebuilds:
 """),
-code("""
+        code("""
 rc = {mode: run(f"recompute-{mode}", recompute=mode) for mode in ("none", "selective", "full")}
 cfg = PRESETS["tiny"]
 rows = []
@@ -199,12 +201,12 @@ viz.check("activation peaks measured = predicted", "measured == predicted", meas
           predicted=table["peak predicted"])
 table
 """),
-code("""
+        code("""
 viz.timeline(rc["full"], steps=[7], title="full recomputation: each block reruns inside backward").show()
 viz.check("recomputation changes no loss, to the bit", "difference == 0",
           difference=viz.compare_losses(rc, "none").max_abs_diff);
 """),
-md("""
+        md("""
 ## Fused attention: `attention="sdpa"`
 
 The written-out attention keeps the s × s softmax probabilities of every head for backward (the a·s²·b
@@ -212,7 +214,7 @@ term). torch's `scaled_dot_product_attention` (flash or memory-efficient attenti
 them inside its backward and keeps only one log-sum-exp per row. Both run here on a sequence of 128,
 where the s² term matters; the activation bytes are what autograd really saved (the saved-tensor hooks):
 """),
-code("""
+        code("""
 LONG = {"base": "tiny", "seq_len": 128}
 attn = {kind: run(f"attention-{kind}", model=LONG, global_batch=4, steps=3, attention=kind)
         for kind in ("eager", "sdpa")}
@@ -228,7 +230,7 @@ viz.check("sdpa keeps fewer activation bytes than the written-out attention, as 
           measured_MB=attn_mem["activation peak (MB)"], predicted_MB=attn_mem["predicted (MB)"])
 attn_mem
 """),
-md("""
+        md("""
 ## Learning-rate warm-up: with and without
 
 Adam divides each step by a running estimate of the gradient's spread, and in the first steps that
@@ -238,7 +240,7 @@ poor region it takes long to leave. A linear warm-up starts small and lets the e
 *Predict first:* which run ends lower after 40 steps? Two runs of the same model, data and peak rate
 (3e-2, ten times this model's usual), cosine decay, with and without 10 warm-up steps:
 """),
-code("""
+        code("""
 warm = {"no warm-up": run("lr-no-warmup", lr_schedule="cosine", warmup_steps=0, steps=40, lr=3e-2),
         "10 warm-up steps": run("lr-warmup", lr_schedule="cosine", warmup_steps=10, steps=40, lr=3e-2)}
 fig = make_subplots(rows=1, cols=2, subplot_titles=("learning rate", "loss"))
@@ -254,7 +256,7 @@ ends = {name: r.metrics.loss.iloc[-5:].mean() for name, r in warm.items()}
 viz.check("with warm-up the loss ends lower (mean of the last 5 steps)",
           "with_warm_up < without", with_warm_up=ends["10 warm-up steps"], without=ends["no warm-up"]);
 """),
-md("""
+        md("""
 ## Reading the model back: a sample before and after training on text
 
 Losses are numbers; a sample shows what they mean. `small-llama` with a byte vocabulary (256 tokens) trains
@@ -265,7 +267,7 @@ its sample is noise; `wb.sample` reads the trained checkpoint back on this one p
 dp = 2) and continues the same prompt. *Predict first:* after 60 steps (about 20 seconds here) on 40 kB of
 text, words or not?
 """),
-code("""
+        code("""
 import torch
 from workbench.engine.sample import generate
 from workbench.model.gpt import GPT
@@ -286,11 +288,13 @@ viz.check("the held-out loss falls as it trains (the guide's last 10 %, never tr
           "last < first - 0.2", first=val.iloc[0], last=val.iloc[-1])
 viz.loss_curves({"small-llama on docs/architecture.md": text_run}).show()
 """),
-md("""
+        md("""
 Before: bytes drawn almost uniformly from 256, most of them not even printable. After 60 steps: letters,
 spaces and punctuation in English proportions, short fragments of words — a model that has learned the
 bytes' statistics, not yet the words (the held-out loss: about 3.0 nats a byte against ln 256 = 5.5 at the
 start). The guides' own run of this model (docs/guide/models-and-data.md), 200 steps, reaches 2.39
 and begins to spell.
 """),
-], "06_training_techniques.ipynb")
+    ],
+    "06_training_techniques.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/07_compare_and_plan.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 7 · Compare strategies, and predict before running
 
 `workbench.predict.estimator` is the analytic model of docs/formulas.md: memory per rank by category,
@@ -11,7 +13,7 @@ bytes moved per step by group, the pipeline bubble, and step time from a hardwar
 latency, the fixed cost of a step), so that the estimate of each local run can be checked against its
 measurement. `workbench.studies.comparison` runs the strategies and puts both side by side.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import workbench as wb
@@ -28,8 +30,8 @@ pd.Series({"matmul GFLOP/s (1 thread)": hw.matmul_flops / 1e9, "attention GFLOP/
            "all-reduce GB/s": hw.intra_node_bw / 1e9, "a collective inside a 4-rank run, ms": with_4["alpha"] * 1e3,
            "compute stretch with 4 ranks on these cores": with_4["stretch"], "cores": hw.cores})
 """),
-md("## The strategies on this machine, measured beside estimated"),
-code("""
+        md("## The strategies on this machine, measured beside estimated"),
+        code("""
 configs = [wb.RunConfig(dp=2, steps=6), wb.RunConfig(dp=2, zero=3, steps=6), wb.RunConfig(tp=2, steps=6),
            wb.RunConfig(pp=2, microbatches=2, steps=6), wb.RunConfig(dp=2, tp=2, steps=6)]
 cmp = wb.compare(configs, out_dir=os.path.join("..", "traces", "nb07"), hardware=hw, force=True)
@@ -55,7 +57,7 @@ pd.DataFrame({"ranks": t.world_size, "step ms": 1e3 * t.step_time_s, "± ms": 1e
               "memory error": t.memory_error.map("{:+.1%}".format), "MB sent/step": t.bytes_moved_per_step / 1e6,
               "|Δ loss|": t.loss_diff_vs_baseline}).set_index(t.strategy).round(2)
 """),
-code("""
+        code("""
 from workbench.trace.spans import union_length
 
 def comm_ms(run):  # rank 0's time with communication in flight or waited for, a step: the union of those spans
@@ -78,7 +80,7 @@ for config, (_, row) in zip(configs, t.iterrows()):
                f"({', '.join(f'{k} {v * 1e3:.1f}' for k, v in term.items())} ms)")
     print(f"{row.strategy}: {row.step_time_error:+.0%} — {why}")
 """),
-md("""
+        md("""
 `memory_error` compares the estimate with the **simultaneous peak of every category** — what a rank
 really pays. It is exact for data, tensor and pipeline parallelism but for Adam's step counters (a few
 bytes: the formulas count what the code holds); for ZeRO-3 the estimate takes the gathered layers at
@@ -101,13 +103,13 @@ table, each error past 25 % is given its cause from the run itself: where the tw
 machine's noise alone covers the gap; where they do not, the trace's measured time of the dominant term is set
 beside the estimate's, which names the term that missed.
 """),
-code("""
+        code("""
 cmp.bars().show()
 cmp.memory().show()
 cmp.timelines().show()
 print("report without Jupyter:", cmp.report(os.path.join("..", "traces", "nb07")))
 """),
-md("""
+        md("""
 ## With N GPUs, the speedup is below N
 
 Adding GPUs never divides the step time by N: every step pays communication that one GPU does not,
@@ -123,7 +125,7 @@ Estimated for GPT 1.3B (bf16, data parallelism, 8 GPUs per machine on NVLink, In
 machines) on A100s, with the ideal line, efficiency = speedup / N, and what each step loses.
 *Predict first:* which of the two curves bends away from the ideal first, and why?
 """),
-code("""
+        code("""
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -164,14 +166,14 @@ strong = scaling[scaling.scaling.str.startswith("strong")].set_index("GPUs").eff
 viz.check("strong-scaling efficiency is below 1 and falls with N",
           "all(efficiency[1:] < 1) and all(np.diff(efficiency) <= 0)", efficiency=strong);
 """),
-md("""
+        md("""
 Where the time goes, as a share of each step: the useful compute shrinks as the GPUs get less work each
 (strong scaling), while the all-reduce of the whole model's gradients does not shrink with N (ring:
 2(n−1)/n·S per rank) and leaves the fast NVLink for InfiniBand above 8 GPUs. With pipeline stages
 (right, pp = 4) the bubble joins in: a fixed global batch leaves each pipeline fewer micro-batches as
 N grows, and the bubble's share (p−1)/(m+p−1) rises.
 """),
-code("""
+        code("""
 COLORS_LOST = {"compute": "#4C78A8", "dp": "#E45756", "pipeline": "#EECA3B", "per-step overhead": "#BAB0AC"}
 NAMES_LOST = {"compute": "useful compute", "dp": "exposed DP communication", "pipeline": "pipeline bubble",
               "per-step overhead": "per-step overhead (optimizer, replicated)"}
@@ -191,7 +193,7 @@ fig.update_layout(barmode="stack", height=420, yaxis_title="share of the step",
                   title="strong scaling (1,024 sequences per step): where each step's time goes")
 fig.show()
 """),
-md("""
+        md("""
 **Measured here, N = 1, 2, 4.** The same lesson on this machine: the 8-layer model of notebook 01 with
 8 sequences per rank (weak scaling), the ranks on emulated machines joined by the same 0.1 GB/s link, the
 estimate beside each. On two cores a third lever joins: four ranks share two cores, so each computes
@@ -201,7 +203,7 @@ there and N = 2, 4 on the CPU — the ratio would then compare devices, not scal
 and keeps the faster of its two medians, so that a burst of other work on the machine does not decide
 the ratio.
 """),
-code("""
+        code("""
 from workbench.launching.launcher import visible_gpus
 from workbench.predict.estimator import estimate, with_emulated_links
 
@@ -248,21 +250,21 @@ for n, row in ms[ms.error.abs() > 0.25].iterrows():   # each miss, split by rank
           f"{got:.1f} ms a step on rank 0 here")
 ms.round(2)
 """),
-md("""
+        md("""
 **Load imbalance.** A synchronous step is as slow as its slowest rank. Below, rank 1 of four is a
 straggler (`fault="straggle"`: from step 2 it sleeps 30 ms in every step, as a GPU throttled by heat
 or a noisy neighbour would run late). Every other rank finishes its backward on time and then *waits*
 in the gradient all-reduce until rank 1 arrives: the `wait` rows absorb rank 1's delay, every step.
 Notebook 08 shows how `workbench doctor` names the straggler.
 """),
-code("""
+        code("""
 straggle = wb.launch(wb.RunConfig(dp=4, steps=5, seed=0, fault="straggle", fault_rank=1, fault_step=2,
                                   fault_delay_s=0.03), out=os.path.join("..", "traces", "nb07", "straggle"), force=True)
 viz.timeline(straggle, steps=[3], title="rank 1 straggles: ranks 0, 2 and 3 wait for it in the all-reduce").show()
 waits = straggle.events[(straggle.events.cat == "wait") & (straggle.events.step >= 2)]
 (waits.groupby("rank").dur_us.sum() / 1e3 / 3).rename("wait per step (ms), steps 2–4").to_frame()
 """),
-md("""
+        md("""
 ## From a trace: replay it, then ask *what if*
 
 Every step time above was predicted from calibrated rates. A run's own trace predicts more closely.
@@ -281,13 +283,13 @@ same formula bubble.) Then the m = 8 run is launched to check it:
 three rounds of both, as this machine has slow minutes (docs/formulas.md, "Trace-driven replay and what-if").
 
 """),
-code("""
+        code("""
 guess = viz.predict("Going from 4 to 8 micro-batches (the same global batch) halves the formula's bubble, from 1/5 of"
                     " the step to 1/9. By what percentage will the measured step change? (Negative: faster.)",
                     unit=" %")
 guess
 """),
-code("""
+        code("""
 from workbench.analysis.execution_graph import build
 from workbench.analysis.replay import replay
 from workbench.trace.merge import load_traces
@@ -326,12 +328,12 @@ viz.check("the what-if's m = 8 step is within 30 % of the measured one (median o
 table.round(1)
 
 """),
-code("""
+        code("""
 guess.reveal(100 * (table["m = 8 measured"].median() / table["m = 4 measured"].median() - 1),
              "Each micro-batch pays a fixed cost (Python, autograd, a transfer's latency) that the bubble formula "
              'leaves out; with small micro-batches on a CPU it outweighs the bubble saved.')
 """),
-md("""
+        md("""
 The benchmark behind this (`benchmarks/what_if_accuracy.py`) holds twelve such pairs fixed — dp ×2 and
 ÷2, micro-batches, the pipeline schedule, bucket size, an emulated link, a straggler — and reaches a mean
 |error| under 10 % with the ranking of the targets kept (docs/guide/predictions.md); its roughest are four
@@ -339,26 +341,26 @@ ranks on these two cores, whose forward slows more than the calibrated stretch s
 --dp 4` asks the same from the command line.
 
 """),
-md("""
+        md("""
 ## At GPT-3's scale
 
 The ZeRO paper's example (7.5 B parameters, 64 GPUs) and the planner for GPT-3 175B on 96 DGX A100
 nodes — with Megatron's setting (mixed precision, selective recomputation, no ZeRO) it finds the
 classic layout: tensor parallelism 8 inside each node, 12 pipeline stages, 8 data-parallel replicas.
 """),
-code("""
+        code("""
 pd.DataFrame([{"ZeRO stage": z, "GB per GPU": wb.estimate(params=7.5e9, dp=64, zero=z, precision="mixed")
                .model_state_bytes_per_rank / 1e9} for z in range(4)])
 """),
-code("""
+        code("""
 p = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(0,))
 print(p)
 viz.check("the planner picks tp 8, pp 12, dp 8", "(tp, pp, dp) == (8, 12, 8)",
           tp=p.best["tp"], pp=p.best["pp"], dp=p.best["dp"])
 p.candidates.head(10)
 """),
-md("Where the step time of the five best layouts goes — why the best is best:"),
-code("""
+        md("Where the step time of the five best layouts goes — why the best is best:"),
+        code("""
 import plotly.express as px
 
 top = p.candidates.head(5).assign(layout=lambda d: "tp" + d.tp.astype(str) + " pp" + d.pp.astype(str)
@@ -375,7 +377,7 @@ fig.update_layout(height=400, yaxis_title="estimated seconds per step", legend_t
 fig.show()
 top.set_index("layout")[list(TERMS) + ["memory_GB"]].round(2)
 """),
-code("""
+        code("""
 import ipywidgets as widgets
 import numpy as np
 
@@ -410,4 +412,6 @@ widgets.interact(explore, nodes=widgets.IntSlider(96, 16, 256, 16, description="
                  recompute=widgets.Dropdown(options=["none", "selective", "full"], value="selective",
                                             description="recompute"));
 """),
-], "07_compare_and_plan.ipynb")
+    ],
+    "07_compare_and_plan.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/08_fault_tolerance.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 8 · Fault tolerance: checkpoints, automatic restart, diagnosis
 
 A job on thousands of GPUs fails every few hours: a machine dies, a link flaps, a rank hangs, a
@@ -12,7 +14,7 @@ it, and (3) a way to tell *who* failed and *where*. Everything below runs for re
 `torch.distributed.checkpoint` (DCP), restarts by torchrun (`--max-restarts`), detection from the
 traced communication layer.
 """),
-code("""
+        code("""
 import json, os
 import pandas as pd
 import plotly.graph_objects as go
@@ -29,36 +31,36 @@ def run(name, **config):
     return wb.launch(wb.RunConfig(model="tiny", global_batch=16, seed=0, **config), out=os.path.join(OUT, name),
                      force=True)  # re-running the notebook replaces its own runs
 """),
-md("""
+        md("""
 ## A checkpoint: every rank writes its own shards
 
 ZeRO-3 on two ranks, a checkpoint every 4 steps. Each rank writes its 1/N of the parameters and of Adam's
 moments; what every data-parallel replica holds the same is written once, by the first replica.
 The checkpoint only counts once rank 0 has written `workbench.json` and renamed the directory.
 """),
-code("""
+        code("""
 z3 = run("zero3", dp=2, zero=3, steps=8, checkpoint_every=4)
 ckpt = os.path.join(z3.path, "checkpoints", "step_000008")
 print(describe(ckpt)[:1500])
 """),
-md("""
+        md("""
 Checkpoint time and size beside the model states it holds (fp32 AdamW: 4 bytes of parameter + 8 of
 moments per parameter = 12Ψ, split over the ranks). The files add DCP's index and a little framing per
 tensor — large only for a model as small as this one.
 """),
-code("""
+        code("""
 guess = viz.predict("The run trains in fp32 with AdamW. How many bytes a parameter will its checkpoint's tensors "
                     'hold?', unit=' bytes')
 guess
 """),
-code("""
+        code("""
 marker = json.load(open(os.path.join(ckpt, "workbench.json")))
 saves = [(t["workbench"]["rank"], e) for t in z3.traces for e in t["traceEvents"] if e.get("cat") == "checkpoint"]
 psi = z3.config["params"]
 pd.DataFrame([{"rank": r, "span": e["name"], "time (ms)": e["dur"] / 1e3, "bytes written": e["args"]["bytes"],
                "model states of this rank (12Ψ/N)": 12 * psi / 2} for r, e in saves])
 """),
-code("""
+        code("""
 extra = marker["tensor_bytes"] - 12 * psi
 viz.check("the checkpoint's tensors are the model states, 12Ψ, written once (beside them only Adam's step "
           "and each rank's RNG state: a few kB)", "0 < extra_bytes < 11_000", extra_bytes=extra)
@@ -68,12 +70,12 @@ viz.check("ZeRO-3: each of the two ranks writes its own half", "min(bytes_per_ra
 pd.Series({"tensors in the checkpoint": marker["tensor_bytes"], "12Ψ (formula)": 12 * psi,
            "files on disk": marker["bytes"]}, name="bytes")
 """),
-code("""
+        code("""
 guess.reveal(marker["tensor_bytes"] / psi,
              "4 bytes of parameter and 8 of Adam's two moments; the gradients are not saved (the next step makes them"
              ' anew).')
 """),
-md("""
+        md("""
 ## The same checkpoint under another layout
 
 The checkpoint names *pieces of the whole model's tensors* (`model/blocks.0.attn.qkv.weight|0+1536`), not
@@ -81,14 +83,14 @@ rank files, so a different layout finds its own pieces in it: here the ZeRO-3 ch
 ranks continues on one process, and on four ranks with tensor parallelism. The losses continue those of the
 run that saved it, up to fp32 sums taken in another order.
 """),
-code("""
+        code("""
 half = os.path.join(z3.path, "checkpoints", "step_000004")
 one = run("resharded-dp1", steps=8, resume=half)
 tp = run("resharded-tp2", tp=2, steps=8, resume=half)
 pd.DataFrame({"saved by dp2 ZeRO-3": z3.metrics.loss[4:].values, "resumed on 1 rank": one.metrics.loss.values,
               "resumed with tp=2": tp.metrics.loss.values}, index=range(4, 8)).rename_axis("step")
 """),
-md("""
+        md("""
 ## How often to checkpoint: Young/Daly
 
 Checkpointing every τ seconds costs δ/τ of the time (writing) plus τ/(2M) (the half interval redone on
@@ -96,7 +98,7 @@ average after each failure, M the job's mean time between failures). The sum is 
 Young's τ* = √(2δM) (Daly subtracts δ). A job of many machines has a small M: one machine's MTBF
 divided by their number.
 """),
-code("""
+        code("""
 import math
 
 def young_daly_figure(checkpoint_s=30.0, machine_mtbf_days=365.0, machines=1000):
@@ -126,7 +128,7 @@ widgets.interact(lambda checkpoint_s, machine_mtbf_days, machines:
                  machine_mtbf_days=widgets.FloatSlider(value=365, min=30, max=1000, description="MTBF (d)"),
                  machines=widgets.IntSlider(value=1000, min=1, max=10000, description="machines"));
 """),
-md("""
+        md("""
 ## A rank killed mid-way, restarted automatically
 
 Rank 1 is killed with SIGKILL in step 5 (no handler runs, as when the out-of-memory killer or a lost
@@ -134,7 +136,7 @@ machine ends a process). torchrun notices, stops rank 0, and starts the group ag
 resumes from the newest checkpoint that verifies (before step 4) and finishes. fp32 on gloo is
 deterministic, so the losses equal those of a run that never failed.
 """),
-code("""
+        code("""
 killed = run("killed", dp=2, steps=8, checkpoint_every=2, max_restarts=1, fault="kill", fault_rank=1, fault_step=5)
 clean = run("clean", dp=2, steps=8)
 table = killed.metrics[["step", "loss", "attempt"]].assign(uninterrupted=clean.metrics.loss)
@@ -142,12 +144,12 @@ viz.check("the restarted run's losses equal an uninterrupted run's, exactly", "r
           restarted=table.loss, uninterrupted=table.uninterrupted)
 table
 """),
-md("""
+        md("""
 Both attempts on one timeline (`trace_all_attempts.json`, which Perfetto opens too): attempt 0's steps,
 the gap while torchrun restarts the group and the new processes load the checkpoint, attempt 1
 redoing from step 4. The failed attempt's files are kept under `attempts/restart-0/`.
 """),
-code("""
+        code("""
 both = json.load(open(os.path.join(killed.path, "trace_all_attempts.json")))["traceEvents"]
 restart = [e["ts"] for e in both if e["name"] == "restart 1"][0]
 fig = go.Figure()
@@ -169,19 +171,19 @@ fig.update_layout(barmode="overlay", height=320, xaxis_title="ms since the first
 fig.show()
 sorted(os.listdir(os.path.join(killed.path, "attempts", "restart-0")))
 """),
-md("""
+        md("""
 ## A gradient turns into NaN
 
 A NaN is injected into rank 1's gradients at step 3. The global gradient norm, which every rank
 computes over every rank's share, is NaN everywhere, so all ranks skip that update together and the
 run goes on (the metrics say `skipped`).
 """),
-code("""
+        code("""
 nan = run("nan", dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=3)
 viz.check("only step 3 is skipped", "list(np.flatnonzero(skipped)) == [3]", skipped=list(nan.metrics.skipped))
 nan.metrics[["step", "loss", "grad_norm", "skipped"]].astype({"grad_norm": object}).fillna({"grad_norm": "non-finite"})
 """),
-md("""
+        md("""
 ## A loss spike, skipped
 
 Large runs see sudden loss spikes — a bad batch, an optimizer state gone wrong, a flipped bit — and one
@@ -195,7 +197,7 @@ Here rank 1's loss (and so its gradients) is multiplied by 10 at step 4
 (`fault="loss-spike"`): the global loss, all-reduced before the update, jumps on every rank, and all of
 them skip that update together — the weights and Adam's state stay as they were.
 """),
-code("""
+        code("""
 spike = run("loss-spike", dp=2, steps=6, loss_spike_factor=2.0, fault="loss-spike", fault_rank=1, fault_step=4)
 m = spike.metrics
 viz.check("the spike at step 4 is skipped, and only it", "list(np.flatnonzero(skipped)) == [4]",
@@ -208,7 +210,7 @@ fig.update_layout(title="a loss spike (rank 1 × 10 at step 4): every rank skips
 fig.show()
 m[["step", "loss", "skipped", "anomaly"]].fillna({"anomaly": "—"})
 """),
-md("""
+        md("""
 ## A straggler, found
 
 A rank that is slow but not dead — a GPU throttling on heat, a noisy neighbour, a slow disk — hangs no
@@ -218,7 +220,7 @@ synchronous step everyone waits for the slowest. Rank 1 sleeps 40 ms in every st
 time outside compute and communication) and its time waiting in collectives, and names the rank the
 others wait for.
 """),
-code("""
+        code("""
 straggler = run("straggle", dp=2, steps=5, fault="straggle", fault_rank=1, fault_step=1, fault_delay_s=0.04)
 straggle_report = diagnose(straggler.path)
 print(straggle_report)
@@ -226,7 +228,7 @@ viz.check("doctor names rank 1 as the straggler", "'straggler: rank 1' in verdic
           verdict=next((line.strip() for line in straggle_report.splitlines() if "straggler:" in line), ""))
 viz.timeline(straggler, steps=[3], title="rank 0 waits in the all-reduce (wait row) while rank 1 sleeps").show()
 """),
-md("""
+        md("""
 ## A hang, diagnosed
 
 Rank 1 stops answering in step 1 (it sleeps). Rank 0 waits in its first collective of that step until the
@@ -234,7 +236,7 @@ process-group timeout (5 s here), fails naming the operation, and torchrun stops
 error file keeps its flight recorder — its last collectives, with their per-group sequence numbers —
 and `workbench doctor RUN` lines them up: who was blocked where, and who never got there.
 """),
-code("""
+        code("""
 import time
 from workbench.comm.torch_flight_recorder import behind as torch_behind, read_dumps
 
@@ -254,7 +256,7 @@ torch_view = [g for g in torch_behind(read_dumps(failed.run.path)) if g["group"]
 viz.check("torch's own flight recorder, dumped by both ranks, says the same",
           "list(behind) == [1]", behind=torch_view[0]["behind"] if torch_view else []);
 """),
-md("""
+        md("""
 ## Elastic: a machine leaves, and comes back
 
 With `--nnodes MIN:MAX` torchrun runs *elastic* membership: the job goes on while at least MIN machines
@@ -271,7 +273,7 @@ here the first machine's, which is why the second starts only once that store an
 that hosts the store and every agent loses the rendezvous with it: on a real cluster the endpoint is a
 machine that stays (or an etcd service), not one that may leave.
 """),
-code("""
+        code("""
 import shutil, signal, socket, subprocess, sys, time
 
 ELASTIC = os.path.abspath(os.path.join(OUT, "elastic"))
@@ -328,7 +330,7 @@ gap = (elastic.loss - whole.metrics.loss).abs() / whole.metrics.loss
 viz.check("the losses equal the uninterrupted run's within 1e-5 relative (fp32 sums in another order)",
           "relative_difference <= 1e-5", relative_difference=gap);
 """),
-code("""
+        code("""
 fig = go.Figure(go.Scatter(x=elastic.step, y=elastic.world_size, mode="lines+markers", line={"shape": "hv"},
                            name="ranks in the group", marker={"color": elastic.attempt, "colorscale": "Viridis",
                                                               "size": 9, "showscale": True,
@@ -338,12 +340,12 @@ fig.update_layout(title="elastic membership: the group's size at each step (colo
 fig.show()
 elastic
 """),
-md("""
+        md("""
 The steps done before the loss and not yet saved are redone by the smaller group (from the newest
 checkpoint); every step's loss is that of a run that never changed size, up to the order in which fp32
 sums are taken — the same global batch, split over whatever data-parallel ranks the group has.
 """),
-md("""
+        md("""
 ## On GPUs: what else fails, and who notices
 
 Everything above runs on this CPU. A GPU cluster adds failures a CPU does not have, and tools to see them
@@ -367,4 +369,6 @@ Everything above runs on this CPU. A GPU cluster adds failures a CPU does not ha
 What this notebook shows on a CPU — restart from a checkpoint, a skipped bad step, a hang diagnosed, a
 straggler named — is the same machinery a GPU job relies on; the GPU-only signals above feed into it.
 """),
-], "08_fault_tolerance.ipynb")
+    ],
+    "08_fault_tolerance.ipynb",
+)

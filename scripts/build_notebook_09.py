@@ -1,8 +1,10 @@
 """Regenerates notebooks/09_communication.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 9 · Communication: the four primitives, compression, hierarchy — and why DP is bandwidth-bound, PP latency-bound
 
 Every parallel strategy is, underneath, a pattern of messages. This notebook takes the subject of
@@ -12,7 +14,7 @@ hierarchical all-reduce, and — with an
 **emulated network**, a teaching device — why data parallelism suffers from a thin pipe and pipeline
 parallelism from a long one.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.graph_objects as go
@@ -31,7 +33,7 @@ def run(name, **config):
     config = {"model": "tiny", "global_batch": 8, "seed": 0, "steps": 6, **config}
     return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name), force=True)
 """),
-md("""
+        md("""
 ## The four primitives, as rings
 
 `ring_demo` starts four processes with torchrun and runs each of our ring collectives once — all-reduce,
@@ -41,7 +43,7 @@ reducing ops a cell says how many ranks' contributions the chunk holds; for the 
 has arrived. The title compares the bytes the busiest rank sent with the formula: 2(N−1)/N·S for the
 all-reduce — which *is* a reduce-scatter followed by an all-gather, (N−1)/N·S each — and S for a broadcast.
 """),
-code("""
+        code("""
 from workbench.viz.ring import SENT, replay
 
 demo = ring_demo(ranks=4, numel=3, out=os.path.join(OUT, "ring-demo"), force=True)
@@ -61,11 +63,11 @@ viz.check("the busiest rank sent the formula's bytes in each", "busiest == formu
           formula=list(formula.values()))
 table
 """),
-code("""
+        code("""
 for op in ("reduce_scatter", "all_gather", "all_reduce", "broadcast"):
     viz.ring_steps(demo, op=op).show()
 """),
-md("""
+        md("""
 ## α and β: what one all-reduce costs
 
 Every collective is costed the same way: a fixed **latency α** per message, plus the bytes over the
@@ -81,12 +83,12 @@ on 2 and on 4 ranks (the clock, the fastest of 6 after a barrier: the model's α
 the algorithm cost, and on a shared machine any one call can lose a time slice to something else — a median
 of so few still moved the fit by 40 % from one run to the next here), with the fit.
 """),
-code("""
+        code("""
 guess = viz.predict("Where does the crossover α·β of gloo's all-reduce on 2 ranks lie on this machine, in kilobytes?",
                     unit=" kB")
 guess
 """),
-code("""
+        code("""
 from workbench.studies.comm_calibration import allreduce_times, alpha_beta
 
 SIZES = tuple(1 << k for k in range(10, 27, 2))          # 1 KB … 64 MB
@@ -125,11 +127,11 @@ viz.check("the α–β line fits the measured all-reduces (median |residual| und
           timing="timed all-reduces on shared cores")
 ab.pivot(index="bytes", columns="ranks", values=["measured (ms)", "fit (ms)"]).round(3)
 """),
-code("""
+        code("""
 guess.reveal(fits[2][0] * fits[2][1] / 1e3,
              "Below it a message costs about α whatever its size; above it, about its bytes over β.")
 """),
-md("""
+        md("""
 The right panel is the ring's claim: each rank sends 2(n−1)/n of the buffer — 1× at n = 2, 1.5× at
 n = 4, never above 2× however many ranks — so on links that each rank has to itself, the bandwidth
 term hardly grows with n. The latency term does: 2 steps at n = 2, 6 at n = 4, 2(n−1) in general.
@@ -151,7 +153,7 @@ Real magnitudes, for scale (per GPU, one direction; latencies are NCCL's small-m
 | 100 Gb Ethernet | 12.5 GB/s | ≈ 20–50 µs |
 | gloo on this machine (above) | the fitted β | the fitted α |
 """),
-md("""
+        md("""
 ## Compressing the gradients
 
 Three runs of the same model and batch on two ranks: fp32 buckets; buckets cast to bf16 for the
@@ -159,7 +161,7 @@ all-reduce and back (torch DDP's `bf16_compress_hook`); and 1-bit Adam (Tang et 
 warm-up of plain Adam freezes the variance and all-reduces the *momentum* as signs plus one scale per
 chunk, with the rounding error fed back into the next step. The bytes are read from each run's trace.
 """),
-code("""
+        code("""
 STEPS, WARMUP = 20, 6
 full = run("fp32", dp=2, steps=STEPS)
 half = run("bf16", dp=2, steps=STEPS, grad_compression="bf16")
@@ -188,7 +190,7 @@ pd.DataFrame({
     "final loss": [r.metrics.loss.iloc[-1] for r in (full, half, onebit)],
 }, index=["fp32 buckets", "bf16 buckets", f"1-bit Adam (after its {WARMUP}-step warm-up)"])
 """),
-md("""
+        md("""
 The predictions use `tiny`'s Ψ like the runs. bf16 halves the bytes exactly and trains the same curve to
 the eye. 1-bit Adam sends 1/32 of the fp32 all-reduce after its warm-up (the warm-up steps are Adam
 itself, bit for bit). Its loss keeps falling, but on this small model and so few compressed steps it
@@ -196,11 +198,11 @@ ends above Adam's; the gap is the compression (with the exact mean instead of si
 ends slightly *below* Adam here). The paper's claim — Adam's convergence — is for long runs of large
 models, where the error feedback has time to even out; on a CPU we can show the mechanism, not that scale.
 """),
-code("""
+        code("""
 viz.loss_curves({"Adam, fp32 buckets": full, "Adam, bf16 buckets": half, "1-bit Adam": onebit},
                 baseline="Adam, fp32 buckets").show()
 """),
-md("""
+        md("""
 ## Hierarchical all-reduce under a slow link between machines
 
 On one machine every link is alike, so we **emulate** two machines of two ranks each
@@ -218,7 +220,7 @@ all-reduce reduce-scatters inside each machine, all-reduces only a K-th of the b
 all-gathers inside again. The estimate beside each uses this machine's calibrated rates with the
 emulated links added (`with_emulated_links`).
 """),
-code("""
+        code("""
 hw = wb.calibrate("tiny", worlds=(2, 4), repeats=1, out=os.path.join("..", "traces", "calibration"), reuse=True)
 LINKS = "inter=0.001,50;intra=2,5"
 two_by_two = dict(dp=4, ranks_per_node=2, bucket_mb=0.03, emulate_link=LINKS)
@@ -244,7 +246,7 @@ viz.check("the hierarchical all-reduce's step is well under the flat ring's (les
           timing="step times of two runs on shared cores (the link's holds are the emulator's formula)")
 pd.DataFrame(rows).T
 """),
-md("""
+        md("""
 **The estimate's error, named.** The error column says how far each estimate is from its step. The two
 columns beside it say where to look: the emulated link's holds that rank 0's trace recorded a step (what the
 link's formula gives for the bytes it really sent) against the estimate's data-parallel term. Where the two
@@ -253,10 +255,10 @@ two cores); where they differ, the estimate prices the link's traffic otherwise 
 way the point of the section holds: the hierarchical all-reduce sends a K-th of the bytes across, and its
 step is the shorter.
 """),
-code("""
+        code("""
 viz.timeline(hier, steps=[2]).show()
 """),
-md("""
+        md("""
 ## Bandwidth-bound DP, latency-bound PP
 
 Each strategy on two emulated machines (one rank each), its step time as the link between them gets
@@ -271,7 +273,7 @@ estimator's prediction for each point. Each measured point is the fastest of a r
 first: on a shared machine other work only ever adds time to a step (at times several times a PP
 step), while the link's held time is in every one of them.
 """),
-code("""
+        code("""
 FOUR = {"layers": 4}
 STRATEGIES = {"DP (dp=2)": dict(dp=2), "PP (pp=2, m=8)": dict(pp=2, microbatches=8)}
 BANDWIDTHS = [None, 0.02, 0.005]          # GB/s; None: no emulation (three points each: every one is
@@ -299,7 +301,7 @@ sweep = pd.DataFrame(sweep)
 sweep["error"] = (sweep["predicted (ms)"] - sweep["measured (ms)"]) / sweep["measured (ms)"]
 sweep.round(3)
 """),
-code("""
+        code("""
 # Each miss past 25 %, split: the no-link step (compute, this machine's) and what the link added, measured against
 # the estimate's, beside the emulator's hold (its formula: what the link would cost with nothing hiding it)
 for _, row in sweep[sweep.error.abs() > 0.25].iterrows():
@@ -326,7 +328,7 @@ for _, row in sweep[sweep.error.abs() > 0.25].iterrows():
     print(f"{row.strategy}, {row.kind} {row.value:g}: {row.error:+.0%} — compute {compute_part:+.1f} ms, "
           f"link {link_part:+.1f} ms: {why}")
 """),
-code("""
+        code("""
 fig = make_subplots(rows=1, cols=2, subplot_titles=("thinner pipe: bandwidth (GB/s, log)", "longer pipe: latency (µs)"))
 colors = {"DP (dp=2)": "#4C78A8", "PP (pp=2, m=8)": "#F58518"}
 for col, kind in ((1, "bandwidth"), (2, "latency")):
@@ -342,13 +344,13 @@ fig.update_layout(title="step time against the emulated link (a teaching device)
                   height=420)
 fig.show()
 """),
-md("""
+        md("""
 Read the PP line in the bandwidth panel against its hold column: a pipeline's transfers are a few kilobytes
 of activations, and even at 5 MB/s each takes a fraction of a millisecond, a few milliseconds a step in all.
 Whatever the line rises beyond that is not the link's: the two stages wait on each other's holds, and a PP
 step on two shared cores moves by milliseconds from run to run. DP's line, by contrast, follows its hold.
 """),
-code("""
+        code("""
 def added(name, kind):
     d = sweep[(sweep.strategy == name) & (sweep.kind == kind)].set_index("value")["measured (ms)"]
     return d.iloc[-1] - d.iloc[0] if kind == "latency" else d.loc[min(d.index)] - d.loc[max(d.index)]
@@ -369,7 +371,7 @@ viz.check("a longer pipe costs PP more than DP, and more than a thinner one",
                      viz.headroom(added(PP, "bandwidth"), added(PP, "latency"))), **SWEEP, **costs)
 pd.DataFrame({kind: {name: f"{added(name, kind):+.1f} ms" for name in STRATEGIES} for kind in ("bandwidth", "latency")})
 """),
-md("""
+        md("""
 Cutting the bandwidth costs DP far more than PP: its gradient all-reduce carries the whole model's
 bytes. Raising the latency costs PP more than DP: it pays the latency 16 times per step, on the critical
 path, while DP pays it in a handful of collectives.
@@ -384,4 +386,6 @@ Megatron-LM's default order puts tp innermost and pp outermost; the GPT-3 layout
 inside each machine, pp and dp across) is that rule. The sweep says which of the two across-machine
 strategies suffers from which property of the link: DP from a thin one, PP from a long one.
 """),
-], "09_communication.ipynb")
+    ],
+    "09_communication.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/10_long_sequences.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 10 · Long sequences: context parallelism (ring attention)
 
 Data, tensor and pipeline parallelism split the batch, the layers' matrices and the layers. None of them
@@ -22,7 +24,7 @@ Under the causal mask a contiguous split is unfair: the last rank's queries see 
 rank's only its own. The **head-tail** split (Megatron's and torch's zig-zag) cuts the sequence into 2·cp
 chunks and gives rank r chunks r and 2cp − 1 − r, so every rank gets the same work.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.graph_objects as go
@@ -42,7 +44,7 @@ def run(name, **config):
 viz.rank_layout(RankGrid(dp=2, cp=2, tp=2)).show()
 viz.layout_table(RankGrid(dp=2, cp=2, tp=2))
 """),
-md("""
+        md("""
 In the rank layout cp sits between tp and dp (tp fastest, then cp: its ring passes K/V in every layer, the
 next-fastest links). The table's last column is the group the gradients are reduced over.
 
@@ -53,7 +55,7 @@ the contiguous split and the **all-gather** rotation (torch's other design: ever
 collective — more memory, one latency instead of cp − 1). Each must train the same model, step by step.
 (cp = 4, and cp beside dp, tp, pp and ZeRO, are held to one process by tests/test_context_parallel_engine.py.)
 """),
-code("""
+        code("""
 runs = {"1 process": run("one", dp=1),
         "cp 2, head-tail, ring": run("cp2", cp=2),
         "cp 2, contiguous, all-gather": run("cp2-none-allgather", cp=2, cp_balance="none", cp_rotate="allgather")}
@@ -62,7 +64,7 @@ viz.check("every cp run trains the same model as one process (within 1e-5 × los
           "difference <= 1e-5 * loss", difference=same.max_abs_diff, loss=same.final_loss)
 same
 """),
-md("""
+        md("""
 ## The ring, replayed
 
 Each ring step is a traced span (`cp_ring`, on the `ring` lane) with the layer, the step, whose K/V block
@@ -72,11 +74,11 @@ that computes it, with the ring step at which its keys arrive there: step 1 is t
 
 *Predict first:* with cp = 2 and head-tail (4 chunks), how many blocks of the triangle does each rank compute?
 """),
-code("""
+        code("""
 viz.ring_replay(runs["cp 2, head-tail, ring"]).show()
 viz.ring_replay(runs["cp 2, contiguous, all-gather"], height=300).show()
 """),
-md("""
+        md("""
 Head-tail: every rank has an early chunk (few keys to see) and a late one (many), so each colour covers
 the same area: 5 of the 10 blocks each (2 of them half-masked diagonals); at cp = 4, 9 of 36. Contiguous:
 rank 0 owns one half-masked block, rank 1 the rest of the triangle.
@@ -91,7 +93,7 @@ unmasked work (flash attention's causal mode) a step waits for that rank: a cont
 blocks, masked scores included, skipping only blocks masked whole — so here the slowest rank computes s²/2
 scores with either split; the balance matters the moment the block kernel skips what is masked.)
 """),
-code("""
+        code("""
 work = viz.attention_work({k: v for k, v in runs.items() if k != "1 process"})
 viz.check("the recorded pairs equal the formula on every rank",
           "recorded == formula", recorded=work["pairs per layer (recorded)"], formula=work["pairs per layer (formula)"])
@@ -108,7 +110,7 @@ fig.update_layout(height=340, yaxis={"title": "share of the causal attention wor
 fig.show()
 work
 """),
-md("""
+        md("""
 ## What travels: K/V bytes, measured against the formula
 
 Per layer and microbatch the ring passes cp − 1 K/V blocks forward (2·b·(s/cp)·h values each) and, in
@@ -116,7 +118,7 @@ backward, cp − 1 blocks with their dK/dV beside them (in fp32) and one last dK
 about twice forward's bytes. The all-gather rotation gathers all cp blocks once and reduce-scatters dK/dV.
 The table sets the bytes the traces counted beside `formulas.cp_comm_bytes_per_step`.
 """),
-code("""
+        code("""
 rows = []
 for name, r in runs.items():
     if r.config["cp"] == 1:
@@ -131,7 +133,7 @@ viz.check("every byte on the cp group is the formula's", "measured == formula",
           measured=bytes_table["measured bytes per step"], formula=bytes_table.formula)
 bytes_table
 """),
-md("""
+        md("""
 ## Activations ÷ cp
 
 Each rank keeps the activations of its s/cp tokens, and the ring's attention keeps no s × s probabilities
@@ -139,7 +141,7 @@ at all (its merged output and log-sum-exp instead): the peak activation bytes fa
 cp — and the all-gather rotation keeps every rank's K/V until backward. Measured by the rank's memory
 tracker beside the formula (`formulas.predicted_bytes`), with cp = 4's formula beside them.
 """),
-code("""
+        code("""
 acts = viz.activations_vs_cp(runs)
 cp4 = wb.RunConfig(model="tiny", global_batch=16, cp=4).to_dict()
 cp4["model"] = {**wb.RunConfig().model_config.__dict__}
@@ -154,7 +156,7 @@ fig.update_layout(height=340, yaxis={"title": "peak activation kB per rank"}, ti
 fig.show()
 acts
 """),
-md("""
+        md("""
 ## At scale: when the sequence is long
 
 On real hardware the reason for cp is memory. A 6.7B model's layers at 64k tokens save over a hundred
@@ -162,12 +164,12 @@ gigabytes of activations per sequence; tensor parallelism divides most of them b
 The estimator (the same formulas, A100 rates and links) for 64 GPUs, tp = 8, the same 16 sequences of 64k
 per step, cp from 1 to 8 (dp = 8/cp; each rank accumulates 16/dp microbatches of one sequence):
 """),
-code("""
+        code("""
 guess = viz.predict("A 6.7B model (hidden 4096, 32 layers) on sequences of 64k tokens, tp = 8, ZeRO-1 over dp = 8, "
                     "selective recomputation: how many GB will one A100 need at cp = 1 (it has 80)?", unit=" GB")
 guess
 """),
-code("""
+        code("""
 LONG = wb.ModelConfig(vocab_size=51200, seq_len=65536, hidden=4096, heads=32, layers=32)   # a 6.7B at 64k
 rows = []
 for cp in (1, 2, 4, 8):
@@ -185,11 +187,11 @@ viz.check("at 64k tokens cp = 1 does not fit an 80 GB GPU (85 % of it usable), a
           regime="the estimator, A100-80GB, 6.7B at 64k, tp 8")
 long_seq
 """),
-code("""
+        code("""
 guess.reveal(long_seq["memory per GPU (GB)"][0],
              f"Activations: {long_seq['activations per GPU (GB)'][0]:.0f} GB of it at cp = 1, falling at least ÷ cp.")
 """),
-md("""
+        md("""
 The same tokens per GPU at every cp, so the compute hardly moves; what cp buys is memory — activations fall
 at least ÷ cp (from cp 1 to 2 by more: with cp = 1 each of the 16/dp micro-batches a rank accumulates is a whole
 sequence, and the attention's s × s part of its activations falls with the square of each rank's share),
@@ -198,12 +200,12 @@ is the ring: K/V bytes per step grow towards 2× the activations of attention's 
 block's attention does not hide lengthens the step as cp grows. (At 32k the same model fits without cp, and is
 fastest so: cp is for the sequence that does not fit, not a speed-up.)
 """),
-md("""
+        md("""
 Move the sequence length: the estimator's memory per GPU at each cp, against what it counts as usable of an A100's
 80 GB (85 %: the allocator, workspaces and the CUDA context need the rest). Where the bars
 turn red at cp = 1 is where context parallelism stops being a choice.
 """),
-code("""
+        code("""
 import ipywidgets as widgets
 
 SEQS = [8192, 16384, 32768, 65536, 131072]
@@ -225,4 +227,6 @@ def memory_against_cp(seq_len=65536):
 
 widgets.interact(memory_against_cp, seq_len=widgets.SelectionSlider(options=SEQS, value=65536, description="tokens"));
 """),
-], "10_long_sequences.ipynb")
+    ],
+    "10_long_sequences.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/11_experts_and_modern_block.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 11 · Today's block and experts: grouped-query attention, SwiGLU, and expert parallelism (all-to-all)
 
 GPT-2's block is where the notebooks began. The models trained today change it in two places this notebook
@@ -10,7 +12,7 @@ measures: the block itself (Llama's grouped-query attention and SwiGLU MLP, and 
 tensor and context parallelism move and keep), and the MLP replaced by a **mixture of experts**, whose
 tokens travel to their experts by an all-to-all. Context parallelism's ring is notebook 10's.
 """),
-code("""
+        code("""
 import os
 import pandas as pd
 import plotly.graph_objects as go
@@ -24,7 +26,7 @@ def run(name, **config):
     config = {"model": "tiny", "global_batch": 16, "seed": 0, "steps": STEPS, **config}
     return wb.launch(wb.RunConfig(**config), out=os.path.join(OUT, name), force=True)
 """),
-md("""
+        md("""
 ## Today's block: what grouped-query attention and SwiGLU change
 
 Llama 3, Mistral and Qwen train a different block from GPT-2's (`model/llama.py`): RMSNorm, rotary
@@ -38,12 +40,12 @@ happens to a rank's parameters and activations?
 
 Four runs: `tiny-llama` and its multi-head twin (`kv_heads` = heads = 4), each with cp = 2 and with tp = 2.
 """),
-code("""
+        code("""
 guess_kv = viz.predict('The ring carries K and V. With half as many K/V heads as query heads (grouped-query '
                        "attention), what percentage of the multi-head ring's bytes a step will it carry?", unit=' %')
 guess_kv
 """),
-code("""
+        code("""
 MHA = {"base": "tiny-llama", "kv_heads": 4}
 block = {"GQA, cp 2": run("gqa-cp2", model="tiny-llama", cp=2), "MHA, cp 2": run("mha-cp2", model=MHA, cp=2),
          "GQA, tp 2": run("gqa-tp2", model="tiny-llama", tp=2), "MHA, tp 2": run("mha-tp2", model=MHA, tp=2)}
@@ -67,11 +69,11 @@ ratio = kv.loc["GQA, cp 2", "ring bytes/step (measured)"] / kv.loc["MHA, cp 2", 
 viz.check("the ring carries half the K/V bytes with half the K/V heads", "abs(ratio - 0.5) < 1e-9", ratio=ratio)
 kv
 """),
-code("""
+        code("""
 guess_kv.reveal(100 * ratio,
                 'K and V are kv_heads·head_dim values a token each, not h: half the heads, half the bytes.')
 """),
-md("""
+        md("""
 The ring's bytes halve exactly: it carries g = kv_heads·head_dim values of K and of V a token, not h
 (`formulas.cp_comm_bytes_per_step(..., kv_width)`). Under tp = 2 each rank holds one K/V head of two: its
 q|k|v matrix has h/t + 2·g/t rows instead of 3·h/t, and the k and v it saves shrink the same way — the
@@ -87,7 +89,7 @@ and the saved-tensor hooks (the bytes each part saves for backward), both by par
 for attention (q·kᵀ and p·v over all s keys, the convention) and 2·h·f·3 for SwiGLU (2·h·f·2 for GELU); saved
 values per token h + 4f for SwiGLU (input, gate|up, silu, product) and h + 2f for GELU.
 """),
-code("""
+        code("""
 import dataclasses
 import torch
 from workbench.config.model_config import PRESETS
@@ -132,7 +134,7 @@ viz.check("the MLP's saved bytes equal the formula (SwiGLU: h + 4f values a toke
           "measured == formula", measured=small["MLP saved bytes/layer (measured)"], formula=small["(formula)  "])
 share.astype(object).fillna("—")  # llama3-8b's activations are not measured: its FLOPs are counted on meta tensors
 """),
-md("""
+        md("""
 SwiGLU keeps the MLP's cost where GPT-2's was: three matrices of f ≈ 8/3·h multiply as much as two of 4h
 (about two thirds of a block's matmul FLOPs either way), which is why Llama chose that width. What it saves
 for backward grows: four tensors of width f where GELU kept two of 4h — at Llama 3 8B's f = 3.5·h, the MLP
@@ -141,7 +143,7 @@ thing selective recomputation or a fused SwiGLU kernel targets. Grouped-query at
 what K and V cost everywhere they appear: projections, saved tensors, and every byte the ring moves.
 
 """),
-md("""
+        md("""
 ## Experts: a mixture of experts, and expert parallelism
 
 A mixture-of-experts MLP (GShard, Switch, Mixtral, DeepSeek) replaces each block's MLP by E expert MLPs and a
@@ -155,7 +157,7 @@ backward). Expert gradients are reduced over the ranks that hold the same expert
 Megatron's dispatch: the per-expert counts exchanged first, then variable splits); the same without the
 Switch auxiliary loss (coefficient 0 instead of 0.01).
 """),
-code("""
+        code("""
 MOE_STEPS = 12
 moe = {"One process": run("moe-one", model="tiny-moe", steps=MOE_STEPS),
        "ep 2, dropless": run("moe-ep2", model="tiny-moe", dp=2, ep=2, steps=MOE_STEPS),
@@ -165,13 +167,13 @@ viz.check("expert parallelism trains the same model as one process (within 1e-5 
           "difference <= 1e-5 * loss", difference=same.max_abs_diff, loss=same.final_loss)
 same
 """),
-md("""
+        md("""
 ### The all-to-all, as a matrix
 
 Each dispatch is traced with the rows it sent to and received from every rank. Rank r's row of the matrix:
 the tokens it sent to each rank in the first layer's forward dispatch of one step — the diagonal stays home.
 """),
-code("""
+        code("""
 NAME = "all_to_all moe blocks.0 dispatch forward"
 raw = {t["distributedInfo"]["rank"]: [e["args"]["send_splits"] for e in t["traceEvents"]
        if e.get("name") == NAME and e.get("args", {}).get("step") == MOE_STEPS - 1]
@@ -186,7 +188,7 @@ fig.update_layout(height=300, title="tokens from rank to rank, layer 0's dispatc
 fig.show()
 matrix
 """),
-md("""
+        md("""
 ### Tokens per expert, with and without the auxiliary loss
 
 Every step's tokens per expert (the whole batch's, in `metrics.jsonl`). The Switch loss coef·E·Σ fₑ·Pₑ is
@@ -196,7 +198,7 @@ the spread of the counts is the thing to compare — and, from the same counts, 
 ep rank's experts work than a balanced share (`formulas.expert_imbalance`): the step's expert compute waits
 for it.
 """),
-code("""
+        code("""
 rows = []
 for name in ("ep 2, dropless", "ep 2, no aux loss"):
     for r in moe[name].metrics.itertuples():
@@ -229,7 +231,7 @@ else:
 print(f"busiest ep rank over the mean: {aux:.3f} with the aux loss, {free:.3f} without — {why}")
 balance
 """),
-md("""
+        md("""
 ### Capacity: what a fixed budget per expert drops
 
 DeepSpeed's dispatch gives every expert a fixed C = ⌈F·T·k/E⌉ rows from each rank, so that the all-to-all
@@ -237,7 +239,7 @@ has equal splits; what routes beyond C is dropped (the token keeps its residual 
 recorded counts of the dropless run (each rank's share taken as half the batch's) and counts what each
 capacity factor F would drop.
 """),
-code("""
+        code("""
 import ipywidgets as widgets
 import numpy as np
 from workbench.predict.formulas.expert_parallel import capacity
@@ -261,4 +263,6 @@ def capacity_chart(factor=1.0):
 widgets.interact(capacity_chart, factor=widgets.SelectionSlider(options=FACTORS, value=1.0, description="F"));
 viz.check("a factor of 2 drops nothing here", "dropped_share == 0", dropped_share=dropped_share(2.0));
 """),
-], "11_experts_and_modern_block.ipynb")
+    ],
+    "11_experts_and_modern_block.ipynb",
+)

@@ -1,8 +1,10 @@
 """Regenerates notebooks/12_machine_underneath.ipynb (outputs stripped). Edit here, then run it."""
+
 from notebook_cells import code, md, write
 
-write([
-md("""
+write(
+    [
+        md("""
 # 12 · The machine underneath
 
 The other notebooks explain each strategy by its communication. This one explains why strategies behave
@@ -13,7 +15,7 @@ compute-bound to communication-bound. Everything is measured on the machine runn
 thread, as each rank runs), beside the formula; a GPU's datasheet is drawn for scale, labelled as such.
 What runs only on a GPU (FP8 tensor cores, NVML's energy counter) says so here.
 """),
-code("""
+        code("""
 import os
 import numpy as np
 import pandas as pd
@@ -33,7 +35,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPT2 = ModelConfig(vocab_size=50257, seq_len=1024, hidden=768, heads=12, layers=12)  # GPT-2 small's shape
 DATASHEET = {"name": "datasheet: H100 SXM, bf16", "flops": 989e12, "bandwidth": 3.35e12}
 """),
-md("""
+        md("""
 ## 1 · A roofline, measured here
 
 **Achievable FLOP/s.** A datasheet's peak is never reached: how close a matmul gets depends on its shape
@@ -41,7 +43,7 @@ md("""
 H100 SXM 792 of the datasheet's 989 TFLOP/s. Here the same scan, on this machine's core. **Memory
 bandwidth**: STREAM's copy (read a, write b) and triad (a = b + s·c).
 """),
-code("""
+        code("""
 sizes = (32, 64, 256, 512, 1024) if DEVICE == "cpu" else (1024, 2048, 4096, 8192)
 shapes = sorted({(s, s, s) for s in sizes} | {(sizes[-1], n, k) for n in sizes[2:] for k in sizes[2:]})
 shapes += [(1024, 3 * 768, 768), (1024, 3072, 768), (1024, 768, 3072)]  # GPT-2's qkv, MLP up and down
@@ -60,14 +62,14 @@ viz.check("a matmul's shape matters: the best shape reaches at least twice the F
           timing="two timed matmuls on a core other processes may share")
 sweep.assign(GFLOPs=sweep.flops_per_s / 1e9).head(5)[["m", "n", "k", "GFLOPs"]]
 """),
-md("""
+        md("""
 **Where the model sits.** Each forward operation of one training step — of `small` (8 × 64 tokens) and of
 GPT-2's shape (1 × 1024 tokens) — at its **arithmetic intensity** (FLOPs over the bytes it reads and writes,
 both counted from its shapes: `measure/roofline.py` lists the counts) and the FLOP/s its **measured** time
 gives. Left of the ridge an operation waits on memory whatever the core could do: LayerNorm, GELU, softmax,
 the loss and AdamW do a few FLOPs a value. The matmuls do 2·k FLOPs for every value they read.
 """),
-code("""
+        code("""
 ops = pd.concat([pd.DataFrame(roofline.step_ops(PRESETS["small"], micro=8, device=DEVICE)).assign(model="small"),
                  pd.DataFrame(roofline.step_ops(GPT2, micro=1, device=DEVICE)).assign(model="GPT-2 shape")])
 ridge = crossover.ridge(PEAK, BW)
@@ -102,7 +104,7 @@ print("memory-bound ops' share of the forward time: " + ", ".join(f"{m} {v:.0%}"
 ops.assign(GFLOPs=ops.flops_per_s / 1e9)[["model", "op", "intensity", "GFLOPs", "memory-bound",
                                           "share of forward"]].round(3)
 """),
-md("""
+        md("""
 ## 2 · Fusion, and flash attention
 
 An element-wise chain run eagerly reads and writes its whole tensor at every operation; fused into one
@@ -118,12 +120,12 @@ buffers kept from call to call, which separates the passes from the cost of fres
 one core more than the memory traffic around it, so that chain was compute-bound, and fusion saves only
 traffic.)
 """),
-code("""
+        code("""
 guess = viz.predict('Eager, the chain makes nine passes over its 64 MB tensor; fused into one kernel, two. How many '
                     'times faster will the fused chain run?', unit='×')
 guess
 """),
-code("""
+        code("""
 from torch._inductor import metrics
 
 def chain(x):
@@ -164,19 +166,19 @@ viz.check("fused, the chain runs faster than eager even with eager's outputs in 
           timing="two timings on a core other processes may share")
 fusion.round(2)
 """),
-code("""
+        code("""
 guess.reveal(eager_s / compiled_s,
              f"Of plain eager's time, {1 - kept_s / eager_s:.0%} is its fresh outputs' page faults; against eager "
              f"into kept buffers the fused chain is {kept_s / compiled_s:.1f}× faster: that part is the passes.")
 """),
-md("""
+        md("""
 Fusion cuts the time about as much as the passes it removes. The bytes-over-bandwidth prediction sits beside
 each time with its error: where the outputs go into kept buffers, it is close; where each op writes a fresh
 64 MB output, the measured time is well above it, and the line above the table measures why — new memory
 costs the operating system's page faults on first write, which no bandwidth figure includes. A framework
 that keeps its allocations (PyTorch's CUDA caching allocator does, on a GPU) pays that once.
 """),
-md("""
+        md("""
 **Attention written out against a fused kernel.** Written out, attention materialises the s × s scores and
 probabilities (and keeps the probabilities for backward); a flash kernel (`scaled_dot_product_attention`)
 computes the same product block by block and keeps only its output and one log-sum-exp a row. The FLOPs are
@@ -184,7 +186,7 @@ the same, 4·b·s²·h either way: flash attention saves **memory traffic**, not
 each keeps for backward (measured by autograd's saved-tensor hooks), beside the formula, and the time of
 forward and backward, at growing sequence length.
 """),
-code("""
+        code("""
 def attention_written_out(q, k, v):
     scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
     mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool, device=q.device).tril()
@@ -232,7 +234,7 @@ viz.check("the written-out attention keeps at least its s×s probabilities (the 
           probabilities_MB=att[att.attention == "written out"]["formula: s×s probabilities MB"])
 att.round(3)
 """),
-md("""
+        md("""
 ## 3 · Formats: bf16, fp16 and FP8
 
 Eight bits hold little: E4M3 (4 exponent bits, 3 mantissa) spans 2⁻⁶ to 448 with about one significant
@@ -240,7 +242,7 @@ digit, E5M2 trades a mantissa bit for range (to 57,344). Training in FP8 keeps w
 higher precision and **scales** each tensor into the format's range before the cast (model/fp8_emulated.py
 says how: per tensor, delayed from a history of maxima, or per block of 32 values as the MX formats do).
 """),
-code("""
+        code("""
 from workbench.model.fp8_emulated import E4M3, E5M2, AmaxHistory, emulate_fp8, formats, quantize
 from workbench.model.gpt import GPT
 from workbench.data.synthetic import global_batch
@@ -279,13 +281,13 @@ fig.update_layout(barmode="overlay", xaxis_title="log₂ |value| (lines: each fo
                   title="a real activation and gradient against each format's normal range").show()
 pd.DataFrame(formats())
 """),
-md("""
+        md("""
 Cast without scaling, much of the gradient (values around 10⁻³) falls below E4M3's smallest normal and is
 flushed to zero; scaled, nothing is lost and the error is the format's precision. Delayed scaling reuses the
 largest maximum of the last steps (here of a growing tensor). One outlier sets a per-tensor scale that
 pushes the small values under; per-block scaling confines it to its block of 32:
 """),
-code("""
+        code("""
 grad = tensors["gradient (block 0's MLP up weight)"]
 with_outlier = grad.clone()
 with_outlier.view(-1)[0] = grad.abs().max() * 1000  # one outlier: it sets a per-tensor scale for everything
@@ -314,12 +316,12 @@ viz.check("beside one outlier, per-block scaling loses fewer values than per-ten
           per_tensor_lost=t.loc[("E4M3", "per-tensor"), "values lost, one outlier ×1000"])
 t.round(4)
 """),
-md("""
+        md("""
 **A short training run with FP8-emulated matmuls** — every Linear's input and weight quantised to E4M3 and
 its output gradient to E5M2 (per-tensor scaling), around an fp32 matmul: the numerics of FP8 training, not
 its speed (labelled *emulated*) — beside the same model trained in bf16 autocast, on the same batches.
 """),
-code("""
+        code("""
 TRAIN = ModelConfig(vocab_size=256, seq_len=32, hidden=128, heads=4, layers=2)  # bf16 is slow on a CPU
 
 def train(fp8, steps=30):
@@ -348,13 +350,13 @@ last = curves.tail(10).mean()
 gap = abs(last.iloc[1] / last.iloc[0] - 1)
 viz.check("FP8-emulated training's loss stays within 5 % of bf16's over the last 10 steps", "gap < 0.05", gap=gap);
 """),
-md("""
+        md("""
 **Bytes per parameter** under each recipe (model states only: parameters, gradients, master weights,
 optimizer moments). FP8 training's saving is in compute and activations more than in states: Transformer
 Engine keeps bf16 weights and fp32 masters (16 bytes, as bf16 mixed precision). The Ultra-Scale Playbook
 tabulates the published recipes; ours are from the formula (`predict/formulas/memory.py`).
 """),
-code("""
+        code("""
 from workbench.predict.formulas import model_state_bytes
 
 ours = {"fp32 (ours)": sum(model_state_bytes(1, precision="fp32").values()),
@@ -365,7 +367,7 @@ published = {"Transformer Engine FP8": 16, "FP8-LM": 9, "DeepSeek-V3": 15, "Nano
 pd.DataFrame({"bytes per parameter": {**ours, **published},
               "from": {**{k: "formula" for k in ours}, **{k: "the Playbook's table" for k in published}}})
 """),
-code("""
+        code("""
 if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
     a = torch.randn(8192, 8192, device="cuda")
     b = torch.randn(8192, 8192, device="cuda")
@@ -379,7 +381,7 @@ else:
     print("FP8 matmul speed runs only on a GPU with FP8 tensor cores (compute capability 8.9+: H100, H200, "
           "L40S, RTX 4090); this machine has none, so FP8 appears above as emulated numerics only.")
 """),
-md("""
+        md("""
 ## 4 · Where each strategy turns communication-bound
 
 Each strategy's communication time over its compute time, as a function of the one variable that moves it
@@ -390,7 +392,7 @@ micro-batch** against the latency α of each transfer. Above 1, no overlap can h
 Drawn for an A100 with InfiniBand (25 GB/s a GPU across nodes) and an H100 with NVLink (360 GB/s inside a
 node), at the presets' achievable matmul rates.
 """),
-code("""
+        code("""
 from workbench.predict.hardware import A100_80GB, H100_80GB
 
 MACHINES = {"A100 + InfiniBand": (A100_80GB.matmul_flops, A100_80GB.inter_node_bw, A100_80GB.latency_s),
@@ -421,12 +423,12 @@ pd.DataFrame({name: {"DP: tokens a rank below which it is communication-bound": 
                      "PP: tokens a micro-batch below which (h 4096, 4 layers)": crossover.pp_crossover(
                          4096, 4, F, BW, alpha)} for name, (F, BW, alpha) in MACHINES.items()}).round(0)
 """),
-md("""
+        md("""
 **Your cluster.** Move the sliders: the matmul rate a GPU reaches and the bandwidth each GPU has to the others
 in its data-parallel group — the chart shows where data parallelism and ZeRO-3 turn communication-bound
 (each rank's tokens per step below the crossover: the gradients' traffic outlasts the compute).
 """),
-code("""
+        code("""
 import ipywidgets as widgets
 
 def dp_explorer(tflops=230.0, link_GBps=25.0):
@@ -447,7 +449,7 @@ widgets.interact(dp_explorer,
                  tflops=widgets.FloatLogSlider(value=230, base=10, min=1, max=3.3, description="TFLOP/s"),
                  link_GBps=widgets.FloatLogSlider(value=25, base=10, min=0, max=3, description="link GB/s"));
 """),
-md("""
+        md("""
 **Measured here**, under an emulated link: for each strategy, two runs of a small model, one on each side of
 its predicted crossover. F, the compute rate the formula needs, is measured from the larger run itself (its
 model FLOPs over its forward and backward time); the measured ratio is each run's communication time over its
@@ -460,7 +462,7 @@ measured, puts the turn where the formula says — not the link's. The link's ha
 notebook 09 (all-reduces of 1 KB to 64 MB, the α–β fit). And each point is a timing claim: two ranks share this
 machine's cores, so a busy core moves the ratio; the check below shows its margin and is not asserted.
 """),
-code("""
+        code("""
 BW_LINK, LATENCY_S = 0.2e9, 0.02   # the emulated link: 0.2 GB/s (DP, ZeRO-3, TP); 20 ms a message (PP)
 SHORT = {"base": "small", "seq_len": 32}  # small, 32 tokens a sequence
 SHORT_N = wb.RunConfig(model=SHORT).model_config.param_count()
@@ -563,7 +565,7 @@ for kind, g in measured.groupby("strategy", sort=False):
               timing="two ranks' compute on shared cores; the link's time is the emulator's formula")
 measured.round(3)
 """),
-md("""
+        md("""
 **Errors named.** Each point's error is given twice. With F, the far point's rate: there the far point's
 error says little (F came from that run; for PP the link column is the trace's own holds), and the near points
 miss far more, because a step that small computes at a fraction of F (the column "this point's own GFLOP/s":
@@ -575,13 +577,13 @@ each gloo call's own and the wait for the other rank, which the crossover formul
 sent exceed the formula's (TP: the one-layer model's embedding and loss all-reduce too), the link column
 shows it.
 """),
-md("""
+        md("""
 ## 5 · Energy
 
 NVML's energy counter (`nvmlDeviceGetTotalEnergyConsumption`, millijoules since the driver loaded) read
 around a step gives joules per token, the figure a cluster pays for besides time.
 """),
-code("""
+        code("""
 if DEVICE == "cuda":
     import pynvml
 
@@ -599,4 +601,6 @@ else:
     print("NVML's energy counter needs an NVIDIA GPU: this machine has none, so no joules are measured here "
           "(the cell measures two runs' joules per token on a GPU machine).")
 """),
-], "12_machine_underneath.ipynb")
+    ],
+    "12_machine_underneath.ipynb",
+)

@@ -47,7 +47,9 @@ def all_claims(folder: Path = FOLDER) -> list[dict]:
     for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         copy = folder / source.name
         if not copy.exists():
-            raise SystemExit(f"no executed copy of {source.name} in {folder}: run `make test` (or `make docs`) first")
+            raise SystemExit(
+                f"no executed copy of {source.name} in {folder}: run `make test` (or `make docs`) first"
+            )
         rows += claims(nbformat.read(copy, as_version=4), source.stem)
     return rows
 
@@ -61,27 +63,47 @@ def _numbers(numbers: dict) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(fmt(x) for x in v) + "]"
         return f"{v:.3g}" if isinstance(v, float) else str(v)
+
     return "; ".join(f"{k} = {fmt(v)}" for k, v in numbers.items()) or "the condition itself"
 
 
 def table(rows: list[dict]) -> str:
     """The ledger as markdown: one row a check, with its condition and a wrong value that fails it."""
-    out = ["| notebook | claim | kind | holds when | measured by | fails on | regime | margin here | here |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| notebook | claim | kind | holds when | measured by | fails on | regime | margin here | here |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         kind = f"timing (shown, not asserted): {r['timing']}" if r["timing"] else "asserted"
         margin = "—" if r["margin"] is None else f"{r['margin']:+.0%}"
         regime = (r.get("regime") or "any machine") + f"; {r['cores']} cores"
         fails = r.get("fails_on") or "nothing: it cannot fail"
-        out.append("| " + " | ".join(_cell(x) for x in (r["notebook"][:2], r["claim"], kind, f"`{r['holds']}`",
-                                                         _numbers(r["numbers"]), fails, regime, margin,
-                                                         "✓" if r["held"] else "✗")) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (
+                    r["notebook"][:2],
+                    r["claim"],
+                    kind,
+                    f"`{r['holds']}`",
+                    _numbers(r["numbers"]),
+                    fails,
+                    regime,
+                    margin,
+                    "✓" if r["held"] else "✗",
+                )
+            )
+            + " |"
+        )
     timing = sum(1 for r in rows if r["timing"])
-    head = (f"{len(rows)} checks: {len(rows) - timing} asserted (a ✗ fails `make test` and the browser suite), "
-            f"{timing} timing claims (shown with their margin and the reason they can move, never raised). "
-            "Each decides by its condition over the numbers beside it, and \"fails on\" is the first wrong value "
-            "of one of them that `viz.check` found to make it fail (under test a check that nothing can fail is an "
-            "error). Margins are those of the run that wrote this page.")
+    head = (
+        f"{len(rows)} checks: {len(rows) - timing} asserted (a ✗ fails `make test` and the browser suite), "
+        f"{timing} timing claims (shown with their margin and the reason they can move, never raised). "
+        'Each decides by its condition over the numbers beside it, and "fails on" is the first wrong value '
+        "of one of them that `viz.check` found to make it fail (under test a check that nothing can fail is an "
+        "error). Margins are those of the run that wrote this page."
+    )
     return "\n".join([START, "", head, "", *out, "", END])
 
 
@@ -108,13 +130,16 @@ def stale(page: str, rows: list[dict]) -> list[str]:
     """What differs between a page's ledger and the notebooks' checks, a line each (empty: current)."""
     have = listed(page)
     want = [(r["notebook"][:2], r["claim"]) for r in rows]
-    return ([f"checked but not in the ledger: {n} · {c}" for n, c in want if (n, c) not in have]
-            + [f"in the ledger but not checked: {n} · {c}" for n, c in have if (n, c) not in want])
+    return [f"checked but not in the ledger: {n} · {c}" for n, c in want if (n, c) not in have] + [
+        f"in the ledger but not checked: {n} · {c}" for n, c in have if (n, c) not in want
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only say whether docs/lessons.md is current")
+    parser.add_argument(
+        "--check", action="store_true", help="only say whether docs/lessons.md is current"
+    )
     args = parser.parse_args()
     rows, page = all_claims(), LESSONS.read_text()
     if args.check:

@@ -60,6 +60,8 @@ def executed(source: str | os.PathLike, fresh: bool = False) -> nbformat.Noteboo
     install()
     print(f"{Path(source).name}: executing…", flush=True)
     nb = nbformat.read(source, as_version=4)
-    ExecutePreprocessor(timeout=900).preprocess(nb, {"metadata": {"path": str(Path(source).parent)}})
+    ExecutePreprocessor(timeout=900).preprocess(
+        nb, {"metadata": {"path": str(Path(source).parent)}}
+    )
     keep(nb, source)
     return nb

@@ -58,8 +58,14 @@ TOTAL_S = float(os.environ.get("TOTAL_S", 480))  # the whole check, wheels inclu
 #: case, one launch each — CUDA's context, NCCL's set-up, the first kernels, a few steps — and so ~8 s for a
 #: process to start. Compiling: gpt2-small's blocks ~60 s, gpt-1.3b's whole model 110–170 s (issue 48), both
 #: assumptions no GPU has checked yet.
-ASSUMED = {"step_s": 0.11, "big_step_s": 0.55, "start_s": 8.0, "compile_s": 60.0, "big_compile_s": 170.0,
-           "case_s": 8.0}
+ASSUMED = {
+    "step_s": 0.11,
+    "big_step_s": 0.55,
+    "start_s": 8.0,
+    "compile_s": 60.0,
+    "big_compile_s": 170.0,
+    "case_s": 8.0,
+}
 
 
 @dataclass
@@ -68,8 +74,12 @@ class Section:
     bound_s: float  # on one H100, at the real sizes
     real: list[str]  # the command (PY stands for the python that runs it)
     tiny: list[str]  # its rehearsal on the CPU
-    device_s: float = 0.0  # the real section's device work beyond what the rehearsal measures (ASSUMED)
-    per_case: bool = False  # a pytest section: ASSUMED["case_s"] per case the rehearsal collected, on top
+    device_s: float = (
+        0.0  # the real section's device work beyond what the rehearsal measures (ASSUMED)
+    )
+    per_case: bool = (
+        False  # a pytest section: ASSUMED["case_s"] per case the rehearsal collected, on top
+    )
     needs: str = ""  # "toolchain", "2 gpus": not run without it
     #: rehearsing, the section whose host time stands for this one's: a compiled section's time here is mostly the
     #: CPU compiler's, which the device estimate already counts as compile_s (its eager twin's start-up is the host's)
@@ -79,50 +89,195 @@ class Section:
 
 
 def bench(model: str, batch: int, *extra: str) -> tuple[list[str], list[str]]:
-    common = ["PY", "benchmarks/ours_vs_plain.py", "--precision", "bf16", "--attention", "sdpa", *extra]
-    return ([*common, "--backend", "nccl", "--model", model, "--global-batch", str(batch), "--rounds", "10",
-             "--warmup", "2"],
-            [*common, "--backend", "gloo", "--model", "tiny", "--global-batch", "4", "--rounds", "2", "--warmup", "1"])
+    common = [
+        "PY",
+        "benchmarks/ours_vs_plain.py",
+        "--precision",
+        "bf16",
+        "--attention",
+        "sdpa",
+        *extra,
+    ]
+    return (
+        [
+            *common,
+            "--backend",
+            "nccl",
+            "--model",
+            model,
+            "--global-batch",
+            str(batch),
+            "--rounds",
+            "10",
+            "--warmup",
+            "2",
+        ],
+        [
+            *common,
+            "--backend",
+            "gloo",
+            "--model",
+            "tiny",
+            "--global-batch",
+            "4",
+            "--rounds",
+            "2",
+            "--warmup",
+            "1",
+        ],
+    )
 
 
 def cli_run(model: str, backend: str, batch: int, out: str) -> list[str]:
-    return ["PY", "-m", "workbench.cli", "run", "--model", model, "--precision", "bf16", "--attention", "sdpa",
-            "--backend", backend, "--global-batch", str(batch), "--lr", "3e-4", "--steps", "12", "--eval-every", "6",
-            "--eval-batches", "2", "--out", out, "--force"]
+    return [
+        "PY",
+        "-m",
+        "workbench.cli",
+        "run",
+        "--model",
+        model,
+        "--precision",
+        "bf16",
+        "--attention",
+        "sdpa",
+        "--backend",
+        backend,
+        "--global-batch",
+        str(batch),
+        "--lr",
+        "3e-4",
+        "--steps",
+        "12",
+        "--eval-every",
+        "6",
+        "--eval-batches",
+        "2",
+        "--out",
+        out,
+        "--force",
+    ]
 
 
 def suite(*args: str) -> list[str]:
     return ["PY", "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *args]
 
 
-STEPS = 3 * (10 + 2) + 2 * 3  # three candidates over 12 rounds, and the loss check's steps on both sides
+STEPS = (
+    3 * (10 + 2) + 2 * 3
+)  # three candidates over 12 rounds, and the loss check's steps on both sides
 SECTIONS = [
-    Section("headline eager", 75, *bench("gpt2-small", 16), device_s=ASSUMED["start_s"] + STEPS * ASSUMED["step_s"]),
-    Section("headline compiled", 120, bench("gpt2-small", 16, "--compile")[0], bench("gpt2-small", 16)[1],
-            needs="toolchain", host_like="headline eager",
-            device_s=ASSUMED["start_s"] + ASSUMED["compile_s"] + STEPS * ASSUMED["step_s"]),
-    Section("cli run", 45, cli_run("gpt2-small", "nccl", 16, "OUT/gpt2-small"),
-            cli_run("tiny", "gloo", 4, "OUT/gpt2-small"), device_s=ASSUMED["start_s"] + 16 * ASSUMED["step_s"]),
-    Section("fast path", 70, suite("-k", "not compiled", "tests/gpu/test_fast_path.py"),
-            suite("-k", "not compiled", "tests/gpu/test_fast_path.py"), per_case=True),
-    Section("one GPU", 95, suite("tests/gpu/test_one_gpu.py"), suite("tests/gpu/test_one_gpu.py"), per_case=True),
-    Section("rest of the suite", 90, suite("tests/gpu", "--deselect", "tests/gpu/test_one_gpu.py", "-k",
-                                          "not test_fast_path or compiled"),
-            suite("tests/gpu", "--deselect", "tests/gpu/test_one_gpu.py", "-k", "not test_fast_path or compiled")),
-    Section("gpt-1.3b compiled", 300, bench("gpt-1.3b", 8, "--compile", "--one-side-at-a-time")[0],
-            bench("gpt-1.3b", 8, "--one-side-at-a-time")[1], needs="toolchain",  # rehearsed eager: one compile will do
-            if_time=True, device_s=ASSUMED["start_s"] + ASSUMED["compile_s"] + ASSUMED["big_compile_s"]
-            + STEPS * ASSUMED["big_step_s"]),
-    Section("dp vs ddp", 60, ["PY", "benchmarks/dp_vs_ddp.py", "--backend", "nccl", "--ranks", "NGPU", "--model",
-                              "small", "--global-batch", "16", "--bucket-mb", "25", "--rounds", "20"],
-            ["PY", "benchmarks/dp_vs_ddp.py", "--backend", "gloo", "--ranks", "2", "--model", "tiny",
-             "--global-batch", "4", "--rounds", "2"], needs="2 gpus", device_s=ASSUMED["start_s"]),
+    Section(
+        "headline eager",
+        75,
+        *bench("gpt2-small", 16),
+        device_s=ASSUMED["start_s"] + STEPS * ASSUMED["step_s"],
+    ),
+    Section(
+        "headline compiled",
+        120,
+        bench("gpt2-small", 16, "--compile")[0],
+        bench("gpt2-small", 16)[1],
+        needs="toolchain",
+        host_like="headline eager",
+        device_s=ASSUMED["start_s"] + ASSUMED["compile_s"] + STEPS * ASSUMED["step_s"],
+    ),
+    Section(
+        "cli run",
+        45,
+        cli_run("gpt2-small", "nccl", 16, "OUT/gpt2-small"),
+        cli_run("tiny", "gloo", 4, "OUT/gpt2-small"),
+        device_s=ASSUMED["start_s"] + 16 * ASSUMED["step_s"],
+    ),
+    Section(
+        "fast path",
+        70,
+        suite("-k", "not compiled", "tests/gpu/test_fast_path.py"),
+        suite("-k", "not compiled", "tests/gpu/test_fast_path.py"),
+        per_case=True,
+    ),
+    Section(
+        "one GPU",
+        95,
+        suite("tests/gpu/test_one_gpu.py"),
+        suite("tests/gpu/test_one_gpu.py"),
+        per_case=True,
+    ),
+    Section(
+        "rest of the suite",
+        90,
+        suite(
+            "tests/gpu",
+            "--deselect",
+            "tests/gpu/test_one_gpu.py",
+            "-k",
+            "not test_fast_path or compiled",
+        ),
+        suite(
+            "tests/gpu",
+            "--deselect",
+            "tests/gpu/test_one_gpu.py",
+            "-k",
+            "not test_fast_path or compiled",
+        ),
+    ),
+    Section(
+        "gpt-1.3b compiled",
+        300,
+        bench("gpt-1.3b", 8, "--compile", "--one-side-at-a-time")[0],
+        bench("gpt-1.3b", 8, "--one-side-at-a-time")[1],
+        needs="toolchain",  # rehearsed eager: one compile will do
+        if_time=True,
+        device_s=ASSUMED["start_s"]
+        + ASSUMED["compile_s"]
+        + ASSUMED["big_compile_s"]
+        + STEPS * ASSUMED["big_step_s"],
+    ),
+    Section(
+        "dp vs ddp",
+        60,
+        [
+            "PY",
+            "benchmarks/dp_vs_ddp.py",
+            "--backend",
+            "nccl",
+            "--ranks",
+            "NGPU",
+            "--model",
+            "small",
+            "--global-batch",
+            "16",
+            "--bucket-mb",
+            "25",
+            "--rounds",
+            "20",
+        ],
+        [
+            "PY",
+            "benchmarks/dp_vs_ddp.py",
+            "--backend",
+            "gloo",
+            "--ranks",
+            "2",
+            "--model",
+            "tiny",
+            "--global-batch",
+            "4",
+            "--rounds",
+            "2",
+        ],
+        needs="2 gpus",
+        device_s=ASSUMED["start_s"],
+    ),
 ]
 
 
 def toolchain() -> str:
     """'' when Triton can build its launchers (a C compiler and Python's headers), else what is missing."""
-    missing = [] if (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")) else ["a C compiler (cc)"]
+    missing = (
+        []
+        if (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+        else ["a C compiler (cc)"]
+    )
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not headers.exists():
         missing.append(f"Python's headers ({headers})")
@@ -131,7 +286,9 @@ def toolchain() -> str:
 
 def gpu_count() -> int:
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
@@ -144,20 +301,32 @@ class Check:
         self.gpus = gpu_count()
         self.missing_toolchain = toolchain()
         self.failed = False
-        self.estimated = 0.0  # rehearsing: the estimated seconds on one H100 of every section always run
+        self.estimated = (
+            0.0  # rehearsing: the estimated seconds on one H100 of every section always run
+        )
         self.host_s: dict[str, float] = {}  # rehearsing: each section's time here
 
     def left(self) -> float:
         return TOTAL_S - (time.monotonic() - self.start)
 
-    def row(self, name: str, state: str, seconds: float = 0.0, bound: float = 0.0, estimate: str = "") -> None:
+    def row(
+        self, name: str, state: str, seconds: float = 0.0, bound: float = 0.0, estimate: str = ""
+    ) -> None:
         with open(self.out / "sections.tsv", "a") as f:
             f.write(f"{name}\t{state}\t{seconds:.0f}\t{bound:.0f}\t{estimate}\n")
         self.summary()
 
     def summary(self) -> None:
-        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_summary.py"), str(self.out),
-                                 str(int(time.monotonic() - self.start))], capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "gpu_summary.py"),
+                str(self.out),
+                str(int(time.monotonic() - self.start)),
+            ],
+            capture_output=True,
+            text=True,
+        )
         (self.out / "summary.txt").write_text(result.stdout + result.stderr)
 
     def argv(self, section: Section) -> list[str]:
@@ -181,11 +350,21 @@ class Check:
         limit = bound if self.rehearse else min(bound, self.left() - 5)
         log = self.out / f"{section.name.replace(' ', '_')}.log"
         env = {**os.environ, "WB_BENCH_JSON": str(self.out / "bench.jsonl")}
-        print(f"== {section.name} (bound {limit:.0f} s): {' '.join(self.argv(section))}", flush=True)
+        print(
+            f"== {section.name} (bound {limit:.0f} s): {' '.join(self.argv(section))}", flush=True
+        )
         t0 = time.monotonic()
-        with open(log, "w") as f:  # a session of its own: a cut section's torchrun and ranks go with it
-            proc = subprocess.Popen(self.argv(section), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        with open(
+            log, "w"
+        ) as f:  # a session of its own: a cut section's torchrun and ranks go with it
+            proc = subprocess.Popen(
+                self.argv(section),
+                cwd=ROOT,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
@@ -209,8 +388,11 @@ class Check:
         device = section.device_s
         if section.per_case:
             words = log.read_text().split()
-            cases = sum(int(words[i - 1]) for i, w in enumerate(words) if w.rstrip(",") in ("skipped", "passed")
-                        and i > 0 and words[i - 1].isdigit())
+            cases = sum(
+                int(words[i - 1])
+                for i, w in enumerate(words)
+                if w.rstrip(",") in ("skipped", "passed") and i > 0 and words[i - 1].isdigit()
+            )
             device += cases * ASSUMED["case_s"]
         total = seconds + device
         if not section.if_time:
@@ -223,8 +405,13 @@ class Check:
     def after_cli_run(self) -> None:
         run = self.out / "gpt2-small"
         try:
-            doctor = subprocess.run([self.py, "-m", "workbench.cli", "doctor", str(run)], cwd=ROOT, capture_output=True,
-                                    text=True, timeout=60)
+            doctor = subprocess.run(
+                [self.py, "-m", "workbench.cli", "doctor", str(run)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             (self.out / "doctor.log").write_text(doctor.stdout + doctor.stderr)
         except subprocess.TimeoutExpired:
             (self.out / "doctor.log").write_text("doctor did not answer within 60 s\n")
@@ -240,18 +427,48 @@ def preflight(check: Check) -> bool:
     t0 = time.monotonic()
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     if wheels and not check.rehearse:
-        subprocess.run([check.py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--upgrade", "--target", "/tmp/site", *map(str, wheels)], check=False)
+        subprocess.run(
+            [
+                check.py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                "/tmp/site",
+                *map(str, wheels),
+            ],
+            check=False,
+        )
         os.environ["PYTHONPATH"] = f"{os.environ['PYTHONPATH']}:/tmp/site"
-    probe = ("import torch; c = torch.cuda.is_available(); "
-             "print('torch', torch.__version__, 'CUDA', torch.version.cuda, "
-             "'NCCL', torch.cuda.nccl.version() if c else None, torch.cuda.get_device_name() if c else 'no GPU')")
-    got = subprocess.run([check.py, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout if check.gpus else ""
+    probe = (
+        "import torch; c = torch.cuda.is_available(); "
+        "print('torch', torch.__version__, 'CUDA', torch.version.cuda, "
+        "'NCCL', torch.cuda.nccl.version() if c else None, torch.cuda.get_device_name() if c else 'no GPU')"
+    )
+    got = subprocess.run(
+        [check.py, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    gpus = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        if check.gpus
+        else ""
+    )
     (check.out / "gpus.txt").write_text(gpus + got.stdout + got.stderr[-2000:])
-    tools = f"toolchain missing: {check.missing_toolchain}" if check.missing_toolchain else "toolchain found"
+    tools = (
+        f"toolchain missing: {check.missing_toolchain}"
+        if check.missing_toolchain
+        else "toolchain found"
+    )
     ok = got.returncode == 0 and (check.rehearse or "no GPU" not in got.stdout)
-    state = ("passed" if ok else "FAILED") + f" ({got.stdout.strip() or got.stderr.strip()[-200:]}; {tools})"
+    state = (
+        "passed" if ok else "FAILED"
+    ) + f" ({got.stdout.strip() or got.stderr.strip()[-200:]}; {tools})"
     took = time.monotonic() - t0
     if check.rehearse:  # there: the wheels installed, CUDA's first initialisation (ASSUMED's start)
         check.estimated += took + ASSUMED["start_s"]
@@ -264,11 +481,26 @@ def fresh_venv(where: Path) -> str:
     project's venv: the rehearsal's imports resolve only where the GPU machine's would."""
     import importlib.metadata as md
 
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(where)], check=True)
-    site = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
-    allowed = {canon(n) for n in (ROOT / "scripts" / "gpu_image_packages.txt").read_text().split()
-               if not n.startswith("#")} | {canon(n) for n in carried()}
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--clear", str(where)], check=True
+    )
+    site = Path(
+        subprocess.run(
+            [
+                str(where / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    allowed = {
+        canon(n)
+        for n in (ROOT / "scripts" / "gpu_image_packages.txt").read_text().split()
+        if not n.startswith("#")
+    } | {canon(n) for n in carried()}
     for dist in md.distributions():
         if canon(dist.metadata["Name"]) not in allowed:
             continue
@@ -287,21 +519,28 @@ def canon(name: str) -> str:
 def carried() -> list[str]:
     """The packages scripts/gpu_wheels.sh carries (its PKGS), by name."""
     text = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
-    body = text[text.index("PKGS=(") + 6:text.index(")", text.index("PKGS=("))]
+    body = text[text.index("PKGS=(") + 6 : text.index(")", text.index("PKGS=("))]
     return [w.split("==")[0] for w in body.split()]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rehearse", action="store_true", help="on the CPU: every section's command at tiny sizes")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--rehearse", action="store_true", help="on the CPU: every section's command at tiny sizes"
+    )
     args = p.parse_args(argv)
     out = Path(os.environ.get("OUT") or "/tmp/gpu_check")
     out.mkdir(parents=True, exist_ok=True)
     for old in ("bench.jsonl", "sections.tsv"):
         (out / old).unlink(missing_ok=True)
     before = os.environ.get("PYTHONPATH")
-    os.environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                      PYTHONPATH=str(ROOT) + (os.pathsep + before if before else ""))
+    os.environ.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT) + (os.pathsep + before if before else ""),
+    )
     py = fresh_venv(out / "venv") if args.rehearse else os.environ.get("PY", "python3")
     check = Check(out, py, args.rehearse)
     if preflight(check):
@@ -310,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rehearse:
         verdict = "fits" if check.estimated <= TOTAL_S else "OVER"
         check.failed |= verdict != "fits"
-        check.row("the whole check", f"{check.estimated:.0f} s estimated on one H100 of {TOTAL_S:.0f}: {verdict}")
+        check.row(
+            "the whole check",
+            f"{check.estimated:.0f} s estimated on one H100 of {TOTAL_S:.0f}: {verdict}",
+        )
     check.summary()
     print((out / "summary.txt").read_text())
     if args.rehearse:

@@ -36,8 +36,11 @@ def throughput_rows(out: str) -> list[str]:
         b = json.loads(line)
         name = f"{b['model']} {'compiled' if b['compiled'] else 'eager'}{', one side' if b.get('sequential') else ''}"
         goal = MFU_GOALS.get((b["model"], b["compiled"]))
-        for key, label in (("ours_fast", "ours, fast steps"), ("ours_measured", "ours, every step measured"),
-                           ("plain", "plain PyTorch loop")):
+        for key, label in (
+            ("ours_fast", "ours, fast steps"),
+            ("ours_measured", "ours, every step measured"),
+            ("plain", "plain PyTorch loop"),
+        ):
             s = b["speed"][key]
             mfu = f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a"
             mark = ""
@@ -45,7 +48,10 @@ def throughput_rows(out: str) -> list[str]:
                 mark = f"goal ≥ {goal:.0%}: {'met' if s['mfu'] >= goal else 'NOT met'}"
             speed = f"{s['tokens_per_s']:>12,.0f} {mfu:>7} {s['step_s'] * 1e3:>9.1f}"
             rows.append(f"  {name:<22} {label:<27} {speed}  {mark}")
-        for key, label in (("ratio_fast", "ours fast / plain"), ("ratio_measured", "ours measured / plain")):
+        for key, label in (
+            ("ratio_fast", "ours fast / plain"),
+            ("ratio_measured", "ours measured / plain"),
+        ):
             r = b[key]
             mark = ""
             if key == "ratio_fast" and goal is not None:
@@ -65,7 +71,9 @@ def main(out: str, seconds: str | None = None) -> None:
     if os.path.exists(os.path.join(out, "sections.tsv")):
         for line in open(os.path.join(out, "sections.tsv")):
             name, state, took, bound, estimate = line.rstrip("\n").split("\t")
-            print(f"  {name:<26} {took:>4} {bound:>5}  {state}{f'; on one H100: {estimate}' if estimate else ''}")
+            print(
+                f"  {name:<26} {took:>4} {bound:>5}  {state}{f'; on one H100: {estimate}' if estimate else ''}"
+            )
     for log in SUITE_LOGS:
         if os.path.exists(os.path.join(out, f"{log}.log")):
             print(f"  {log.replace('_', ' ')}: {last_line(os.path.join(out, f'{log}.log'))}")
@@ -77,9 +85,11 @@ def main(out: str, seconds: str | None = None) -> None:
         mfu = (s.get("mfu") or {}).get("value")
         r0 = s["ranks"][0]
         cost = r0.get("measure_cost")
-        print(f"cli run (12 steps, an evaluation every 6): step {s['step_time_s'] * 1e3:.1f} ms "
-              f"({r0.get('step_time_from')}), MFU {f'{mfu:.1%}' if mfu else 'n/a'}; "
-              f"{f'a measured step costs {cost:.2f}× a fast one' if cost else 'no fast/measured pair'}")
+        print(
+            f"cli run (12 steps, an evaluation every 6): step {s['step_time_s'] * 1e3:.1f} ms "
+            f"({r0.get('step_time_from')}), MFU {f'{mfu:.1%}' if mfu else 'n/a'}; "
+            f"{f'a measured step costs {cost:.2f}× a fast one' if cost else 'no fast/measured pair'}"
+        )
 
 
 if __name__ == "__main__":

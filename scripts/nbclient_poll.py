@@ -24,12 +24,18 @@ from jupyter_client.channels import AsyncZMQSocketChannel
 POLL_SLICE_S = 0.25
 
 
-async def _get_msg_polling_in_slices(self: AsyncZMQSocketChannel, timeout: float | None = None) -> dict:
+async def _get_msg_polling_in_slices(
+    self: AsyncZMQSocketChannel, timeout: float | None = None
+) -> dict:
     """`AsyncZMQSocketChannel.get_msg` with the same contract (Empty after `timeout` seconds; None
     waits for ever), polling at most POLL_SLICE_S at a time."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        wait_s = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, max(0.0, deadline - time.monotonic()))
+        wait_s = (
+            POLL_SLICE_S
+            if deadline is None
+            else min(POLL_SLICE_S, max(0.0, deadline - time.monotonic()))
+        )
         if await self.socket.poll(int(1000 * wait_s)):
             return await self._recv()
         if deadline is not None and time.monotonic() >= deadline:
@@ -39,4 +45,3 @@ async def _get_msg_polling_in_slices(self: AsyncZMQSocketChannel, timeout: float
 def install() -> None:
     """Make every AsyncZMQSocketChannel poll in slices (idempotent)."""
     AsyncZMQSocketChannel.get_msg = _get_msg_polling_in_slices
-

@@ -23,6 +23,7 @@ def write(cells: list, name: str) -> None:
     # the kernel `make setup` installs into the venv (scripts/setup.sh): JupyterLab and nbmake start that venv's
     # Python, whatever other kernels the machine has
     nb.metadata["kernelspec"] = KERNELSPEC
-    folder = os.environ.get("WORKBENCH_NOTEBOOKS_OUT") or \
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
+    folder = os.environ.get("WORKBENCH_NOTEBOOKS_OUT") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "notebooks"
+    )
     nbf.write(nb, os.path.join(folder, name))

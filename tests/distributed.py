@@ -15,7 +15,9 @@ def _entry(rank: int, fn: Callable, world: int, store_path: str, args: tuple) ->
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
     try:
         fn(rank, world, *args)
         dist.barrier()
@@ -28,8 +30,12 @@ def run_ranks(fn: Callable, world: int, *args) -> None:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_entry, args=(fn, world, os.path.join(d, "store"), args), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(
+            _entry,
+            args=(fn, world, os.path.join(d, "store"), args),
+            nprocs=world,
+            start_method="spawn",
+        )
 
 
 def make_comm(rank: int, world: int, dp: int = 1, tp: int = 1, name: str = "test"):

@@ -49,5 +49,7 @@ model(x, x).backward()
 AdamW(model.parameters(), lr=1e-3).step()
 print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]", out

@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "workbench"
-#: review aids, not targets: a file over 400 lines or a function over 80 is worth a look (docs/architecture.md)
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 80
+#: review aids, not targets: a file over 500 lines or a function over 120 is worth a look (docs/architecture.md);
+#: counted on the formatted code
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 120
 #: the packages in the order data flows through them, lowest first: a package imports only from its own layer
 #: and the ones before it (anywhere in a file: at the top, inside a function, under TYPE_CHECKING)
 LAYERS = (
@@ -30,8 +31,16 @@ LAYERS = (
 LAYER = {f"workbench.{pkg}": i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 #: the prediction package: never imported by what trains
 PREDICT = "workbench.predict"
-TRAINS = ("workbench.comm", "workbench.measure", "workbench.model", "workbench.data", "workbench.parallel",
-          "workbench.pipeline", "workbench.optim", "workbench.engine")
+TRAINS = (
+    "workbench.comm",
+    "workbench.measure",
+    "workbench.model",
+    "workbench.data",
+    "workbench.parallel",
+    "workbench.pipeline",
+    "workbench.optim",
+    "workbench.engine",
+)
 
 
 def layer_of(module: str) -> int | None:
@@ -70,7 +79,9 @@ def _imports(path: Path, modules: dict[str, Path], run_time_only: bool = False) 
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             # `from workbench import run` imports the submodule, not the package's facade
-            names = [node.module] * (node.module != "workbench") + [f"{node.module}.{a.name}" for a in node.names]
+            names = [node.module] * (node.module != "workbench") + [
+                f"{node.module}.{a.name}" for a in node.names
+            ]
         else:
             continue
         found |= {n for n in names if n in modules and n.startswith("workbench")}
@@ -78,8 +89,8 @@ def _imports(path: Path, modules: dict[str, Path], run_time_only: bool = False) 
 
 
 def test_files_and_functions_stay_reviewable():
-    """Sizes are a smell detector, not a target (docs/architecture.md): this fails only past 400 lines a file or
-    80 a function — a clear 70-line function beats three fragments and a lambda."""
+    """Sizes are a smell detector, not a target (docs/architecture.md): this fails only past 500 lines a file or
+    120 a function — a clear 70-line function beats three fragments and a lambda."""
     too_long = []
     for path in ROOT.rglob("*.py"):
         lines = path.read_text().count("\n")
@@ -89,13 +100,21 @@ def test_files_and_functions_stay_reviewable():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
-                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}() {n} lines")
-    assert not too_long, f"over {MAX_FILE_LINES} lines per file / {MAX_FUNCTION_LINES} per function: {too_long}"
+                    too_long.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}() {n} lines"
+                    )
+    assert not too_long, (
+        f"over {MAX_FILE_LINES} lines per file / {MAX_FUNCTION_LINES} per function: {too_long}"
+    )
 
 
 def test_every_package_has_its_layer():
-    packages = {f"workbench.{p.name}" for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert packages == set(LAYER), f"packages without a layer: {packages - set(LAYER)}; gone: {set(LAYER) - packages}"
+    packages = {
+        f"workbench.{p.name}" for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"
+    }
+    assert packages == set(LAYER), (
+        f"packages without a layer: {packages - set(LAYER)}; gone: {set(LAYER) - packages}"
+    )
     loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
     assert not loose, f"modules outside every package: {loose}"
 
@@ -104,15 +123,26 @@ def test_no_import_climbs_a_layer():
     """Data flows one way — config → grid → parallelize → train_step → trace files → analysis → charts: no
     package imports one above it, at the top of a file or inside a function."""
     modules = _modules()
-    climbs = [f"{name} imports {imp}" for name, path in modules.items() for imp in _imports(path, modules)
-              if layer_of(name) is not None and layer_of(imp) is not None and layer_of(imp) > layer_of(name)]
+    climbs = [
+        f"{name} imports {imp}"
+        for name, path in modules.items()
+        for imp in _imports(path, modules)
+        if layer_of(name) is not None
+        and layer_of(imp) is not None
+        and layer_of(imp) > layer_of(name)
+    ]
     assert not climbs, climbs
 
 
 def test_nothing_that_trains_imports_the_predictions():
     modules = _modules()
-    bad = [f"{name} imports {imp}" for name, path in modules.items() if name.startswith(TRAINS)
-           for imp in _imports(path, modules) if imp.startswith(PREDICT)]
+    bad = [
+        f"{name} imports {imp}"
+        for name, path in modules.items()
+        if name.startswith(TRAINS)
+        for imp in _imports(path, modules)
+        if imp.startswith(PREDICT)
+    ]
     assert not bad, bad
 
 
@@ -123,7 +153,9 @@ def test_predict_imports_no_torch_at_module_level():
     import sys
 
     names = sorted(n for n in _modules() if n.startswith(PREDICT))
-    code = "import sys\n" + "".join(f"import {n}\n" for n in names) + "print('torch' in sys.modules)"
+    code = (
+        "import sys\n" + "".join(f"import {n}\n" for n in names) + "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", names
 
@@ -138,21 +170,28 @@ def test_zero_in_flight_bound_is_the_formulas():
 def test_the_model_knows_nothing_of_parallelism():
     modules = _modules()
     imported = _imports(modules["workbench.model.gpt"], modules)
-    assert not [m for m in imported if m.startswith(("workbench.parallel", "workbench.pipeline"))], imported
+    assert not [
+        m for m in imported if m.startswith(("workbench.parallel", "workbench.pipeline"))
+    ], imported
 
 
 def test_no_import_cycle():
     """At run time: an import under TYPE_CHECKING (an annotation's) runs never and closes no cycle."""
     modules = _modules()
-    graph = {name: {i for i in _imports(path, modules, run_time_only=True)
-                    if i != name and not name.startswith(f"{i}.")}
-             for name, path in modules.items()}
+    graph = {
+        name: {
+            i
+            for i in _imports(path, modules, run_time_only=True)
+            if i != name and not name.startswith(f"{i}.")
+        }
+        for name, path in modules.items()
+    }
     done: set[str] = set()
 
     def cycle_from(node: str, stack: list[str]) -> list[str] | None:
         """Depth-first: the first path that comes back to a module still on the stack."""
         if node in stack:
-            return stack[stack.index(node):] + [node]
+            return stack[stack.index(node) :] + [node]
         if node in done:
             return None
         for nxt in sorted(graph.get(node, ())):
@@ -171,7 +210,9 @@ def test_no_public_function_shares_its_name_with_a_submodule():
     (wb.compare, wb.estimate ...) would then be "module object is not callable"."""
     import workbench
 
-    modules = {p.stem for p in ROOT.glob("*.py")} | {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in ROOT.glob("*.py")} | {
+        p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()
+    }
     clashes = [name for name in workbench.__all__ if name in modules]
     assert not clashes, clashes
 
@@ -185,16 +226,24 @@ def test_notebooks_are_committed_without_outputs():
     assert len(notebooks) >= 9
     for path in notebooks:
         cells = json.loads(path.read_text())["cells"]
-        with_outputs = [i for i, c in enumerate(cells) if c.get("outputs") or c.get("execution_count")]
-        assert not with_outputs, f"{path.name}: cells {with_outputs} have outputs; run its scripts/build_notebook_*.py"
+        with_outputs = [
+            i for i, c in enumerate(cells) if c.get("outputs") or c.get("execution_count")
+        ]
+        assert not with_outputs, (
+            f"{path.name}: cells {with_outputs} have outputs; run its scripts/build_notebook_*.py"
+        )
 
 
 def test_docs_lines_stay_within_120_characters():
     """As ruff holds the code (E501): README.md and docs/ read without a horizontal scroll (a table whose rows
     would not fit is a list)."""
     docs = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").rglob("*.md"))]
-    long = [f"{p.name}:{i}" for p in docs for i, line in enumerate(_written(p.read_text()).split("\n"), 1)
-            if len(line) > 120]
+    long = [
+        f"{p.name}:{i}"
+        for p in docs
+        for i, line in enumerate(_written(p.read_text()).split("\n"), 1)
+        if len(line) > 120
+    ]
     assert not long, long
 
 
@@ -208,7 +257,9 @@ def test_the_readme_is_read_in_five_minutes():
     """The README is a front door (under 10 KB: what it is, two commands, what you will see, one example of
     each kind, where it runs, links); everything else lives in docs/, and each of its links leads to a file."""
     readme = ROOT.parent / "README.md"
-    assert readme.stat().st_size < 10_000, f"README.md is {readme.stat().st_size} bytes: move reference to docs/"
+    assert readme.stat().st_size < 10_000, (
+        f"README.md is {readme.stat().st_size} bytes: move reference to docs/"
+    )
     local = _relative_links(readme.read_text())
     assert len(local) >= 10, local
     missing = [link for link in local if not (ROOT.parent / link).exists()]

@@ -43,8 +43,14 @@ def test_auto_with_too_few_gpus_runs_on_the_cpu_and_says_so_in_one_line(gpus, ca
     gpus(1)
     assert choose_backend(RunConfig(dp=2), say=True) == "gloo"
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "2 ranks per machine and 1 GPU(s)" in lines[0] and "backend='nccl'" in lines[0]
-    assert choose_backend(RunConfig(dp=1), say=True) == "nccl" and capsys.readouterr().err == "", "one rank: its GPU"
+    assert (
+        len(lines) == 1
+        and "2 ranks per machine and 1 GPU(s)" in lines[0]
+        and "backend='nccl'" in lines[0]
+    )
+    assert choose_backend(RunConfig(dp=1), say=True) == "nccl" and capsys.readouterr().err == "", (
+        "one rank: its GPU"
+    )
 
 
 def test_nccl_with_too_few_gpus_fails_before_any_process_starts(gpus, tmp_path):
@@ -52,7 +58,9 @@ def test_nccl_with_too_few_gpus_fails_before_any_process_starts(gpus, tmp_path):
     nothing was started."""
     gpus(1)
     out = tmp_path / "demo"
-    with pytest.raises(ConfigError, match=r"2 ranks per machine, but 1 GPU\(s\) visible.*--backend gloo"):
+    with pytest.raises(
+        ConfigError, match=r"2 ranks per machine, but 1 GPU\(s\) visible.*--backend gloo"
+    ):
         wb.launch(RunConfig(dp=2, backend="nccl"), out=str(out), progress=False)
     assert not out.exists()
 
@@ -114,15 +122,23 @@ def test_mpi_and_ccl_are_refused_with_what_is_missing_before_launch(monkeypatch,
 
     out = tmp_path / "r"
     monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
-    with pytest.raises(ConfigError, match="backend='mpi': this torch was built without MPI.*backend='gloo'"):
+    with pytest.raises(
+        ConfigError, match="backend='mpi': this torch was built without MPI.*backend='gloo'"
+    ):
         wb.launch(RunConfig(backend="mpi"), out=str(out), progress=False)
     monkeypatch.setattr(dist, "is_mpi_available", lambda: True)
     with pytest.raises(ConfigError, match="takes its ranks from mpirun"):
         choose_backend(RunConfig(backend="mpi"))
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "oneccl_bindings_for_pytorch" else real(name, *a))
-    with pytest.raises(ConfigError, match="backend='ccl': Intel's oneCCL bindings are not installed.*oneccl_bind_pt"):
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "oneccl_bindings_for_pytorch" else real(name, *a),
+    )
+    with pytest.raises(
+        ConfigError,
+        match="backend='ccl': Intel's oneCCL bindings are not installed.*oneccl_bind_pt",
+    ):
         wb.launch(RunConfig(backend="ccl"), out=str(out), progress=False)
     assert not out.exists()
     from workbench.cli import main

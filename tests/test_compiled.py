@@ -22,9 +22,16 @@ def test_compiled_blocks_train_the_eager_model(launched):
     assert compiled.config["compile"] is True
 
 
-@pytest.mark.parametrize("change, named", [({"tp": 2}, "tp=2"), ({"cp": 2}, "cp=2"), ({"zero": 3, "dp": 2}, "zero=3"),
-                                           ({"recompute": "full"}, "recompute='full'"),
-                                           ({"model": "tiny-moe"}, "model.experts=4")])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"tp": 2}, "tp=2"),
+        ({"cp": 2}, "cp=2"),
+        ({"zero": 3, "dp": 2}, "zero=3"),
+        ({"recompute": "full"}, "recompute='full'"),
+        ({"model": "tiny-moe"}, "model.experts=4"),
+    ],
+)
 def test_what_would_communicate_inside_a_block_is_refused(change, named):
     with pytest.raises(ConfigError, match=rf"compile=True with {named}.*valid"):
         RunConfig(compile=True, **change).validate()

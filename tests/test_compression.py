@@ -21,7 +21,9 @@ def _against_ddp(rank, world, dtype_name):
     from workbench.parallel.data_parallel import BucketedDataParallel
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[dtype_name]
+    hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[
+        dtype_name
+    ]
     cfg = PRESETS["tiny"]
     ours = GPT(cfg, seed=0)
     sync = BucketedDataParallel(ours, make_comm(rank, world, dp=world), 0.02, compression=dtype)
@@ -61,15 +63,24 @@ def test_compression_halves_the_bytes_on_the_wire(launched):
     full, half = launched(dp=2), launched(dp=2, grad_compression="bf16")
     psi = full.config["params"]
     for r in half.summary["ranks"]:
-        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 2 * psi, "bf16 on the wire, plus the loss"
+        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 2 * psi, (
+            "bf16 on the wire, plus the loss"
+        )
         assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"]
         assert r["peak_bytes"]["comm_buffer"] == 2 * psi == r["predicted_bytes"]["comm_buffer"]
-    assert (full.metrics.loss - half.metrics.loss).abs().max() < 0.01, "bf16 rounding of the gradients only"
-    ops = [e["args"]["dtype"] for e in half.traces[0]["traceEvents"]
-           if e.get("ph") == "b" and e["name"].startswith("all_reduce bucket")]
+    assert (full.metrics.loss - half.metrics.loss).abs().max() < 0.01, (
+        "bf16 rounding of the gradients only"
+    )
+    ops = [
+        e["args"]["dtype"]
+        for e in half.traces[0]["traceEvents"]
+        if e.get("ph") == "b" and e["name"].startswith("all_reduce bucket")
+    ]
     assert ops and set(ops) == {"bfloat16"}
 
 
 def test_compression_needs_fp32_buckets():
-    with pytest.raises(ConfigError, match="grad_compression='bf16' compresses fp32 gradient buckets"):
+    with pytest.raises(
+        ConfigError, match="grad_compression='bf16' compresses fp32 gradient buckets"
+    ):
         RunConfig(dp=2, zero=1, grad_compression="bf16").validate()

@@ -23,8 +23,18 @@ def test_heads_not_dividing_hidden():
         RunConfig(model=ModelConfig(hidden=32, heads=5)).validate()
 
 
-@pytest.mark.parametrize("change", [{"dp": 0}, {"schedule": "zigzag"}, {"model": "huge"}, {"zero": 4},
-                                    {"allreduce": "tree"}, {"bucket_mb": 0}, {"steps": -1}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dp": 0},
+        {"schedule": "zigzag"},
+        {"model": "huge"},
+        {"zero": 4},
+        {"allreduce": "tree"},
+        {"bucket_mb": 0},
+        {"steps": -1},
+    ],
+)
 def test_invalid_values_are_rejected(change):
     with pytest.raises(ConfigError):
         RunConfig(**change).validate()
@@ -51,8 +61,22 @@ def test_param_count_formula_matches_the_built_model():
 def test_cli_rejects_before_starting_any_process(tmp_path):
     out = tmp_path / "bad"
     t = time.time()
-    p = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--dp", "3", "--global-batch", "16",
-                        "--out", str(out)], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            "--dp",
+            "3",
+            "--global-batch",
+            "16",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2
     assert "dp=3" in p.stderr and "Valid dp" in p.stderr
     assert not out.exists(), "no run directory: nothing was launched"
@@ -67,9 +91,19 @@ def test_launch_rejects_before_starting_any_process(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("field, value", [("lr", float("nan")), ("lr", -1.0), ("lr", float("inf")),
-                                          ("weight_decay", -0.1), ("min_lr_ratio", 1.5), ("timeout_s", 0),
-                                          ("seed", 1.5), ("capacity_factor", float("nan"))])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("lr", float("nan")),
+        ("lr", -1.0),
+        ("lr", float("inf")),
+        ("weight_decay", -0.1),
+        ("min_lr_ratio", 1.5),
+        ("timeout_s", 0),
+        ("seed", 1.5),
+        ("capacity_factor", float("nan")),
+    ],
+)
 def test_every_numeric_field_is_checked_for_its_range(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}={value!r}: .* must be"):
         RunConfig(**{field: value}).validate()
@@ -77,7 +111,10 @@ def test_every_numeric_field_is_checked_for_its_range(field, value):
 
 def test_a_nan_learning_rate_is_refused_before_launch(tmp_path):
     out = tmp_path / "nan"
-    p = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--lr", "nan", "--out", str(out)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "run", "--lr", "nan", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "lr=nan" in p.stderr and "finite" in p.stderr, p.stderr
     assert not out.exists()

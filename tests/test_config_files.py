@@ -16,15 +16,26 @@ from workbench import ConfigError, ModelConfig, RunConfig
 from workbench.cli.run_command import parse_run
 from workbench.config.files import config_text, read_config
 
-CONFIGS = [RunConfig(), RunConfig(dp=2, tp=2, precision="bf16", grad_clip=None, wandb="proj", lr=6e-4),
-           RunConfig(model=ModelConfig(vocab_size=128, layers=3), pp=3, schedule="zbv", microbatches=6),
-           RunConfig(model="tiny-moe", dp=2, ep=2, moe_dispatch="capacity", fault="straggle", measure="1:3")]
+CONFIGS = [
+    RunConfig(),
+    RunConfig(dp=2, tp=2, precision="bf16", grad_clip=None, wandb="proj", lr=6e-4),
+    RunConfig(model=ModelConfig(vocab_size=128, layers=3), pp=3, schedule="zbv", microbatches=6),
+    RunConfig(
+        model="tiny-moe", dp=2, ep=2, moe_dispatch="capacity", fault="straggle", measure="1:3"
+    ),
+]
 
 
 def test_run_help_lists_every_field():
-    out = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--help"], capture_output=True, text=True,
-                         env={**os.environ, "COLUMNS": "200"}).stdout
-    missing = [f.name for f in dataclasses.fields(RunConfig) if f"--{f.name.replace('_', '-')}" not in out]
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    missing = [
+        f.name for f in dataclasses.fields(RunConfig) if f"--{f.name.replace('_', '-')}" not in out
+    ]
     assert not missing, f"workbench run --help lacks {missing}"
     assert "--config" in out and "--print-config" in out and "--out" in out
 
@@ -43,7 +54,9 @@ def test_flags_change_a_files_settings_and_toml_reads_too(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('dp = 2\nsteps = 9\nprecision = "bf16"\n[model]\nbase = "small"\nlayers = 2\n')
     config, launch = parse_run(["--config", str(path), "--steps", "4", "--out", "x"])
-    assert (config.dp, config.steps, config.precision) == (2, 4, "bf16"), "the file's, and the flag over it"
+    assert (config.dp, config.steps, config.precision) == (2, 4, "bf16"), (
+        "the file's, and the flag over it"
+    )
     assert config.model_config == dataclasses.replace(wb.config.PRESETS["small"], layers=2)
     assert launch.config == str(path) and launch.out == "x"
 
@@ -61,17 +74,58 @@ def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path):
 
 
 def test_the_hand_written_clis_spellings_still_parse():
-    config, _ = parse_run(["--timeout", "30", "--wandb", "--grad-clip", "0", "--no-trace", "--no-prefetch",
-                           "--model", '{"layers": 4}', "--sequence-parallel", "--tp", "2"])
-    assert (config.timeout_s, config.wandb, config.grad_clip, config.trace, config.prefetch) == \
-        (30.0, "workbench", None, False, False)
+    config, _ = parse_run(
+        [
+            "--timeout",
+            "30",
+            "--wandb",
+            "--grad-clip",
+            "0",
+            "--no-trace",
+            "--no-prefetch",
+            "--model",
+            '{"layers": 4}',
+            "--sequence-parallel",
+            "--tp",
+            "2",
+        ]
+    )
+    assert (config.timeout_s, config.wandb, config.grad_clip, config.trace, config.prefetch) == (
+        30.0,
+        "workbench",
+        None,
+        False,
+        False,
+    )
     assert config.model_config.layers == 4 and config.sequence_parallel
 
 
 def test_print_config_writes_what_config_loads_back_and_starts_nothing(tmp_path):
-    flags = ["--dp", "2", "--steps", "3", "--model", '{"base": "small", "layers": 2}', "--lr", "1e-3"]
-    printed = subprocess.run([sys.executable, "-m", "workbench.cli", "run", *flags, "--print-config",
-                              "--out", str(tmp_path / "never")], capture_output=True, text=True, check=True).stdout
+    flags = [
+        "--dp",
+        "2",
+        "--steps",
+        "3",
+        "--model",
+        '{"base": "small", "layers": 2}',
+        "--lr",
+        "1e-3",
+    ]
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            *flags,
+            "--print-config",
+            "--out",
+            str(tmp_path / "never"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     path = tmp_path / "run.yaml"
     path.write_text(printed)
     assert read_config(str(path)) == parse_run(flags)[0].validate()
@@ -81,14 +135,39 @@ def test_print_config_writes_what_config_loads_back_and_starts_nothing(tmp_path)
 def test_a_run_from_a_config_file_equals_the_same_run_from_flags(tmp_path, launched):
     """`workbench run --config FILE` against the run the flags describe (launched from the RunConfig the flags
     parse to: the CLI's own path from flags to a run, tested in tests/test_config.py and test_deploy.py)."""
-    flags = ["--dp", "2", "--steps", "3", "--global-batch", "8", "--bucket-mb", "0.01", "--seed", "3",
-             "--timeout", "30"]
+    flags = [
+        "--dp",
+        "2",
+        "--steps",
+        "3",
+        "--global-batch",
+        "8",
+        "--bucket-mb",
+        "0.01",
+        "--seed",
+        "3",
+        "--timeout",
+        "30",
+    ]
     from_flags = parse_run(flags)[0].validate()
     path = tmp_path / "run.yaml"
     path.write_text(config_text(from_flags))
     out = tmp_path / "file"
-    subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--config", str(path), "--out", str(out),
-                    "--quiet"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            "--config",
+            str(path),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        check=True,
+        capture_output=True,
+    )
     from_file, baseline = wb.load(str(out)), launched(**from_flags.to_dict())
     assert from_file.metrics.loss.tolist() == baseline.metrics.loss.tolist()
     assert from_file.run_config == baseline.run_config
@@ -99,8 +178,12 @@ def test_a_run_prints_only_the_settings_that_differ_from_the_defaults():
     `--print-config` prints them)."""
     from workbench.cli.commands import shown_config
 
-    assert shown_config(RunConfig(dp=2, steps=100, bucket_mb=0.03, name="demo")) == \
-        {"dp": 2, "steps": 100, "bucket_mb": 0.03, "name": "demo"}
+    assert shown_config(RunConfig(dp=2, steps=100, bucket_mb=0.03, name="demo")) == {
+        "dp": 2,
+        "steps": 100,
+        "bucket_mb": 0.03,
+        "name": "demo",
+    }
     assert shown_config(RunConfig()) == {}
 
 
@@ -110,10 +193,28 @@ def test_the_demo_prints_at_most_15_lines_before_its_first_step(tmp_path):
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     (args,) = re.findall(r"^DEMO_ARGS \?= (.*)$", makefile, flags=re.M)
     args = re.sub(r"--steps \d+", "--steps 4", args).split()
-    done = subprocess.run([sys.executable, "-m", "workbench.cli", "run", *args, "--backend", "auto", "--name", "demo",
-                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            *args,
+            "--backend",
+            "auto",
+            "--name",
+            "demo",
+            "--out",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (done.stdout + done.stderr).splitlines()
     first_step = next(i for i, line in enumerate(lines) if re.search(r"\bsteps? \d", line))
-    assert first_step <= 15, lines[:first_step + 1]
-    assert any(line.startswith("settings (beside the defaults") for line in lines[:first_step]), lines[:first_step]
+    assert first_step <= 15, lines[: first_step + 1]
+    assert any(line.startswith("settings (beside the defaults") for line in lines[:first_step]), (
+        lines[:first_step]
+    )

@@ -30,23 +30,47 @@ def single(launched):
     return launched(dp=1)
 
 
-@pytest.mark.parametrize("config", [
-    DEFAULT,
-    pytest.param(OTHER, marks=pytest.mark.slow),
-    pytest.param({"cp": 4}, marks=pytest.mark.slow),
-    pytest.param({"cp": 2, "tp": 2, "sequence_parallel": True, "recompute": "selective"}, marks=pytest.mark.slow),
-    pytest.param({"cp": 2, "dp": 2, "zero": 3}, marks=pytest.mark.slow),
-    pytest.param({"cp": 2, "pp": 2, "microbatches": 2, "schedule": "zbh1"}, marks=pytest.mark.slow),
-    pytest.param({"cp": 2, "dp": 2, "tp": 2}, marks=pytest.mark.slow),  # 8 ranks
-], ids=["cp2", "cp2-dp2-none-allgather", "cp4", "cp2-tp2-sp-selective", "cp2-dp2-zero3", "cp2-pp2-zbh1",
-        "cp2-dp2-tp2"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        DEFAULT,
+        pytest.param(OTHER, marks=pytest.mark.slow),
+        pytest.param({"cp": 4}, marks=pytest.mark.slow),
+        pytest.param(
+            {"cp": 2, "tp": 2, "sequence_parallel": True, "recompute": "selective"},
+            marks=pytest.mark.slow,
+        ),
+        pytest.param({"cp": 2, "dp": 2, "zero": 3}, marks=pytest.mark.slow),
+        pytest.param(
+            {"cp": 2, "pp": 2, "microbatches": 2, "schedule": "zbh1"}, marks=pytest.mark.slow
+        ),
+        pytest.param({"cp": 2, "dp": 2, "tp": 2}, marks=pytest.mark.slow),  # 8 ranks
+    ],
+    ids=[
+        "cp2",
+        "cp2-dp2-none-allgather",
+        "cp4",
+        "cp2-tp2-sp-selective",
+        "cp2-dp2-zero3",
+        "cp2-pp2-zbh1",
+        "cp2-dp2-tp2",
+    ],
+)
 def test_context_parallel_trains_the_same_model_as_one_process(launched, single, config):
     run = launched(**config)
     assert_same_training(run, single)
     assert validate_run(run.path) == []
-    for rank in run.summary["ranks"]:  # every byte on the wire, and every category of memory, as predicted
-        measured = {(op, g, round(b)) for op, d in rank["comm_bytes_per_step"].items() for g, b in d.items()}
-        predicted = {(op, g, round(b)) for op, d in rank["predicted_comm_bytes_per_step"].items() for g, b in d.items()}
+    for rank in run.summary[
+        "ranks"
+    ]:  # every byte on the wire, and every category of memory, as predicted
+        measured = {
+            (op, g, round(b)) for op, d in rank["comm_bytes_per_step"].items() for g, b in d.items()
+        }
+        predicted = {
+            (op, g, round(b))
+            for op, d in rank["predicted_comm_bytes_per_step"].items()
+            for g, b in d.items()
+        }
         assert measured == predicted, (rank["rank"], measured ^ predicted)
         for category, value in rank["predicted_bytes"].items():
             assert rank["peak_bytes"][category] == round(value), (rank["rank"], category)
@@ -58,7 +82,10 @@ def test_bf16_ring_bytes_equal_the_formula(launched, rotate):
     """K/V travel at the activations' width (2 bytes), dK/dV in fp32 (4): the formula counts both."""
     for rank in launched(cp=2, precision="bf16", cp_rotate=rotate).summary["ranks"]:
         for op in ("send", "recv") if rotate == "ring" else ("all_gather", "reduce_scatter"):
-            assert rank["comm_bytes_per_step"][op]["cp"] == rank["predicted_comm_bytes_per_step"][op]["cp"], op
+            assert (
+                rank["comm_bytes_per_step"][op]["cp"]
+                == rank["predicted_comm_bytes_per_step"][op]["cp"]
+            ), op
 
 
 def test_each_layer_rotates_cp_minus_one_blocks_forward_and_cp_backward(launched):
@@ -75,7 +102,9 @@ def test_each_layer_rotates_cp_minus_one_blocks_forward_and_cp_backward(launched
         assert set(mine.group) == {"cp"} and (mine.bytes > 0).all()
 
 
-@pytest.mark.parametrize("config", [DEFAULT, pytest.param(OTHER, marks=pytest.mark.slow)], ids=["head-tail", "none"])
+@pytest.mark.parametrize(
+    "config", [DEFAULT, pytest.param(OTHER, marks=pytest.mark.slow)], ids=["head-tail", "none"]
+)
 def test_attention_work_per_rank_is_balanced_by_head_tail_and_skewed_without(launched, config):
     """Each rank's recorded unmasked query-key pairs per layer equal the formula: head-tail gives every
     rank the same; the contiguous split gives the last rank 100 of the 136 pairs (2cp − 1 = 3 times the
@@ -85,7 +114,9 @@ def test_attention_work_per_rank_is_balanced_by_head_tail_and_skewed_without(lau
     for trace in launched(**config).traces:
         info = trace["workbench"]
         counts.setdefault(info["cp"], set()).update(info["cp_pairs"].values())
-    assert all(len(v) == 1 for v in counts.values()), "every layer (and dp replica) does the same work"
+    assert all(len(v) == 1 for v in counts.values()), (
+        "every layer (and dp replica) does the same work"
+    )
     assert [counts[r].pop() for r in range(2)] == unmasked_pairs_per_rank(seq, 2, balance), balance
     assert unmasked_pairs_per_rank(seq, 2, "head-tail") == [68, 68]
     assert unmasked_pairs_per_rank(seq, 2, "none") == [36, 100]
@@ -113,8 +144,10 @@ def test_a_cp_checkpoint_reshards_to_one_process(launched, single):
 
 def _steps_from(run, step):
     """A run's metrics from `step` on, as a run-like object for assert_same_training."""
+
     class Tail:
         metrics = run.metrics[run.metrics.step >= step].reset_index(drop=True)
+
     return Tail
 
 
@@ -126,8 +159,14 @@ def test_bad_context_parallel_configs_are_refused_by_name():
         ({"cp_balance": "zigzag"}, "cp_balance='zigzag'"),
         ({"cp_rotate": "alltoall"}, "cp_rotate='alltoall'"),
         ({"cp": 2, "attention": "sdpa"}, "cp=2 with attention='sdpa'"),
-        ({"cp": 2, "optimizer": "onebit-adam", "steps": 4, "onebit_warmup_steps": 2}, "with optimizer='onebit-adam'"),
-        ({"cp": 2, "tp": 4, "sequence_parallel": True, "model": {"seq_len": 20}}, "each rank's 10 tokens must split"),
+        (
+            {"cp": 2, "optimizer": "onebit-adam", "steps": 4, "onebit_warmup_steps": 2},
+            "with optimizer='onebit-adam'",
+        ),
+        (
+            {"cp": 2, "tp": 4, "sequence_parallel": True, "model": {"seq_len": 20}},
+            "each rank's 10 tokens must split",
+        ),
     ):
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             RunConfig(**config).validate()

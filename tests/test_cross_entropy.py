@@ -27,15 +27,19 @@ def _run(loss_fn, dtype):
     torch.manual_seed(0)
     logits = (3 * torch.randn(N, V)).to(dtype).requires_grad_()
     targets = torch.randint(V, (N,))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         loss = loss_fn(logits, targets)
         loss.backward()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = sorted((e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"),
-                            key=lambda e: e["ts"])
+            events = sorted(
+                (e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"),
+                key=lambda e: e["ts"],
+            )
     first = events[0]["args"]
     before = int(first["Total Allocated"]) - int(first["Bytes"])
     return loss.item(), logits.grad, max(int(e["args"]["Total Allocated"]) for e in events) - before
@@ -78,8 +82,13 @@ def test_the_peak_falls_by_the_fp32_copy_of_the_logits(dtype):
 @pytest.mark.usefixtures("small_blocks")
 def test_a_row_longer_than_a_block_is_a_block_of_its_own():
     assert [(s.start, s.stop) for s in ce.row_blocks(3, 10**9)] == [(0, 1), (1, 2), (2, 3)]
-    assert [(s.start, s.stop) for s in ce.row_blocks(300, 8192)] == [(0, 64), (64, 128), (128, 192), (192, 256),
-                                                                     (256, 300)]
+    assert [(s.start, s.stop) for s in ce.row_blocks(300, 8192)] == [
+        (0, 64),
+        (64, 128),
+        (128, 192),
+        (192, 256),
+        (256, 300),
+    ]
 
 
 def test_the_formulas_block_is_the_loss_s():

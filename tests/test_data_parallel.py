@@ -23,9 +23,13 @@ NORM_RTOL = 1e-4
 def assert_same_training(run, baseline, loss_rtol=LOSS_RTOL, norm_rtol=NORM_RTOL):
     a, b = run.metrics, baseline.metrics
     assert len(a) == len(b) > 0
-    for step, (la, lb, na, nb) in enumerate(zip(a.loss, b.loss, a.grad_norm, b.grad_norm, strict=True)):
+    for step, (la, lb, na, nb) in enumerate(
+        zip(a.loss, b.loss, a.grad_norm, b.grad_norm, strict=True)
+    ):
         assert abs(la - lb) <= loss_rtol * abs(lb), f"step {step}: loss {la} vs single process {lb}"
-        assert abs(na - nb) <= norm_rtol * abs(nb), f"step {step}: grad_norm {na} vs single process {nb}"
+        assert abs(na - nb) <= norm_rtol * abs(nb), (
+            f"step {step}: grad_norm {na} vs single process {nb}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +37,32 @@ def single(launched):
     return launched(dp=1)
 
 
-@pytest.mark.parametrize("config", [
-    {"dp": 2},
-    pytest.param({"dp": 4}, marks=pytest.mark.slow),  # notebook 01 holds dp4 to one process in make test
-    {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
-    {"dp": 2, "dp_impl": "naive"},  # the run tests/test_traces.py validates: the comparison costs nothing
-    {"dp": 2, "bucket_mb": 0.01},  # the run tests/test_traces.py validates
-    pytest.param({"dp": 4, "allreduce": "hierarchical", "ranks_per_node": 2, "bucket_mb": 0.03,
-                  "emulate_link": "inter=0.001,50;intra=2,5"}, marks=pytest.mark.slow),  # notebook 09 runs it
-], ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets", "dp4-hierarchical-emulated"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"dp": 2},
+        pytest.param(
+            {"dp": 4}, marks=pytest.mark.slow
+        ),  # notebook 01 holds dp4 to one process in make test
+        {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
+        {
+            "dp": 2,
+            "dp_impl": "naive",
+        },  # the run tests/test_traces.py validates: the comparison costs nothing
+        {"dp": 2, "bucket_mb": 0.01},  # the run tests/test_traces.py validates
+        pytest.param(
+            {
+                "dp": 4,
+                "allreduce": "hierarchical",
+                "ranks_per_node": 2,
+                "bucket_mb": 0.03,
+                "emulate_link": "inter=0.001,50;intra=2,5",
+            },
+            marks=pytest.mark.slow,
+        ),  # notebook 09 runs it
+    ],
+    ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets", "dp4-hierarchical-emulated"],
+)
 def test_data_parallel_matches_single_process(launched, single, config):
     assert_same_training(launched(**config), single)
 
@@ -74,8 +95,35 @@ def test_the_cli_runs_match_too(tmp_path):
 
     import workbench as wb
 
-    common = ["--steps", "4", "--model", "tiny", "--global-batch", "16", "--seed", "0", "--quiet", "--timeout", "30"]
-    for name, extra in (("one", ["--dp", "1"]), ("ring", ["--dp", "2", "--allreduce", "ring", "--bucket-mb", "0.05"])):
-        subprocess.run([sys.executable, "-m", "workbench.cli", "run", *extra, *common, "--out", str(tmp_path / name)],
-                       check=True, capture_output=True)
+    common = [
+        "--steps",
+        "4",
+        "--model",
+        "tiny",
+        "--global-batch",
+        "16",
+        "--seed",
+        "0",
+        "--quiet",
+        "--timeout",
+        "30",
+    ]
+    for name, extra in (
+        ("one", ["--dp", "1"]),
+        ("ring", ["--dp", "2", "--allreduce", "ring", "--bucket-mb", "0.05"]),
+    ):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "workbench.cli",
+                "run",
+                *extra,
+                *common,
+                "--out",
+                str(tmp_path / name),
+            ],
+            check=True,
+            capture_output=True,
+        )
     assert_same_training(wb.load(str(tmp_path / "ring")), wb.load(str(tmp_path / "one")))

@@ -11,8 +11,10 @@ from workbench.config import ConfigError
 from workbench.config.data_spec import check_data
 from workbench.data.files import TokenFile
 
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness, it was the epoch of belief, it was the epoch of incredulity. ") * 40
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity. "
+) * 40
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +76,15 @@ def test_a_meta_pkl_that_would_run_code_is_refused(tmp_path):
         d.mkdir()
         (np.arange(100) % 65).astype(np.uint16).tofile(d / "train.bin")
     chars = [chr(c) for c in range(32, 97)]
-    (good / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 65, "itos": dict(enumerate(chars)),
-                                                  "stoi": {c: i for i, c in enumerate(chars)}}))
+    (good / "meta.pkl").write_bytes(
+        pickle.dumps(
+            {
+                "vocab_size": 65,
+                "itos": dict(enumerate(chars)),
+                "stoi": {c: i for i, c in enumerate(chars)},
+            }
+        )
+    )
     check_data(str(good / "train.bin"), vocab_size=65, seq_len=16)
     marker = tmp_path / "ran"
 

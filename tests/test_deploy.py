@@ -21,7 +21,9 @@ def test_the_kubernetes_job_runs_a_command_workbench_accepts():
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == service["metadata"]["name"]
     container = pod["containers"][0]
-    line = container["args"][0].replace("$(JOB_COMPLETION_INDEX)", "1")  # what Kubernetes substitutes in pod 1
+    line = container["args"][0].replace(
+        "$(JOB_COMPLETION_INDEX)", "1"
+    )  # what Kubernetes substitutes in pod 1
     argv = shlex.split(line)
     assert argv[:2] == ["workbench", "run"]
     config, a = parse_run(argv[2:])
@@ -51,17 +53,29 @@ def test_the_slurm_script_runs_a_command_workbench_accepts():
 
     text = SBATCH.read_text()
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0, "valid bash"
-    directives = dict(line.split()[1].lstrip("-").split("=", 1) for line in text.splitlines()
-                      if line.startswith("#SBATCH "))
+    directives = dict(
+        line.split()[1].lstrip("-").split("=", 1)
+        for line in text.splitlines()
+        if line.startswith("#SBATCH ")
+    )
     nodes, gpus = int(directives["nodes"]), int(directives["gpus-per-node"])
     assert directives["ntasks-per-node"] == "1", "one torchrun agent per machine"
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     inner = shlex.split(srun)[-1]  # bash -c '...': the command each task runs
-    a, config = _accepted(inner, {"SLURM_NNODES": str(nodes), "SLURM_NODEID": "1", "WORKBENCH_RDZV": "node0:29500",
-                                  "SLURM_JOB_ID": "42"})
+    a, config = _accepted(
+        inner,
+        {
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NODEID": "1",
+            "WORKBENCH_RDZV": "node0:29500",
+            "SLURM_JOB_ID": "42",
+        },
+    )
     assert a.nnodes == str(nodes) and a.node_rank == 1 and a.rdzv_endpoint == "node0:29500"
     assert config.world_size == nodes * gpus, "one rank per GPU over all nodes"
-    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text, "the first node hosts it"
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text, (
+        "the first node hosts it"
+    )
 
 
 def test_the_volcano_job_is_gang_scheduled_and_runs_a_command_workbench_accepts():
@@ -77,9 +91,15 @@ def test_the_volcano_job_is_gang_scheduled_and_runs_a_command_workbench_accepts(
     for task in spec["tasks"]:  # the pytorch plugin's variables: master first, then the workers
         container = task["template"]["spec"]["containers"][0]
         for _ in range(task["replicas"]):
-            a, config = _accepted(container["args"][0], {
-                "WORLD_SIZE": str(pods), "RANK": str(rank), "MASTER_ADDR": "workbench-master-0.workbench",
-                "MASTER_PORT": port})
+            a, config = _accepted(
+                container["args"][0],
+                {
+                    "WORLD_SIZE": str(pods),
+                    "RANK": str(rank),
+                    "MASTER_ADDR": "workbench-master-0.workbench",
+                    "MASTER_PORT": port,
+                },
+            )
             assert a.nnodes == str(pods) and a.node_rank == rank
             assert a.rdzv_endpoint == f"workbench-master-0.workbench:{port}"
             assert config.world_size == container["resources"]["limits"]["nvidia.com/gpu"] * pods

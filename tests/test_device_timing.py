@@ -42,7 +42,9 @@ class FakeWork:
 
 
 def _clock(device_now):
-    clock = DeviceClock(lambda: 1000.0, synchronize=lambda: None, event=lambda: FakeEvent(lambda: device_now[0]))
+    clock = DeviceClock(
+        lambda: 1000.0, synchronize=lambda: None, event=lambda: FakeEvent(lambda: device_now[0])
+    )
     clock.start_step()  # device t=0 is host t=1000 µs
     return clock
 
@@ -73,8 +75,12 @@ def test_device_spans_queue_per_stream_in_launch_order():
     wait(e, FakeWork(None), 650)  # untimed: ends at the event after its wait
     assert clock.end_step() == 5 and clock.pending == []
     assert spans["a"] == (1100, 1150)
-    assert spans["b"] == (1150, 1200), "one stream per group: b runs after a, whatever the wait order"
-    assert spans["c"] == (1130, 1150) and spans["d"] == (1135, 1155), "p2p to other peers: separate streams"
+    assert spans["b"] == (1150, 1200), (
+        "one stream per group: b runs after a, whatever the wait order"
+    )
+    assert spans["c"] == (1130, 1150) and spans["d"] == (1135, 1155), (
+        "p2p to other peers: separate streams"
+    )
     assert spans["e"] == (1500, 1650)
 
 
@@ -100,12 +106,20 @@ def test_a_wait_blocks_until_the_device_is_done_and_times_out_at_the_deadline():
         looks.append(host[0])
         return host[0] >= 300.0
 
-    clock = DeviceClock(lambda: host[0], synchronize=lambda: None, event=lambda: FakeEvent(lambda: host[0], done),
-                        sleep=sleep)
+    clock = DeviceClock(
+        lambda: host[0],
+        synchronize=lambda: None,
+        event=lambda: FakeEvent(lambda: host[0], done),
+        sleep=sleep,
+    )
     clock.block_until(clock.mark(), deadline_us=1e6)
     assert 300.0 <= host[0] < 400.0 and len(looks) > 2
-    never = DeviceClock(lambda: host[0], synchronize=lambda: None, sleep=sleep,
-                        event=lambda: FakeEvent(lambda: host[0], lambda: False))
+    never = DeviceClock(
+        lambda: host[0],
+        synchronize=lambda: None,
+        sleep=sleep,
+        event=lambda: FakeEvent(lambda: host[0], lambda: False),
+    )
     with pytest.raises(DeviceTimeout, match="timed out"):
         never.block_until(never.mark(), deadline_us=host[0] + 50_000)
 
@@ -113,8 +127,11 @@ def test_a_wait_blocks_until_the_device_is_done_and_times_out_at_the_deadline():
 def _fake_cuda(comm, skew_us=0.0, done=lambda: True):
     """The communicator's device clock: events at the host's time + skew (a device that runs ahead)."""
     rec = comm.recorder
-    comm.clock = DeviceClock(rec.now_us, synchronize=lambda: None,
-                             event=lambda: FakeEvent(lambda: rec.now_us() + skew_us, done))
+    comm.clock = DeviceClock(
+        rec.now_us,
+        synchronize=lambda: None,
+        event=lambda: FakeEvent(lambda: rec.now_us() + skew_us, done),
+    )
     return comm
 
 
@@ -122,7 +139,9 @@ def _cuda_shaped_rank(rank, world, out_dir):
     """Every kind of operation, device-timed, as a CUDA run records it; the trace is written for the test."""
     import torch
 
-    comm = _fake_cuda(make_comm(rank, world, dp=2), skew_us=-5.0)  # device events 5 µs before the host's
+    comm = _fake_cuda(
+        make_comm(rank, world, dp=2), skew_us=-5.0
+    )  # device events 5 µs before the host's
     comm.start_step(0)
     rec = comm.recorder
     with rec.span("ProfilerStep#0", "step", "compute", step=0):
@@ -131,15 +150,23 @@ def _cuda_shaped_rank(rank, world, out_dir):
         with rec.span("backward", "backward", "compute", step=0):
             time.sleep(0.02)  # compute while the bucket is in flight
         handle.wait()
-        comm.all_reduce(torch.ones(1), "dp", label="loss")  # blocking: written once, when the step ends
+        comm.all_reduce(
+            torch.ones(1), "dp", label="loss"
+        )  # blocking: written once, when the step ends
         out = torch.empty(500)
         comm.reduce_scatter(out, torch.ones(1000), "dp", label="zero2 bucket 0")
         peer = 1 - rank
-        comm.batch_isend_irecv([("send", torch.full((8,), float(rank)), peer, "activation"),
-                                ("recv", got := torch.empty(8), peer, "activation")], "dp").wait()
+        comm.batch_isend_irecv(
+            [
+                ("send", torch.full((8,), float(rank)), peer, "activation"),
+                ("recv", got := torch.empty(8), peer, "activation"),
+            ],
+            "dp",
+        ).wait()
         assert torch.equal(got, torch.full((8,), float(peer)))
-        assert [e for e in rec.events if e.get("cat") in ("collective", "p2p") and e["ph"] in "Xbe"] == [], \
-            "nothing is written before the device says when it ran"
+        assert [
+            e for e in rec.events if e.get("cat") in ("collective", "p2p") and e["ph"] in "Xbe"
+        ] == [], "nothing is written before the device says when it ran"
     comm.end_step()
     assert torch.equal(bucket, torch.full((1000,), 2.0)), "and the collectives themselves ran"
     with open(os.path.join(out_dir, f"trace_rank{rank}.json"), "w") as f:
@@ -174,11 +201,19 @@ def test_each_operation_is_counted_once_on_cuda(cuda_shaped):
     for trace in cuda_shaped:
         ops = comm_intervals(trace["traceEvents"])
         got = sorted((a["op"], a.get("label"), a["bytes"]) for a, _, _ in ops)
-        assert got == sorted([("all_reduce", "bucket 0", 4000), ("all_reduce", "loss", 4),
-                              ("reduce_scatter", "zero2 bucket 0", 4000), ("send", "activation", 32),
-                              ("recv", "activation", 32)])
+        assert got == sorted(
+            [
+                ("all_reduce", "bucket 0", 4000),
+                ("all_reduce", "loss", 4),
+                ("reduce_scatter", "zero2 bucket 0", 4000),
+                ("send", "activation", 32),
+                ("recv", "activation", 32),
+            ]
+        )
         waits = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "wait"]
-        assert len(waits) == 4, "every operation the host waited for: the bucket, the loss, the scatter, the batch"
+        assert len(waits) == 4, (
+            "every operation the host waited for: the bucket, the loss, the scatter, the batch"
+        )
 
 
 def _releasing_rank(rank, world):
@@ -190,7 +225,9 @@ def _releasing_rank(rank, world):
     work = weakref.ref(handle.works[0])
     handle.wait()
     gc.collect()
-    assert handle.works == [] and work() is None, "the Work (and the tensors it holds) is let go at the wait"
+    assert handle.works == [] and work() is None, (
+        "the Work (and the tensors it holds) is let go at the wait"
+    )
     assert len(comm.clock.pending) == 1, "only its events are kept until the step's end"
     comm.end_step()
 

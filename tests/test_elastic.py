@@ -29,11 +29,38 @@ def _free_port() -> int:
 
 def _agent(run_dir: str, endpoint: str) -> subprocess.Popen:
     """One machine's agent: `workbench run` with the same request as the other."""
-    cmd = [sys.executable, "-m", "workbench.cli", "run", "--model", "tiny", "--dp", "2",
-           "--steps", str(STEPS), "--checkpoint-every", "2", "--max-restarts", "3", "--timeout", "30",
-           "--fault", "straggle", "--fault-delay-s", str(DELAY_S), "--nnodes", "1:2", "--rdzv-endpoint", endpoint,
-           "--out", run_dir, "--quiet"]
-    return subprocess.Popen(cmd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "run",
+        "--model",
+        "tiny",
+        "--dp",
+        "2",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "2",
+        "--max-restarts",
+        "3",
+        "--timeout",
+        "30",
+        "--fault",
+        "straggle",
+        "--fault-delay-s",
+        str(DELAY_S),
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        endpoint,
+        "--out",
+        run_dir,
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        cmd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _lose_machine(agent: subprocess.Popen) -> None:
@@ -82,10 +109,17 @@ def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_
     a = _agent(run_dir, endpoint)
     _wait_for("the request", lambda: os.path.exists(os.path.join(run_dir, "request.json")), [a])
     b = _agent(run_dir, endpoint)
-    _wait_for("steps on two machines", lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in _rows(run_dir)),
-              [a, b])
+    _wait_for(
+        "steps on two machines",
+        lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in _rows(run_dir)),
+        [a, b],
+    )
     _lose_machine(b)
-    _wait_for("the run to go on with one machine", lambda: any(r["world_size"] == 1 for r in _rows(run_dir)), [a])
+    _wait_for(
+        "the run to go on with one machine",
+        lambda: any(r["world_size"] == 1 for r in _rows(run_dir)),
+        [a],
+    )
     b = _agent(run_dir, endpoint)
     for agent in (a, b):
         out, _ = agent.communicate(timeout=180)
@@ -93,12 +127,15 @@ def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_
 
     run = load(run_dir)
     rows = _rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(STEPS)), "every step once (redone steps replace the lost ones)"
+    assert [r["step"] for r in rows] == list(range(STEPS)), (
+        "every step once (redone steps replace the lost ones)"
+    )
     worlds = [r["world_size"] for r in rows]
     changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
     assert changes == [2, 1, 2], f"two machines, then one, then two again: {worlds}"
     assert len(os.listdir(os.path.join(run_dir, "attempts"))) >= 2 and os.path.exists(
-        os.path.join(run_dir, "trace_all_attempts.json")), "every group's traces are kept, on one timeline"
+        os.path.join(run_dir, "trace_all_attempts.json")
+    ), "every group's traces are kept, on one timeline"
     # The same global batch each step, split over whatever dp the group has; resharded resumes: the
     # losses match the uninterrupted run within fp32's reordered sums (as resharding does, 1e-5 relative).
     whole = launched(dp=2, steps=STEPS)  # the same run test_onebit_adam.py compares with
@@ -114,6 +151,9 @@ def test_elastic_ranges_are_checked_before_launch():
         elastic_config(base.replace(checkpoint_every=0), Nodes(nnodes="1:2", rdzv_endpoint="h:1"))
     with pytest.raises(ConfigError, match="nnodes='2:1'"):
         torchrun_command(base, "run", Nodes(nnodes="2:1", rdzv_endpoint="h:1"))
-    cmd = torchrun_command(elastic_config(base, Nodes(nnodes="1:2", rdzv_endpoint="h:1")), "run",
-                           Nodes(nnodes="1:2", rdzv_endpoint="h:1"))
+    cmd = torchrun_command(
+        elastic_config(base, Nodes(nnodes="1:2", rdzv_endpoint="h:1")),
+        "run",
+        Nodes(nnodes="1:2", rdzv_endpoint="h:1"),
+    )
     assert cmd[cmd.index("--nnodes") + 1] == "1:2" and cmd[cmd.index("--nproc-per-node") + 1] == "2"

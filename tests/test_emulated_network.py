@@ -15,7 +15,12 @@ FOUR_LAYERS = {"layers": 4}
 LOW_BANDWIDTH, HIGH_LATENCY = "inter=0.005,10", "inter=100,5000"
 #: dp=4 as 2 machines × 2 ranks, a slow link between them: the hierarchical all-reduce crosses it with a
 #: quarter of the flat ring's steps' bytes (emulation and algorithm leave the results untouched)
-TWO_BY_TWO = {"dp": 4, "ranks_per_node": 2, "bucket_mb": 0.03, "emulate_link": "inter=0.001,50;intra=2,5"}
+TWO_BY_TWO = {
+    "dp": 4,
+    "ranks_per_node": 2,
+    "bucket_mb": 0.03,
+    "emulate_link": "inter=0.001,50;intra=2,5",
+}
 
 
 def test_links_parse_and_time_like_the_ring():
@@ -25,14 +30,18 @@ def test_links_parse_and_time_like_the_ring():
     assert net.message_seconds(0, 1, 10**6) == ("intra", pytest.approx(1e-6 + 1e-5))
     assert net.message_seconds(1, 2, 10**6) == ("inter", pytest.approx(5e-6 + 8e-5))
     # a ring all-reduce over 4 ranks on 2 machines: 2(n−1) = 6 steps of S/4 on the slow link
-    assert net.collective_seconds("all_reduce", 4 * 10**6, [0, 1, 2, 3])[1] == pytest.approx(6 * (5e-6 + 8e-5))
+    assert net.collective_seconds("all_reduce", 4 * 10**6, [0, 1, 2, 3])[1] == pytest.approx(
+        6 * (5e-6 + 8e-5)
+    )
     assert net.collective_seconds("all_gather", 4 * 10**6, [0, 1])[1] == pytest.approx(1e-6 + 2e-5)
     for bad in ("inter=fast", "outer=1,1", "inter=0,1", ""):
         with pytest.raises(ValueError, match="inter=BW_GBps"):
             parse_links(bad)
     with pytest.raises(ConfigError, match="ranks_per_node=3"):
         RunConfig(dp=4, ranks_per_node=3).validate()
-    with pytest.raises(ConfigError, match="unevenly"):  # dp group [0, 2, 4] on machines {0, 1, 2}, {3, 4, 5}
+    with pytest.raises(
+        ConfigError, match="unevenly"
+    ):  # dp group [0, 2, 4] on machines {0, 1, 2}, {3, 4, 5}
         RunConfig(dp=3, tp=2, global_batch=6, allreduce="hierarchical", ranks_per_node=3).validate()
 
 
@@ -42,9 +51,15 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
     links = parse_links("inter=0.02,500")
     block = EmulatedNetwork(links, ranks_per_node=2, placement="block", world_size=4)
     spread = EmulatedNetwork(links, ranks_per_node=2, placement="round-robin", world_size=4)
-    assert [block.node(r) for r in range(4)] == [0, 0, 1, 1] and [spread.node(r) for r in range(4)] == [0, 1, 0, 1]
-    assert block.link([0, 1])[0] == "intra" and block.link([0, 2])[0] == "inter"      # tp pair inside, pp across
-    assert spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"    # tp pair across, pp inside
+    assert [block.node(r) for r in range(4)] == [0, 0, 1, 1] and [
+        spread.node(r) for r in range(4)
+    ] == [0, 1, 0, 1]
+    assert (
+        block.link([0, 1])[0] == "intra" and block.link([0, 2])[0] == "inter"
+    )  # tp pair inside, pp across
+    assert (
+        spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"
+    )  # tp pair across, pp inside
     with pytest.raises(ConfigError, match="node_placement='diagonal': valid values are"):
         RunConfig(tp=2, pp=2, node_placement="diagonal").validate()
     with pytest.raises(ConfigError, match="needs emulate_link and ranks_per_node"):
@@ -53,7 +68,9 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
         EmulatedNetwork(links, ranks_per_node=3, placement="round-robin", world_size=4)
     from workbench.predict.estimator import estimate
 
-    spread_cfg = RunConfig(tp=2, pp=2, emulate_link="inter=0.02,500", ranks_per_node=2, node_placement="round-robin")
+    spread_cfg = RunConfig(
+        tp=2, pp=2, emulate_link="inter=0.02,500", ranks_per_node=2, node_placement="round-robin"
+    )
     with pytest.raises(ConfigError, match="node_placement='round-robin' is not modelled"):
         estimate(spread_cfg)
 
@@ -71,7 +88,9 @@ def test_hierarchical_beats_the_flat_ring_on_a_slow_inter_link(launched):
     groups = {g for g in hier.events.get("group", []) if isinstance(g, str)}
     assert {"dp_intra", "dp_inter"} <= groups, "the trace shows the intra and inter groups"
     emulated = hier.events[hier.events.cat == "emulated"]
-    assert not emulated.empty and set(emulated.link) >= {"inter", "intra"}, "held time is marked emulated"
+    assert not emulated.empty and set(emulated.link) >= {"inter", "intra"}, (
+        "held time is marked emulated"
+    )
 
 
 @pytest.mark.slow  # make test checks the same four relations on the same links in notebook 09's sweep
@@ -83,9 +102,16 @@ def test_dp_is_bandwidth_bound_and_pp_latency_bound(launched):
     for name, base in (("dp", {"dp": 2}), ("pp", {"pp": 2, "microbatches": 8})):
         # the fastest step after the first: other work on this machine only adds time (at times several
         # times a PP step), while the link's held time is in every step
-        times = {link: launched(model=FOUR_LAYERS, ranks_per_node=1, emulate_link=link, **base)
-                 .metrics.step_time_s.iloc[1:].min() for link in (None, LOW_BANDWIDTH, HIGH_LATENCY)}
-        added[name] = {"bandwidth": times[LOW_BANDWIDTH] - times[None], "latency": times[HIGH_LATENCY] - times[None]}
+        times = {
+            link: launched(model=FOUR_LAYERS, ranks_per_node=1, emulate_link=link, **base)
+            .metrics.step_time_s.iloc[1:]
+            .min()
+            for link in (None, LOW_BANDWIDTH, HIGH_LATENCY)
+        }
+        added[name] = {
+            "bandwidth": times[LOW_BANDWIDTH] - times[None],
+            "latency": times[HIGH_LATENCY] - times[None],
+        }
     assert added["dp"]["bandwidth"] > 3 * added["pp"]["bandwidth"], added
     assert added["pp"]["latency"] > 2 * added["dp"]["latency"], added
     assert added["dp"]["bandwidth"] > added["dp"]["latency"], added
@@ -99,16 +125,31 @@ def test_the_estimator_knows_how_gradients_travel():
 
     base = RunConfig(dp=4, ranks_per_node=2)
     plain = estimate(base).comm_bytes_per_step["dp"]
-    assert estimate(base.replace(grad_compression="bf16")).comm_bytes_per_step["dp"] == pytest.approx(plain / 2)
+    assert estimate(base.replace(grad_compression="bf16")).comm_bytes_per_step[
+        "dp"
+    ] == pytest.approx(plain / 2)
     onebit = estimate(base.replace(optimizer="onebit-adam"))
     assert onebit.dp_bytes_warmup == pytest.approx(plain)
     assert onebit.comm_bytes_per_step["dp"] == pytest.approx(plain / 32, rel=0.05)
-    flat, hier = estimate(base.replace(allreduce="ring")), estimate(base.replace(allreduce="hierarchical"))
+    flat, hier = (
+        estimate(base.replace(allreduce="ring")),
+        estimate(base.replace(allreduce="hierarchical")),
+    )
     assert flat.dp_link_bytes["inter"] == pytest.approx(plain)
     s = plain / 1.5  # the all-reduce's S: plain = 2(n−1)/n · S with n = 4
-    assert hier.dp_link_bytes == pytest.approx({"intra": s, "inter": s / 2})  # K = 2 ranks, m = 2 machines
+    assert hier.dp_link_bytes == pytest.approx(
+        {"intra": s, "inter": s / 2}
+    )  # K = 2 ranks, m = 2 machines
     slow = with_emulated_links(A100_80GB, base.replace(emulate_link="inter=0.001,100"))
-    assert slow.inter_node_bw < 1e6 and slow.extra_latency_s == pytest.approx(1e-4) and slow.devices_per_node == 2
-    t_flat = estimate(base.replace(allreduce="ring", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
-    t_hier = estimate(base.replace(allreduce="hierarchical", emulate_link="inter=0.001,100"), hardware=slow).step_time_s
+    assert (
+        slow.inter_node_bw < 1e6
+        and slow.extra_latency_s == pytest.approx(1e-4)
+        and slow.devices_per_node == 2
+    )
+    t_flat = estimate(
+        base.replace(allreduce="ring", emulate_link="inter=0.001,100"), hardware=slow
+    ).step_time_s
+    t_hier = estimate(
+        base.replace(allreduce="hierarchical", emulate_link="inter=0.001,100"), hardware=slow
+    ).step_time_s
     assert t_flat > 1.5 * t_hier

@@ -8,8 +8,14 @@ from workbench.predict.planner import Cluster, plan
 
 
 def test_the_zero_papers_example():
-    assert estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank == 1.875e9
-    gb = [estimate(params=7.5e9, dp=64, zero=z, precision="mixed").model_state_bytes_per_rank / 1e9 for z in (0, 1, 2)]
+    assert (
+        estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank
+        == 1.875e9
+    )
+    gb = [
+        estimate(params=7.5e9, dp=64, zero=z, precision="mixed").model_state_bytes_per_rank / 1e9
+        for z in (0, 1, 2)
+    ]
     assert gb == [120.0, pytest.approx(31.4, abs=0.05), pytest.approx(16.6, abs=0.05)]
 
 
@@ -27,8 +33,14 @@ def test_the_planner_puts_gpt3_175b_on_tp8_pp12_dp8_like_megatron():
 
 #: Llama 3's 8K-sequence pre-training: bf16 with fp32 masters, sequence parallelism, a flash kernel (no s×s
 #: probabilities), no recomputation, 16 M tokens a step (2,048 sequences)
-LLAMA3_TRAINING = dict(precision="mixed", sequence_parallel=True, activations="ours", attention="sdpa",
-                       recompute="none", uneven_stages=True)
+LLAMA3_TRAINING = dict(
+    precision="mixed",
+    sequence_parallel=True,
+    activations="ours",
+    attention="sdpa",
+    recompute="none",
+    uneven_stages=True,
+)
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama3-405b"])
@@ -37,14 +49,25 @@ def test_the_estimator_takes_llama3(name):
     from workbench.predict.hardware import H100_80GB
 
     m = PRESETS[name]
-    e = estimate(model=m, dp=8, tp=8, zero=1, global_batch=64, microbatches=8, hardware=H100_80GB,
-                 **{k: v for k, v in LLAMA3_TRAINING.items() if k != "uneven_stages"})
+    e = estimate(
+        model=m,
+        dp=8,
+        tp=8,
+        zero=1,
+        global_batch=64,
+        microbatches=8,
+        hardware=H100_80GB,
+        **{k: v for k, v in LLAMA3_TRAINING.items() if k != "uneven_stages"},
+    )
     assert e.params == m.param_count() and e.step_time_s > 0
     # FLOPs: 6 per parameter and token over the matrices (the SwiGLU's three included, GQA's narrower K/V),
     # plus attention's scores; the embeddings' lookups are not matmuls
     tokens = 64 * m.seq_len
-    assert 6 * (m.param_count() - m.vocab_size * m.hidden) * tokens < e.flops_per_step < \
-        1.6 * 6 * m.param_count() * tokens
+    assert (
+        6 * (m.param_count() - m.vocab_size * m.hidden) * tokens
+        < e.flops_per_step
+        < 1.6 * 6 * m.param_count() * tokens
+    )
 
 
 def test_the_planner_sets_llama3_405b_beside_metas_layout():
@@ -57,21 +80,47 @@ def test_the_planner_sets_llama3_405b_beside_metas_layout():
     from workbench.predict.hardware import H100_80GB
 
     m = PRESETS["llama3-405b"]
-    meta = estimate(model=m, dp=128, tp=8, pp=16, zero=1, global_batch=2048, microbatches=16, hardware=H100_80GB,
-                    **LLAMA3_TRAINING)
-    assert meta.params == m.param_count() and meta.model_state_bytes_per_rank / 1e9 == pytest.approx(14.1, abs=0.1)
-    p = plan(m, Cluster(2048, H100_80GB), global_batch=2048, zero_stages=(1,), cp=(1, 2), **LLAMA3_TRAINING)
+    meta = estimate(
+        model=m,
+        dp=128,
+        tp=8,
+        pp=16,
+        zero=1,
+        global_batch=2048,
+        microbatches=16,
+        hardware=H100_80GB,
+        **LLAMA3_TRAINING,
+    )
+    assert (
+        meta.params == m.param_count()
+        and meta.model_state_bytes_per_rank / 1e9 == pytest.approx(14.1, abs=0.1)
+    )
+    p = plan(
+        m,
+        Cluster(2048, H100_80GB),
+        global_batch=2048,
+        zero_stages=(1,),
+        cp=(1, 2),
+        **LLAMA3_TRAINING,
+    )
     assert (p.best["tp"], p.best["pp"]) == (8, 16), p.explanation
     assert p.best["cp"] * p.best["dp"] == 128  # Meta's dp 128, here as cp 2 × dp 64
-    assert not meta.fits and meta.activation_bytes_per_rank > 2 * (p.best["activations_GB"] * 1e9) * 0.95
-    with pytest.raises(wb.ConfigError, match="uneven stages"):  # 33 stages of 4 layers would leave 6 over
+    assert (
+        not meta.fits
+        and meta.activation_bytes_per_rank > 2 * (p.best["activations_GB"] * 1e9) * 0.95
+    )
+    with pytest.raises(
+        wb.ConfigError, match="uneven stages"
+    ):  # 33 stages of 4 layers would leave 6 over
         estimate(model=m, dp=64, tp=8, pp=33, uneven_stages=True)
     with pytest.raises(wb.ConfigError, match="pp=16 does not divide model.layers=126"):
         estimate(model=m, dp=128, tp=8, pp=16)  # equal stages only, unless asked
 
 
 def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
-    model = wb.ModelConfig(vocab_size=32000, seq_len=1024, hidden=4096, heads=32, layers=36)  # 7.5 B
+    model = wb.ModelConfig(
+        vocab_size=32000, seq_len=1024, hidden=4096, heads=32, layers=36
+    )  # 7.5 B
     assert model.param_count() == pytest.approx(7.5e9, rel=0.01)
     p = plan(model, Cluster(8, A100_80GB), global_batch=512, zero_stages=(3,))
     zero3_dp64 = p.candidates[(p.candidates.tp == 1) & (p.candidates.pp == 1)].iloc[0]
@@ -82,16 +131,35 @@ def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
 
 @pytest.mark.slow  # make test: notebook 07's compare() of the same strategies asserts the same errors and ratio
 def test_compare_tabulates_runs_with_estimates(tmp_path):
-    four_layers = wb.RunConfig.from_dict({"pp": 2, "microbatches": 4, "model": {"layers": 4}, "steps": 4})
-    cmp = wb.compare([wb.RunConfig(dp=2, model="tiny", steps=4), wb.RunConfig(dp=2, zero=3, model="tiny", steps=4),
-                      four_layers], out_dir=str(tmp_path), progress=False)
+    four_layers = wb.RunConfig.from_dict(
+        {"pp": 2, "microbatches": 4, "model": {"layers": 4}, "steps": 4}
+    )
+    cmp = wb.compare(
+        [
+            wb.RunConfig(dp=2, model="tiny", steps=4),
+            wb.RunConfig(dp=2, zero=3, model="tiny", steps=4),
+            four_layers,
+        ],
+        out_dir=str(tmp_path),
+        progress=False,
+    )
     t = cmp.table
     assert list(t.strategy) == ["dp2", "dp2 zero3", "pp2 1f1b m4"]
     # one baseline per distinct model: the 4-layer pipeline is held against one process of 4 layers
     assert len(cmp.baselines) == 2 and cmp.baselines[1].config["model"]["layers"] == 4
-    for col in ("world_size", "step_time_s", "tokens_per_s", "achieved_flops", "peak_parameter_bytes",
-                "peak_activation_bytes", "bytes_moved_per_step", "bubble_fraction", "loss_diff_vs_baseline",
-                "predicted_memory_bytes", "memory_error"):
+    for col in (
+        "world_size",
+        "step_time_s",
+        "tokens_per_s",
+        "achieved_flops",
+        "peak_parameter_bytes",
+        "peak_activation_bytes",
+        "bytes_moved_per_step",
+        "bubble_fraction",
+        "loss_diff_vs_baseline",
+        "predicted_memory_bytes",
+        "memory_error",
+    ):
         assert col in t.columns
     assert (t.loss_diff_vs_baseline < 1e-5).all()
     # memory_error is against the simultaneous peak of every category (what the rank pays). DP: exact but
@@ -100,7 +168,9 @@ def test_compare_tabulates_runs_with_estimates(tmp_path):
     assert t.peak_total_bytes.iloc[0] > 0
     assert abs(t.memory_error.iloc[0]) < 0.01, t.memory_error
     assert 0 <= t.memory_error.iloc[1] < 0.10, t.memory_error
-    assert t.bytes_moved_per_step.iloc[1] / t.bytes_moved_per_step.iloc[0] == pytest.approx(1.5, rel=0.01)
+    assert t.bytes_moved_per_step.iloc[1] / t.bytes_moved_per_step.iloc[0] == pytest.approx(
+        1.5, rel=0.01
+    )
     report = cmp.report(str(tmp_path))
     assert open(report).read().count("plotly") > 0 and (tmp_path / "table.csv").exists()
 
@@ -110,14 +180,39 @@ def test_compare_from_the_command_line(tmp_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "workbench.cli", "compare", '{"dp": 2, "steps": 3}',
-                        '{"dp": 2, "zero": 1, "steps": 3}', "--out", str(tmp_path), "--no-calibrate"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "compare",
+            '{"dp": 2, "steps": 3}',
+            '{"dp": 2, "zero": 1, "steps": 3}',
+            "--out",
+            str(tmp_path),
+            "--no-calibrate",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "table.csv").exists() and (tmp_path / "report.html").exists()
     assert "dp2 zero1" in (tmp_path / "table.csv").read_text()
-    bad = subprocess.run([sys.executable, "-m", "workbench.cli", "compare", '{"dp": 3}', "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "compare",
+            '{"dp": 3}',
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "dp=3" in bad.stderr
 
 

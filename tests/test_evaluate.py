@@ -21,9 +21,17 @@ def val_losses(run):
     return list(m.step[m.val_loss.notna()]), list(m.val_loss.dropna())
 
 
-@pytest.mark.parametrize("config", [
-    {"dp": 2}, {"tp": 2, "sequence_parallel": True}, {"pp": 2, "schedule": "1f1b", "microbatches": 4}, {"cp": 2},
-    {"dp": 2, "zero": 3}], ids=["dp2", "tp2-sp", "pp2-1f1b", "cp2", "zero3"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"dp": 2},
+        {"tp": 2, "sequence_parallel": True},
+        {"pp": 2, "schedule": "1f1b", "microbatches": 4},
+        {"cp": 2},
+        {"dp": 2, "zero": 3},
+    ],
+    ids=["dp2", "tp2-sp", "pp2-1f1b", "cp2", "zero3"],
+)
 def test_the_held_out_loss_is_one_process_s(launched, config):
     """The same runs tests/test_llama.py holds to one process in training (cached: no launch of their own)."""
     steps, single = val_losses(launched(model="tiny-llama", **EVAL))
@@ -37,7 +45,10 @@ def test_the_held_out_loss_is_one_process_s(launched, config):
 def test_expert_parallel_held_out_loss_is_one_process_s(launched):
     _, single = val_losses(launched(model="tiny-llama-moe", **EVAL))
     _, here = val_losses(launched(model="tiny-llama-moe", dp=2, ep=2, **EVAL))
-    assert all(abs(a - b) <= LOSS_RTOL * b for a, b in zip(here, single, strict=True)), (here, single)
+    assert all(abs(a - b) <= LOSS_RTOL * b for a, b in zip(here, single, strict=True)), (
+        here,
+        single,
+    )
 
 
 def test_evaluating_does_not_change_what_trains(launched):
@@ -90,9 +101,18 @@ def test_the_held_out_loss_reaches_the_loggers_and_the_progress_line():
         peak: dict = {}
         peak_total = 0
 
-    row = {"step": 3, "loss": 2.5, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "step_time_s": 0.1,
-           "val_loss": 2.25}
-    assert step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25  # TensorBoard's and W&B's points
+    row = {
+        "step": 3,
+        "loss": 2.5,
+        "lr": 1e-3,
+        "grad_norm": 1.0,
+        "tokens_per_s": 10.0,
+        "step_time_s": 0.1,
+        "val_loss": 2.25,
+    }
+    assert (
+        step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25
+    )  # TensorBoard's and W&B's points
     rows = [json.dumps(r).encode() for r in (row, {**row, "step": 4, "val_loss": None})]
     assert last_val_loss(rows) == 2.25
 
@@ -113,17 +133,23 @@ def _evaluate_through_the_cuda_batch_path(rank: int, world: int, run_dir: str) -
     from workbench.engine.train_step import train_step
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    cfg = wb.RunConfig(model="tiny", steps=2, backend="gloo", eval_every=1, eval_batches=3).validate()
+    cfg = wb.RunConfig(
+        model="tiny", steps=2, backend="gloo", eval_every=1, eval_batches=3
+    ).validate()
     ctx = setup(cfg, run_dir)
     strategy = parallelize(cfg, ctx)
     train_step(strategy, Batches(cfg, ctx.device, 0, 1), 0, measured=False)
     on_cpu = evaluate(strategy, Batches(cfg, ctx.device, 0, 1, part="val"), 0)
     moved = []
-    batch_module.to_device = lambda batch, device: moved.append((device.type, batch[0][0, :4].tolist())) or batch
+    batch_module.to_device = lambda batch, device: (
+        moved.append((device.type, batch[0][0, :4].tolist())) or batch
+    )
     faked = Batches(cfg, torch.device("cuda"), 0, 1, part="val")
     on_cuda = evaluate(strategy, faked, 0)
     assert on_cuda == on_cpu, (on_cuda, on_cpu)  # the same batches, the same model: the same number
-    cpu_rows = [Batches(cfg, ctx.device, 0, 1, part="val").host(k)[0][0, :4].tolist() for k in range(3)]
+    cpu_rows = [
+        Batches(cfg, ctx.device, 0, 1, part="val").host(k)[0][0, :4].tolist() for k in range(3)
+    ]
     assert moved == [("cuda", row) for row in cpu_rows], "each held-out batch copied once, in order"
     assert faked.ready == {}, "none prepared past the last held-out batch"
     train = Batches(cfg, torch.device("cuda"), 0, 1)

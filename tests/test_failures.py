@@ -13,8 +13,11 @@ from workbench.trace.validate import validate_trace
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path):
     t = time.time()
     with pytest.raises(wb.RunFailed) as e:
-        wb.launch(wb.RunConfig(dp=2, steps=6, fault="raise", fault_rank=1, fault_step=3, timeout_s=30),
-                  out=str(tmp_path / "crash"), progress=False)
+        wb.launch(
+            wb.RunConfig(dp=2, steps=6, fault="raise", fault_rank=1, fault_step=3, timeout_s=30),
+            out=str(tmp_path / "crash"),
+            progress=False,
+        )
     assert time.time() - t < 60, "fail fast, not after the process-group timeout"
     assert e.value.rank == 1
     assert "injected fault on rank 1 at step 3" in str(e.value)
@@ -34,11 +37,16 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(tmp_path):
     from workbench.analysis.doctor import diagnose
 
     with pytest.raises(wb.RunFailed) as e:
-        wb.launch(wb.RunConfig(dp=2, steps=4, fault="kill", fault_rank=1, fault_step=1, timeout_s=30),
-                  out=str(tmp_path / "killed"), progress=False)
+        wb.launch(
+            wb.RunConfig(dp=2, steps=4, fault="kill", fault_rank=1, fault_step=1, timeout_s=30),
+            out=str(tmp_path / "killed"),
+            progress=False,
+        )
     assert e.value.rank == 1
     first = str(e.value).splitlines()[0]
-    assert first.startswith("rank 1 ") and "SIGKILL" in first and "out-of-memory killer" in first, first
+    assert first.startswith("rank 1 ") and "SIGKILL" in first and "out-of-memory killer" in first, (
+        first
+    )
     assert "rank 0: CommError" in str(e.value), "the peer that failed because of it: named second"
     assert "the first cause: rank 1: Killed" in diagnose(e.value.run.path).splitlines()[0]
 
@@ -46,30 +54,41 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_root_cause(tmp_path):
 def test_the_kernel_s_log_decides_out_of_memory(tmp_path):
     from workbench.analysis.killed_ranks import killed_ranks, oom_killed, torchrun_signals
 
-    log = ("  rank      : 3 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)  (SIGKILL)\n"
-           "  rank      : 2 (local_rank: 0)\n  exitcode  : 1 (pid: 4241)\n")
+    log = (
+        "  rank      : 3 (local_rank: 1)\n  exitcode  : -9 (pid: 4242)  (SIGKILL)\n"
+        "  rank      : 2 (local_rank: 0)\n  exitcode  : 1 (pid: 4241)\n"
+    )
     assert torchrun_signals(log) == {3: (9, 4242)}
-    for (rank, reserved, error_file) in ((3, True, False), (2, True, True), (1, False, False)):
+    for rank, reserved, error_file in ((3, True, False), (2, True, True), (1, False, False)):
         if reserved:
             (tmp_path / f".error_rank{rank}.reserved").write_bytes(b"\0" * 16)
         if error_file:
             (tmp_path / f"error_rank{rank}.json").write_text("{}")
     (tmp_path / ".error_rank7.reserved").write_bytes(b"\0")  # a rank an earlier, larger attempt had
-    [killed] = killed_ranks(str(tmp_path), log, 4, read_kernel_log=False)  # rank 2 wrote its file; 1 ended well
+    [killed] = killed_ranks(
+        str(tmp_path), log, 4, read_kernel_log=False
+    )  # rank 2 wrote its file; 1 ended well
     assert (killed.rank, killed.signal, killed.pid) == (3, 9, 4242)
-    killed.out_of_memory = True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
+    killed.out_of_memory = (
+        True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
+    )
     assert "out-of-memory killer ended it" in killed.describe()
     assert oom_killed("[12.3] Out of memory: Killed process 4242 (python) total-vm:1kB", 4242)
     assert oom_killed("[12.3] oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=4242,uid=0", 4242)
-    assert not oom_killed("[ 4242.000001] Out of memory: Killed process 4243 (python)", 4242), "not its timestamp"
+    assert not oom_killed("[ 4242.000001] Out of memory: Killed process 4243 (python)", 4242), (
+        "not its timestamp"
+    )
 
 
 @pytest.mark.slow  # notebook 08's hang checks the same in make test: the error, doctor's and torch's views
 def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     t = time.time()
     with pytest.raises(wb.RunFailed) as e:
-        wb.launch(wb.RunConfig(dp=2, steps=4, fault="hang", fault_rank=1, fault_step=1, timeout_s=5),
-                  out=str(tmp_path / "hang"), progress=False)
+        wb.launch(
+            wb.RunConfig(dp=2, steps=4, fault="hang", fault_rank=1, fault_step=1, timeout_s=5),
+            out=str(tmp_path / "hang"),
+            progress=False,
+        )
     assert time.time() - t < 60
     msg = str(e.value)
     assert e.value.rank == 0 and "all_reduce" in msg and "group dp" in msg
@@ -78,7 +97,9 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     from workbench.analysis.doctor import behind, diagnose
 
     report = diagnose(e.value.run.path)
-    stuck = behind({r: json.load(open(os.path.join(e.value.run.path, f"error_rank{r}.json"))) for r in (0, 1)})
+    stuck = behind(
+        {r: json.load(open(os.path.join(e.value.run.path, f"error_rank{r}.json"))) for r in (0, 1)}
+    )
     dp = [g for g in stuck if g["group"] == "dp"]
     assert dp and dp[0]["behind"] == [1], report
     assert dp[0]["newest"][0]["step"] == 1 and dp[0]["newest"][0]["state"] == "started"
@@ -92,4 +113,7 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
     assert sorted(dumps) == [0, 1]
     dp_torch = [g for g in torch_behind(dumps) if g["group"] == "dp [0, 1]"]
     assert dp_torch and dp_torch[0]["behind"] == [1], report
-    assert "torch's flight recorder (2 dump(s)" in report and "group dp [0, 1]: blocked at seq" in report, report
+    assert (
+        "torch's flight recorder (2 dump(s)" in report
+        and "group dp [0, 1]: blocked at seq" in report
+    ), report

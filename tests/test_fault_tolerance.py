@@ -15,28 +15,45 @@ from workbench.trace.validate import validate_run
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(launched):
     """Rank 1 is SIGKILLed in step 3 (no handler runs); the checkpoint before step 2 is the newest, so
     the restarted group redoes steps 2–5. fp32 on gloo: the losses equal the uninterrupted run's exactly."""
-    run = launched(dp=2, steps=6, checkpoint_every=2, max_restarts=1, fault="kill", fault_rank=1, fault_step=3)
+    run = launched(
+        dp=2, steps=6, checkpoint_every=2, max_restarts=1, fault="kill", fault_rank=1, fault_step=3
+    )
     whole = launched(dp=2, steps=6)
     assert list(run.metrics.step) == list(range(6))
     assert list(run.metrics.loss) == list(whole.metrics.loss)
     assert list(run.metrics.attempt) == [0, 0, 1, 1, 1, 1], "the restart shows in metrics.jsonl"
     assert validate_run(run.path) == []
     failed = os.path.join(run.path, "attempts", "restart-0")
-    assert {"trace_rank0.json", "trace_rank1.json", "error_rank0.json", "metrics.jsonl"} <= set(os.listdir(failed))
-    assert json.load(open(os.path.join(failed, "trace_rank1.json")))["workbench"]["recovered"], \
+    assert {"trace_rank0.json", "trace_rank1.json", "error_rank0.json", "metrics.jsonl"} <= set(
+        os.listdir(failed)
+    )
+    assert json.load(open(os.path.join(failed, "trace_rank1.json")))["workbench"]["recovered"], (
         "the killed rank's streamed events are kept"
+    )
     both = json.load(open(os.path.join(run.path, "trace_all_attempts.json")))["traceEvents"]
     marker = [e for e in both if e["name"] == "restart 1"]
-    steps = [(e["ts"], e["args"]["step"]) for e in both if e["name"].startswith("ProfilerStep") and e["pid"] == 1]
+    steps = [
+        (e["ts"], e["args"]["step"])
+        for e in both
+        if e["name"].startswith("ProfilerStep") and e["pid"] == 1
+    ]
     first = [ts for ts, s in steps if ts < marker[0]["ts"]]
-    assert len(marker) == 1 and len(first) >= 3, "attempt 0's steps, then the restart, on one timeline"
+    assert len(marker) == 1 and len(first) >= 3, (
+        "attempt 0's steps, then the restart, on one timeline"
+    )
     assert sorted(s for ts, s in steps if ts > marker[0]["ts"]) == [2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("config", [{"dp": 2}, {"dp": 2, "zero": 3},
-                                    pytest.param({"tp": 2}, marks=pytest.mark.slow),
-                                    pytest.param({"dp": 2, "precision": "bf16"}, marks=pytest.mark.slow)],
-                         ids=["dp", "zero3", "tp", "bf16"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"dp": 2},
+        {"dp": 2, "zero": 3},
+        pytest.param({"tp": 2}, marks=pytest.mark.slow),
+        pytest.param({"dp": 2, "precision": "bf16"}, marks=pytest.mark.slow),
+    ],
+    ids=["dp", "zero3", "tp", "bf16"],
+)
 def test_a_nan_gradient_skips_the_step_on_every_rank(launched, config):
     """A NaN injected into rank 1's gradients at step 2: the global gradient norm (summed over every
     rank's share) is NaN on every rank, so all skip that update together; training goes on."""
@@ -56,7 +73,9 @@ def test_a_loss_spike_is_skipped_like_a_nan_gradient(launched):
     steps before, every rank sees it (the loss is all-reduced before the update), all skip. The run then
     goes on exactly as one whose step 4 was skipped for a NaN gradient — the weights and Adam's state are
     untouched either way."""
-    spike = launched(dp=2, steps=6, loss_spike_factor=2.0, fault="loss-spike", fault_rank=1, fault_step=4)
+    spike = launched(
+        dp=2, steps=6, loss_spike_factor=2.0, fault="loss-spike", fault_rank=1, fault_step=4
+    )
     nan = launched(dp=2, steps=6, fault="nan-grad", fault_rank=1, fault_step=4)
     m = spike.metrics
     assert list(m.skipped) == [False] * 4 + [True, False]

@@ -17,18 +17,30 @@ import gpu_check  # noqa: E402
 
 
 def test_the_rehearsal_runs_every_section_and_each_fits_its_bound(tmp_path):
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--rehearse"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path), "PY": sys.executable}, timeout=900)
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--rehearse"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OUT": str(tmp_path), "PY": sys.executable},
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     rows = [line.split("\t") for line in (tmp_path / "sections.tsv").read_text().splitlines()]
-    assert [r[0] for r in rows] == ["preflight", *(s.name for s in gpu_check.SECTIONS), "the whole check"]
+    assert [r[0] for r in rows] == [
+        "preflight",
+        *(s.name for s in gpu_check.SECTIONS),
+        "the whole check",
+    ]
     assert rows[0][1].startswith("passed")
     for name, state, _, _, estimate in rows[1:-1]:
         assert state == "passed", (name, state)
         assert estimate.endswith(": fits"), (name, estimate)
     assert rows[-1][1].endswith("fits"), rows[-1]
     summary = (tmp_path / "summary.txt").read_text()
-    assert "tiny eager             ours fast / plain" in summary and "cli run (12 steps" in summary, summary
+    assert (
+        "tiny eager             ours fast / plain" in summary and "cli run (12 steps" in summary
+    ), summary
     assert not (tmp_path / "venv").exists(), "the rehearsal's virtualenv is removed"
 
 
@@ -37,7 +49,9 @@ def test_the_rehearsal_s_virtualenv_lacks_what_the_gpu_machine_lacks(tmp_path):
     in the rehearsal's virtualenv; torch and the carried CLI's tyro do."""
     py = gpu_check.fresh_venv(tmp_path / "venv")
     probe = "import importlib.util as u; print([bool(u.find_spec(m)) for m in ('torch', 'tyro', 'jupyterlab', 'ruff')])"
-    got = subprocess.run([py, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    got = subprocess.run(
+        [py, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert got == "[True, True, False, False]", got
 
 
@@ -59,9 +73,14 @@ def test_compiling_sections_wait_for_triton_s_toolchain(tmp_path, monkeypatch, m
     if missing == "cc":
         monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
     else:
-        monkeypatch.setattr(gpu_check.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "none")})
+        monkeypatch.setattr(
+            gpu_check.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "none")}
+        )
     check = gpu_check.Check(tmp_path, sys.executable, rehearse=True)
     compiled = next(s for s in gpu_check.SECTIONS if s.name == "headline compiled")
     check.run(compiled)
     state = (tmp_path / "sections.tsv").read_text().split("\t")[1]
-    assert state.startswith("not run: --compile needs") and ("C compiler" if missing == "cc" else "headers") in state
+    assert (
+        state.startswith("not run: --compile needs")
+        and ("C compiler" if missing == "cc" else "headers") in state
+    )

@@ -6,7 +6,15 @@ from workbench.config.grid import RankGrid
 def test_coordinates_put_tp_fastest_and_pp_slowest():
     g = RankGrid(dp=2, tp=2, pp=2)
     assert [tuple(g.coords(r)[a] for a in ("pp", "dp", "tp")) for r in range(8)] == [
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+    ]
     assert all(g.rank(**g.coords(r)) == r for r in range(8))
 
 

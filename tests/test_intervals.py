@@ -21,7 +21,9 @@ def _rounds(n: int, true_ratio: float, noise: float, seed: int) -> tuple[list[fl
 
 
 def test_the_interval_covers_the_true_ratio_about_95_times_in_100():
-    covered = sum(ratio(*_rounds(40, 1.1, 0.2, seed), resamples=400).contains(1.1) for seed in range(100))
+    covered = sum(
+        ratio(*_rounds(40, 1.1, 0.2, seed), resamples=400).contains(1.1) for seed in range(100)
+    )
     assert 85 <= covered <= 100, covered
 
 

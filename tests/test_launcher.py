@@ -46,24 +46,53 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists processes through /proc")
-@pytest.mark.parametrize("sig, warm", [(signal.SIGTERM, "1"), pytest.param(signal.SIGKILL, "1", marks=pytest.mark.slow),
-                                       (signal.SIGKILL, "0")],
-                         ids=["SIGTERM-warm", "SIGKILL-warm", "SIGKILL-subprocess"])
+@pytest.mark.parametrize(
+    "sig, warm",
+    [
+        (signal.SIGTERM, "1"),
+        pytest.param(signal.SIGKILL, "1", marks=pytest.mark.slow),
+        (signal.SIGKILL, "0"),
+    ],
+    ids=["SIGTERM-warm", "SIGKILL-warm", "SIGKILL-subprocess"],
+)
 def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
     """The CLI is stopped in the middle of a long run: torchrun and its two ranks (and the warm server,
     launching/warm_torchrun.py) are gone within 10 s (SIGTERM: forwarded to torchrun, which stops the ranks;
     SIGKILL: parent-death signals, down the line)."""
     run_dir = str(tmp_path / "long")
-    cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--dp", "2", "--steps", "1000", "--fault",
-                            "straggle", "--fault-delay-s", "0.05", "--out", run_dir, "--quiet"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "WORKBENCH_WARM_TORCHRUN": warm})
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            "--dp",
+            "2",
+            "--steps",
+            "1000",
+            "--fault",
+            "straggle",
+            "--fault-delay-s",
+            "0.05",
+            "--out",
+            run_dir,
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "WORKBENCH_WARM_TORCHRUN": warm},
+    )
     metrics = os.path.join(run_dir, "metrics.jsonl")
     deadline = time.monotonic() + 60
-    while not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.monotonic() < deadline:
+    while (
+        not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     family = _descendants(cli.pid)
-    assert len(family) >= 3 + (warm == "1"), "torchrun and two ranks are running (and the warm server)"
+    assert len(family) >= 3 + (warm == "1"), (
+        "torchrun and two ranks are running (and the warm server)"
+    )
     cli.send_signal(sig)
     out, _ = cli.communicate(timeout=60)
     deadline = time.monotonic() + 10
@@ -75,18 +104,32 @@ def test_a_stopped_launcher_leaves_no_process_of_its_run(tmp_path, sig, warm):
         assert os.path.exists(metrics), "what the ranks wrote stays"
 
 
-def test_ranks_forked_from_the_agent_train_what_fresh_interpreters_train(launched, tmp_path, monkeypatch):
+def test_ranks_forked_from_the_agent_train_what_fresh_interpreters_train(
+    launched, tmp_path, monkeypatch
+):
     """The suite's launches are warm: torchrun forked from a server that imported it, and its CPU ranks forked
     from its agent (`--run-path --start-method fork`: launching/warm_torchrun.py). The same run with warm
     launches off — torchrun and each rank a new interpreter — trains bit for bit the same model."""
     from workbench.launching.warm_torchrun import forked_ranks
 
-    argv = ["--standalone", "--nproc-per-node", "2", "-m", "workbench.launching.worker", "--run-dir", "R"]
+    argv = [
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "workbench.launching.worker",
+        "--run-dir",
+        "R",
+    ]
     rewritten = forked_ranks(argv)
     assert rewritten[:3] == argv[:3] and rewritten[-2:] == ["--run-dir", "R"]
-    assert rewritten[3:6] == ["--run-path", "--start-method", "fork"] and rewritten[6].endswith("worker.py")
+    assert rewritten[3:6] == ["--run-path", "--start-method", "fork"] and rewritten[6].endswith(
+        "worker.py"
+    )
     monkeypatch.setenv("WORKBENCH_WARM_TORCHRUN", "0")
-    cold = wb.launch(wb.RunConfig(dp=2, steps=6, timeout_s=30), out=str(tmp_path / "cold"), progress=False)
+    cold = wb.launch(
+        wb.RunConfig(dp=2, steps=6, timeout_s=30), out=str(tmp_path / "cold"), progress=False
+    )
     warm = launched(dp=2)
     assert list(cold.metrics.loss) == list(warm.metrics.loss)
     assert list(cold.metrics.grad_norm) == list(warm.metrics.grad_norm)
@@ -109,11 +152,14 @@ def test_an_earlier_run_is_replaced_only_with_force(launched, tmp_path, capsys):
     assert RunConfig.from_dict(run.config) == request.replace(backend=run.config["backend"])
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"model": {"hiden": 64}}, "model keys \\['hiden'\\] are unknown"),
-    ({"model": {"base": "huge"}}, "unknown preset"),
-    ({"optimizer": "lamb"}, "valid optimizers"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"model": {"hiden": 64}}, "model keys \\['hiden'\\] are unknown"),
+        ({"model": {"base": "huge"}}, "unknown preset"),
+        ({"optimizer": "lamb"}, "valid optimizers"),
+    ],
+)
 def test_bad_configurations_name_the_value(bad, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(**bad).validate()
@@ -129,12 +175,15 @@ def test_bad_input_to_the_cli_and_the_estimator(capsys):
     with pytest.raises(ConfigError, match="tp=3 does not divide model.heads=40"):
         wb.estimate(model=wb.ModelConfig(heads=40, hidden=2560), tp=3)
     from workbench.predict.estimator import A100_80GB
+
     assert str(wb.Cluster(64, A100_80GB)).startswith("64 nodes × 8 = 512")
     with pytest.raises(ConfigError, match="nodes=0"):
         wb.Cluster(0, A100_80GB)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message where there is no GPU")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the message where there is no GPU"
+)
 def test_nccl_without_a_gpu_fails_before_launch(tmp_path):
     with pytest.raises(ConfigError, match="backend='nccl' needs CUDA"):
         wb.launch(RunConfig(backend="nccl"), out=str(tmp_path / "nccl"))
@@ -147,7 +196,9 @@ def test_show_tells_an_unfinished_run_from_a_finished_one(launched, tmp_path, ca
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "request.json").write_text(RunConfig().to_json())
-    (unfinished / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 4.0, "step_time_s": 0.1}) + "\n")
+    (unfinished / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "loss": 4.0, "step_time_s": 0.1}) + "\n"
+    )
     assert main(["show", str(unfinished)]) == 1
     out = capsys.readouterr().out
     assert "did not finish" in out and "summary.json" not in out.split("files:")[1]

@@ -23,8 +23,12 @@ from workbench.model.llama import RMSNormFunction, rotary_tables, rotate
 
 #: the published parameter counts (Hugging Face's model cards / safetensors index of meta-llama): Llama 3.2 1B
 #: (tied head), Llama 3.1 8B, 70B and 405B
-PUBLISHED = {"llama3-1b": 1_235_814_400, "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496,
-             "llama3-405b": 405_853_388_800}
+PUBLISHED = {
+    "llama3-1b": 1_235_814_400,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
+}
 
 
 @pytest.mark.parametrize("name", [*PUBLISHED, "tiny-llama", "small-llama", "tiny-llama-moe"])
@@ -32,7 +36,9 @@ def test_the_counted_parameters_are_the_built_models(name):
     cfg = PRESETS[name]
     with torch.device("meta"):
         built = GPT(cfg)
-    assert sum(p.numel() for p in built.parameters()) == cfg.param_count()  # a tied head counted once
+    assert (
+        sum(p.numel() for p in built.parameters()) == cfg.param_count()
+    )  # a tied head counted once
     assert cfg.param_count() == PUBLISHED.get(name, cfg.param_count())
     assert cfg.family == "llama" and not any("bias" in n for n, _ in built.named_parameters())
 
@@ -54,7 +60,9 @@ def test_rope_makes_attention_depend_on_relative_position_only():
     cos, sin = rotary_tables(torch.arange(40), d, 10000.0)
 
     def score(m, n):
-        return (rotate(q, cos[m:m + 1], sin[m:m + 1]) * rotate(k, cos[n:n + 1], sin[n:n + 1])).sum()
+        return (
+            rotate(q, cos[m : m + 1], sin[m : m + 1]) * rotate(k, cos[n : n + 1], sin[n : n + 1])
+        ).sum()
 
     assert torch.allclose(score(7, 3), score(30, 26), atol=1e-5)
     assert abs(score(7, 3) - score(7, 12)) > 0.1  # another distance, another score
@@ -96,10 +104,25 @@ EQUAL = [
     pytest.param({"tp": 2}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
     pytest.param({"pp": 2, "schedule": "zbh1", "microbatches": 4}, marks=pytest.mark.slow),
-    pytest.param({"pp": 2, "schedule": "zbv", "microbatches": 4,
-                  "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4}}, marks=pytest.mark.slow),
-    pytest.param({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4,
-                  "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4}}, marks=pytest.mark.slow),
+    pytest.param(
+        {
+            "pp": 2,
+            "schedule": "zbv",
+            "microbatches": 4,
+            "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4},
+        },
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        {
+            "pp": 2,
+            "schedule": "interleaved",
+            "virtual_stages": 2,
+            "microbatches": 4,
+            "model": dataclasses.asdict(PRESETS["tiny-llama"]) | {"layers": 4},
+        },
+        marks=pytest.mark.slow,
+    ),
     pytest.param({"cp": 2, "cp_balance": "none"}, marks=pytest.mark.slow),
     pytest.param({"cp": 2, "cp_rotate": "allgather"}, marks=pytest.mark.slow),
     pytest.param({"recompute": "selective"}, marks=pytest.mark.slow),
@@ -109,7 +132,9 @@ EQUAL = [
 ]
 
 
-@pytest.mark.parametrize("config", EQUAL, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "model"))
+@pytest.mark.parametrize(
+    "config", EQUAL, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "model")
+)
 def test_every_strategy_trains_tiny_llama_as_one_process(launched, single, config):
     if "model" in config:  # a deeper model for interleaving: its own single-process baseline
         assert_same_training(launched(**config, **EVAL), launched(model=config["model"], **EVAL))
@@ -118,7 +143,10 @@ def test_every_strategy_trains_tiny_llama_as_one_process(launched, single, confi
 
 
 def test_expert_parallel_trains_the_mixtral_style_model_as_one_process(launched):
-    assert_same_training(launched(model="tiny-llama-moe", dp=2, ep=2, **EVAL), launched(model="tiny-llama-moe", **EVAL))
+    assert_same_training(
+        launched(model="tiny-llama-moe", dp=2, ep=2, **EVAL),
+        launched(model="tiny-llama-moe", **EVAL),
+    )
 
 
 @pytest.mark.slow  # bf16 and fp16 differ from fp32 by rounding: they are held to each other's fp32 run loosely
@@ -127,12 +155,19 @@ def test_tiny_llama_trains_in_16_bits(launched, single, precision):
     """Within 2e-2 of fp32: bf16 keeps 8 bits of mantissa (≈4e-3 per rounding) and a 6-step loss sums a
     few hundred roundings with random sign; a broken cast (say, RMSNorm's statistics in 16 bits on a
     wide row, or the gain lost) moves it by far more."""
-    assert_same_training(launched(model="tiny-llama", precision=precision, **EVAL), single, loss_rtol=2e-2,
-                         norm_rtol=0.5)
+    assert_same_training(
+        launched(model="tiny-llama", precision=precision, **EVAL),
+        single,
+        loss_rtol=2e-2,
+        norm_rtol=0.5,
+    )
 
 
-@pytest.mark.parametrize("config", [{}, {"tp": 2, "sequence_parallel": True}, {"cp": 2}, {"dp": 2, "zero": 3}],
-                         ids=["single", "tp2-sp", "cp2", "zero3"])
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"tp": 2, "sequence_parallel": True}, {"cp": 2}, {"dp": 2, "zero": 3}],
+    ids=["single", "tp2-sp", "cp2", "zero3"],
+)
 def test_measured_memory_is_the_formula_to_the_byte(launched, config):
     """Parameters, gradients, optimizer state and activations (RMSNorm's fp32 statistics, SwiGLU's three
     saved tensors, GQA's narrower K and V) as the allocator and the saved-tensor hooks measure them."""

@@ -19,8 +19,12 @@ def test_auto_measures_every_step_on_a_cpu_and_three_after_the_warm_up_on_a_gpu(
     assert [measure_schedule("auto", 8, "cpu").measured(s) for s in range(8)] == [True] * 8
     gpu = measure_schedule("auto", 12, "cuda", warmup_excluded=1)
     assert [s for s in range(12) if gpu.measured(s)] == [1, 2, 3]
-    assert [s for s in range(2) if measure_schedule("auto", 2, "cuda", 5).measured(s)] == [1], "a short run: its last"
-    assert not any(measure_schedule("auto", 8, "cpu", trace=False).measured(s) for s in range(8)), "nothing recorded"
+    assert [s for s in range(2) if measure_schedule("auto", 2, "cuda", 5).measured(s)] == [1], (
+        "a short run: its last"
+    )
+    assert not any(measure_schedule("auto", 8, "cpu", trace=False).measured(s) for s in range(8)), (
+        "nothing recorded"
+    )
     assert measure_schedule("2:4", 8, "cpu", also=(6,)).describe() == "2, 3, 6"
 
 
@@ -45,8 +49,14 @@ def test_losses_are_identical_whatever_is_measured(launched):
     assert r["measured_steps"] == [1, 2] and r["fast_steps"] == [3, 4, 5]
     assert r["step_time_s"] == r["step_time_fast_s"] and r["measure_cost"] > 0
     assert mixed.summary["figures_from"]["memory"] == "measured steps [1, 2]"
-    assert r["peak_bytes"]["activation"] == runs["all"].summary["ranks"][0]["peak_bytes"]["activation"] > 0
-    assert runs["none"].summary["ranks"][0]["peak_bytes"].get("activation", 0) == 0, "nothing measured, no memory"
+    assert (
+        r["peak_bytes"]["activation"]
+        == runs["all"].summary["ranks"][0]["peak_bytes"]["activation"]
+        > 0
+    )
+    assert runs["none"].summary["ranks"][0]["peak_bytes"].get("activation", 0) == 0, (
+        "nothing measured, no memory"
+    )
 
 
 def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: str) -> None:
@@ -67,16 +77,29 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     counts: Counter = Counter()
-    adamw.AdamW.__init__ = functools.partialmethod(adamw.AdamW.__init__, fused=True)  # the CUDA update
-    cfg = RunConfig(model="tiny", steps=4, precision=precision, backend="gloo", grad_clip=0.5).validate()
+    adamw.AdamW.__init__ = functools.partialmethod(
+        adamw.AdamW.__init__, fused=True
+    )  # the CUDA update
+    cfg = RunConfig(
+        model="tiny", steps=4, precision=precision, backend="gloo", grad_clip=0.5
+    ).validate()
     ctx = setup(cfg, run_dir)
     rec = ctx.recorder
-    clock = DeviceClock(rec.now_us, synchronize=lambda: counts.update(["synchronize"]),
-                        event=lambda: FakeEvent(rec.now_us), measured=lambda: rec.measured,
-                        sync_compute=lambda: counts.update(["sync_compute"]))
+    clock = DeviceClock(
+        rec.now_us,
+        synchronize=lambda: counts.update(["synchronize"]),
+        event=lambda: FakeEvent(rec.now_us),
+        measured=lambda: rec.measured,
+        sync_compute=lambda: counts.update(["sync_compute"]),
+    )
     rec.device_clock = ctx.comm.clock = clock
     ctx.memory.device = torch.device("cuda")  # its snapshots read the (counted) allocator
-    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats"):
+    for name in (
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "reset_peak_memory_stats",
+    ):
         setattr(torch.cuda, name, lambda *a, _n=name, **k: counts.update(["allocator"]) or 0)
     hooks = torch.autograd.graph.saved_tensors_hooks
 
@@ -86,9 +109,18 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
             super().__init__(*args)
 
     torch.autograd.graph.saved_tensors_hooks = CountedHooks
-    for method in ("item", "tolist", "__bool__", "__float__"):  # each one a host synchronisation on CUDA
+    for method in (
+        "item",
+        "tolist",
+        "__bool__",
+        "__float__",
+    ):  # each one a host synchronisation on CUDA
         original = getattr(torch.Tensor, method)
-        setattr(torch.Tensor, method, lambda t, *a, _o=original, _m=method: counts.update(["read"]) or _o(t, *a))
+        setattr(
+            torch.Tensor,
+            method,
+            lambda t, *a, _o=original, _m=method: counts.update(["read"]) or _o(t, *a),
+        )
     strategy = parallelize(cfg, ctx)
     batches = Batches(cfg, ctx.device, 0, 1)
     per_step = []
@@ -98,11 +130,19 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
         per_step.append(dict(counts))
         assert result.grad_norm is not None and result.grad_norm > 0
     measured, fast = per_step[0], per_step[1:]
-    assert measured["saved_tensors_hooks"] >= 1 and measured["allocator"] > 0 and measured["sync_compute"] >= 3
+    assert (
+        measured["saved_tensors_hooks"] >= 1
+        and measured["allocator"] > 0
+        and measured["sync_compute"] >= 3
+    )
     for counted in fast:
-        assert counted == {"read": 1}, counted  # no hook, no allocator, no synchronisation: one read
+        assert counted == {"read": 1}, (
+            counted
+        )  # no hook, no allocator, no synchronisation: one read
     spans = [e for e in rec.events if e.get("ph") == "X" and e["args"].get("step") == 3]
-    assert {"forward", "backward", "optimizer"} <= {e["name"] for e in spans}, "a fast step's spans, from events"
+    assert {"forward", "backward", "optimizer"} <= {e["name"] for e in spans}, (
+        "a fast step's spans, from events"
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -129,13 +169,22 @@ def _final_evaluation_is_written(rank: int, world: int, run_dir: str) -> None:
     from workbench.engine.train import train
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    cfg = RunConfig(model="tiny", steps=3, backend="gloo", measure="0:1", eval_every=2, eval_batches=1).validate()
+    cfg = RunConfig(
+        model="tiny", steps=3, backend="gloo", measure="0:1", eval_every=2, eval_batches=1
+    ).validate()
     ctx = setup(cfg, run_dir)
     rec = ctx.recorder
-    rec.device_clock = ctx.comm.clock = DeviceClock(rec.now_us, synchronize=lambda: None, sync_compute=lambda: None,
-                                                    event=lambda: FakeEvent(rec.now_us), measured=lambda: rec.measured)
+    rec.device_clock = ctx.comm.clock = DeviceClock(
+        rec.now_us,
+        synchronize=lambda: None,
+        sync_compute=lambda: None,
+        event=lambda: FakeEvent(rec.now_us),
+        measured=lambda: rec.measured,
+    )
     train(ctx)
-    evaluations = [e["args"]["step"] for e in rec.events if e.get("ph") == "X" and e["name"] == "evaluate"]
+    evaluations = [
+        e["args"]["step"] for e in rec.events if e.get("ph") == "X" and e["name"] == "evaluate"
+    ]
     assert evaluations == [1, 2], evaluations
     assert ctx.comm.clock.spans == [], "nothing left waiting for its times"
 

@@ -15,8 +15,14 @@ import pytest
 
 from workbench import ConfigError, RunConfig
 
-PROFILED = {"model": "small", "dp": 2, "global_batch": 8, "steps": 3, "profile_memory": True,
-            "profile_memory_step": 1}
+PROFILED = {
+    "model": "small",
+    "dp": 2,
+    "global_batch": 8,
+    "steps": 3,
+    "profile_memory": True,
+    "profile_memory_step": 1,
+}
 
 
 def _paired(run, rank):
@@ -25,11 +31,16 @@ def _paired(run, rank):
     trace = next(t for t in run.traces if t["distributedInfo"]["rank"] == rank)
     counters = [e for e in trace["traceEvents"] if e.get("ph") == "C"]
     totals = {e["ts"]: sum(e["args"].values()) for e in counters if e["name"] == "memory"}
-    return [(totals[e["ts"]] + e["args"]["backend_threads"], e["args"]["allocated"]) for e in counters
-            if e["name"] == "allocator" and e["ts"] in totals]
+    return [
+        (totals[e["ts"]] + e["args"]["backend_threads"], e["args"]["allocated"])
+        for e in counters
+        if e["name"] == "allocator" and e["ts"] in totals
+    ]
 
 
-@pytest.mark.parametrize("zero", [0, pytest.param(3, marks=pytest.mark.slow)], ids=["dp2", "dp2-zero3"])
+@pytest.mark.parametrize(
+    "zero", [0, pytest.param(3, marks=pytest.mark.slow)], ids=["dp2", "dp2-zero3"]
+)
 def test_the_categories_explain_what_the_allocator_holds(launched, zero):
     run = launched(zero=zero, **PROFILED)
     for rank in range(2):
@@ -48,7 +59,9 @@ def test_the_categories_explain_what_the_allocator_holds(launched, zero):
         r = run.summary["ranks"][rank]
         assert r["allocator_peak_bytes"]["allocated"] >= r["peak_total_bytes"] * 0.98
         assert r["unattributed_bytes"] >= -0.02 * r["allocator_peak_bytes"]["allocated"]
-        assert os.path.exists(os.path.join(run.path, f"memory_profile_rank{rank}.json")), "the profile is kept"
+        assert os.path.exists(os.path.join(run.path, f"memory_profile_rank{rank}.json")), (
+            "the profile is kept"
+        )
 
 
 def test_activations_are_released_as_backward_consumes_them(launched):

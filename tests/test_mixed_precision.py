@@ -17,11 +17,17 @@ def test_16_bit_runs_train_with_fp32_main_gradients(launched, precision):
     psi = run.config["params"]
     for r in run.summary["ranks"]:
         peak = r["peak_bytes"]
-        assert peak["parameter"] == 2 * psi and peak["gradient"] == 4 * psi, "16-bit weights, fp32 main_grad"
+        assert peak["parameter"] == 2 * psi and peak["gradient"] == 4 * psi, (
+            "16-bit weights, fp32 main_grad"
+        )
         assert peak["optimizer_state"] == 12 * psi, "fp32 master weights + Adam's two moments"
-        assert peak["temporary"] == 0, "the main gradients are the masters' gradients: no copy at the update"
+        assert peak["temporary"] == 0, (
+            "the main gradients are the masters' gradients: no copy at the update"
+        )
         assert peak["activation"] == r["predicted_bytes"]["activation"]
-        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 4 * psi, "the all-reduce moves fp32"
+        assert r["comm_bytes_per_step"]["all_reduce"]["dp"] == 4 + 4 * psi, (
+            "the all-reduce moves fp32"
+        )
 
 
 def test_16_bit_gradient_reduction_halves_the_wire_and_pays_at_the_update(launched):
@@ -50,16 +56,27 @@ def test_bf16_stays_close_to_fp32(launched):
 
 @pytest.mark.slow  # notebook 06 checks the skipped step and draws the scale halving and recovering
 def test_fp16_overflow_skips_that_step_halves_the_scale_and_recovers(launched):
-    run = launched(dp=2, precision="fp16", fault="overflow", fault_rank=1, fault_step=2,
-                   loss_scale_growth_interval=2, steps=7)
+    run = launched(
+        dp=2,
+        precision="fp16",
+        fault="overflow",
+        fault_rank=1,
+        fault_step=2,
+        loss_scale_growth_interval=2,
+        steps=7,
+    )
     m = run.metrics
     assert list(m.skipped) == [False, False, True, False, False, False, False]
     scales = list(m.loss_scale)
-    assert scales[:5] == [65536.0, 131072.0, 65536.0, 65536.0, 131072.0], "grow after 2 good steps, halve on overflow"
+    assert scales[:5] == [65536.0, 131072.0, 65536.0, 65536.0, 131072.0], (
+        "grow after 2 good steps, halve on overflow"
+    )
     assert m.grad_norm.isna().tolist() == [False, False, True, False, False, False, False]
     assert m.loss.iloc[-1] < m.loss.iloc[3], "and training goes on"
     opt = [e["args"] for e in run.traces[0]["traceEvents"] if e.get("name") == "optimizer"]
-    assert [a["skipped"] for a in opt] == list(m.skipped) and [a["loss_scale"] for a in opt] == scales
+    assert [a["skipped"] for a in opt] == list(m.skipped) and [
+        a["loss_scale"] for a in opt
+    ] == scales
 
 
 def test_zero_with_16_bit_is_rejected_before_launch():

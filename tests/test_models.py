@@ -22,7 +22,11 @@ def test_gpt2_presets_have_the_parameters_the_formula_counts(name):
     cfg = PRESETS[name]
     assert (cfg.vocab_size, cfg.seq_len) == (50304, 1024)
     v, s, h, n = cfg.vocab_size, cfg.seq_len, cfg.hidden, cfg.layers
-    assert cfg.param_count() == v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v + v == GPT2_PARAMS[name]
+    assert (
+        cfg.param_count()
+        == v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v + v
+        == GPT2_PARAMS[name]
+    )
     with torch.device("meta"):
         built = GPT(cfg)
     assert sum(p.numel() for p in built.parameters()) == GPT2_PARAMS[name]
@@ -59,7 +63,9 @@ def test_the_learning_rate_warning_follows_width():
     assert "try lr ≈ 0.001" in lr_warning(PRESETS["gpt2-small"], 3e-3)
     assert lr_warning(PRESETS["gpt2-small"], 6e-4) is None  # GPT-2 small's published rate
     with pytest.warns(UserWarning, match="hidden=512"):
-        with pytest.raises(wb.ConfigError):  # warned before anything starts, then stopped by a bad value
+        with pytest.raises(
+            wb.ConfigError
+        ):  # warned before anything starts, then stopped by a bad value
             wb.launch(wb.RunConfig(model={"hidden": 512, "heads": 8}, lr=3e-3, dp=3))
 
 
@@ -67,7 +73,9 @@ def test_sdpa_computes_the_written_out_attention():
     torch.manual_seed(0)
     cfg = PRESETS["tiny"]
     attn = CausalSelfAttention(cfg)
-    q, k, v = (torch.randn(2, cfg.heads, cfg.seq_len, cfg.head_dim, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(2, cfg.heads, cfg.seq_len, cfg.head_dim, requires_grad=True) for _ in range(3)
+    )
     eager = attn.core(q, k, v)
     attn.fused = True
     fused = attn.core(q, k, v)
@@ -103,7 +111,11 @@ def test_the_activation_formula_has_a_cuda_case():
     cfg = ModelConfig(seq_len=100, hidden=64, heads=4, layers=2, vocab_size=128)
     b = 2
     stats = (4 * cfg.layers + 2) * cfg.seq_len * b  # two norms per layer, mean and 1/σ each; ln_f's
-    assert activation_bytes(cfg, b, 2, device="cuda") - activation_bytes(cfg, b, 2) == (4 - 2) * stats
-    assert activation_bytes(cfg, b, 4, device="cuda") == activation_bytes(cfg, b, 4), "fp32: the same"
+    assert (
+        activation_bytes(cfg, b, 2, device="cuda") - activation_bytes(cfg, b, 2) == (4 - 2) * stats
+    )
+    assert activation_bytes(cfg, b, 4, device="cuda") == activation_bytes(cfg, b, 4), (
+        "fp32: the same"
+    )
     fused = {d: activation_bytes(cfg, b, 4, recompute="fused", device=d) for d in ("cpu", "cuda")}
     assert fused["cuda"] - fused["cpu"] == (4 * cfg.heads * (128 - 100) * b + 16) * cfg.layers

@@ -27,10 +27,14 @@ def test_every_notebook_has_a_builder():
 def built(tmp_path_factory) -> Path:
     """Every builder run once, in one process (each writes its notebook into a temporary folder)."""
     out = tmp_path_factory.mktemp("notebooks")
-    runner = ("import runpy, sys\nsys.path.insert(0, 'scripts')\n"
-              "for path in sys.argv[1:]:\n    runpy.run_path(path, run_name='__main__')\n")
+    runner = (
+        "import runpy, sys\nsys.path.insert(0, 'scripts')\n"
+        "for path in sys.argv[1:]:\n    runpy.run_path(path, run_name='__main__')\n"
+    )
     env = {**os.environ, "WORKBENCH_NOTEBOOKS_OUT": str(out)}
-    subprocess.run([sys.executable, "-c", runner, *map(str, BUILDERS)], env=env, check=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-c", runner, *map(str, BUILDERS)], env=env, check=True, cwd=ROOT
+    )
     return out
 
 
@@ -39,6 +43,10 @@ def test_the_committed_notebook_is_what_its_builder_writes(builder, built):
     (notebook,) = [p for p in built.glob("*.ipynb") if p.name[:2] == builder.stem[-2:]]
     committed = ROOT / "notebooks" / notebook.name
     assert committed.exists(), f"{builder.name} writes {notebook.name}, which is not committed"
-    assert cells(committed) == cells(notebook), f"{committed.name} differs from {builder.name}: run the builder"
+    assert cells(committed) == cells(notebook), (
+        f"{committed.name} differs from {builder.name}: run the builder"
+    )
     kernel = json.loads(committed.read_text())["metadata"]["kernelspec"]
-    assert kernel["name"] == "workbench", f"{committed.name} names the kernel {kernel['name']!r}, not setup's workbench"
+    assert kernel["name"] == "workbench", (
+        f"{committed.name} names the kernel {kernel['name']!r}, not setup's workbench"
+    )

@@ -13,9 +13,11 @@ from workbench.trace.validate import validate_run
 #: ZeRO-2 with offload: notebook 04 asserts the same in make test (exact losses, host bytes = formula, no device
 #: optimizer state) on its own model; here it runs in make test-all
 # notebook 04 holds ZeRO-2 with offload to ZeRO-2 without, and the host to the formula, in make test
-STAGES = [pytest.param({"dp": 2, "zero": 1}, marks=pytest.mark.slow, id="zero1"),
-          pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow, id="zero2"),
-          pytest.param({"dp": 2, "zero": 3}, marks=pytest.mark.slow, id="zero3")]
+STAGES = [
+    pytest.param({"dp": 2, "zero": 1}, marks=pytest.mark.slow, id="zero1"),
+    pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow, id="zero2"),
+    pytest.param({"dp": 2, "zero": 3}, marks=pytest.mark.slow, id="zero3"),
+]
 
 
 @pytest.mark.parametrize("config", STAGES, ids=["zero1", "zero2", "zero3"])
@@ -34,8 +36,15 @@ def test_the_host_holds_what_the_formula_says_and_the_device_no_optimizer(launch
     run, base = launched(**config, offload_optimizer=True), launched(**config)
     psi, n = run.config["params"], config["dp"]
     for r, b in zip(run.summary["ranks"], base.summary["ranks"], strict=True):
-        assert r["host_peak_bytes"] == r["predicted_host_bytes"] == \
-            {"parameter": 4 * psi // n, "gradient": 4 * psi // n, "optimizer_state": 8 * psi // n}
+        assert (
+            r["host_peak_bytes"]
+            == r["predicted_host_bytes"]
+            == {
+                "parameter": 4 * psi // n,
+                "gradient": 4 * psi // n,
+                "optimizer_state": 8 * psi // n,
+            }
+        )
         assert r["peak_bytes"]["optimizer_state"] == r["predicted_bytes"]["optimizer_state"] == 0
         for cat in ("parameter", "gradient"):
             assert r["peak_bytes"][cat] == b["peak_bytes"][cat]
@@ -48,7 +57,9 @@ def test_each_gradient_slice_goes_to_the_host_and_each_parameter_slice_comes_bac
     copies = ev[(ev.cat == "offload") & (ev["rank"] == 0) & (ev.step == 1)]
     buckets = len(copies[copies.name.str.endswith("d2h")])
     assert buckets > 1 and len(copies[copies.name.str.endswith("h2d")]) == buckets
-    assert copies.bytes.sum() == 2 * 4 * run.config["params"] // 2, "the gradient slice out, the parameters back"
+    assert copies.bytes.sum() == 2 * 4 * run.config["params"] // 2, (
+        "the gradient slice out, the parameters back"
+    )
 
 
 def test_offload_needs_zero():
@@ -66,7 +77,13 @@ def test_the_estimate_and_the_plan_say_what_offload_saves():
     assert sum(e.host_bytes.values()) == pytest.approx(16 * 7.5e9 / 64)
     with pytest.raises(ConfigError, match="offload=True needs ZeRO"):
         wb.estimate(params=1e9, dp=2, offload=True)
-    plan = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(1,), offload=(False, True))
+    plan = wb.plan(
+        GPT3_175B,
+        wb.Cluster(96, A100_80GB),
+        global_batch=1536,
+        zero_stages=(1,),
+        offload=(False, True),
+    )
     both = plan.candidates.groupby("offload").model_states_GB.min()
     assert both[True] < both[False]
 
@@ -110,5 +127,12 @@ def test_the_parameters_go_back_only_after_the_compute_stream_s_queued_work(monk
     updater.side, updater.device = Stream("side"), torch.device("cpu")
     updater.comm = SimpleNamespace(recorder=TraceRecorder(0, 1, "gloo", {}, "test"), step=0)
     updater._parameters_to_device()
-    assert log == ["side waits for compute", "on side", "off side", "on side", "off side", "compute waits for side"]
+    assert log == [
+        "side waits for compute",
+        "on side",
+        "off side",
+        "on side",
+        "off side",
+        "compute waits for side",
+    ]
     assert [p.tolist() for p in updater.params] == [[1.0, 1.0, 1.0], [2.0, 2.0]]

@@ -46,7 +46,8 @@ def test_the_estimate_is_the_runs_own_prediction(launched, name):
     assert est.memory_bytes_per_rank == pytest.approx(total)
     assert est.activation_bytes_per_rank == pytest.approx(categories["activation"])
     assert est.model_state_bytes_per_rank == pytest.approx(
-        sum(categories[k] for k in ("parameter", "gradient", "optimizer_state")))
+        sum(categories[k] for k in ("parameter", "gradient", "optimizer_state"))
+    )
     measured = max(r["peak_total_bytes"] for r in run.summary["ranks"])
     print(f"{name}: predicted {total:.0f} B, measured {measured} B ({total / measured - 1:+.2%})")
     if name == "zero3":

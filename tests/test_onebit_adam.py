@@ -31,7 +31,10 @@ def _error_feedback(rank: int, world: int) -> None:
     one_shot = float((outs[0] - mean).norm() / mean.norm())
     averaged = float((sum(outs) / len(outs) - mean).norm() / mean.norm())
     assert one_shot > 0.3, "one message of signs is a poor copy of the mean"
-    assert averaged < 0.05, (one_shot, averaged)  # what was dropped is sent later: nothing is lost for good
+    assert averaged < 0.05, (
+        one_shot,
+        averaged,
+    )  # what was dropped is sent later: nothing is lost for good
 
 
 def test_error_feedback_makes_the_compressed_mean_exact_over_time():
@@ -44,8 +47,9 @@ def test_error_feedback_makes_the_compressed_mean_exact_over_time():
 def test_onebit_adam_sends_a_32nd_and_the_loss_still_falls(launched):
     adam = launched(dp=2, steps=STEPS)
     onebit = launched(dp=2, steps=STEPS, optimizer="onebit-adam", onebit_warmup_steps=WARMUP)
-    assert list(onebit.metrics.loss[:WARMUP + 1]) == list(adam.metrics.loss[:WARMUP + 1]), \
+    assert list(onebit.metrics.loss[: WARMUP + 1]) == list(adam.metrics.loss[: WARMUP + 1]), (
         "the warm-up is AdamW on the all-reduced gradient: the same losses, bit for bit"
+    )
     loss = list(onebit.metrics.loss)
     assert loss[-1] < loss[WARMUP] - 0.3, "the compressed stage still trains"
     # measured on this model (deterministic in fp32): 1-bit Adam ends 12 % above Adam after 22 compressed
@@ -59,8 +63,12 @@ def _gradient_bytes(run, step: int) -> float:
     """Bytes rank 0 sent for the gradients (buckets) or the momentum (signs and scales) in one step."""
     trace = next(t for t in run.traces if t["distributedInfo"]["rank"] == 0)
     ops = [a for a, _, _ in comm_intervals(trace["traceEvents"])]  # each operation once
-    return sum(bytes_sent(a) for a in ops if a.get("step") == step
-               and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales")))
+    return sum(
+        bytes_sent(a)
+        for a in ops
+        if a.get("step") == step
+        and str(a.get("label", "")).startswith(("bucket", "onebit signs", "onebit scales"))
+    )
 
 
 def test_onebit_adam_says_what_it_needs():

@@ -21,16 +21,27 @@ def single(launched):
     return launched(model=FOUR_LAYERS)
 
 
-@pytest.mark.parametrize("config", [
-    # notebook 03 holds GPipe and interleaved (p = 2, m = 4) to one process in make test
-    pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
-    # notebook 03 holds 1F1B (p = 2, m = 4) to one process in make test
-    pytest.param({"pp": 2, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),
-    pytest.param({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}, marks=pytest.mark.slow),
-    pytest.param({"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),  # notebook 05: pp on 8
-    pytest.param({"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 03
-    {"microbatches": 4},
-], ids=["pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp4-1f1b", "dp2-pp2", "accumulate-4"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        # notebook 03 holds GPipe and interleaved (p = 2, m = 4) to one process in make test
+        pytest.param({"pp": 2, "schedule": "gpipe", "microbatches": 4}, marks=pytest.mark.slow),
+        # notebook 03 holds 1F1B (p = 2, m = 4) to one process in make test
+        pytest.param({"pp": 2, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),
+        pytest.param(
+            {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow
+        ),  # notebook 05: pp on 8
+        pytest.param(
+            {"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow
+        ),  # notebook 03
+        {"microbatches": 4},
+    ],
+    ids=["pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp4-1f1b", "dp2-pp2", "accumulate-4"],
+)
 def test_pipeline_matches_single_process(launched, single, config):
     run = launched(model=FOUR_LAYERS, **config)
     assert_same_training(run, single)
@@ -55,8 +66,9 @@ def test_every_action_is_a_span_and_every_send_reaches_its_receive(launched):
     for rank in (0, 1):
         executed = list(sched[sched["rank"] == rank].sort_values("start_us")["name"])
         assert executed == planned["program"][rank], "the executor ran the planned program"
-        assert [a["label"] for a in planned["actions"][rank]] == \
-            [x for item in executed for x in item.split(" + ")], "every planned action, in order"
+        assert [a["label"] for a in planned["actions"][rank]] == [
+            x for item in executed for x in item.split(" + ")
+        ], "every planned action, in order"
     flows = run.flows[run.flows.cat == "p2p"]
     starts, ends = flows[flows.ph == "s"], flows[flows.ph == "f"]
     joined = starts.merge(ends, on="id", suffixes=("_send", "_recv"))
@@ -72,19 +84,29 @@ def test_memory_and_communication_match_the_schedule(launched):
     for run in (gpipe, one_f_one_b):
         for r in run.summary["ranks"]:
             for cat in ("parameter", "gradient", "optimizer_state", "activation"):
-                assert r["peak_bytes"][cat] == r["predicted_bytes"][cat], (run.config["schedule"], r["rank"], cat)
+                assert r["peak_bytes"][cat] == r["predicted_bytes"][cat], (
+                    run.config["schedule"],
+                    r["rank"],
+                    cat,
+                )
             assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"]
     g0 = gpipe.summary["ranks"][0]["peak_bytes"]["activation"]
     f0 = one_f_one_b.summary["ranks"][0]["peak_bytes"]["activation"]
     assert f0 * 2 == g0, "stage 0 holds 2 (= p) microbatches under 1F1B, 4 (= m) under GPipe"
 
 
-@pytest.mark.parametrize("config, formula", [
-    ({"schedule": "1f1b"}, 1 / 5),
-    ({"schedule": "gpipe"}, 1 / 5),
-    # notebook 03 draws interleaving's measured bubble beside its plan in make test
-    pytest.param({"schedule": "interleaved", "virtual_stages": 2}, 1 / 9, marks=pytest.mark.slow),
-], ids=["1f1b", "gpipe", "interleaved"])
+@pytest.mark.parametrize(
+    "config, formula",
+    [
+        ({"schedule": "1f1b"}, 1 / 5),
+        ({"schedule": "gpipe"}, 1 / 5),
+        # notebook 03 draws interleaving's measured bubble beside its plan in make test
+        pytest.param(
+            {"schedule": "interleaved", "virtual_stages": 2}, 1 / 9, marks=pytest.mark.slow
+        ),
+    ],
+    ids=["1f1b", "gpipe", "interleaved"],
+)
 def test_the_measured_bubble_is_explained_by_the_measured_costs(launched, config, formula):
     """summary.json's split of the bubble sums to the measured bubble, term by term: the formula, what
     the uneven stage costs add, the transfers, each rank's host gaps between actions, its late entry, and
@@ -97,7 +119,9 @@ def test_the_measured_bubble_is_explained_by_the_measured_costs(launched, config
     split = b["split"]
     assert b["predicted"] == pytest.approx(formula) and split["formula"] == pytest.approx(formula)
     assert sum(split[t] for t in TERMS) == pytest.approx(split["measured"], abs=1e-12)
-    assert b["simulated_with_measured_costs"] > b["predicted"], "this machine's costs are not uniform"
+    assert b["simulated_with_measured_costs"] > b["predicted"], (
+        "this machine's costs are not uniform"
+    )
     assert split["host_gaps"] > 0.02, "a tiny model's step is mostly Python between actions"
     assert abs(split["unexplained"]) <= 0.25 * split["measured"], split
 
@@ -110,7 +134,9 @@ def test_a_compute_bound_pipeline_approaches_the_formula(launched):
     --bubble measured +0.07) and the stages' uneven costs (the last holds the head and the loss). The
     split explains it: what the measured costs do not account for is under 10 % of the bubble (here:
     about 2 %)."""
-    b = launched(model="small", pp=2, microbatches=8, global_batch=32, steps=4).summary["bubble_fraction"]
+    b = launched(model="small", pp=2, microbatches=8, global_batch=32, steps=4).summary[
+        "bubble_fraction"
+    ]
     assert b["predicted"] == pytest.approx(1 / 9)
     assert -0.02 <= b["measured"] - b["predicted"] <= 0.12, b
     split = b["split"]
@@ -118,14 +144,25 @@ def test_a_compute_bound_pipeline_approaches_the_formula(launched):
     assert abs(split["unexplained"]) < 0.10 * split["measured"], split
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"pp": 3}, "cannot be split into pp×virtual_stages=3"),
-    ({"pp": 2, "microbatches": 3}, "microbatches=3 does not divide"),
-    ({"pp": 4, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 2, "model": ModelConfig(layers=8)},
-     "multiple of pp"),
-    ({"pp": 2, "virtual_stages": 2}, "needs schedule='interleaved'"),
-    ({"pp": 2, "schedule": "interleaved"}, "needs virtual_stages > 1"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"pp": 3}, "cannot be split into pp×virtual_stages=3"),
+        ({"pp": 2, "microbatches": 3}, "microbatches=3 does not divide"),
+        (
+            {
+                "pp": 4,
+                "schedule": "interleaved",
+                "virtual_stages": 2,
+                "microbatches": 2,
+                "model": ModelConfig(layers=8),
+            },
+            "multiple of pp",
+        ),
+        ({"pp": 2, "virtual_stages": 2}, "needs schedule='interleaved'"),
+        ({"pp": 2, "schedule": "interleaved"}, "needs virtual_stages > 1"),
+    ],
+)
 def test_bad_pipeline_configurations_fail_before_launch(change, message):
     base = {"model": FOUR_LAYERS, **change}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -3,14 +3,35 @@
 import pytest
 
 from workbench.predict.formulas import bubble_fraction
-from workbench.schedules.build import Action, ScheduleError, build_schedule, peak_in_flight, simulate, validate
+from workbench.schedules.build import (
+    Action,
+    ScheduleError,
+    build_schedule,
+    peak_in_flight,
+    simulate,
+    validate,
+)
 
 #: every schedule the engine can generate, up to p = 8 stages, m = 16 microbatches and v = 4 chunks per rank
-EVERY = [(name, p, m, v) for name in ("gpipe", "1f1b", "interleaved") for p in range(1, 9) for m in range(1, 17)
-         for v in (range(2, 5) if name == "interleaved" else (1,)) if name != "interleaved" or (p > 1 and m % p == 0)]
+EVERY = [
+    (name, p, m, v)
+    for name in ("gpipe", "1f1b", "interleaved")
+    for p in range(1, 9)
+    for m in range(1, 17)
+    for v in (range(2, 5) if name == "interleaved" else (1,))
+    if name != "interleaved" or (p > 1 and m % p == 0)
+]
 
-CASES = [("gpipe", 2, 4, 1), ("1f1b", 2, 4, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("gpipe", 4, 3, 1),
-         ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2), ("interleaved", 2, 8, 3)]
+CASES = [
+    ("gpipe", 2, 4, 1),
+    ("1f1b", 2, 4, 1),
+    ("1f1b", 4, 8, 1),
+    ("1f1b", 4, 2, 1),
+    ("gpipe", 4, 3, 1),
+    ("interleaved", 2, 4, 2),
+    ("interleaved", 4, 8, 2),
+    ("interleaved", 2, 8, 3),
+]
 
 
 @pytest.mark.parametrize("name, p, m, v", CASES)
@@ -36,14 +57,19 @@ def test_posting_each_transfer_alone_deadlocks_under_nccl_but_not_gloo(name, p, 
     assert validate(old, rule="gloo", batched=False) == []
     errors = validate(old, batched=False)
     assert len(errors) == 1 and "deadlock under nccl's rule" in errors[0]
-    assert validate(build_schedule(name, p, m)) == [], "the same schedule, batched in lockstep, is safe"
+    assert validate(build_schedule(name, p, m)) == [], (
+        "the same schedule, batched in lockstep, is safe"
+    )
 
 
 def test_interleaving_needs_the_lockstep_batches():
     """Batching the adjacent transfers is enough for 1F1B but not for interleaving, where a rank's chunks
     talk to both neighbours: only transfers placed in lockstep rounds pass."""
     assert validate(build_schedule("1f1b", 4, 8, placement="adjacent")) == []
-    assert any("deadlock" in e for e in validate(build_schedule("interleaved", 4, 8, 2, placement="adjacent")))
+    assert any(
+        "deadlock" in e
+        for e in validate(build_schedule("interleaved", 4, 8, 2, placement="adjacent"))
+    )
     assert validate(build_schedule("interleaved", 4, 8, 2)) == []
 
 
@@ -55,8 +81,11 @@ def test_transfers_posted_in_a_different_order_on_the_two_ranks_are_rejected():
     acts = s.actions[0]
     acts[sends[0]], acts[sends[1]] = acts[sends[1]], acts[sends[0]]
     errors = validate(s)
-    assert any("rank 0 → rank 1: transfer #0 is activation 0→1 mb1 on the sender but activation 0→1 mb0" in e
-               for e in errors), errors
+    assert any(
+        "rank 0 → rank 1: transfer #0 is activation 0→1 mb1 on the sender but activation 0→1 mb0"
+        in e
+        for e in errors
+    ), errors
 
 
 @pytest.mark.parametrize("name, p, m, v", CASES)
@@ -87,14 +116,18 @@ def test_in_flight_microbatches_gpipe_m_1f1b_at_most_p():
 
 def test_1f1b_has_warm_up_steady_state_and_cool_down():
     s = build_schedule("1f1b", 4, 8)
-    assert s.grid().splitlines()[1] == ("rank 1: 1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1F6 1B4 1F7 1B5 "
-                                        "1B6 1B7")
+    assert s.grid().splitlines()[1] == (
+        "rank 1: 1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1F6 1B4 1F7 1B5 1B6 1B7"
+    )
 
 
 def test_validator_rejects_backward_before_forward():
     s = build_schedule("1f1b", 2, 2)
     acts = s.actions[1]
-    i, j = next(i for i, a in enumerate(acts) if a.kind == "F"), next(i for i, a in enumerate(acts) if a.kind == "B")
+    i, j = (
+        next(i for i, a in enumerate(acts) if a.kind == "F"),
+        next(i for i, a in enumerate(acts) if a.kind == "B"),
+    )
     acts[i], acts[j] = acts[j], acts[i]
     assert any("before its forward" in e for e in validate(s))
 
@@ -113,7 +146,12 @@ def test_validator_finds_a_deadlock():
     """Rank 0 posts the receive of a gradient before the send of the activation rank 1 needs to produce
     it: on NCCL the send queues behind the receive on rank 0's stream, and neither ever runs."""
     s = build_schedule("1f1b", 2, 1)
-    s.actions[0] = [Action("RECV_B", 0, 0, 1), Action("F", 0, 0), Action("SEND_F", 0, 0, 1), Action("B", 0, 0)]
+    s.actions[0] = [
+        Action("RECV_B", 0, 0, 1),
+        Action("F", 0, 0),
+        Action("SEND_F", 0, 0, 1),
+        Action("B", 0, 0),
+    ]
     errors = validate(s)
     assert any("deadlock" in e for e in errors)
     with pytest.raises(ScheduleError):

@@ -32,11 +32,16 @@ from workbench.predict.hardware import MAMF_TFLOPS, SHAPE_EFFICIENCY
 
 #: (parameters B, heads, hidden, layers, tp, pp, GPUs, global batch, published TFLOP/s per GPU)
 MEGATRON_WEAK_SCALING = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
 
 
@@ -44,11 +49,23 @@ def megatron_tflops(row: tuple, hardware=A100_80GB) -> tuple[float, float]:
     """(estimated, published) TFLOP/s per GPU of one row, both by Megatron's count."""
     params, heads, h, layers, tp, pp, gpus, batch, published = row
     s, vocab = 2048, 51200
-    model = ModelConfig(vocab_size=vocab, seq_len=s, hidden=h, heads=heads, layers=layers, tie_embeddings=True)
+    model = ModelConfig(
+        vocab_size=vocab, seq_len=s, hidden=h, heads=heads, layers=layers, tie_embeddings=True
+    )
     assert model.param_count() / 1e9 == pytest.approx(params, rel=0.03)  # the table's models
     dp = gpus // (tp * pp)
-    e = estimate(model=model, dp=dp, tp=tp, pp=pp, precision="mixed", global_batch=batch, microbatches=batch // dp,
-                 recompute="full", activations="megatron", hardware=hardware)
+    e = estimate(
+        model=model,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        precision="mixed",
+        global_batch=batch,
+        microbatches=batch // dp,
+        recompute="full",
+        activations="megatron",
+        hardware=hardware,
+    )
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
     return flops / e.step_time_s / gpus / 1e12, published
 
@@ -58,7 +75,9 @@ def test_megatron_weak_scaling_rows():
     for row in MEGATRON_WEAK_SCALING:
         ours, published = megatron_tflops(row)
         errors.append(ours / published - 1)
-        assert abs(errors[-1]) <= 0.12, f"{row[0]} B: estimated {ours:.0f} TFLOP/s a GPU, published {published}"
+        assert abs(errors[-1]) <= 0.12, (
+            f"{row[0]} B: estimated {ours:.0f} TFLOP/s a GPU, published {published}"
+        )
     assert statistics.mean(abs(e) for e in errors) <= 0.08
 
 
@@ -66,20 +85,41 @@ def test_the_fitted_constant_is_needed():
     """Without SHAPE_EFFICIENCY (the best-shape MAMF alone) every row is too fast."""
     from dataclasses import replace
 
-    assert SHAPE_EFFICIENCY == 0.85 and A100_80GB.matmul_flops == pytest.approx(MAMF_TFLOPS["A100"] * 0.85e12)
+    assert SHAPE_EFFICIENCY == 0.85 and A100_80GB.matmul_flops == pytest.approx(
+        MAMF_TFLOPS["A100"] * 0.85e12
+    )
     mamf = replace(A100_80GB, matmul_flops=MAMF_TFLOPS["A100"] * 1e12)
     assert all(megatron_tflops(row, mamf)[0] / row[-1] > 1.10 for row in MEGATRON_WEAK_SCALING)
 
 
 def llama3_405b_mfu(schedule: str, virtual_stages: int) -> float:
     m = PRESETS["llama3-405b"]
-    e = estimate(model=m, dp=128, tp=8, pp=16, zero=1, global_batch=2048, microbatches=16, hardware=H100_80GB,
-                 precision="mixed", sequence_parallel=True, activations="ours", attention="sdpa", recompute="none",
-                 uneven_stages=True, schedule=schedule, virtual_stages=virtual_stages)
+    e = estimate(
+        model=m,
+        dp=128,
+        tp=8,
+        pp=16,
+        zero=1,
+        global_batch=2048,
+        microbatches=16,
+        hardware=H100_80GB,
+        precision="mixed",
+        sequence_parallel=True,
+        activations="ours",
+        attention="sdpa",
+        recompute="none",
+        uneven_stages=True,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+    )
     return e.flops_per_step / e.step_time_s / 16384 / 989e12
 
 
 def test_llama3_405b_mfu_beside_metas():
     interleaved = llama3_405b_mfu("interleaved", 8)
-    assert 0.8 * 0.38 <= interleaved <= 1.2 * 0.43, f"estimated MFU {interleaved:.1%}; Meta measured 38–43 %"
-    assert llama3_405b_mfu("1f1b", 1) < 0.6 * interleaved  # the bubble of m = p = 16 without interleaving
+    assert 0.8 * 0.38 <= interleaved <= 1.2 * 0.43, (
+        f"estimated MFU {interleaved:.1%}; Meta measured 38–43 %"
+    )
+    assert (
+        llama3_405b_mfu("1f1b", 1) < 0.6 * interleaved
+    )  # the bubble of m = p = 16 without interleaving

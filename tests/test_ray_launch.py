@@ -20,20 +20,35 @@ from workbench.launching.launcher import Nodes
 def test_what_ray_cannot_do_fails_before_anything_starts(monkeypatch, tmp_path):
     out = tmp_path / "r"
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name.startswith("ray") else real(name, *a))
-    with pytest.raises(ConfigError, match=r"Ray Train is not installed here; pip install 'ray\[train\]'"):
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("ray") else real(name, *a),
+    )
+    with pytest.raises(
+        ConfigError, match=r"Ray Train is not installed here; pip install 'ray\[train\]'"
+    ):
         wb.launch(RunConfig(dp=2), out=str(out), progress=False, launcher="ray")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name.startswith("ray")
-                        else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name.startswith("ray") else real(name, *a),
+    )
     with pytest.raises(ConfigError, match="max_restarts=1.*launch with torchrun"):
         wb.launch(RunConfig(dp=2, max_restarts=1), out=str(out), progress=False, launcher="ray")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    with pytest.raises(ConfigError, match="4 ranks need a CPU each, and this machine has 2 CPU core"):
+    with pytest.raises(
+        ConfigError, match="4 ranks need a CPU each, and this machine has 2 CPU core"
+    ):
         wb.launch(RunConfig(dp=4), out=str(out), progress=False, launcher="ray")
     with pytest.raises(ConfigError, match="places the workers on the cluster itself"):
-        wb.launch(RunConfig(dp=2), out=str(out), progress=False, launcher="ray",
-                  nodes=Nodes(nnodes=2, rdzv_endpoint="h:1"))
+        wb.launch(
+            RunConfig(dp=2),
+            out=str(out),
+            progress=False,
+            launcher="ray",
+            nodes=Nodes(nnodes=2, rdzv_endpoint="h:1"),
+        )
     with pytest.raises(ConfigError, match="launcher='slurm': valid are 'torchrun' and 'ray'"):
         wb.launch(RunConfig(dp=2), out=str(out), progress=False, launcher="slurm")
     assert not out.exists(), "nothing started"
@@ -43,10 +58,16 @@ def test_what_ray_cannot_do_fails_before_anything_starts(monkeypatch, tmp_path):
 def test_dp2_under_ray_equals_dp2_under_torchrun(launched, tmp_path):
     from workbench.trace.validate import validate_run
 
-    run = wb.launch(RunConfig(dp=2, steps=6, timeout_s=60), out=str(tmp_path / "ray"), progress=False,
-                    launcher="ray")
+    run = wb.launch(
+        RunConfig(dp=2, steps=6, timeout_s=60),
+        out=str(tmp_path / "ray"),
+        progress=False,
+        launcher="ray",
+    )
     torchrun = launched(dp=2)
-    assert list(run.metrics.loss) == list(torchrun.metrics.loss), "the same ranks, the same arithmetic"
+    assert list(run.metrics.loss) == list(torchrun.metrics.loss), (
+        "the same ranks, the same arithmetic"
+    )
     assert list(run.metrics.grad_norm) == list(torchrun.metrics.grad_norm)
     assert validate_run(run.path) == []
     assert run.summary["world_size"] == 2 and len(run.summary["ranks"]) == 2
@@ -56,12 +77,35 @@ def test_dp2_under_ray_equals_dp2_under_torchrun(launched, tmp_path):
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="lists processes through /proc")
 def test_sigterm_leaves_no_ray_process(tmp_path):
     run_dir = str(tmp_path / "long")
-    cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--launcher", "ray", "--dp", "2",
-                            "--steps", "1000", "--fault", "straggle", "--fault-delay-s", "0.05", "--out", run_dir,
-                            "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            "--launcher",
+            "ray",
+            "--dp",
+            "2",
+            "--steps",
+            "1000",
+            "--fault",
+            "straggle",
+            "--fault-delay-s",
+            "0.05",
+            "--out",
+            run_dir,
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = os.path.join(run_dir, "metrics.jsonl")
     deadline = time.monotonic() + 120
-    while not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.monotonic() < deadline:
+    while (
+        not (os.path.exists(metrics) and os.path.getsize(metrics)) and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     family = _descendants(cli.pid)
     assert len(family) >= 4, "Ray's processes and two workers are running"

@@ -34,12 +34,19 @@ def test_a_run_whose_parameters_turn_non_finite_stops_naming_the_step(tmp_path):
     every rank, the step is skipped, the parameters are found not finite — the run stops there on both ranks,
     its files kept, doctor naming the cause; metrics.jsonl holds the NaN loss as null."""
     out = tmp_path / "nan"
-    with pytest.raises(RunFailed, match=r"TrainingStopped: step 2: the parameters are no longer finite"):
-        wb.launch(RunConfig(dp=2, steps=8, fault="nan-params", fault_rank=1, fault_step=2, timeout_s=30),
-                  out=str(out), progress=False)
+    with pytest.raises(
+        RunFailed, match=r"TrainingStopped: step 2: the parameters are no longer finite"
+    ):
+        wb.launch(
+            RunConfig(dp=2, steps=8, fault="nan-params", fault_rank=1, fault_step=2, timeout_s=30),
+            out=str(out),
+            progress=False,
+        )
     rows = [strict(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2], "the steps before it, and the bad one"
-    assert rows[2]["loss"] is None and rows[2]["nonfinite"] == {"loss": "nan"} and rows[2]["skipped"]
+    assert (
+        rows[2]["loss"] is None and rows[2]["nonfinite"] == {"loss": "nan"} and rows[2]["skipped"]
+    )
     assert "step 2: the parameters are no longer finite" in diagnose(str(out))
     assert (out / "trace_rank0.json").exists() and (out / "error_rank1.json").exists()
 
@@ -48,14 +55,20 @@ def test_k_skipped_steps_in_a_row_stop_a_run_and_fp16s_scaling_does_not():
     d = Divergence(max_skipped=3, lr=3e-3)
     bad = {"skipped": True, "anomaly": "non-finite gradient norm"}
     d.observe(4, 2.0, bad, True)
-    d.observe(5, 2.0, {"skipped": False, "anomaly": None}, None)  # a good step: the count starts again
+    d.observe(
+        5, 2.0, {"skipped": False, "anomaly": None}, None
+    )  # a good step: the count starts again
     for step in (6, 7):
         d.observe(step, float("nan"), bad, True)
-    with pytest.raises(TrainingStopped, match=r"3 steps skipped in a row, from step 6: the loss was nan"):
+    with pytest.raises(
+        TrainingStopped, match=r"3 steps skipped in a row, from step 6: the loss was nan"
+    ):
         d.observe(8, float("nan"), bad, True)
     fp16 = Divergence(max_skipped=3, lr=1.0)
     for step in range(10):  # overflows are loss scaling at work, however many
-        fp16.observe(step, 2.0, {"skipped": True, "anomaly": None, "loss_scale": 2.0 ** (15 - step)}, None)
+        fp16.observe(
+            step, 2.0, {"skipped": True, "anomaly": None, "loss_scale": 2.0 ** (15 - step)}, None
+        )
     with pytest.raises(TrainingStopped, match="loss scale fell to 0.5"):
         fp16.observe(16, 2.0, {"skipped": True, "anomaly": None, "loss_scale": 0.5}, None)
     never = Divergence(max_skipped=0, lr=1.0)
@@ -95,7 +108,9 @@ def a_small_filesystem(size_kb: int, monkeypatch):
     """A directory whose filesystem fills after `size_kb`: a tmpfs where this test may mount one, else writes
     under it counted in every rank (a sitecustomize) until they fail with ENOSPC."""
     d = tempfile.mkdtemp()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", d], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", d], capture_output=True
+    ).returncode:
         site = tempfile.mkdtemp()
         with open(os.path.join(site, "sitecustomize.py"), "w") as f:
             f.write(textwrap.dedent(SITECUSTOMIZE))
@@ -114,14 +129,24 @@ def test_a_full_disk_gives_one_message_and_keeps_the_error_files(monkeypatch):
     with a_small_filesystem(1200, monkeypatch) as d:
         out = os.path.join(d, "run")
         with pytest.raises(RunFailed) as failed:
-            wb.launch(RunConfig(dp=2, steps=40, checkpoint_every=2, timeout_s=30), out=out, progress=False,
-                      check_disk=False)
+            wb.launch(
+                RunConfig(dp=2, steps=40, checkpoint_every=2, timeout_s=30),
+                out=out,
+                progress=False,
+                check_disk=False,
+            )
         first = str(failed.value).splitlines()[0]
-        assert "DiskFull" in first and "no space left on the device holding" in first and "was not written" in first
+        assert (
+            "DiskFull" in first
+            and "no space left on the device holding" in first
+            and "was not written" in first
+        )
         for rank in (0, 1):
             with open(os.path.join(out, f"error_rank{rank}.json")) as f:
                 assert json.load(f)["type"] == "DiskFull", "each rank's error file, whole"
-        partial = [n for n in os.listdir(os.path.join(out, "checkpoints")) if n.endswith(".partial")]
+        partial = [
+            n for n in os.listdir(os.path.join(out, "checkpoints")) if n.endswith(".partial")
+        ]
         assert partial, "the checkpoint that did not fit stays .partial: never resumed from"
         assert "DiskFull" in diagnose(out)
 
@@ -132,27 +157,60 @@ def test_a_run_that_would_not_fit_is_refused_before_launch(tmp_path, monkeypatch
     usage = disk_space.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: usage._replace(free=10 * 2**20))
     out = tmp_path / "big"
-    with pytest.raises(ConfigError, match=r"would write about [\d,.]+ MiB \(checkpoints [\d,.]+ MiB.*10.0 MiB free"):
-        wb.launch(RunConfig(model="small", dp=2, steps=6, checkpoint_every=2), out=str(out), progress=False)
+    with pytest.raises(
+        ConfigError, match=r"would write about [\d,.]+ MiB \(checkpoints [\d,.]+ MiB.*10.0 MiB free"
+    ):
+        wb.launch(
+            RunConfig(model="small", dp=2, steps=6, checkpoint_every=2),
+            out=str(out),
+            progress=False,
+        )
     assert not out.exists(), "nothing was started"
 
 
-def test_a_live_runs_directory_is_locked_against_force_and_a_dead_ones_is_taken_over(tmp_path, capsys):
-    out = tmp_path / "live"  # a run alive for ~3 s that leaves the cores to this test: it sleeps in each step
-    first = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", "--steps", "6", "--fault", "straggle",
-                              "--fault-step", "0", "--fault-delay-s", "0.5", "--out", str(out), "--quiet"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_a_live_runs_directory_is_locked_against_force_and_a_dead_ones_is_taken_over(
+    tmp_path, capsys
+):
+    out = (
+        tmp_path / "live"
+    )  # a run alive for ~3 s that leaves the cores to this test: it sleeps in each step
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "run",
+            "--steps",
+            "6",
+            "--fault",
+            "straggle",
+            "--fault-step",
+            "0",
+            "--fault-delay-s",
+            "0.5",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         lock = tmp_path / ".live.lock"
         deadline = time.time() + 30
         while not lock.exists() and time.time() < deadline:
             time.sleep(0.1)
         for force in (False, True):
-            with pytest.raises(ConfigError, match=rf"being written by a live run: PID {first.pid} on this host"):
+            with pytest.raises(
+                ConfigError, match=rf"being written by a live run: PID {first.pid} on this host"
+            ):
                 wb.launch(RunConfig(steps=2), out=str(out), force=force, progress=False)
     finally:
         assert first.wait(timeout=120) == 0, "the first run was not disturbed"
     assert not lock.exists(), "released at the end"
     lock.write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename, "started": 0}))
     run = wb.launch(RunConfig(steps=2), out=str(out), force=True, progress=False)
-    assert len(run.metrics) == 2 and "taking over the lock of a run that is gone" in capsys.readouterr().err
+    assert (
+        len(run.metrics) == 2
+        and "taking over the lock of a run that is gone" in capsys.readouterr().err
+    )

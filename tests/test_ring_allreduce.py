@@ -25,7 +25,9 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
     grid = RankGrid(dp=world)
     groups = ProcessGroups.create(grid, rank, 30)
     rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "ring-test")
@@ -51,7 +53,9 @@ def _run(world: int) -> list[dict]:
     import json
 
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_worker, args=(world, os.path.join(d, "store"), d), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            _worker, args=(world, os.path.join(d, "store"), d), nprocs=world, start_method="spawn"
+        )
         traces = []
         for r in range(world):
             with open(os.path.join(d, f"trace_rank{r}.json")) as f:
@@ -69,13 +73,17 @@ def test_chunks_cover_the_buffer_even_when_n_does_not_divide_it():
             assert [length for _, length in chunks] == sliced
 
 
-@pytest.mark.parametrize("world", [3, pytest.param(4, marks=pytest.mark.slow)])  # 4: notebook 01's dp4 ring
+@pytest.mark.parametrize(
+    "world", [3, pytest.param(4, marks=pytest.mark.slow)]
+)  # 4: notebook 01's dp4 ring
 def test_ring_equals_backend_all_reduce_on_3_and_4_ranks(world):
     traces = _run(world)
     steps = [e for e in traces[0]["traceEvents"] if e.get("cat") == "ring_step"]
     assert len(steps) == 2 * (world - 1) * 2 * len(SIZES)
     first = steps[: 2 * (world - 1)]
-    assert [s["args"]["phase"] for s in first] == ["reduce_scatter"] * (world - 1) + ["all_gather"] * (world - 1)
+    assert [s["args"]["phase"] for s in first] == ["reduce_scatter"] * (world - 1) + [
+        "all_gather"
+    ] * (world - 1)
     assert all(s["args"]["peer"] == 1 and s["args"]["recv_peer"] == world - 1 for s in first)
     starts = {e["id"] for t in traces for e in t["traceEvents"] if e.get("ph") == "s"}
     ends = {e["id"] for t in traces for e in t["traceEvents"] if e.get("ph") == "f"}

@@ -27,21 +27,28 @@ def _check(rank, world):
         dist.all_gather_into_tensor(ref, mine)
         assert torch.equal(ours, ref)
         for src in range(world):
-            ours = torch.randn(world * per + 3, generator=g) if rank != src else torch.arange(world * per + 3.0)
+            ours = (
+                torch.randn(world * per + 3, generator=g)
+                if rank != src
+                else torch.arange(world * per + 3.0)
+            )
             ring_broadcast(comm, ours, src)
             assert torch.equal(ours, torch.arange(world * per + 3.0)), (src, rank)
     steps = [e for e in comm.recorder.events if e["name"] == "ring_step"]
     sent = {}
     for e in steps:
-        sent[(e["args"]["phase"], e["args"]["seq"])] = sent.get((e["args"]["phase"], e["args"]["seq"]), 0) + \
-            e["args"]["bytes"]
+        sent[(e["args"]["phase"], e["args"]["seq"])] = (
+            sent.get((e["args"]["phase"], e["args"]["seq"]), 0) + e["args"]["bytes"]
+        )
     records = {e["args"]["seq"]: e for e in comm.recorder.events if e.get("cat") == "collective"}
     for (phase, seq), nbytes in sent.items():
         total = records[seq]["args"]["bytes"]
         if phase in ("reduce_scatter", "all_gather"):
             assert nbytes == (world - 1) * total // world, (phase, nbytes, total)
         else:
-            assert nbytes in (0, total), "a broadcast's rank forwards the whole buffer, or (the last) nothing"
+            assert nbytes in (0, total), (
+                "a broadcast's rank forwards the whole buffer, or (the last) nothing"
+            )
 
 
 @pytest.mark.parametrize("world", [3, pytest.param(2, marks=pytest.mark.slow)])

@@ -13,8 +13,10 @@ from workbench.launching.torchrun_command import NSYS_PROFILE, torchrun_command
 def test_nsys_wraps_each_rank_and_names_its_report(monkeypatch):
     cmd = torchrun_command(RunConfig(dp=2, nsys=True), "/runs/r")
     i = cmd.index("--no-python")  # torchrun runs nsys, nsys runs the rank
-    assert cmd[i + 1:i + 1 + len(NSYS_PROFILE)] == NSYS_PROFILE
-    assert "cuda,nvtx,osrt" in cmd and "/runs/r/nsys/rank%q{RANK}" in cmd, "one report per rank, by its RANK"
+    assert cmd[i + 1 : i + 1 + len(NSYS_PROFILE)] == NSYS_PROFILE
+    assert "cuda,nvtx,osrt" in cmd and "/runs/r/nsys/rank%q{RANK}" in cmd, (
+        "one report per rank, by its RANK"
+    )
     assert cmd[-5:] == ["-u", "-m", "workbench.launching.worker", "--run-dir", "/runs/r"]
     assert "--no-python" not in torchrun_command(RunConfig(dp=2), "/runs/r")
 
@@ -34,7 +36,11 @@ class StandInNVML:
     """The part of pynvml (nvidia-ml-py) measure/gpu_health.py calls, with settable readings."""
 
     NVML_TEMPERATURE_GPU, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, NVML_CLOCK_SM = 0, 1, 1
-    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 0, 1, 0
+    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = (
+        0,
+        1,
+        0,
+    )
 
     class NVMLError(Exception):
         pass
@@ -96,20 +102,40 @@ def test_gpu_health_names_heat_throttling_ecc_and_xid_and_doctor_reports_them(tm
     recorder = TraceRecorder(0, 1, "nccl", {"dp": 0, "tp": 0, "pp": 0}, "t")
     ok = record(health, recorder, str(tmp_path), 0, step=0)
     assert ok.pop("read_ms") >= 0
-    assert ok == {"temperature_c": 60, "power_w": 400.0, "sm_clock_mhz": 1980, "throttle": [],
-                  "ecc_corrected": 3, "ecc_uncorrected": 0, "xid": [], "anomaly": None}
-    nvml.temperature, nvml.reasons, nvml.sm_mhz = 86, 0x40 | 0x4, 1100  # hw_thermal and sw_power_cap
+    assert ok == {
+        "temperature_c": 60,
+        "power_w": 400.0,
+        "sm_clock_mhz": 1980,
+        "throttle": [],
+        "ecc_corrected": 3,
+        "ecc_uncorrected": 0,
+        "xid": [],
+        "anomaly": None,
+    }
+    nvml.temperature, nvml.reasons, nvml.sm_mhz = (
+        86,
+        0x40 | 0x4,
+        1100,
+    )  # hw_thermal and sw_power_cap
     nvml.ecc[1], nvml.xids = 2, [79]
     bad = record(health, recorder, str(tmp_path), 0, step=1)
     assert bad["throttle"] == ["sw_power_cap", "hw_thermal"] and bad["xid"] == [79]
-    for said in ("gpu hot: 86 °C (slowdown at 90 °C)", "gpu throttled: hw_thermal (SM clock 1100 MHz)",
-                 "2 uncorrected ECC error(s)", "gpu Xid 79"):
+    for said in (
+        "gpu hot: 86 °C (slowdown at 90 °C)",
+        "gpu throttled: hw_thermal (SM clock 1100 MHz)",
+        "2 uncorrected ECC error(s)",
+        "gpu Xid 79",
+    ):
         assert said in bad["anomaly"]
-    counters = [e for e in recorder.to_dict()["traceEvents"] if e.get("ph") == "C" and e["name"] == "gpu"]
+    counters = [
+        e for e in recorder.to_dict()["traceEvents"] if e.get("ph") == "C" and e["name"] == "gpu"
+    ]
     assert [c["args"]["temperature_c"] for c in counters] == [60.0, 86.0]
     report = diagnose(str(tmp_path))
     assert "GPU health (NVML, 2 sample(s)" in report
-    assert "rank 0: up to 86 °C, 400.0 W, SM clock down to 1100 MHz; throttled: hw_thermal" in report
+    assert (
+        "rank 0: up to 86 °C, 400.0 W, SM clock down to 1100 MHz; throttled: hw_thermal" in report
+    )
     assert "Xid: 79" in report and "step 1: gpu hot" in report
 
 

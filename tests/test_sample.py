@@ -20,8 +20,17 @@ def tp2_run(launched, tmp_path_factory):
     text = tmp_path_factory.mktemp("sample") / "dickens.txt"
     text.write_text(TEXT)
     model = {"base": "tiny-llama", "vocab_size": 256, "seq_len": 32}
-    return launched(model=model, data=f"text:{text}", tp=2, sequence_parallel=True, lr=1e-2, steps=6,
-                    checkpoint_every=6, eval_every=6, eval_batches=2)
+    return launched(
+        model=model,
+        data=f"text:{text}",
+        tp=2,
+        sequence_parallel=True,
+        lr=1e-2,
+        steps=6,
+        checkpoint_every=6,
+        eval_every=6,
+        eval_batches=2,
+    )
 
 
 def test_a_tp2_checkpoint_is_read_whole_on_one_process(tp2_run):
@@ -32,7 +41,9 @@ def test_a_tp2_checkpoint_is_read_whole_on_one_process(tp2_run):
     cfg = tp2_run.run_config
     held_out = Batches(cfg, torch.device("cpu"), 0, 1, part="val")
     with torch.no_grad():
-        loss = sum(float(model(*held_out.get(k))) for k in range(cfg.eval_batches)) / cfg.eval_batches
+        loss = (
+            sum(float(model(*held_out.get(k))) for k in range(cfg.eval_batches)) / cfg.eval_batches
+        )
     expected = tp2_run.metrics.val_loss.dropna().iloc[-1]
     assert abs(loss - expected) <= 1e-5 * expected, (loss, expected)
 
@@ -41,13 +52,38 @@ def test_sample_from_python_and_the_command_line(tp2_run):
     s = wb.sample(tp2_run.path, prompt="It was", tokens=24, temperature=0.8, top_k=20, seed=3)
     assert s.text.startswith("It was") and len(s.new_ids) == 24 and s.step == 6
     assert all(0 <= i < 256 for i in s.new_ids)
-    assert wb.sample(tp2_run.path, prompt="It was", tokens=24, temperature=0.8, top_k=20, seed=3).text == s.text
-    cli = subprocess.run([sys.executable, "-m", "workbench.cli", "sample", tp2_run.path, "--prompt", "It was",
-                          "--tokens", "24", "--temperature", "0.8", "--top-k", "20", "--seed", "3"],
-                         capture_output=True, text=True, check=True)
+    assert (
+        wb.sample(tp2_run.path, prompt="It was", tokens=24, temperature=0.8, top_k=20, seed=3).text
+        == s.text
+    )
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "sample",
+            tp2_run.path,
+            "--prompt",
+            "It was",
+            "--tokens",
+            "24",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "20",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert cli.stdout.rstrip("\n") == s.text
     greedy = wb.sample(tp2_run.path, prompt="It was", tokens=8, temperature=0)
-    assert greedy.text == wb.sample(tp2_run.path, prompt="It was", tokens=8, temperature=0, seed=9).text
+    assert (
+        greedy.text
+        == wb.sample(tp2_run.path, prompt="It was", tokens=8, temperature=0, seed=9).text
+    )
 
 
 def test_bad_sample_requests_are_named(tmp_path, tp2_run):
@@ -65,7 +101,10 @@ def test_nanogpt_character_sets_and_plain_ids(tmp_path):
     data = tmp_path / "train.bin"
     data.write_bytes(b"\0\0")
     with open(tmp_path / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": 3, "stoi": {"a": 0, "b": 1, "\n": 2}, "itos": {0: "a", 1: "b", 2: "\n"}}, f)
+        pickle.dump(
+            {"vocab_size": 3, "stoi": {"a": 0, "b": 1, "\n": 2}, "itos": {0: "a", 1: "b", 2: "\n"}},
+            f,
+        )
     encode, decode = codec({"data": str(data)}, 3)
     assert encode("ab\n") == [0, 1, 2] and decode([1, 0]) == "ba"
     with pytest.raises(wb.ConfigError, match="character set"):

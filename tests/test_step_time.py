@@ -17,8 +17,17 @@ from workbench.predict.step_time import SIMULATE_UP_TO, predict_step
 
 MODEL = dataclasses.replace(PRESETS["small"], layers=4)
 #: a machine with round figures: compute only from FLOP rates, α 1 ms, β 1 GB/s, no fixed costs
-ROUND = Hardware("round", peak_flops=1e11, memory_bytes=1e10, intra_node_bw=1e9, inter_node_bw=1e9, latency_s=1e-3,
-                 devices_per_node=8, efficiency=1.0, memory_bw=1e15)
+ROUND = Hardware(
+    "round",
+    peak_flops=1e11,
+    memory_bytes=1e10,
+    intra_node_bw=1e9,
+    inter_node_bw=1e9,
+    latency_s=1e-3,
+    devices_per_node=8,
+    efficiency=1.0,
+    memory_bw=1e15,
+)
 
 
 def test_a_pipeline_step_is_the_simulated_schedule_of_its_stage_costs():
@@ -47,14 +56,20 @@ def test_large_schedules_use_the_closed_form_close_to_the_simulator(monkeypatch)
             simulated = predict_step(L, hw).total_s
             monkeypatch.setattr(step_time, "SIMULATE_UP_TO", 0)
             closed = predict_step(L, hw).total_s
-            assert simulated - 1e-12 <= closed <= simulated * (1 + rel), (schedule, closed, simulated)
+            assert simulated - 1e-12 <= closed <= simulated * (1 + rel), (
+                schedule,
+                closed,
+                simulated,
+            )
 
 
 def test_buckets_hide_the_gradient_all_reduce_behind_backward():
     """One bucket waits for the whole backward: all of it is exposed; small buckets overlap all but the
     last. ZeRO-1 reduce-scatters after backward: exposed whatever the buckets."""
     L = Layout(MODEL, dp=4, micro=4)
-    hw = dataclasses.replace(ROUND, latency_s=1e-5)  # each bucket pays α: 1 ms each would eat the overlap
+    hw = dataclasses.replace(
+        ROUND, latency_s=1e-5
+    )  # each bucket pays α: 1 ms each would eat the overlap
     one, many = predict_step(L, hw), predict_step(dataclasses.replace(L, bucket_mb=0.5), hw)
     assert many.terms["dp"] < 0.5 * one.terms["dp"]
     zero1 = predict_step(dataclasses.replace(L, zero=1, bucket_mb=0.5), hw)
@@ -75,8 +90,17 @@ def test_gpu_presets_predict_the_planner_scale():
     takes seconds, and every term is non-negative."""
     from workbench.predict.estimator import GPT3_175B
 
-    e = wb.estimate(model=GPT3_175B, dp=8, tp=8, pp=12, precision="mixed", global_batch=1536, microbatches=192,
-                    recompute="selective", hardware=A100_80GB)
+    e = wb.estimate(
+        model=GPT3_175B,
+        dp=8,
+        tp=8,
+        pp=12,
+        precision="mixed",
+        global_batch=1536,
+        microbatches=192,
+        recompute="selective",
+        hardware=A100_80GB,
+    )
     assert all(v >= 0 for v in e.step_terms.values()) and e.dominant_term == "compute"
     assert 5 < e.step_time_s < 120
 
@@ -90,17 +114,29 @@ def test_four_strategies_land_within_20_percent_of_the_model(tmp_path):
     that miss."""
     from workbench.studies.calibration import calibrate
 
-    base = {"model": {"base": "tiny", "layers": 4}, "global_batch": 16, "steps": 8, "backend": "gloo"}
+    base = {
+        "model": {"base": "tiny", "layers": 4},
+        "global_batch": 16,
+        "steps": 8,
+        "backend": "gloo",
+    }
     cfg = wb.RunConfig.from_dict(base).model_config
     hw = calibrate(cfg, global_batch=8, backend="gloo", worlds=(2, 4), out=str(tmp_path))
     assert os.path.exists(tmp_path / "calibration.json")
-    strategies = {"dp2": {"dp": 2}, "dp2 zero1": {"dp": 2, "zero": 1},
-                  "pp2 gpipe m4": {"pp": 2, "schedule": "gpipe", "microbatches": 4}, "tp2": {"tp": 2}}
+    strategies = {
+        "dp2": {"dp": 2},
+        "dp2 zero1": {"dp": 2, "zero": 1},
+        "pp2 gpipe m4": {"pp": 2, "schedule": "gpipe", "microbatches": 4},
+        "tp2": {"tp": 2},
+    }
     times: dict[str, list[float]] = {k: [] for k in strategies}
     for k in range(3):
         for name, change in strategies.items():
-            run = wb.launch(wb.RunConfig.from_dict({**base, **change}), out=str(tmp_path / f"{name}_{k}"),
-                            progress=False)
+            run = wb.launch(
+                wb.RunConfig.from_dict({**base, **change}),
+                out=str(tmp_path / f"{name}_{k}"),
+                progress=False,
+            )
             times[name].append(float(run.metrics.step_time_s.iloc[1:].median()))
     errors = {}
     for name, change in strategies.items():

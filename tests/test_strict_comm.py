@@ -25,10 +25,19 @@ def _violations(rank, world):
     if hasattr(torch, "uint16"):
         with pytest.raises(StrictCommError, match="dtype torch.uint16 is not one NCCL has"):
             comm.all_reduce(torch.ones(3, dtype=torch.uint16), "dp")
-    with pytest.raises(StrictCommError, match=r"tensor 1 of p2p batch \(send, send x\) .*not contiguous"):
-        comm.batch_isend_irecv([("send", torch.ones(2), 1 - rank, None), ("send", torch.ones(3, 2).t(), 1 - rank, "x")],
-                               "dp")
-    comm.device = torch.device("cuda", 0)  # a CUDA rank: a CPU tensor is refused even without strict mode
+    with pytest.raises(
+        StrictCommError, match=r"tensor 1 of p2p batch \(send, send x\) .*not contiguous"
+    ):
+        comm.batch_isend_irecv(
+            [
+                ("send", torch.ones(2), 1 - rank, None),
+                ("send", torch.ones(3, 2).t(), 1 - rank, "x"),
+            ],
+            "dp",
+        )
+    comm.device = torch.device(
+        "cuda", 0
+    )  # a CUDA rank: a CPU tensor is refused even without strict mode
     comm.strict = False
     with pytest.raises(StrictCommError, match="it is on cpu, the rank's device is cuda:0"):
         comm.all_reduce(torch.ones(2), "dp")

@@ -69,14 +69,16 @@ def _layers_worker(rank: int, world: int) -> None:
         xd = x2.clone().requires_grad_()
         (lin(xd) * r_row).sum().backward()
         per = O // world
-        xt = x2[..., rank * per:(rank + 1) * per].clone().requires_grad_()
+        xt = x2[..., rank * per : (rank + 1) * per].clone().requires_grad_()
         out = row(xt)
         want = lin(x2).detach()
         assert_close(out, want[:, sl] if sp else want)
         (out * (r_row[:, sl] if sp else r_row)).sum().backward()
-        assert_close(xt.grad, xd.grad[..., rank * per:(rank + 1) * per])
-        assert_close(row.weight.grad, lin.weight.grad[:, rank * per:(rank + 1) * per])
-        if not sp:  # with sequence parallelism the bias gradient is partial until TensorParallelGrads
+        assert_close(xt.grad, xd.grad[..., rank * per : (rank + 1) * per])
+        assert_close(row.weight.grad, lin.weight.grad[:, rank * per : (rank + 1) * per])
+        if (
+            not sp
+        ):  # with sequence parallelism the bias gradient is partial until TensorParallelGrads
             assert_close(row.bias.grad, lin.bias.grad)
 
         # vocabulary-parallel embedding
@@ -97,11 +99,11 @@ def _layers_worker(rank: int, world: int) -> None:
     dense_loss = F.cross_entropy(ld.view(-1, V), targets.view(-1))
     dense_loss.backward()
     per = V // world
-    lt = logits[..., rank * per:(rank + 1) * per].clone().requires_grad_()
+    lt = logits[..., rank * per : (rank + 1) * per].clone().requires_grad_()
     loss = vocab_parallel_cross_entropy(lt, targets, tp)
     assert_close(loss, dense_loss.detach())
     loss.backward()
-    assert_close(lt.grad, ld.grad[..., rank * per:(rank + 1) * per])
+    assert_close(lt.grad, ld.grad[..., rank * per : (rank + 1) * per])
     # the full logits were never gathered: only (b·s)-sized all-reduces ran for the loss
     loss_ops = [e for e in comm.recorder.events if e.get("args", {}).get("layer") == "loss"]
     assert loss_ops and all(e["args"]["bytes"] == B * S * 4 for e in loss_ops)

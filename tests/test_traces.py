@@ -11,8 +11,16 @@ from workbench.trace.validate import validate_run, validate_trace
 BUCKETS = {"dp": 2, "bucket_mb": 0.01}  # the tiny model's 0.12 MB of gradients in ~12 buckets
 
 
-@pytest.mark.parametrize("config", [{"dp": 1}, BUCKETS, {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
-                                    pytest.param({"dp": 4}, marks=pytest.mark.slow), {"dp": 2, "dp_impl": "naive"}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"dp": 1},
+        BUCKETS,
+        {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
+        pytest.param({"dp": 4}, marks=pytest.mark.slow),
+        {"dp": 2, "dp_impl": "naive"},
+    ],
+)
 def test_every_trace_validates(launched, config):
     run = launched(**config)
     assert validate_run(run.path) == []
@@ -45,7 +53,15 @@ def test_every_collective_has_op_bytes_group_seq(launched):
 
 def test_memory_counters_carry_every_category(launched):
     mem = launched(**BUCKETS).memory
-    cats = {"parameter", "gradient", "optimizer_state", "activation", "comm_buffer", "temporary", "other"}
+    cats = {
+        "parameter",
+        "gradient",
+        "optimizer_state",
+        "activation",
+        "comm_buffer",
+        "temporary",
+        "other",
+    }
     assert cats <= set(mem.columns)
     assert mem.activation.max() > 0 and mem.optimizer_state.max() > 0
 
@@ -76,8 +92,18 @@ def test_the_validator_rejects_broken_traces(launched):
     spans[1]["dur"] = spans[0]["dur"] * 10
     assert any("without nesting" in m for m in validate_trace(bad))
     bad = copy.deepcopy(trace)
-    bad["traceEvents"].append({"ph": "X", "pid": 0, "tid": 1, "name": "x", "cat": "collective", "ts": 1, "dur": 1,
-                               "args": {"op": "all_reduce"}})
+    bad["traceEvents"].append(
+        {
+            "ph": "X",
+            "pid": 0,
+            "tid": 1,
+            "name": "x",
+            "cat": "collective",
+            "ts": 1,
+            "dur": 1,
+            "args": {"op": "all_reduce"},
+        }
+    )
     assert any("lack" in m for m in validate_trace(bad))
     bad = dict(reversed(list(trace.items())))
     assert validate_trace(bad)
@@ -115,9 +141,13 @@ def test_a_damaged_trace_is_named_with_where_and_how_to_rebuild(launched, tmp_pa
     said = capsys.readouterr().out
     assert f"damaged: {merged} is damaged at byte" in said and "cut short" in said
     assert f"`workbench merge {run_dir}`" in said
-    assert main(["merge", str(run_dir)]) == 0 and json.loads(merged.read_text())["workbench"]["merged"]
+    assert (
+        main(["merge", str(run_dir)]) == 0 and json.loads(merged.read_text())["workbench"]["merged"]
+    )
     assert main(["show", str(run_dir)]) == 0 and "damaged:" not in capsys.readouterr().out
     rank1 = run_dir / "trace_rank1.json"
     rank1.write_bytes(rank1.read_bytes()[:-100])
-    with pytest.raises(DamagedTrace, match=rf"{rank1} is damaged at byte .* this rank's events are lost"):
+    with pytest.raises(
+        DamagedTrace, match=rf"{rank1} is damaged at byte .* this rank's events are lost"
+    ):
         _ = wb.load(str(run_dir)).events

@@ -13,10 +13,16 @@ def single(launched):
     return launched(dp=1)
 
 
-@pytest.mark.parametrize("config", [{"recompute": "full"}, {"recompute": "selective"},
-                                    {"recompute": "full", "tp": 2, "sequence_parallel": True},
-                                    {"recompute": "full", "dp": 2, "zero": 3}],
-                         ids=["full", "selective", "full-tp2-sp", "full-zero3"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"recompute": "full"},
+        {"recompute": "selective"},
+        {"recompute": "full", "tp": 2, "sequence_parallel": True},
+        {"recompute": "full", "dp": 2, "zero": 3},
+    ],
+    ids=["full", "selective", "full-tp2-sp", "full-zero3"],
+)
 def test_recomputation_trains_the_same_model(launched, single, config):
     run = launched(**config)
     assert_same_training(run, single)
@@ -80,7 +86,9 @@ def test_warm_up_then_cosine_decay(launched):
     lrs = list(run.metrics.lr)
     assert lrs[:2] == [pytest.approx(5e-4), pytest.approx(1e-3)]
     assert lrs == [pytest.approx(lr_at(s, 1e-3, 8, "cosine", 2)) for s in range(8)]
-    assert lrs[-1] == pytest.approx(1e-4) and all(a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False))
+    assert lrs[-1] == pytest.approx(1e-4) and all(
+        a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False)
+    )
 
 
 @pytest.mark.slow  # make test runs it through notebook 05, which asserts the same equality on dp2 × tp2 × pp2
@@ -94,14 +102,33 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
     assert grid["5"] == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
 
 
-@pytest.mark.parametrize("config", [
-    {"recompute": "full", "tp": 2, "sequence_parallel": True},
-    {"dp": 2, "precision": "bf16", "steps": 20},
-    {"dp": 2, "precision": "fp16", "steps": 20},
-    {"dp": 2, "tp": 2, "sequence_parallel": True, "precision": "bf16", "grad_reduce_dtype": "bf16"},
-    pytest.param({"model": ModelConfig(layers=4), "dp": 2, "tp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.05},
-                 marks=pytest.mark.slow),  # 8 ranks: tp and pp bytes are each checked above and in their own tests
-], ids=["recompute-tp-sp", "bf16", "fp16", "bf16-reduce-tp-sp", "3d"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"recompute": "full", "tp": 2, "sequence_parallel": True},
+        {"dp": 2, "precision": "bf16", "steps": 20},
+        {"dp": 2, "precision": "fp16", "steps": 20},
+        {
+            "dp": 2,
+            "tp": 2,
+            "sequence_parallel": True,
+            "precision": "bf16",
+            "grad_reduce_dtype": "bf16",
+        },
+        pytest.param(
+            {
+                "model": ModelConfig(layers=4),
+                "dp": 2,
+                "tp": 2,
+                "pp": 2,
+                "microbatches": 2,
+                "bucket_mb": 0.05,
+            },
+            marks=pytest.mark.slow,
+        ),  # 8 ranks: tp and pp bytes are each checked above and in their own tests
+    ],
+    ids=["recompute-tp-sp", "bf16", "fp16", "bf16-reduce-tp-sp", "3d"],
+)
 def test_communication_per_step_equals_the_prediction(launched, config):
     """Every collective and transfer the step issues, by op and group, as the formulas count them."""
     for r in launched(**config).summary["ranks"]:

@@ -15,9 +15,21 @@ import pytest
 from workbench.config import ModelConfig
 
 WIDE_VOCABULARY = ModelConfig(vocab_size=32768, hidden=64, layers=2, heads=4, seq_len=64)
-PROFILED = {"model": WIDE_VOCABULARY, "global_batch": 8, "steps": 2, "profile_memory": True, "profile_memory_step": 1}
-CASES = {"dp2": {"dp": 2}, "zero1": {"dp": 2, "zero": 1}, "zero2": {"dp": 2, "zero": 2}, "zero3": {"dp": 2, "zero": 3},
-         "tp2 (vocabulary-parallel loss)": {"tp": 2}, "pp2 (the last stage)": {"pp": 2, "microbatches": 2}}
+PROFILED = {
+    "model": WIDE_VOCABULARY,
+    "global_batch": 8,
+    "steps": 2,
+    "profile_memory": True,
+    "profile_memory_step": 1,
+}
+CASES = {
+    "dp2": {"dp": 2},
+    "zero1": {"dp": 2, "zero": 1},
+    "zero2": {"dp": 2, "zero": 2},
+    "zero3": {"dp": 2, "zero": 3},
+    "tp2 (vocabulary-parallel loss)": {"tp": 2},
+    "pp2 (the last stage)": {"pp": 2, "microbatches": 2},
+}
 
 
 def explained(rank: dict, tolerance: float) -> bool:
@@ -34,12 +46,20 @@ def test_the_categories_explain_and_the_formulas_predict_the_true_peak(launched,
         if r["pp"] != last:
             continue  # a first pipeline stage's peak is the embedding's backward: its dense gradient is unnamed
         peak = r["true_peak"]
-        assert peak["categories"]["loss"] > 0.5 * peak["allocated"], "the peak falls at the loss's backward"
+        assert peak["categories"]["loss"] > 0.5 * peak["allocated"], (
+            "the peak falls at the loss's backward"
+        )
         assert explained(r, 0.01), (case, r["rank"], peak)
         measured = peak["allocated"] - peak["backend_threads"]
-        assert abs(measured - r["predicted_peak_total_bytes"]) <= 0.02 * measured, (case, r["rank"], measured,
-                                                                                    r["predicted_peak_total_bytes"])
-        assert r["peak_bytes"]["loss"] == r["predicted_bytes"]["loss"], "the loss's bytes, to the byte"
+        assert abs(measured - r["predicted_peak_total_bytes"]) <= 0.02 * measured, (
+            case,
+            r["rank"],
+            measured,
+            r["predicted_peak_total_bytes"],
+        )
+        assert r["peak_bytes"]["loss"] == r["predicted_bytes"]["loss"], (
+            "the loss's bytes, to the byte"
+        )
 
 
 def _peak_with_an_unnamed_temporary(rank: int, world: int, run_dir: str, extra: int) -> None:
@@ -65,7 +85,9 @@ def _peak_with_an_unnamed_temporary(rank: int, world: int, run_dir: str, extra: 
         held.clear()
 
     cross_entropy.report_peak = with_a_leak if extra else report
-    ctx = setup(RunConfig(**{**PROFILED, "global_batch": 4}, backend="gloo").validate(), run_dir)  # dp2 rank's step
+    ctx = setup(
+        RunConfig(**{**PROFILED, "global_batch": 4}, backend="gloo").validate(), run_dir
+    )  # dp2 rank's step
     train(ctx)
     peak = memory_figures(ctx.recorder.events)["true_peak"]
     found = explained({"true_peak": peak}, 0.01)

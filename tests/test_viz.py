@@ -18,7 +18,11 @@ def test_charts_build_from_a_run(launched):
     rows = set(fig.data[0].y) | {y for t in fig.data for y in t.y}
     assert {"rank 0 · compute", "rank 0 · comm in flight", "rank 1 · wait"} <= rows
     assert len(viz.ring_steps(ring).layout.sliders[0].steps) == 2 * (2 - 1) + 1
-    assert {t.name for t in viz.memory_breakdown(run).data} >= {"parameter", "gradient", "optimizer_state"}
+    assert {t.name for t in viz.memory_breakdown(run).data} >= {
+        "parameter",
+        "gradient",
+        "optimizer_state",
+    }
     assert len(viz.memory_over_time(run).data) >= 4
     assert len(viz.loss_curves({"a": run, "b": ring}, baseline="a").data) == 3
     assert len(viz.overlap_table(run)) == 2
@@ -31,7 +35,9 @@ def test_ring_replay_ends_with_every_chunk_complete_on_every_rank(launched):
     run = launched(dp=4, allreduce="ring", bucket_mb=0.03)
     ev = run.events
     ring = ev[ev.cat == "ring_step"]
-    one = ring[(ring.step == ring.step.max()) & (ring.seq == ring[ring.step == ring.step.max()].seq.min())]
+    one = ring[
+        (ring.step == ring.step.max()) & (ring.seq == ring[ring.step == ring.step.max()].seq.min())
+    ]
     states = replay(one, 4)
     assert len(states) == 2 * 3 + 1
     assert all(len(chunk) == 1 for row in states[0] for chunk in row)
@@ -69,9 +75,11 @@ def test_every_ring_collective_replays_to_its_result(tmp_path):
 
 def test_loading_and_charting_does_not_import_torch_distributed(launched):
     run = launched(dp=2, bucket_mb=0.01)
-    code = (f"import sys, workbench as wb; from workbench import viz; r = wb.load({run.path!r}); "
-            "viz.timeline(r); viz.memory_breakdown(r); r.metrics; r.summary; "
-            "assert 'torch.distributed' not in sys.modules and 'torch' not in sys.modules")
+    code = (
+        f"import sys, workbench as wb; from workbench import viz; r = wb.load({run.path!r}); "
+        "viz.timeline(r); viz.memory_breakdown(r); r.metrics; r.summary; "
+        "assert 'torch.distributed' not in sys.modules and 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -34,22 +34,32 @@ def test_tensorboard_holds_the_values_of_metrics_jsonl(watched):
     # the split by the clock: compute and communication each measured, both positive, within the step
     for step in m.index:
         assert 0 < tb["time_ms/forward"][step] and 0 < tb["time_ms/backward"][step]
-        assert tb["time_ms/compute"][step] >= tb["time_ms/forward"][step] + tb["time_ms/backward"][step] - 1e-3
+        assert (
+            tb["time_ms/compute"][step]
+            >= tb["time_ms/forward"][step] + tb["time_ms/backward"][step] - 1e-3
+        )
         assert 0 < tb["time_ms/communication"][step]
         assert tb["time_ms/compute"][step] < 1e3 * m.loc[step, "step_time_s"] * 1.05
     peaks = watched.summary["ranks"][0]["peak_bytes"]
-    assert tb["memory_MB/parameter"][max(m.index)] == pytest.approx(peaks["parameter"] / 1e6, rel=1e-6)
+    assert tb["memory_MB/parameter"][max(m.index)] == pytest.approx(
+        peaks["parameter"] / 1e6, rel=1e-6
+    )
     assert tb["memory_MB/total"][max(m.index)] >= tb["memory_MB/parameter"][max(m.index)]
 
 
 def test_torch_profiler_traces_are_per_rank_and_on_our_clock(watched):
     files = sorted(os.listdir(os.path.join(watched.path, "profile")))
-    assert files == ["rank0.json", "rank1.json"], "the directory holds only the per-rank traces (HTA reads it whole)"
+    assert files == ["rank0.json", "rank1.json"], (
+        "the directory holds only the per-rank traces (HTA reads it whole)"
+    )
     for t in watched.traces:
         info = t["workbench"]
         with open(os.path.join(watched.path, info["torch_profile"]["file"])) as f:
             kineto = json.load(f)
-        assert kineto["distributedInfo"]["rank"] == info["rank"] and kineto["distributedInfo"]["world_size"] == 2
+        assert (
+            kineto["distributedInfo"]["rank"] == info["rank"]
+            and kineto["distributedInfo"]["world_size"] == 2
+        )
         ops = load_ops(watched.path, info)
         assert any(o["name"] == "aten::mm" or o["name"] == "aten::addmm" for o in ops)
         # aligned: the profiled ops fall inside our spans of steps 2 and 3 on that rank
@@ -58,7 +68,9 @@ def test_torch_profiler_traces_are_per_rank_and_on_our_clock(watched):
         lo, hi = steps.start_us.min(), steps.end_us.max()
         mm = [o for o in ops if o["name"] in ("aten::mm", "aten::addmm")]
         inside = [o for o in mm if lo - 1e3 <= o["start_us"] <= hi + 1e3]
-        assert len(inside) == len(mm), f"{len(mm) - len(inside)} matmuls outside steps 2–3 on our clock"
+        assert len(inside) == len(mm), (
+            f"{len(mm) - len(inside)} matmuls outside steps 2–3 on our clock"
+        )
         assert not [o for o in ops if o["name"] == MARKER]
 
 
@@ -93,7 +105,9 @@ def test_holistic_trace_analysis_reads_the_profile(watched, monkeypatch):
     names = set(analysis.t.symbol_table.sym_table[i] for i in df["name"].unique())
     assert "aten::mm" in names or "aten::addmm" in names
     iterations = {int(i) for i in analysis.t.get_iterations(0)}
-    assert 2 in iterations and iterations <= {2, 3}, "HTA's iterations are our step numbers (ProfilerStep#N)"
+    assert 2 in iterations and iterations <= {2, 3}, (
+        "HTA's iterations are our step numbers (ProfilerStep#N)"
+    )
     overlap = analysis.get_comm_comp_overlap(visualize=False)
     assert sorted(overlap["rank"]) == [0, 1]
 
@@ -109,14 +123,19 @@ def test_wandb_offline_holds_the_config_each_steps_points_and_the_summary(tmp_pa
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    run = wb.launch(wb.RunConfig(model="tiny", dp=2, global_batch=8, steps=3, wandb="workbench-test"),
-                    out=str(tmp_path / "r"), progress=False)
+    run = wb.launch(
+        wb.RunConfig(model="tiny", dp=2, global_batch=8, steps=3, wandb="workbench-test"),
+        out=str(tmp_path / "r"),
+        progress=False,
+    )
     logged = offline_run(run.path)
     assert logged["config"]["dp"] == 2 and logged["config"]["wandb"] == "workbench-test"
     assert [row["train/loss"] for row in logged["history"]] == list(run.metrics.loss)
     assert logged["summary"]["workbench/world_size"] == 2
     assert logged["summary"]["workbench/step_time_s"] == run.summary["step_time_s"]
-    (table,) = glob.glob(os.path.join(logged["dir"], "files", "media", "table", "workbench", "ranks_*.table.json"))
+    (table,) = glob.glob(
+        os.path.join(logged["dir"], "files", "media", "table", "workbench", "ranks_*.table.json")
+    )
     with open(table) as f:
         ranks = json.load(f)
     assert [row[0] for row in ranks["data"]] == [0, 1] and ranks["columns"][0] == "rank"

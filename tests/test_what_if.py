@@ -37,8 +37,11 @@ def measured_step(run: wb.Run) -> float:
     return float(run.metrics.step_time_s.iloc[1:].median())
 
 
-@pytest.mark.parametrize("strategy", [{"dp": 2}, {"tp": 2}, {"pp": 2, "microbatches": 4}, {"dp": 2, "zero": 3}],
-                         ids=["dp2", "tp2", "pp2-1f1b", "zero3"])
+@pytest.mark.parametrize(
+    "strategy",
+    [{"dp": 2}, {"tp": 2}, {"pp": 2, "microbatches": 4}, {"dp": 2, "zero": 3}],
+    ids=["dp2", "tp2", "pp2-1f1b", "zero3"],
+)
 def test_replay_reproduces_the_measured_step(launched, strategy):
     run = launched(model=MODEL, global_batch=16, **strategy)
     result = replay(execution_graph.build(load_traces(run.path), run.config))
@@ -49,7 +52,9 @@ def test_replay_reproduces_the_measured_step(launched, strategy):
 def test_a_graph_that_lacks_a_dependency_is_caught(launched):
     """Rank 0 no longer waits for its collectives (the edges from them to its blocks cut) while rank 1
     straggles: the replay lets rank 0 run ahead, and the check fails — the consistency check can fail."""
-    run = launched(model=MODEL, global_batch=16, dp=2, fault="straggle", fault_rank=1, fault_delay_s=0.02)
+    run = launched(
+        model=MODEL, global_batch=16, dp=2, fault="straggle", fault_rank=1, fault_delay_s=0.02
+    )
     graph = execution_graph.build(load_traces(run.path))
     replay(graph).check()
     for it in graph.programs[0]:
@@ -76,9 +81,14 @@ def _pair(root, source: dict, changes: dict, target: dict, **kw) -> tuple[float,
     the machine falls on both of a round): the median ratio predicted / measured, and the medians."""
     ratios, predicted, measured = [], [], []
     for k in range(ROUNDS):
-        runs = [wb.launch(wb.RunConfig(model=MODEL, global_batch=16, steps=6, timeout_s=30.0, **settings),
-                          out=str(root / f"{name}{k}"), progress=False) for name, settings in
-                (("source", source), ("target", target))]
+        runs = [
+            wb.launch(
+                wb.RunConfig(model=MODEL, global_batch=16, steps=6, timeout_s=30.0, **settings),
+                out=str(root / f"{name}{k}"),
+                progress=False,
+            )
+            for name, settings in (("source", source), ("target", target))
+        ]
         w = wb.what_if(runs[0].path, **changes, **kw)
         predicted.append(w.predicted_s)
         measured.append(measured_step(runs[1]))
@@ -86,22 +96,43 @@ def _pair(root, source: dict, changes: dict, target: dict, **kw) -> tuple[float,
     return statistics.median(ratios), statistics.median(predicted), statistics.median(measured)
 
 
-@pytest.mark.parametrize("kind,source,changes,target", [
-    ("dp", {"dp": 2}, {"dp": 4}, {"dp": 4}),
-    ("microbatches", {"pp": 2, "microbatches": 4}, {"microbatches": 2}, {"pp": 2, "microbatches": 2}),
-    ("schedule", {"pp": 2, "microbatches": 4}, {"schedule": "gpipe"},
-     {"pp": 2, "microbatches": 4, "schedule": "gpipe"}),
-    ("bucket", {"dp": 2}, {"bucket_mb": 0.05}, {"dp": 2, "bucket_mb": 0.05}),
-    ("link", {"dp": 2}, {"emulate_link": "inter=0.05,2000", "ranks_per_node": 1},
-     {"dp": 2, "emulate_link": "inter=0.05,2000", "ranks_per_node": 1}),
-    ("straggler", {"dp": 2}, {"straggler": (1, 0.03)}, {"dp": 2, "fault": "straggle", "fault_rank": 1,
-                                                         "fault_delay_s": 0.03}),
-])
+@pytest.mark.parametrize(
+    "kind,source,changes,target",
+    [
+        ("dp", {"dp": 2}, {"dp": 4}, {"dp": 4}),
+        (
+            "microbatches",
+            {"pp": 2, "microbatches": 4},
+            {"microbatches": 2},
+            {"pp": 2, "microbatches": 2},
+        ),
+        (
+            "schedule",
+            {"pp": 2, "microbatches": 4},
+            {"schedule": "gpipe"},
+            {"pp": 2, "microbatches": 4, "schedule": "gpipe"},
+        ),
+        ("bucket", {"dp": 2}, {"bucket_mb": 0.05}, {"dp": 2, "bucket_mb": 0.05}),
+        (
+            "link",
+            {"dp": 2},
+            {"emulate_link": "inter=0.05,2000", "ranks_per_node": 1},
+            {"dp": 2, "emulate_link": "inter=0.05,2000", "ranks_per_node": 1},
+        ),
+        (
+            "straggler",
+            {"dp": 2},
+            {"straggler": (1, 0.03)},
+            {"dp": 2, "fault": "straggle", "fault_rank": 1, "fault_delay_s": 0.03},
+        ),
+    ],
+)
 @pytest.mark.slow
 def test_what_if_predicts_the_target_run(tmp_path, hardware, kind, source, changes, target):
     ratio, predicted, measured = _pair(tmp_path, source, changes, target, hardware=hardware)
-    assert abs(ratio - 1) <= TOLERANCE, \
+    assert abs(ratio - 1) <= TOLERANCE, (
         f"{kind}: predicted / measured {ratio:.2f} (medians {predicted * 1e3:.1f} and {measured * 1e3:.1f} ms)"
+    )
 
 
 def test_what_if_refuses_what_it_cannot_edit(launched):

@@ -17,24 +17,40 @@ def single(launched):
     return launched(dp=1)
 
 
-@pytest.mark.parametrize("config", [
-    {"dp": 2, "zero": 1},
-    pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),  # notebook 04: ZeRO-2 = one process
-    {"dp": 2, "zero": 3},
-    pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow),  # zero3 at dp=2 here, and notebook 04
-    pytest.param({"dp": 2, "zero": 3, "prefetch": False}, marks=pytest.mark.slow),  # notebook 04: = with prefetch
-    {"dp": 2, "zero": 1, "allreduce": "ring", "bucket_mb": 0.03},
-], ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch", "zero1-ring"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"dp": 2, "zero": 1},
+        pytest.param(
+            {"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow
+        ),  # notebook 04: ZeRO-2 = one process
+        {"dp": 2, "zero": 3},
+        pytest.param(
+            {"dp": 4, "zero": 3}, marks=pytest.mark.slow
+        ),  # zero3 at dp=2 here, and notebook 04
+        pytest.param(
+            {"dp": 2, "zero": 3, "prefetch": False}, marks=pytest.mark.slow
+        ),  # notebook 04: = with prefetch
+        {"dp": 2, "zero": 1, "allreduce": "ring", "bucket_mb": 0.03},
+    ],
+    ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch", "zero1-ring"],
+)
 def test_zero_matches_single_process(launched, single, config):
     run = launched(**config)
     assert_same_training(run, single)
     assert validate_run(run.path) == []
 
 
-@pytest.mark.parametrize("config", [  # make test: dp2; notebook 04 holds every stage's states to the formula
-    {"dp": 2, "zero": 1}, pytest.param({"dp": 4, "zero": 1}, marks=pytest.mark.slow),
-    pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow), {"dp": 2, "zero": 3},
-    pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "config",
+    [  # make test: dp2; notebook 04 holds every stage's states to the formula
+        {"dp": 2, "zero": 1},
+        pytest.param({"dp": 4, "zero": 1}, marks=pytest.mark.slow),
+        pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),
+        {"dp": 2, "zero": 3},
+        pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow),
+    ],
+)
 def test_model_states_per_rank_match_the_formula(launched, config):
     """fp32: parameters 4Ψ (÷N at stage 3), gradients 4Ψ (÷N from stage 2), Adam's moments 8Ψ/N.
     Buckets are padded to a multiple of N — at most N − 1 values each — hence the 3 % bound; for the
@@ -53,9 +69,13 @@ def test_zero3_gathers_layers_transiently(launched):
     psi = run.config["params"]
     assert r["peak_bytes"]["parameter"] == 4 * psi // 2, "only this rank's half is kept"
     gathered = r["peak_bytes"]["temporary"]
-    assert 0 < gathered < 4 * psi, "the gathered layers, shown separately, never amount to the whole model"
+    assert 0 < gathered < 4 * psi, (
+        "the gathered layers, shown separately, never amount to the whole model"
+    )
     mem = run.memory[run.memory["rank"] == 0]
-    assert (mem.temporary.diff() > 0).sum() > 5 and (mem.temporary.diff() < 0).sum() > 5, "the saw-tooth"
+    assert (mem.temporary.diff() > 0).sum() > 5 and (mem.temporary.diff() < 0).sum() > 5, (
+        "the saw-tooth"
+    )
 
 
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_data_parallel(launched):
@@ -70,16 +90,24 @@ def test_zero1_beside_pipeline_parallelism(launched):
     from workbench import ModelConfig
 
     four = ModelConfig(layers=4)
-    assert_same_training(launched(model=four, dp=2, pp=2, zero=1, microbatches=2), launched(model=four))
+    assert_same_training(
+        launched(model=four, dp=2, pp=2, zero=1, microbatches=2), launched(model=four)
+    )
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"dp": 2, "zero": 3, "pp": 2, "model": {"layers": 4}}, "zero=3 with pp=2 is not supported"),
-    ({"dp": 2, "zero": 2, "tp": 2}, "zero=2 with tp=2 is not supported"),
-    ({"dp": 2, "zero": 3, "microbatches": 2}, "zero=3 with microbatches"),
-    ({"offload_optimizer": True}, "needs ZeRO"),
-    ({"dp": 2, "zero": 2, "allreduce": "ring"}, "brings its own"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"dp": 2, "zero": 3, "pp": 2, "model": {"layers": 4}},
+            "zero=3 with pp=2 is not supported",
+        ),
+        ({"dp": 2, "zero": 2, "tp": 2}, "zero=2 with tp=2 is not supported"),
+        ({"dp": 2, "zero": 3, "microbatches": 2}, "zero=3 with microbatches"),
+        ({"offload_optimizer": True}, "needs ZeRO"),
+        ({"dp": 2, "zero": 2, "allreduce": "ring"}, "brings its own"),
+    ],
+)
 def test_unsupported_combinations_fail_before_launch(change, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(**change).validate()

@@ -19,7 +19,13 @@ from workbench import ConfigError, ModelConfig, RunConfig
 from workbench.cli import main as cli
 from workbench.predict import formulas
 from workbench.schedules.actions import Action
-from workbench.schedules.build import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
+from workbench.schedules.build import (
+    build_schedule,
+    peak_in_flight,
+    peak_pending_w,
+    simulate,
+    validate,
+)
 from workbench.schedules.torch_csv import read_csv, write_csv
 from workbench.trace.validate import validate_run
 
@@ -41,11 +47,17 @@ def test_unit_time_bubbles_are_the_papers(p, m):
         assert validate(s) == [], name
         rates[name] = simulate(s, t_f=1.0, t_b=2.0, t_w=1.0).bubble_rate()
         assert rates[name] == pytest.approx(formulas.bubble_rate(name, p, m), abs=1e-12), name
-    assert rates["zbh1"] == pytest.approx((p - 1) / (3 * m)) and rates["1f1b"] == pytest.approx((p - 1) / m)
-    assert peak_in_flight(build_schedule("zbh1", p, m)) == peak_in_flight(build_schedule("1f1b", p, m))
+    assert rates["zbh1"] == pytest.approx((p - 1) / (3 * m)) and rates["1f1b"] == pytest.approx(
+        (p - 1) / m
+    )
+    assert peak_in_flight(build_schedule("zbh1", p, m)) == peak_in_flight(
+        build_schedule("1f1b", p, m)
+    )
     if "zbv" in rates:
         v = build_schedule("zbv", p, m)
-        assert rates["zbv"] == 0.0 and peak_in_flight(v) == [2 * p] * p  # 2p half-stage chunks = 1F1B's p stages
+        assert (
+            rates["zbv"] == 0.0 and peak_in_flight(v) == [2 * p] * p
+        )  # 2p half-stage chunks = 1F1B's p stages
 
 
 def test_zero_bubble_stops_being_zero_when_w_is_not_free():
@@ -53,7 +65,10 @@ def test_zero_bubble_stops_being_zero_when_w_is_not_free():
     than F, what W filled comes back as bubble; with W longer, W itself overflows the gaps: ZBV's bubble
     is 0 only at equal times and grows on both sides (the simulation is the prediction there)."""
     s = build_schedule("zbv", 4, 8)
-    rates = {t_w: simulate(s, t_f=1.0, t_b=1.0 + t_w, t_w=t_w).bubble_rate() for t_w in (0.25, 0.5, 1.0, 1.5, 2.0)}
+    rates = {
+        t_w: simulate(s, t_f=1.0, t_b=1.0 + t_w, t_w=t_w).bubble_rate()
+        for t_w in (0.25, 0.5, 1.0, 1.5, 2.0)
+    }
     assert rates[1.0] == 0.0
     assert rates[0.25] > rates[0.5] > 0 and rates[2.0] > rates[1.5] > 0, rates
 
@@ -81,14 +96,17 @@ def _malformed(kind: str):
     return s
 
 
-@pytest.mark.parametrize("kind, says", [
-    ("W before its I", "runs before its I"),
-    ("I without W", "count(I) = count(W)"),
-    ("B and I", "either B or I then W"),
-    ("I before F", "runs before its forward"),
-    ("stage on two ranks", "want exactly one"),
-    ("V hand-over out of order", "on the same rank, hands it its input"),
-])
+@pytest.mark.parametrize(
+    "kind, says",
+    [
+        ("W before its I", "runs before its I"),
+        ("I without W", "count(I) = count(W)"),
+        ("B and I", "either B or I then W"),
+        ("I before F", "runs before its forward"),
+        ("stage on two ranks", "want exactly one"),
+        ("V hand-over out of order", "on the same rank, hands it its input"),
+    ],
+)
 def test_each_rule_catches_its_malformed_schedule(kind, says):
     errors = validate(_malformed(kind))
     assert any(says in e for e in errors), errors
@@ -100,17 +118,34 @@ def test_a_split_schedule_posted_one_transfer_at_a_time_deadlocks_on_nccl():
     s = build_schedule("zbh1", 4, 8, placement="adjacent")
     assert any("deadlock under nccl" in e for e in validate(s, batched=False))
     assert validate(s, rule="gloo", batched=False) == []
-    assert validate(build_schedule("zbh1", 4, 8)) == [] and validate(build_schedule("zbv", 4, 8)) == []
+    assert (
+        validate(build_schedule("zbh1", 4, 8)) == [] and validate(build_schedule("zbv", 4, 8)) == []
+    )
 
 
-@pytest.mark.parametrize("name, p, m, v", [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2),
-                                           ("zbh1", 2, 4, 1), ("zbh1", 4, 8, 1), ("zbv", 2, 4, 2), ("zbv", 4, 8, 2)])
+@pytest.mark.parametrize(
+    "name, p, m, v",
+    [
+        ("gpipe", 2, 4, 1),
+        ("1f1b", 4, 8, 1),
+        ("interleaved", 2, 4, 2),
+        ("zbh1", 2, 4, 1),
+        ("zbh1", 4, 8, 1),
+        ("zbv", 2, 4, 2),
+        ("zbv", 4, 8, 2),
+    ],
+)
 def test_every_schedule_round_trips_through_torch_csv(tmp_path, name, p, m, v):
     s = build_schedule(name, p, m, v)
     path = str(tmp_path / "s.csv")
     write_csv(s, path)
     back = read_csv(path, m)
-    assert back.actions == s.actions and (back.p, back.m, back.v, back.placement) == (s.p, s.m, s.v, s.placement)
+    assert back.actions == s.actions and (back.p, back.m, back.v, back.placement) == (
+        s.p,
+        s.m,
+        s.v,
+        s.placement,
+    )
 
 
 def test_the_split_backward_gives_autograds_gradients_in_any_order():
@@ -122,16 +157,35 @@ def test_the_split_backward_gives_autograds_gradients_in_any_order():
     cfg = ModelConfig()
     plain, split = GPT(cfg, seed=0), GPT(cfg, seed=0)
     g = torch.Generator().manual_seed(1)
-    data = [(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g),
-             torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g)) for _ in range(3)]
+    data = [
+        (
+            torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g),
+            torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g),
+        )
+        for _ in range(3)
+    ]
     for x, y in data:
         plain(x, y).backward()
     store = WeightGradStore()
-    assert split_linears(split, store) == 4 * cfg.layers + 1  # qkv, proj, fc, proj per block, and the head
+    assert (
+        split_linears(split, store) == 4 * cfg.layers + 1
+    )  # qkv, proj, fc, proj per block, and the head
     out = {}
-    for kind, i in [("F", 0), ("F", 1), ("I", 0), ("F", 2), ("W", 0), ("I", 1), ("I", 2), ("W", 2), ("W", 1)]:
+    for kind, i in [
+        ("F", 0),
+        ("F", 1),
+        ("I", 0),
+        ("F", 2),
+        ("W", 0),
+        ("I", 1),
+        ("I", 2),
+        ("W", 2),
+        ("W", 1),
+    ]:
         if kind == "F":
-            with store.forward(split=True):  # the executor says so for a microbatch whose backward is I, W
+            with store.forward(
+                split=True
+            ):  # the executor says so for a microbatch whose backward is I, W
                 out[i] = split(*data[i])
         elif kind == "I":
             with store.input_grad((0, i)):
@@ -148,7 +202,9 @@ def test_bad_zero_bubble_configurations_fail_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="needs pp > 1"):
         RunConfig(schedule="zbh1").validate()
     with pytest.raises(ConfigError, match="ZeRO-3"):
-        RunConfig(model=FOUR, dp=2, pp=2, schedule="zbh1", zero=3, global_batch=8, microbatches=2).validate()
+        RunConfig(
+            model=FOUR, dp=2, pp=2, schedule="zbh1", zero=3, global_batch=8, microbatches=2
+        ).validate()
     with pytest.raises(ConfigError, match="pp×virtual_stages=4"):
         RunConfig(model=ModelConfig(layers=2), pp=2, schedule="zbv").validate()
     assert RunConfig(model=FOUR, pp=2, schedule="zbv").virtual_stages == 2
@@ -162,7 +218,23 @@ def test_bad_zero_bubble_configurations_fail_before_anything_starts(tmp_path):
 
 def test_schedule_export_writes_torch_csv_and_show_prints_the_bubble(tmp_path, capsys):
     out = tmp_path / "zbh1.csv"
-    assert cli(["schedule", "export", "--schedule", "zbh1", "--pp", "2", "--microbatches", "4", "--out", str(out)]) == 0
+    assert (
+        cli(
+            [
+                "schedule",
+                "export",
+                "--schedule",
+                "zbh1",
+                "--pp",
+                "2",
+                "--microbatches",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = out.read_text().splitlines()
     assert rows[0] == "0F0,0F1,0B0,0F2,0B1,0F3,0B2,0B3", "an I followed at once by its W is one B"
     assert rows[1] == "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3"
@@ -176,28 +248,42 @@ def single(launched):
     return launched(model=FOUR)
 
 
-@pytest.mark.parametrize("model, config", [
-    (FOUR, {"pp": 2, "schedule": "zbh1", "microbatches": 4}),
-    # data parallelism's buckets count each gradient once: I must not touch the Linears' accumulators
-    (FOUR, {"dp": 2, "pp": 2, "schedule": "zbh1", "microbatches": 2, "bucket_mb": 0.02}),
-    # notebook 03 holds ZBV (p = 2, m = 4) to one process and its stash to the formula in make test
-    pytest.param(FOUR, {"pp": 2, "schedule": "zbv", "microbatches": 4}, marks=pytest.mark.slow),
-    # four ranks on two cores: make test holds ZB-H1 on pp 2 (with and without dp) and notebook 03 ZBV on pp 2
-    pytest.param(EIGHT, {"pp": 4, "schedule": "zbh1", "microbatches": 8}, marks=pytest.mark.slow),
-    pytest.param(EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}, marks=pytest.mark.slow),  # 8 stages
-], ids=["zbh1-pp2", "dp2-zbh1-pp2", "zbv-pp2", "zbh1-pp4", "zbv-pp4"])
+@pytest.mark.parametrize(
+    "model, config",
+    [
+        (FOUR, {"pp": 2, "schedule": "zbh1", "microbatches": 4}),
+        # data parallelism's buckets count each gradient once: I must not touch the Linears' accumulators
+        (FOUR, {"dp": 2, "pp": 2, "schedule": "zbh1", "microbatches": 2, "bucket_mb": 0.02}),
+        # notebook 03 holds ZBV (p = 2, m = 4) to one process and its stash to the formula in make test
+        pytest.param(FOUR, {"pp": 2, "schedule": "zbv", "microbatches": 4}, marks=pytest.mark.slow),
+        # four ranks on two cores: make test holds ZB-H1 on pp 2 (with and without dp) and notebook 03 ZBV on pp 2
+        pytest.param(
+            EIGHT, {"pp": 4, "schedule": "zbh1", "microbatches": 8}, marks=pytest.mark.slow
+        ),
+        pytest.param(
+            EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}, marks=pytest.mark.slow
+        ),  # 8 stages
+    ],
+    ids=["zbh1-pp2", "dp2-zbh1-pp2", "zbv-pp2", "zbh1-pp4", "zbv-pp4"],
+)
 def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, config):
     single = launched(model=model)
     run = launched(model=model, **config)
     assert_same_training(run, single)
     assert (run.metrics.loss - single.metrics.loss).abs().max() < 1e-5
     assert validate_run(run.path) == []
-    for r in run.summary["ranks"]:  # W's stash: measured (the bytes each I kept until its W) = the formula
+    for r in run.summary[
+        "ranks"
+    ]:  # W's stash: measured (the bytes each I kept until its W) = the formula
         assert r["peak_bytes"]["wgrad_stash"] == r["predicted_bytes"]["wgrad_stash"], r["rank"]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], r["rank"]
-        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r["rank"]  # a V's turn: no transfer
+        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r[
+            "rank"
+        ]  # a V's turn: no transfer
     stashed = [r["peak_bytes"]["wgrad_stash"] > 0 for r in run.summary["ranks"]]
-    assert stashed[-1] and (stashed[0] == (config["schedule"] == "zbv")), "ZB-H1's first stage runs B: I and W adjacent"
+    assert stashed[-1] and (stashed[0] == (config["schedule"] == "zbv")), (
+        "ZB-H1's first stage runs B: I and W adjacent"
+    )
 
 
 @pytest.mark.slow  # make test holds ZB-H1's training to one process's (above) and its resume bit for bit (below)
@@ -223,8 +309,11 @@ def test_gradients_equal_1f1bs(launched):
 def test_a_zbh1_run_resumes_bit_identically(launched):
     config = {"model": FOUR, "pp": 2, "microbatches": 4, "steps": 6, "checkpoint_every": 3}
     runs = {"zbh1": launched(schedule="zbh1", **config)}
-    resumed = launched(schedule="zbh1", resume=os.path.join(runs["zbh1"].path, "checkpoints", "step_000003"),
-                       **config)
+    resumed = launched(
+        schedule="zbh1",
+        resume=os.path.join(runs["zbh1"].path, "checkpoints", "step_000003"),
+        **config,
+    )
     tail = runs["zbh1"].metrics[runs["zbh1"].metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss)
     assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
@@ -250,16 +339,36 @@ def test_torchs_runtime_runs_our_zbh1_and_we_run_torchs_schedules(launched, sing
     dump = tmp_path / "torch"
     dump.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           os.path.join(ROOT, "tests", "torch_runtime_check.py"), csv_path, "4", "4", "4", str(dump)],
-                          capture_output=True, text=True, env=env, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            os.path.join(ROOT, "tests", "torch_runtime_check.py"),
+            csv_path,
+            "4",
+            "4",
+            "4",
+            str(dump),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     losses = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
-    assert max(abs(a - b) for a, b in zip(losses["torch_runtime"], losses["one_process"], strict=True)) < 1e-5
+    assert (
+        max(abs(a - b) for a, b in zip(losses["torch_runtime"], losses["one_process"], strict=True))
+        < 1e-5
+    )
     for name in ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev", "interleaved_1f1b"):
         s = read_csv(str(dump / f"{name}.csv"), 4)
         assert validate(s) == [] and s.v == 2, name
         assert max(peak_pending_w(s)) >= (1 if name != "interleaved_1f1b" else 0)
-    run = launched(model=FOUR, pp=2, virtual_stages=2, microbatches=4,
-                   schedule=f"csv:{dump / 'dualpipev.csv'}")
+    run = launched(
+        model=FOUR, pp=2, virtual_stages=2, microbatches=4, schedule=f"csv:{dump / 'dualpipev.csv'}"
+    )
     assert_same_training(run, single)

@@ -44,12 +44,16 @@ def dump_torch_schedules(out: str, world: int, rank: int, m: int) -> None:
     """Torch's generated schedules (two stages per rank), each written by rank 0 as compute-only CSV."""
     from torch.distributed.pipelining import schedules as ts
 
-    for name, cls, v_shape in (("interleaved_zero_bubble", ts.ScheduleInterleavedZeroBubble, False),
-                               ("zbv_zero_bubble", ts.ScheduleZBVZeroBubble, True),
-                               ("dualpipev", ts.ScheduleDualPipeV, True),
-                               ("interleaved_1f1b", ts.ScheduleInterleaved1F1B, False)):
+    for name, cls, v_shape in (
+        ("interleaved_zero_bubble", ts.ScheduleInterleavedZeroBubble, False),
+        ("zbv_zero_bubble", ts.ScheduleZBVZeroBubble, True),
+        ("dualpipev", ts.ScheduleDualPipeV, True),
+        ("interleaved_1f1b", ts.ScheduleInterleaved1F1B, False),
+    ):
         mine = [rank, 2 * world - 1 - rank] if v_shape else [rank, rank + world]
-        stages = [PipelineStage(torch.nn.Linear(4, 4), k, 2 * world, torch.device("cpu")) for k in mine]
+        stages = [
+            PipelineStage(torch.nn.Linear(4, 4), k, 2 * world, torch.device("cpu")) for k in mine
+        ]
         sched = cls(stages, m, loss_fn=loss_fn)
         if rank == 0:
             path = os.path.join(out, f"{name}.csv")
@@ -65,8 +69,12 @@ def main(path: str, m: int, layers: int, steps: int, dump: str | None = None) ->
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = dataclasses.replace(PRESETS["tiny"], layers=layers)
     ours = read_csv(path, m)  # validated; its stage → rank placement is the one torch infers too
-    chunks = build_stages(cfg.layers, ours, rank,
-                          lambda lay, first, last: GPT(cfg, seed=0, layers=lay, first=first, last=last))
+    chunks = build_stages(
+        cfg.layers,
+        ours,
+        rank,
+        lambda lay, first, last: GPT(cfg, seed=0, layers=lay, first=first, last=last),
+    )
     device = torch.device("cpu")
     stages = [PipelineStage(chunk, k, ours.stages, device) for k, chunk in chunks.items()]
     runtime = _PipelineScheduleRuntime(stages, m, loss_fn=loss_fn, scale_grads=True)

@@ -24,11 +24,11 @@ def records(path: str) -> list[Any]:
     out, pos, pending = [], 7, b""
     while pos + 7 <= len(data):
         left = BLOCK - pos % BLOCK
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if left < 7 or (length == 0 and kind == 0):  # padding to the next block
             pos += left
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -57,5 +57,9 @@ def offline_run(run_dir: str) -> dict[str, Any]:
             history.setdefault(row["_step"], {}).update(row)
         elif kind == "summary":
             summary.update(_items(r.summary.update))
-    return {"config": config, "history": [history[k] for k in sorted(history)], "summary": summary,
-            "dir": os.path.dirname(path)}
+    return {
+        "config": config,
+        "history": [history[k] for k in sorted(history)],
+        "summary": summary,
+        "dir": os.path.dirname(path),
+    }

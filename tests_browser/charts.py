@@ -26,7 +26,11 @@ def _norm(color: str | None) -> str | None:
     color = color.strip().lower()
     if color.startswith("#") and len(color) == 7:
         return f"rgb({int(color[1:3], 16)}, {int(color[3:5], 16)}, {int(color[5:7], 16)})"
-    return color.replace("rgba(", "rgb(").rsplit(",", 1)[0] + ")" if color.startswith("rgba(") else color
+    return (
+        color.replace("rgba(", "rgb(").rsplit(",", 1)[0] + ")"
+        if color.startswith("rgba(")
+        else color
+    )
 
 
 def marks_use_their_legend_colours(page) -> None:
@@ -42,7 +46,12 @@ def marks_use_their_legend_colours(page) -> None:
             c = _norm(t["color"])
             if c is None or not t["group"]:
                 continue
-            assert seen.setdefault(t["group"], c) == c, (t["title"], t["group"], seen[t["group"]], c)
+            assert seen.setdefault(t["group"], c) == c, (
+                t["title"],
+                t["group"],
+                seen[t["group"]],
+                c,
+            )
             if t["name"] in palette and t["timeline"]:
                 assert c == palette[t["name"]], (t["title"], t["name"], c, palette[t["name"]])
 
@@ -85,7 +94,9 @@ def interleaved_controls_agree_with_the_chart(page, stem: str) -> None:
 
     def shown() -> tuple[str, list[str]]:
         page.wait_for_timeout(1500)
-        return box.locator(".gtitle").first.text_content(), [readouts.nth(i).text_content() for i in range(5)]
+        return box.locator(".gtitle").first.text_content(), [
+            readouts.nth(i).text_content() for i in range(5)
+        ]
 
     box.locator("select").first.select_option("interleaved")
     title, (_, _, p, m, v) = shown()

@@ -18,14 +18,19 @@ SITE = ROOT / "traces" / "site"
 #: a plotly chart that plotly.js has drawn with data (JavaScript, for a filter over chart elements)
 HAS_DATA = "g => (g._fullData || []).length > 0"
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)"
+)
 
 
 def _open(browser, path: Path):
     """A page opened from the disk (file://, as the README says to open the site), and its console errors."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
-    page.on("console", lambda m: errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None,
+    )
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(path.as_uri())
     page.wait_for_load_state("load")
@@ -33,7 +38,9 @@ def _open(browser, path: Path):
 
 
 def test_the_site_was_built():
-    assert (SITE / "index.html").exists(), "no traces/site/index.html: build the site first (make docs)"
+    assert (SITE / "index.html").exists(), (
+        "no traces/site/index.html: build the site first (make docs)"
+    )
 
 
 def test_the_home_page_opens_with_its_navigation(browser):
@@ -45,7 +52,9 @@ def test_the_home_page_opens_with_its_navigation(browser):
     nav = " ".join(t.strip() for t in nav)
     for section in ("Getting started", "Lessons", "The `workbench` command", "formulas"):
         assert section.lower().replace("`", "") in nav.lower().replace("`", ""), (section, nav)
-    assert page.locator("img[src$='timeline.png']").evaluate("i => i.naturalWidth") > 0, "the picture loads"
+    assert page.locator("img[src$='timeline.png']").evaluate("i => i.naturalWidth") > 0, (
+        "the picture loads"
+    )
     page.screenshot(path=str(SHOTS / "site-index.png"))
     assert not errors, errors
     page.close()
@@ -56,7 +65,9 @@ def test_a_notebook_page_draws_its_charts(browser):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     charts = page.locator(".js-plotly-plot")
     assert charts.count() >= 5, "the notebook's charts, drawn by plotly.js"
-    drawn = page.evaluate(f"() => [...document.querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length")
+    drawn = page.evaluate(
+        f"() => [...document.querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length"
+    )
     assert drawn == charts.count(), f"{drawn} of {charts.count()} charts have data"
     assert page.locator("pre, .jp-RenderedText").count() > 0, "its printed outputs"
     no_missing_values_in_tables(page, scope="article")
@@ -72,7 +83,8 @@ def test_each_explorer_shows_the_chart_it_drew(browser):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     charts_per_note = page.evaluate(
         "() => [...document.querySelectorAll('.wb-widget')].map(n => [...n.closest('.jp-OutputArea-output')"
-        f".querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length)")
+        f".querySelectorAll('.js-plotly-plot')].filter({HAS_DATA}).length)"
+    )
     assert charts_per_note == [1, 1], charts_per_note
     assert not errors, errors
     page.close()
@@ -88,7 +100,9 @@ def test_every_page_opens_without_a_console_error(browser):
     for path in pages:
         page, errors = _open(browser, path)
         page.wait_for_timeout(200)
-        if path.parent.name == "lessons":  # the notebooks' tables, as in JupyterLab: no NaN where a dash belongs
+        if (
+            path.parent.name == "lessons"
+        ):  # the notebooks' tables, as in JupyterLab: no NaN where a dash belongs
             errors += [f"NaN in a table: {row}" for row in page.evaluate(MISSING_CELLS, "article")]
         if errors:
             failed[str(path.relative_to(SITE))] = errors
@@ -105,14 +119,18 @@ def test_the_chart_checks_fail_where_they_should(browser):
         <div class="widget-inline-hbox"><label class="widget-label" style="display:block; width:40px;
         overflow:hidden; white-space:nowrap">ZeRO-Offload (optimizer states on the host)</label>
         <label class="widget-label" style="display:block; width:200px">stage</label></div></div>""")
-    assert page.evaluate(MISSING_CELLS, ".jp-OutputArea-output") == ["temporary | NaN  [category | formula]"]
+    assert page.evaluate(MISSING_CELLS, ".jp-OutputArea-output") == [
+        "temporary | NaN  [category | formula]"
+    ]
     cut = page.evaluate(CUT_LABELS)
     assert len(cut) == 1 and cut[0].startswith("ZeRO-Offload"), cut
     page.close()
 
 
-@pytest.mark.parametrize("fault", ["a broken link", "a page the nav names that is not there",
-                                   "a page the nav leaves out"])
+@pytest.mark.parametrize(
+    "fault",
+    ["a broken link", "a page the nav names that is not there", "a page the nav leaves out"],
+)
 def test_the_build_is_strict(tmp_path, fault):
     """The site's own configuration (mkdocs.yml, through scripts/build_docs.py) on two small pages, with one
     fault each: the build fails, naming it; without the fault it passes."""
@@ -136,6 +154,9 @@ def test_the_build_is_strict(tmp_path, fault):
     assert attempt(with_fault=False).returncode == 0
     faulty = attempt(with_fault=True)
     assert faulty.returncode != 0, f"{fault}: the build passed"
-    named = {"a broken link": "gone.md", "a page the nav names that is not there": "missing.md",
-             "a page the nav leaves out": "extra.md"}[fault]
+    named = {
+        "a broken link": "gone.md",
+        "a page the nav names that is not there": "missing.md",
+        "a page the nav leaves out": "extra.md",
+    }[fault]
     assert named in faulty.stdout + faulty.stderr, faulty.stderr[-2000:]

@@ -42,11 +42,15 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb
 #: JupyterLab settings for a quiet, fully rendered notebook: every cell in the DOM, no news pop-up
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                        "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (make test-browser)"
+)
 
 
 def _free_port() -> int:
@@ -70,12 +74,26 @@ def lab(tmp_path_factory):
     port = _free_port()
     log = open(tmp / "lab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={tmp / 'notebooks'}",
-         f"--LabApp.user_settings_dir={tmp / 'settings'}",
-         "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={tmp / 'workspaces'}"]
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={TOKEN}",
+            f"--ServerApp.root_dir={tmp / 'notebooks'}",
+            f"--LabApp.user_settings_dir={tmp / 'settings'}",
+            "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        ]
         + (["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=die_with_parent,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -85,7 +103,9 @@ def lab(tmp_path_factory):
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 stop(proc)
-                raise AssertionError("JupyterLab did not start: " + (tmp / "lab.log").read_text()[-3000:]) from None
+                raise AssertionError(
+                    "JupyterLab did not start: " + (tmp / "lab.log").read_text()[-3000:]
+                ) from None
             time.sleep(0.5)
     yield Lab(url, tmp / "lab.log")
     stop(proc, grace_s=10)
@@ -140,8 +160,10 @@ def _run_all(page, lab: Lab, timeout_s: float) -> None:
         elif "[*]:" not in prompts and state["kernel"] == "idle":
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since > 15:
-                why = (f"nothing runs any more (kernel idle, prompts {prompts}); the server's log ends:\n"
-                       f"{lab.log_tail()}")
+                why = (
+                    f"nothing runs any more (kernel idle, prompts {prompts}); the server's log ends:\n"
+                    f"{lab.log_tail()}"
+                )
         else:
             idle_since = None
         if why is None and time.monotonic() > deadline:
@@ -162,11 +184,14 @@ def test_the_notebook_runs_and_renders_in_jupyterlab(lab, browser, notebook):
     stem = notebook.removesuffix(".ipynb")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     console_errors: list[str] = []
-    page.on("console", lambda m: console_errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: console_errors.append(f"{m.text} @ {m.location}") if m.type == "error" else None,
+    )
     # a workspace of its own, reset: only this notebook open (a shared one reopened the previous tab)
     page.goto(f"{lab.url}/lab/workspaces/{stem}/tree/{notebook}?reset&token={TOKEN}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    _run_all(page, lab, timeout_s=float(os.environ.get('WORKBENCH_RUN_ALL_S', 600)))
+    _run_all(page, lab, timeout_s=float(os.environ.get("WORKBENCH_RUN_ALL_S", 600)))
     page.wait_for_timeout(2000)  # the last widgets draw
     page.screenshot(path=str(SHOTS / f"{stem}.png"))
     stderr = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
@@ -201,11 +226,16 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
     kernel to finish what the last moved control asked (its new widgets' models must exist to be saved).
     The saved file holds every widget its outputs show, and its widget state stays small
     (`_saved_widget_state`)."""
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status"
-                           " === 'idle'", timeout=120_000)
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status"
+        " === 'idle'",
+        timeout=120_000,
+    )
     page.wait_for_timeout(1500)  # the last comm messages (new widget models) reach the page
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.wait_for_function(
+        "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000
+    )
     page.evaluate(SHUT_DOWN_KERNEL)
     page.close()
     _saved_widget_state(lab, notebook)
@@ -222,12 +252,16 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
         # the saved models are registered; an output rendered in between shows "model not found" for good.
         # Every model shown is in the saved state (_saved_widget_state, above), so that is the race: a reload
         # (as a user would) must then show every widget.
-        errors[:] = [e for e in errors if "widget model not found" not in e]  # the race's own; any other stays
+        errors[:] = [
+            e for e in errors if "widget model not found" not in e
+        ]  # the race's own; any other stays
         again.reload()
         broken = _widgets_restored(again)
     again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))
-    assert not broken, (f"a saved widget did not come back: {broken}; console: "
-                        f"{[e for e in errors if 'favicon' not in e]}")
+    assert not broken, (
+        f"a saved widget did not come back: {broken}; console: "
+        f"{[e for e in errors if 'favicon' not in e]}"
+    )
     assert not [e for e in errors if "favicon" not in e], errors
     again.evaluate(SHUT_DOWN_KERNEL)
     again.close()
@@ -239,11 +273,14 @@ def _widgets_restored(page) -> list[str]:
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     # a saved chart shows as its saved image until plotly.js draws it live (JupyterLab's plotly renderer
     # does that lazily, and for a chart below the first screen not before it is scrolled to): either counts
-    page.wait_for_selector(".js-plotly-plot, .jp-RenderedPlotly .plot-img", state="attached", timeout=120_000)
+    page.wait_for_selector(
+        ".js-plotly-plot, .jp-RenderedPlotly .plot-img", state="attached", timeout=120_000
+    )
     # each widget output reads "Loading widget..." until JupyterLab's widget manager has restored its model
     # from the saved state (or given up: "Error displaying widget"); a fixed wait could look before it did
-    page.wait_for_function("() => !document.body.innerText.includes('Loading widget...')", timeout=120_000,
-                           polling=500)
+    page.wait_for_function(
+        "() => !document.body.innerText.includes('Loading widget...')", timeout=120_000, polling=500
+    )
     page.wait_for_timeout(1000)
     return page.evaluate(BROKEN_WIDGETS)
 
@@ -258,17 +295,28 @@ def _saved_widget_state(lab: Lab, notebook: str) -> None:
     """The notebook as saved (the server's contents API): each widget an output shows is in its saved
     widget state, so a widget that does not come back on reopening is JupyterLab's to restore, not a
     save that missed it; and that state is under MAX_WIDGET_STATE_BYTES."""
-    with urllib.request.urlopen(f"{lab.url}/api/contents/{notebook}?token={TOKEN}", timeout=30) as r:
+    with urllib.request.urlopen(
+        f"{lab.url}/api/contents/{notebook}?token={TOKEN}", timeout=30
+    ) as r:
         saved = json.load(r)["content"]
-    state = saved["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    shown = {o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
-             for c in saved["cells"] for o in c.get("outputs", ())
-             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
+    state = (
+        saved["metadata"]
+        .get("widgets", {})
+        .get("application/vnd.jupyter.widget-state+json", {})
+        .get("state", {})
+    )
+    shown = {
+        o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+        for c in saved["cells"]
+        for o in c.get("outputs", ())
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    }
     assert shown <= set(state), f"widgets shown but not saved: {sorted(shown - set(state))}"
     size = len(json.dumps(state))
     assert size < MAX_WIDGET_STATE_BYTES, (
         f"{notebook} saves {size / 1e6:.1f} MB of widget state; the largest models: "
-        f"{sorted(((len(json.dumps(m)), m['model_name']) for m in state.values()), reverse=True)[:3]}")
+        f"{sorted(((len(json.dumps(m)), m['model_name']) for m in state.values()), reverse=True)[:3]}"
+    )
 
 
 def _a_control_moves_its_chart(page, stem: str) -> None:
@@ -305,12 +353,16 @@ def _a_plotly_slider_moves(page, stem: str) -> None:
     page.mouse.click(rail["x"] + rail["width"] - 2, rail["y"] + rail["height"] / 2)
     page.wait_for_timeout(1500)
     chart.screenshot(path=str(SHOTS / f"{stem}-plotly-slider.png"))
-    assert chart.locator(".main-svg").first.inner_html() != before, "moving the chart's slider changed it"
+    assert chart.locator(".main-svg").first.inner_html() != before, (
+        "moving the chart's slider changed it"
+    )
 
 
-EXTRA_CHECKS = {"01_data_parallel.ipynb": (ring_slider_keeps_its_title,),
-                "03_pipeline_parallel.ipynb": (interleaved_controls_agree_with_the_chart,),
-                "08_fault_tolerance.ipynb": (young_daly_axes_hold_the_curve,)}
+EXTRA_CHECKS = {
+    "01_data_parallel.ipynb": (ring_slider_keeps_its_title,),
+    "03_pipeline_parallel.ipynb": (interleaved_controls_agree_with_the_chart,),
+    "08_fault_tolerance.ipynb": (young_daly_axes_hold_the_curve,),
+}
 
 
 def test_figures_export_as_images():
@@ -327,20 +379,33 @@ def test_figures_export_as_images():
 def test_run_all_stops_at_a_cell_that_raises(lab, browser):
     """The harness's own check can fail, and fails fast: a notebook whose second cell raises stops Run All
     there, and the failure names that cell and its error (not a timeout ten minutes later)."""
-    cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": src}
-             for src in ("x = 1", "raise ValueError('the second cell fails')", "y = 2")]
-    content = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}},
-               "nbformat": 4, "nbformat_minor": 5}
+    cells = [
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": src}
+        for src in ("x = 1", "raise ValueError('the second cell fails')", "y = 2")
+    ]
+    content = {
+        "cells": cells,
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     body = json.dumps({"type": "notebook", "format": "json", "content": content}).encode()
-    request = urllib.request.Request(f"{lab.url}/api/contents/raises.ipynb?token={TOKEN}", data=body,
-                                     method="PUT", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{lab.url}/api/contents/raises.ipynb?token={TOKEN}",
+        data=body,
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
     urllib.request.urlopen(request, timeout=30).close()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{lab.url}/lab/workspaces/raises/tree/raises.ipynb?reset&token={TOKEN}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     started = time.monotonic()
-    with pytest.raises(AssertionError, match=r"code cell 2 of 3 raised:(.|\n)*the second cell fails"):
+    with pytest.raises(
+        AssertionError, match=r"code cell 2 of 3 raised:(.|\n)*the second cell fails"
+    ):
         _run_all(page, lab, timeout_s=120)
     assert time.monotonic() - started < 60
     page.evaluate(SHUT_DOWN_KERNEL)

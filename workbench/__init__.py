@@ -18,13 +18,22 @@ from typing import Any
 from workbench.config import ConfigError, ModelConfig, RunConfig
 
 #: public name → the module that defines it (imported on first use)
-_LAZY = {"Estimate": "workbench.predict.estimator", "Hardware": "workbench.predict.estimator",
-         "estimate": "workbench.predict.estimator", "Cluster": "workbench.predict.planner",
-         "plan": "workbench.predict.planner", "Nodes": "workbench.launching.launcher",
-         "RunFailed": "workbench.launching.launcher", "launch": "workbench.launching.launcher",
-         "Run": "workbench.analysis.run", "load": "workbench.analysis.run", "compare": "workbench.studies.comparison",
-         "calibrate": "workbench.studies.calibration", "sample": "workbench.engine.sample",
-         "what_if": "workbench.analysis.what_if"}
+_LAZY = {
+    "Estimate": "workbench.predict.estimator",
+    "Hardware": "workbench.predict.estimator",
+    "estimate": "workbench.predict.estimator",
+    "Cluster": "workbench.predict.planner",
+    "plan": "workbench.predict.planner",
+    "Nodes": "workbench.launching.launcher",
+    "RunFailed": "workbench.launching.launcher",
+    "launch": "workbench.launching.launcher",
+    "Run": "workbench.analysis.run",
+    "load": "workbench.analysis.run",
+    "compare": "workbench.studies.comparison",
+    "calibrate": "workbench.studies.calibration",
+    "sample": "workbench.engine.sample",
+    "what_if": "workbench.analysis.what_if",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +48,23 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["Cluster", "ConfigError", "Estimate", "Hardware", "ModelConfig", "Nodes", "Run", "RunConfig", "RunFailed",
-           "calibrate", "compare", "estimate", "launch", "load", "plan", "sample", "what_if"]
+__all__ = [
+    "Cluster",
+    "ConfigError",
+    "Estimate",
+    "Hardware",
+    "ModelConfig",
+    "Nodes",
+    "Run",
+    "RunConfig",
+    "RunFailed",
+    "calibrate",
+    "compare",
+    "estimate",
+    "launch",
+    "load",
+    "plan",
+    "sample",
+    "what_if",
+]
 __version__ = "0.1.0"

@@ -9,4 +9,6 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def needs(gpus: int) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(GPUS < gpus, reason=f"needs {gpus} CUDA GPU(s); this machine has {GPUS}")
+    return pytest.mark.skipif(
+        GPUS < gpus, reason=f"needs {gpus} CUDA GPU(s); this machine has {GPUS}"
+    )

@@ -25,11 +25,16 @@ SMALL = {"model": "small", "global_batch": 16, "backend": "nccl"}
 
 
 @needs(2)
-@pytest.mark.parametrize("config", [{"dp": 2}, {"dp": 2, "zero": 3}, {"dp": 2, "precision": "bf16"}],
-                         ids=["dp2", "zero3", "bf16"])
+@pytest.mark.parametrize(
+    "config",
+    [{"dp": 2}, {"dp": 2, "zero": 3}, {"dp": 2, "precision": "bf16"}],
+    ids=["dp2", "zero3", "bf16"],
+)
 def test_resume_on_nccl_continues_bit_identically(launched, config):
     full = launched(steps=6, checkpoint_every=3, **SMALL, **config)
-    resumed = launched(steps=6, resume=os.path.join(full.path, "checkpoints", "step_000003"), **SMALL, **config)
+    resumed = launched(
+        steps=6, resume=os.path.join(full.path, "checkpoints", "step_000003"), **SMALL, **config
+    )
     tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss)
     assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
@@ -37,8 +42,16 @@ def test_resume_on_nccl_continues_bit_identically(launched, config):
 
 @needs(2)
 def test_a_killed_rank_is_restarted_on_nccl(launched):
-    run = launched(dp=2, steps=6, checkpoint_every=2, max_restarts=1, fault="kill", fault_rank=1, fault_step=3,
-                   **SMALL)
+    run = launched(
+        dp=2,
+        steps=6,
+        checkpoint_every=2,
+        max_restarts=1,
+        fault="kill",
+        fault_rank=1,
+        fault_step=3,
+        **SMALL,
+    )
     whole = launched(dp=2, steps=6, **SMALL)
     assert list(run.metrics.step) == list(range(6))
     assert list(run.metrics.loss) == list(whole.metrics.loss)
@@ -49,8 +62,13 @@ def test_a_killed_rank_is_restarted_on_nccl(launched):
 def test_a_hang_on_nccl_ends_in_a_comm_error_with_error_files(tmp_path):
     t = time.time()
     with pytest.raises(wb.RunFailed) as e:
-        wb.launch(wb.RunConfig(dp=2, steps=4, fault="hang", fault_rank=1, fault_step=1, timeout_s=20, **SMALL),
-                  out=str(tmp_path / "hang"), progress=False)
+        wb.launch(
+            wb.RunConfig(
+                dp=2, steps=4, fault="hang", fault_rank=1, fault_step=1, timeout_s=20, **SMALL
+            ),
+            out=str(tmp_path / "hang"),
+            progress=False,
+        )
     assert time.time() - t < 150, "ended near the 20 s timeout, not after NCCL's default"
     assert e.value.rank == 0 and "CommError" in str(e.value) and "timed out" in str(e.value)
     path = e.value.run.path

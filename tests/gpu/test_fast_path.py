@@ -40,7 +40,9 @@ def test_our_adamw_on_cuda_is_torchs_fused_adamw():
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt = AdamW(ours, lr=3e-3, weight_decay=0.1)
     ref = torch.optim.AdamW(theirs, lr=3e-3, weight_decay=0.1, fused=True)
-    assert opt.fused and all(opt.state_of(p)["step"].is_cuda for p in ours), "step counters on the device"
+    assert opt.fused and all(opt.state_of(p)["step"].is_cuda for p in ours), (
+        "step counters on the device"
+    )
     for lr in (3e-3, 1e-2, 5e-4):
         for a, b in zip(ours, theirs, strict=True):
             a.grad = torch.randn_like(a)
@@ -61,10 +63,16 @@ def test_our_adamw_on_cuda_is_torchs_fused_adamw():
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     # a non-finite norm: nothing moves, the step counters neither
-    before = [(p.detach().clone(), {k: v.clone() for k, v in opt.state_of(p).items()}) for p in ours]
-    apply_update(opt, [torch.randn_like(p) for p in ours], torch.tensor(float("nan"), device="cuda"), 1.0)
+    before = [
+        (p.detach().clone(), {k: v.clone() for k, v in opt.state_of(p).items()}) for p in ours
+    ]
+    apply_update(
+        opt, [torch.randn_like(p) for p in ours], torch.tensor(float("nan"), device="cuda"), 1.0
+    )
     for p, (value, state) in zip(ours, before, strict=True):
-        assert torch.equal(p, value) and all(torch.equal(opt.state_of(p)[k], v) for k, v in state.items())
+        assert torch.equal(p, value) and all(
+            torch.equal(opt.state_of(p)[k], v) for k, v in state.items()
+        )
 
 
 def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
@@ -83,15 +91,27 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", store=dist.FileStore(os.path.join(run_dir, "store"), 1), rank=0, world_size=1,
-                            timeout=timedelta(seconds=60), device_id=torch.device("cuda", 0))
+    dist.init_process_group(
+        "nccl",
+        store=dist.FileStore(os.path.join(run_dir, "store"), 1),
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=60),
+        device_id=torch.device("cuda", 0),
+    )
     os.environ["WORKBENCH_RESOLVED_BACKEND"] = "nccl"
-    cfg = RunConfig(model="small", steps=5, precision=precision, attention="sdpa", backend="nccl").validate()
+    cfg = RunConfig(
+        model="small", steps=5, precision=precision, attention="sdpa", backend="nccl"
+    ).validate()
     ctx = setup(cfg, run_dir)
     strategy = parallelize(cfg, ctx)
     batches = Batches(cfg, ctx.device, 0, 1)
-    counts = [syncs(lambda s=step: train_step(strategy, batches, s, measured=s == 0)) for step in range(5)]
-    model = GPT(cfg.model_config, seed=0).to(ctx.device, torch.bfloat16 if precision == "bf16" else torch.float32)
+    counts = [
+        syncs(lambda s=step: train_step(strategy, batches, s, measured=s == 0)) for step in range(5)
+    ]
+    model = GPT(cfg.model_config, seed=0).to(
+        ctx.device, torch.bfloat16 if precision == "bf16" else torch.float32
+    )
     for m in model.modules():
         if hasattr(m, "fused"):  # the attention: sdpa, as ours
             m.fused = True
@@ -137,8 +157,12 @@ def test_a_fast_step_synchronises_once(precision):
         with open(out) as f:
             counts = json.load(f)
     ours, plain = counts["ours"], counts["plain"]
-    assert plain[1] >= 1 and ours[0] > plain[1], f"a measured step synchronises at every span: {counts}"
-    assert ours[2:] == [plain[1]] * 3, f"a fast step waits where a plain loop does, nowhere else: {counts}"
+    assert plain[1] >= 1 and ours[0] > plain[1], (
+        f"a measured step synchronises at every span: {counts}"
+    )
+    assert ours[2:] == [plain[1]] * 3, (
+        f"a fast step waits where a plain loop does, nowhere else: {counts}"
+    )
 
 
 @needs(1)

@@ -43,7 +43,9 @@ def test_one_gpu_trains_what_one_cpu_process_trains(launched, model):
     assert validate_run(gpu.path) == []
     assert_allocator_explained(gpu.summary["ranks"][0])
     if model == "tiny-moe":
-        assert list(gpu.metrics.tokens_per_expert) == list(cpu.metrics.tokens_per_expert), "the same routing"
+        assert list(gpu.metrics.tokens_per_expert) == list(cpu.metrics.tokens_per_expert), (
+            "the same routing"
+        )
 
 
 @needs(1)
@@ -72,7 +74,10 @@ def test_fp16_with_loss_scaling_on_one_gpu(launched):
     run = launched(backend="nccl", **{**ONE, "precision": "fp16", "steps": 12})
     assert run.metrics.loss.iloc[-1] < run.metrics.loss.iloc[0]
     r = run.summary["ranks"][0]
-    assert sum(r["peak_bytes"][k] for k in ("parameter", "gradient", "optimizer_state")) == 18 * run.config["params"]
+    assert (
+        sum(r["peak_bytes"][k] for k in ("parameter", "gradient", "optimizer_state"))
+        == 18 * run.config["params"]
+    )
     assert_allocator_explained(r)
     assert validate_run(run.path) == []
 
@@ -80,7 +85,9 @@ def test_fp16_with_loss_scaling_on_one_gpu(launched):
 @needs(1)
 def test_resume_on_one_gpu_is_bit_identical(launched):
     full = launched(backend="nccl", checkpoint_every=3, **ONE)
-    resumed = launched(backend="nccl", resume=os.path.join(full.path, "checkpoints", "step_000003"), **ONE)
+    resumed = launched(
+        backend="nccl", resume=os.path.join(full.path, "checkpoints", "step_000003"), **ONE
+    )
     tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss)
     assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
@@ -95,7 +102,9 @@ def test_the_gpu_reports_its_health_through_nvml(launched):
 
     run = launched(backend="nccl", **ONE)
     for gpu in run.metrics.gpu:
-        assert 0 < gpu["temperature_c"] < 120 and gpu["power_w"] > 0 and gpu["sm_clock_mhz"] > 0, gpu
+        assert 0 < gpu["temperature_c"] < 120 and gpu["power_w"] > 0 and gpu["sm_clock_mhz"] > 0, (
+            gpu
+        )
     with open(os.path.join(run.path, "gpu_health.jsonl")) as f:
         assert len(f.readlines()) == ONE["steps"]
     assert "GPU health (NVML" in diagnose(run.path)

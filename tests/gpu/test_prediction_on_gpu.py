@@ -19,8 +19,14 @@ from workbench.trace.merge import load_traces
 
 pytestmark = pytest.mark.gpu
 
-GPT2 = {"model": "gpt2-small", "global_batch": 8, "steps": 10, "precision": "bf16", "attention": "sdpa",
-        "backend": "nccl"}
+GPT2 = {
+    "model": "gpt2-small",
+    "global_batch": 8,
+    "steps": 10,
+    "precision": "bf16",
+    "attention": "sdpa",
+    "backend": "nccl",
+}
 
 
 @needs(1)
@@ -32,7 +38,9 @@ def test_calibrated_rates_predict_one_gpus_step(launched):
     hw = calibrate_compute(config.model_config, config.global_batch, "nccl")
     predicted = wb.estimate(config, hardware=hw).step_time_s
     measured = float(run.metrics.step_time_s.iloc[2:].median())
-    assert abs(predicted / measured - 1) <= 0.10, f"predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f}"
+    assert abs(predicted / measured - 1) <= 0.10, (
+        f"predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f}"
+    )
 
 
 @needs(1)

@@ -32,31 +32,60 @@ pytestmark = pytest.mark.gpu
 
 LOSS_RTOL, NORM_RTOL = 2e-6, 1e-4
 SMALL = {"model": "small", "global_batch": 16, "steps": 6}
-PIPE = {"model": {"base": "gpt2-small", "layers": 4, "vocab_size": 1024}, "global_batch": 8, "steps": 4}
+PIPE = {
+    "model": {"base": "gpt2-small", "layers": 4, "vocab_size": 1024},
+    "global_batch": 8,
+    "steps": 4,
+}
 
 CASES = [
     # name, GPUs, config, bytes per step checked against the formula
     ("dp-bucketed", 2, {**SMALL, "dp": 2, "bucket_mb": 1.0}, True),
     ("dp-naive", 2, {**SMALL, "dp": 2, "dp_impl": "naive"}, True),
     ("dp-ring", 2, {**SMALL, "dp": 2, "allreduce": "ring", "bucket_mb": 1.0}, False),
-    ("dp-hierarchical", 4, {**SMALL, "dp": 4, "allreduce": "hierarchical", "ranks_per_node": 2}, False),
+    (
+        "dp-hierarchical",
+        4,
+        {**SMALL, "dp": 4, "allreduce": "hierarchical", "ranks_per_node": 2},
+        False,
+    ),
     ("dp-bf16-wire", 2, {**SMALL, "dp": 2, "grad_compression": "bf16"}, True),
     ("tp-sp", 2, {**SMALL, "tp": 2, "sequence_parallel": True}, True),
     ("zero1", 2, {**SMALL, "dp": 2, "zero": 1}, True),
     ("zero2", 2, {**SMALL, "dp": 2, "zero": 2, "bucket_mb": 1.0}, True),
     ("zero3", 2, {**SMALL, "dp": 2, "zero": 3}, True),
     ("zero1-offload", 2, {**SMALL, "dp": 2, "zero": 1, "offload_optimizer": True}, True),
-    ("zero2-offload", 2, {**SMALL, "dp": 2, "zero": 2, "bucket_mb": 1.0, "offload_optimizer": True}, True),
+    (
+        "zero2-offload",
+        2,
+        {**SMALL, "dp": 2, "zero": 2, "bucket_mb": 1.0, "offload_optimizer": True},
+        True,
+    ),
     ("zero3-offload", 2, {**SMALL, "dp": 2, "zero": 3, "offload_optimizer": True}, True),
     ("gpipe", 2, {**PIPE, "pp": 2, "schedule": "gpipe", "microbatches": 4}, True),
     ("1f1b", 2, {**PIPE, "pp": 2, "schedule": "1f1b", "microbatches": 4}, True),
-    ("interleaved", 2, {**PIPE, "pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4}, True),
+    (
+        "interleaved",
+        2,
+        {**PIPE, "pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+        True,
+    ),
     ("1f1b-pp4", 4, {**PIPE, "pp": 4, "schedule": "1f1b", "microbatches": 4}, True),
     ("3d", 8, {**PIPE, "dp": 2, "tp": 2, "pp": 2, "microbatches": 2}, True),
     ("cp2-ring", 2, {**SMALL, "cp": 2}, True),
     ("cp2-allgather", 2, {**SMALL, "cp": 2, "cp_rotate": "allgather", "cp_balance": "none"}, True),
-    ("ep2-dropless", 2, {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2}, False),  # bytes follow the routing
-    ("ep2-capacity", 2, {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2, "moe_dispatch": "capacity"}, False),
+    (
+        "ep2-dropless",
+        2,
+        {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2},
+        False,
+    ),  # bytes follow the routing
+    (
+        "ep2-capacity",
+        2,
+        {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2, "moe_dispatch": "capacity"},
+        False,
+    ),
 ]
 
 
@@ -66,8 +95,10 @@ def single_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k in keep}
 
 
-@pytest.mark.parametrize("gpus, config, check_bytes", [pytest.param(g, c, b, marks=needs(g), id=n)
-                                                       for n, g, c, b in CASES])
+@pytest.mark.parametrize(
+    "gpus, config, check_bytes",
+    [pytest.param(g, c, b, marks=needs(g), id=n) for n, g, c, b in CASES],
+)
 def test_every_strategy_on_nccl_equals_one_gpu(launched, gpus, config, check_bytes):
     run = launched(backend="nccl", **config)
     assert run.config["backend"] == "nccl" and run.config["device"] == "cuda"
@@ -79,7 +110,9 @@ def test_every_strategy_on_nccl_equals_one_gpu(launched, gpus, config, check_byt
         assert_allocator_explained(r)
         if run.config["pp"] > 1:
             waits = run.events[(run.events.cat == "wait") & (run.events["rank"] == r["rank"])]
-            assert waits.dur_us.sum() > 0, f"rank {r['rank']}: a pipeline rank waits, and the trace shows it"
+            assert waits.dur_us.sum() > 0, (
+                f"rank {r['rank']}: a pipeline rank waits, and the trace shows it"
+            )
         if config.get("offload_optimizer"):
             assert r["host_peak_bytes"] == pytest.approx(r["predicted_host_bytes"], rel=0.03)
             assert r["peak_bytes"]["optimizer_state"] == 0
@@ -90,7 +123,9 @@ def assert_allocator_explained(r: dict) -> None:
     allocated = r["allocator_peak_bytes"]["allocated"]
     unexplained = r["unattributed_bytes"]
     assert unexplained <= 64 * 2**20 + 0.10 * allocated, (r["rank"], unexplained, allocated)
-    assert unexplained >= -0.02 * allocated, f"rank {r['rank']}: the categories count more than the allocator holds"
+    assert unexplained >= -0.02 * allocated, (
+        f"rank {r['rank']}: the categories count more than the allocator holds"
+    )
 
 
 @needs(2)
@@ -115,8 +150,11 @@ def test_16_bit_training_on_nccl(launched, precision):
 def test_one_gpu_records_the_allocator_and_activations_as_predicted(launched):
     """The CUDA case of the activation formula: fp32 LayerNorm statistics and sdpa's saved extras
     (formulas/activations.py, device='cuda')."""
-    for config in ({"precision": "fp32"}, {"precision": "fp32", "attention": "sdpa"},
-                   {"precision": "bf16", "attention": "sdpa"}):
+    for config in (
+        {"precision": "fp32"},
+        {"precision": "fp32", "attention": "sdpa"},
+        {"precision": "bf16", "attention": "sdpa"},
+    ):
         run = launched(backend="nccl", **SMALL, **config)
         r = run.summary["ranks"][0]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], config

@@ -52,8 +52,13 @@ def idle_fraction(per_rank: list[Intervals]) -> float:
 
 
 def _compute_spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("forward", "backward")
-            and e.get("tid") == LANES["compute"]]
+    return [
+        e
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+        and e.get("cat") in ("forward", "backward")
+        and e.get("tid") == LANES["compute"]
+    ]
 
 
 def _by_step(trace: dict[str, Any], spans: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -76,24 +81,48 @@ def step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int
     """Per complete step of one pipeline: each rank's compute spans, the mean compute time per (stage,
     kind), each rank's mean gap between compute actions less its waits, and when each rank entered."""
     compute = {r: _by_step(t, _compute_spans(t)) for r, t in replica.items()}
-    entered = {r: _by_step(t, [e for e in t["traceEvents"] if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]])
-               for r, t in replica.items()}
-    waits = {r: _by_step(t, [e for e in t["traceEvents"] if e.get("ph") == "X" and e.get("tid") == LANES["wait"]
-                             and e.get("cat") == "wait"]) for r, t in replica.items()}
+    entered = {
+        r: _by_step(
+            t,
+            [
+                e
+                for e in t["traceEvents"]
+                if e.get("ph") == "X" and e.get("tid") == LANES["schedule"]
+            ],
+        )
+        for r, t in replica.items()
+    }
+    waits = {
+        r: _by_step(
+            t,
+            [
+                e
+                for e in t["traceEvents"]
+                if e.get("ph") == "X" and e.get("tid") == LANES["wait"] and e.get("cat") == "wait"
+            ],
+        )
+        for r, t in replica.items()
+    }
     out = {}
     for step in sorted(compute[0]):
         spans = {r: compute[r].get(step, []) for r in replica}
-        if any(len(spans[r]) != sum(isinstance(a, Action) for a in sched.program(r)) for r in replica) or \
-                any(step not in entered[r] for r in replica):
+        if any(
+            len(spans[r]) != sum(isinstance(a, Action) for a in sched.program(r)) for r in replica
+        ) or any(step not in entered[r] for r in replica):
             continue  # an interrupted step
         durations: dict[tuple[int, str], list[float]] = {}
         for e in (e for r in replica for e in spans[r]):
-            kind = e["args"].get("action") or ("F" if e["cat"] == "forward" else "B")  # F, B, I or W
+            kind = e["args"].get("action") or (
+                "F" if e["cat"] == "forward" else "B"
+            )  # F, B, I or W
             durations.setdefault((e["args"].get("stage", 0), kind), []).append(e["dur"])
         first = min(entered[r][step][0]["ts"] for r in replica)
-        out[step] = {"spans": spans, "cost": {k: statistics.mean(v) for k, v in durations.items()},
-                     "gap": {r: _mean_gap(spans[r], waits[r].get(step, [])) for r in replica},
-                     "start": [entered[r][step][0]["ts"] - first for r in range(sched.p)]}
+        out[step] = {
+            "spans": spans,
+            "cost": {k: statistics.mean(v) for k, v in durations.items()},
+            "gap": {r: _mean_gap(spans[r], waits[r].get(step, [])) for r in replica},
+            "start": [entered[r][step][0]["ts"] - first for r in range(sched.p)],
+        }
     return out
 
 
@@ -103,7 +132,9 @@ def _mean_gap(spans: list[dict[str, Any]], waits: list[dict[str, Any]]) -> float
     gaps = []
     for e, nxt in zip(spans, spans[1:], strict=False):
         end = e["ts"] + e["dur"]
-        waited = sum(max(0.0, min(w["ts"] + w["dur"], nxt["ts"]) - max(w["ts"], end)) for w in waits)
+        waited = sum(
+            max(0.0, min(w["ts"] + w["dur"], nxt["ts"]) - max(w["ts"], end)) for w in waits
+        )
         gaps.append(max(0.0, nxt["ts"] - end - waited))
     return statistics.mean(gaps) if gaps else 0.0
 
@@ -111,11 +142,13 @@ def _mean_gap(spans: list[dict[str, Any]], waits: list[dict[str, Any]]) -> float
 def action_costs(cost: dict[tuple[int, str], float], gap: dict[int, float]) -> Any:
     """The simulator's cost function from measured costs: each action (stage, kind) its mean compute time,
     plus its rank's host gap between actions (none where `gap` has no entry); transfers cost nothing here."""
+
     def f(r: int, item: Any) -> tuple[float, float]:
         if not isinstance(item, Action):
             return 0.0, 0.0
         busy = cost.get((item.stage, item.kind), 0.0)
         return busy + gap.get(r, 0.0), busy
+
     return f
 
 
@@ -125,16 +158,27 @@ def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -
     cost, gap = inputs["cost"], inputs["gap"]
 
     def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> tuple[float, float]:
-        timeline = simulate(sched, cost=action_costs(cost, gap if with_gaps else {}), t_comm=t, start=start,
-                            rule=rule)
+        timeline = simulate(
+            sched,
+            cost=action_costs(cost, gap if with_gaps else {}),
+            t_comm=t,
+            start=start,
+            rule=rule,
+        )
         spans = [[(b, e) for _, b, e in rank] for rank in timeline.spans]
         return idle_fraction(spans), idle_rate(spans)
 
-    return [bubble_of(False, 0.0, None), bubble_of(False, t_comm, None), bubble_of(True, t_comm, None),
-            bubble_of(True, t_comm, inputs["start"])]
+    return [
+        bubble_of(False, 0.0, None),
+        bubble_of(False, t_comm, None),
+        bubble_of(True, t_comm, None),
+        bubble_of(True, t_comm, inputs["start"]),
+    ]
 
 
-def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "gloo") -> dict[int, dict[str, float]]:
+def split_per_step(
+    sched: Schedule, traces: list[dict[str, Any]], rule: str = "gloo"
+) -> dict[int, dict[str, float]]:
     """Per step, the measured bubble and its terms (TERMS), each the mean over the pipelines."""
     formula = formulas.schedule_bubble_fraction(sched)
     per_step: dict[int, list[dict[str, float]]] = {}
@@ -147,11 +191,27 @@ def split_per_step(sched: Schedule, traces: list[dict[str, Any]], rule: str = "g
             spans = [[(e["ts"], e["ts"] + e["dur"]) for e in inputs["spans"][r]] for r in replica]
             measured = idle_fraction(spans)
             chain = [formula, *levels, measured]
-            terms = dict(zip(TERMS, [formula] + [b - a for a, b in zip(chain, chain[1:], strict=False)], strict=True))
-            per_step.setdefault(step, []).append({"measured": measured, "simulated": levels[1], **terms,
-                                                  "measured_rate": idle_rate(spans), "simulated_rate": rated[1][1]})
-    return {step: {k: statistics.mean(v[k] for v in values) for k in values[0]}
-            for step, values in sorted(per_step.items()) if len(values) == len(replicas)}
+            terms = dict(
+                zip(
+                    TERMS,
+                    [formula] + [b - a for a, b in zip(chain, chain[1:], strict=False)],
+                    strict=True,
+                )
+            )
+            per_step.setdefault(step, []).append(
+                {
+                    "measured": measured,
+                    "simulated": levels[1],
+                    **terms,
+                    "measured_rate": idle_rate(spans),
+                    "simulated_rate": rated[1][1],
+                }
+            )
+    return {
+        step: {k: statistics.mean(v[k] for v in values) for k in values[0]}
+        for step, values in sorted(per_step.items())
+        if len(values) == len(replicas)
+    }
 
 
 def transfer_time(traces: list[dict[str, Any]]) -> dict[int, float]:
@@ -162,8 +222,11 @@ def transfer_time(traces: list[dict[str, Any]]) -> dict[int, float]:
     posted: dict[int, float] = {}
     arrived: dict[int, tuple[int, float, float]] = {}  # flow → (step, its wait's start and end)
     for t in traces:
-        waits = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("step", -1)) for e in t["traceEvents"]
-                       if e.get("ph") == "X" and e.get("cat") == "wait" and e.get("tid") == LANES["wait"])
+        waits = sorted(
+            (e["ts"], e["ts"] + e["dur"], e["args"].get("step", -1))
+            for e in t["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") == "wait" and e.get("tid") == LANES["wait"]
+        )
         for e in t["traceEvents"]:
             if e.get("cat") != "p2p" or e.get("ph") not in ("s", "f"):
                 continue
@@ -187,18 +250,28 @@ def bubble(config: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, An
     kept = {k: v for k, v in per_step.items() if k > 0 or len(per_step) == 1}
     measured = [v["measured"] for v in kept.values()]
     simulated = [v["simulated"] for v in kept.values()]
-    rates = {k: statistics.median(v[k] for v in kept.values()) if kept else None
-             for k in ("measured_rate", "simulated_rate")}
-    split = {k: statistics.mean(v[k] for v in kept.values()) for k in ("measured", *TERMS)} if kept else None
-    return {"measured": statistics.median(measured) if measured else None,
-            "measured_per_step": measured,
-            "predicted": formulas.schedule_bubble_fraction(sched),
-            "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
-            "simulated_per_step": simulated,
-            "split": split, "rule": rule,
-            # the paper's bubble rate (idle between a rank's first and last pass ÷ its work; `idle_rate`):
-            # measured, simulated with the measured costs, and the formula at T_F = T_I = T_W
-            **rates, "formula_rate": _formula_rate(config, sched)}
+    rates = {
+        k: statistics.median(v[k] for v in kept.values()) if kept else None
+        for k in ("measured_rate", "simulated_rate")
+    }
+    split = (
+        {k: statistics.mean(v[k] for v in kept.values()) for k in ("measured", *TERMS)}
+        if kept
+        else None
+    )
+    return {
+        "measured": statistics.median(measured) if measured else None,
+        "measured_per_step": measured,
+        "predicted": formulas.schedule_bubble_fraction(sched),
+        "simulated_with_measured_costs": statistics.median(simulated) if simulated else None,
+        "simulated_per_step": simulated,
+        "split": split,
+        "rule": rule,
+        # the paper's bubble rate (idle between a rank's first and last pass ÷ its work; `idle_rate`):
+        # measured, simulated with the measured costs, and the formula at T_F = T_I = T_W
+        **rates,
+        "formula_rate": _formula_rate(config, sched),
+    }
 
 
 def _formula_rate(config: dict[str, Any], sched: Schedule) -> float | None:

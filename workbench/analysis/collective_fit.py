@@ -10,8 +10,13 @@ from workbench.analysis.execution_graph import OpNode
 from workbench.trace.bandwidth import bus_factor
 
 #: ring steps of a collective over n ranks: the α's it pays (comm/emulated_link.py counts them alike)
-STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1, "all_gather": lambda n: n - 1,
-         "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1}
+STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: n - 1,
+    "all_gather": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+}
 
 
 def fit(nodes: list[OpNode]) -> tuple[float, float]:
@@ -23,8 +28,12 @@ def fit(nodes: list[OpNode]) -> tuple[float, float]:
     for n in nodes:
         if n.op in STEPS and len(n.members) > 1:
             kinds.setdefault((n.op, len(n.members), n.nbytes), []).append(
-                n.cost_us + sum(n.extra_us.values()) / len(n.members))
-    rows = [(STEPS[op](k), bus_factor(op, k) * b, statistics.median(c)) for (op, k, b), c in kinds.items()]
+                n.cost_us + sum(n.extra_us.values()) / len(n.members)
+            )
+    rows = [
+        (STEPS[op](k), bus_factor(op, k) * b, statistics.median(c))
+        for (op, k, b), c in kinds.items()
+    ]
     if not rows:
         return 0.0, 0.0
     sxx = sum(a * a for a, _, _ in rows)

@@ -16,8 +16,21 @@ def collectives(run: Run) -> pd.DataFrame:
     if ev.empty:
         return ev
     ops = ev[ev.cat.isin(["collective", "p2p"]) & (ev["async"] != True)]  # noqa: E712 - NaN-safe
-    cols = ["rank", "step", "op", "group", "seq", "label", "algorithm", "bytes", "start_us", "dur_us",
-            "algbw_GBps", "busbw_GBps", "kind"]
+    cols = [
+        "rank",
+        "step",
+        "op",
+        "group",
+        "seq",
+        "label",
+        "algorithm",
+        "bytes",
+        "start_us",
+        "dur_us",
+        "algbw_GBps",
+        "busbw_GBps",
+        "kind",
+    ]
     return ops[cols].reset_index(drop=True)
 
 

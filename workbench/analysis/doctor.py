@@ -51,8 +51,15 @@ def behind(errors: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         top, behind_ = lagging({r: e["seq"] or 0 for r, e in newest.items()}, members, errors)
         if behind_:
-            report.append({"group": name, "ranks": list(members), "newest": {r: newest.get(r) for r in members},
-                           "behind": behind_, "blocked_at": top})
+            report.append(
+                {
+                    "group": name,
+                    "ranks": list(members),
+                    "newest": {r: newest.get(r) for r in members},
+                    "behind": behind_,
+                    "blocked_at": top,
+                }
+            )
     return report
 
 
@@ -62,8 +69,11 @@ def entry_op_is_p2p(newest: dict[int, dict[str, Any]]) -> bool:
 
 def _last_frame(traceback: str) -> str:
     """Where the rank was: its traceback's innermost frame, above the signal handler that stopped it."""
-    frames = [f for f in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback or "")
-              if f[2] != "_on_sigterm"]
+    frames = [
+        f
+        for f in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback or "")
+        if f[2] != "_on_sigterm"
+    ]
     return f"{frames[-1][2]} ({os.path.basename(frames[-1][0])}:{frames[-1][1]})" if frames else "?"
 
 
@@ -90,11 +100,15 @@ def balance(run_dir: str) -> list[str]:
     excess = own[slow] - sorted(own[r] for r in others)[len(others) // 2]
     step_s = timed[0]["step_time_s"]
     lines = ["", "load balance (per step, over the timed steps):"]
-    lines += [f"  rank {r}: own work and stalls {1e3 * own[r]:.1f} ms, waiting in collectives {1e3 * waits[r]:.1f} ms"
-              for r in sorted(own)]
+    lines += [
+        f"  rank {r}: own work and stalls {1e3 * own[r]:.1f} ms, waiting in collectives {1e3 * waits[r]:.1f} ms"
+        for r in sorted(own)
+    ]
     if excess > max(0.1 * step_s, 1e-3) and min(waits[r] for r in others) > waits[slow]:
-        lines.append(f"straggler: rank {slow} — {1e3 * excess:.1f} ms per step more than the others, who wait "
-                     f"for it in their collectives ({1e3 * min(waits[r] for r in others):.1f} ms or more each)")
+        lines.append(
+            f"straggler: rank {slow} — {1e3 * excess:.1f} ms per step more than the others, who wait "
+            f"for it in their collectives ({1e3 * min(waits[r] for r in others):.1f} ms or more each)"
+        )
     else:
         lines.append("no straggler: the ranks' own time is within 10 % of a step of each other")
     return lines
@@ -110,24 +124,39 @@ def _shortened(message: str, limit: int = 400) -> str:
 def diagnose(run_dir: str) -> str:
     errors = _errors(run_dir)
     if not errors:
-        return "\n".join([f"{run_dir}: no rank left an error file: the run did not fail (or died before it "
-                          f"could write one)"] + balance(run_dir) + gpu_view(run_dir))
+        return "\n".join(
+            [
+                f"{run_dir}: no rank left an error file: the run did not fail (or died before it "
+                f"could write one)"
+            ]
+            + balance(run_dir)
+            + gpu_view(run_dir)
+        )
     first = min(errors.values(), key=lambda e: (e.get("secondary", False), e.get("time", 0)))
-    lines = [f"{run_dir}: {len(errors)} rank(s) failed; the first cause: rank {first['rank']}: "
-             f"{first['type']}: {_shortened(first['message'])}", ""]
+    lines = [
+        f"{run_dir}: {len(errors)} rank(s) failed; the first cause: rank {first['rank']}: "
+        f"{first['type']}: {_shortened(first['message'])}",
+        "",
+    ]
     for rank, err in sorted(errors.items()):
         newest = err.get("last_collectives", [])[-1:] or [None]
-        lines.append(f"  rank {rank}: {err['type']} at {_last_frame(err.get('traceback', ''))}; "
-                     f"newest collective: {_describe(newest[0])}")
+        lines.append(
+            f"  rank {rank}: {err['type']} at {_last_frame(err.get('traceback', ''))}; "
+            f"newest collective: {_describe(newest[0])}"
+        )
     for g in behind(errors):
         lines.append("")
-        lines.append(f"group {g['group']} {g['ranks']}: blocked at seq {g['blocked_at']}; behind: "
-                     f"{', '.join(f'rank {r}' for r in g['behind'])}")
+        lines.append(
+            f"group {g['group']} {g['ranks']}: blocked at seq {g['blocked_at']}; behind: "
+            f"{', '.join(f'rank {r}' for r in g['behind'])}"
+        )
         for r in g["ranks"]:
             lines.append(f"  rank {r}: {_describe(g['newest'].get(r))}")
         for r in g["behind"]:
-            lines.append(f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
-                         f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped")
+            lines.append(
+                f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
+                f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped"
+            )
     return "\n".join(lines + torch_view(run_dir) + gpu_view(run_dir))
 
 
@@ -143,16 +172,23 @@ def gpu_view(run_dir: str) -> list[str]:
             if line.strip():
                 s = json.loads(line)
                 by_rank.setdefault(s["rank"], []).append(s)
-    lines = ["", f"GPU health (NVML, {sum(map(len, by_rank.values()))} sample(s) in gpu_health.jsonl):"]
+    lines = [
+        "",
+        f"GPU health (NVML, {sum(map(len, by_rank.values()))} sample(s) in gpu_health.jsonl):",
+    ]
     for rank, samples in sorted(by_rank.items()):
+
         def most(key: str, pick: Any = max, samples: list[dict[str, Any]] = samples) -> Any:
             values = [s[key] for s in samples if s.get(key) is not None]
             return pick(values) if values else "n/a"
+
         throttled = sorted({r for s in samples for r in s.get("throttle", []) if r in HARMFUL})
         xids = sorted({x for s in samples for x in s.get("xid", [])})
-        lines.append(f"  rank {rank}: up to {most('temperature_c')} °C, {most('power_w')} W, SM clock down to "
-                     f"{most('sm_clock_mhz', min)} MHz; throttled: {', '.join(throttled) or 'no'}; uncorrected "
-                     f"ECC: {most('ecc_uncorrected')}; Xid: {', '.join(map(str, xids)) or 'none'}")
+        lines.append(
+            f"  rank {rank}: up to {most('temperature_c')} °C, {most('power_w')} W, SM clock down to "
+            f"{most('sm_clock_mhz', min)} MHz; throttled: {', '.join(throttled) or 'no'}; uncorrected "
+            f"ECC: {most('ecc_uncorrected')}; Xid: {', '.join(map(str, xids)) or 'none'}"
+        )
         for s in [s for s in samples if s.get("anomaly")][:3]:
             lines.append(f"    step {s['step']}: {s['anomaly']}")
     return lines
@@ -163,13 +199,18 @@ def torch_view(run_dir: str) -> list[str]:
     dumps = torch_flight_recorder.read_dumps(run_dir)
     if not dumps:
         return []
-    lines = ["", f"torch's flight recorder ({len(dumps)} dump(s), {torch_flight_recorder.PREFIX}<rank>):"]
+    lines = [
+        "",
+        f"torch's flight recorder ({len(dumps)} dump(s), {torch_flight_recorder.PREFIX}<rank>):",
+    ]
     stuck = torch_flight_recorder.behind(dumps)
     if not stuck:
         lines.append("  every group's members reached the same collective")
     for g in stuck:
-        lines.append(f"  group {g['group']}: blocked at seq {g['blocked_at']}; behind: "
-                     f"{', '.join(f'rank {r}' for r in g['behind'])}")
+        lines.append(
+            f"  group {g['group']}: blocked at seq {g['blocked_at']}; behind: "
+            f"{', '.join(f'rank {r}' for r in g['behind'])}"
+        )
         for r, entry in sorted(g["newest"].items()):
             lines.append(f"    rank {r}: {torch_flight_recorder.describe(entry)}")
     return lines

@@ -1,5 +1,4 @@
-"""What-if edit: the data-parallel gradient buckets re-cut at another size (analysis/what_if.py). No torch.
-"""
+"""What-if edit: the data-parallel gradient buckets re-cut at another size (analysis/what_if.py). No torch."""
 
 from __future__ import annotations
 
@@ -19,23 +18,38 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
     old buckets' mean launch cost. `overlap` False (a CPU whose cores the ranks fill: a collective's work
     needs the core backward holds): every bucket issued when backward ends, as one bucket was, and run one
     after another."""
-    old = {k: n for k, n in graph.ops.items() if replica_group(n) and n.op == "all_reduce"
-           and n.label.startswith("bucket")}
+    old = {
+        k: n
+        for k, n in graph.ops.items()
+        if replica_group(n) and n.op == "all_reduce" and n.label.startswith("bucket")
+    }
     if not old:
-        raise ConfigError("bucket_mb: the run has no data-parallel gradient buckets to re-cut (it needs dp > 1, "
-                          "zero=0 and the bucketed data parallel)")
+        raise ConfigError(
+            "bucket_mb: the run has no data-parallel gradient buckets to re-cut (it needs dp > 1, "
+            "zero=0 and the bucketed data parallel)"
+        )
     ab = fit([n for n in graph.ops.values() if replica_group(n)])
-    notes.append(f"data-parallel α {ab[0]:.0f} µs a ring step, {1 / ab[1] if ab[1] else float('inf'):.1f} "
-                 f"MB/s (fitted to the run's own operations)")
+    notes.append(
+        f"data-parallel α {ab[0]:.0f} µs a ring step, {1 / ab[1] if ab[1] else float('inf'):.1f} "
+        f"MB/s (fitted to the run's own operations)"
+    )
     launches = [it.us for p in graph.programs.values() for it in p if _bucket_launch(it)]
     launch = statistics.mean(launches) if launches else 0.0
-    if not overlap:  # and one collective at a time: the worker threads have no core of their own either
-        notes.append("no overlap with backward, one bucket at a time: the ranks fill this machine's cores")
+    if (
+        not overlap
+    ):  # and one collective at a time: the worker threads have no core of their own either
+        notes.append(
+            "no overlap with backward, one bucket at a time: the ranks fill this machine's cores"
+        )
         graph.slots = 1
     for rank, program in graph.programs.items():
-        graph.programs[rank] = [it for seg in _segments(program)
-                                for it in _rebucket_step(seg, old, graph, ab, bucket_mb, launch, overlap,
-                                                         graph.param_sizes.get(rank, []))]
+        graph.programs[rank] = [
+            it
+            for seg in _segments(program)
+            for it in _rebucket_step(
+                seg, old, graph, ab, bucket_mb, launch, overlap, graph.param_sizes.get(rank, [])
+            )
+        ]
     for k in old:
         graph.ops.pop(k, None)
 
@@ -48,12 +62,18 @@ def bucket_bytes(params: list[int], total: float, bucket_mb: float) -> list[floa
         cap = bucket_mb * 2**20
         return [min(cap, total - i * cap) for i in range(max(1, math.ceil(total / cap)))]
     backward = list(reversed(params))
-    return [sum(backward[i] for i in idxs) * per_value
-            for idxs in plan_buckets(backward, round(per_value), bucket_mb)]
+    return [
+        sum(backward[i] for i in idxs) * per_value
+        for idxs in plan_buckets(backward, round(per_value), bucket_mb)
+    ]
 
 
 def _bucket_launch(it: Item) -> bool:
-    return it.kind == "busy" and it.meta.get("kind") == "launch" and str(it.meta.get("label")).startswith("bucket")
+    return (
+        it.kind == "busy"
+        and it.meta.get("kind") == "launch"
+        and str(it.meta.get("label")).startswith("bucket")
+    )
 
 
 def _segments(program: list[Item]) -> list[list[Item]]:
@@ -66,8 +86,16 @@ def _segments(program: list[Item]) -> list[list[Item]]:
     return out
 
 
-def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph: Graph, fit: tuple[float, float],
-                   bucket_mb: float, launch: float, overlap: bool, params: list[int]) -> list[Item]:
+def _rebucket_step(
+    items: list[Item],
+    old: dict[tuple[Any, ...], OpNode],
+    graph: Graph,
+    fit: tuple[float, float],
+    bucket_mb: float,
+    launch: float,
+    overlap: bool,
+    params: list[int],
+) -> list[Item]:
     mine = [old[it.keys[0]] for it in items if it.kind == "issue" and it.keys[0] in old]
     if not mine:
         return items
@@ -76,11 +104,21 @@ def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph:
     first = mine[0]
     keys = [("c", first.group, first.members, ("bucket", first.step, i)) for i in range(len(sizes))]
     for i, (k, size) in enumerate(zip(keys, sizes, strict=True)):
-        graph.ops[k] = dataclasses.replace(first, key=k, nbytes=int(size), label=f"bucket {i}", extra_us={},
-                                           order=first.order + (i + 1) / (len(sizes) + 1),
-                                           cost_us=cost("all_reduce", len(first.members), size, fit))
-    last_forward = max((i for i, it in enumerate(items) if it.meta.get("kind") == "forward"), default=-1)
-    backward = [i for i, it in enumerate(items) if i > last_forward and it.meta.get("kind") == "backward"]
+        graph.ops[k] = dataclasses.replace(
+            first,
+            key=k,
+            nbytes=int(size),
+            label=f"bucket {i}",
+            extra_us={},
+            order=first.order + (i + 1) / (len(sizes) + 1),
+            cost_us=cost("all_reduce", len(first.members), size, fit),
+        )
+    last_forward = max(
+        (i for i, it in enumerate(items) if it.meta.get("kind") == "forward"), default=-1
+    )
+    backward = [
+        i for i, it in enumerate(items) if i > last_forward and it.meta.get("kind") == "backward"
+    ]
     span = sum(items[i].us for i in backward)
     # ready as backward produces them (or all at its end)
     at = [span * (sum(sizes[: i + 1]) / total if overlap else 1.0) for i in range(len(sizes))]
@@ -100,7 +138,9 @@ def _rebucket_step(items: list[Item], old: dict[tuple[Any, ...], OpNode], graph:
                 cut = max(0.0, at[nxt] - elapsed)
                 out.append(dataclasses.replace(it, us=cut, meta=dict(it.meta)))
                 out.append(Item("issue", keys=(keys[nxt],), step=it.step))
-                out.append(Item("busy", launch, tag="launch", step=it.step, meta={"kind": "launch"}))
+                out.append(
+                    Item("busy", launch, tag="launch", step=it.step, meta={"kind": "launch"})
+                )
                 elapsed, length, nxt = elapsed + cut, length - cut, nxt + 1
             out.append(dataclasses.replace(it, us=length, meta=dict(it.meta)))
             elapsed += length

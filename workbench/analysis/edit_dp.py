@@ -18,21 +18,28 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
     """The graph of the same run with `dp` data-parallel replicas (module docstring)."""
     c = graph.config
     if c.get("cp", 1) > 1 or c.get("ep", 1) > 1:
-        raise ConfigError("what-if dp: runs with context or expert parallelism are not edited (their groups span dp)")
+        raise ConfigError(
+            "what-if dp: runs with context or expert parallelism are not edited (their groups span dp)"
+        )
     if dp < 1 or c["global_batch"] % (dp * c["microbatches"]):
-        raise ConfigError(f"dp={dp}: the global batch {c['global_batch']} must split into dp × microbatches "
-                          f"({c['microbatches']}) equal micro-batches")
+        raise ConfigError(
+            f"dp={dp}: the global batch {c['global_batch']} must split into dp × microbatches "
+            f"({c['microbatches']}) equal micro-batches"
+        )
     old, new = RankGrid(c["dp"], c["tp"], c["pp"]), RankGrid(dp, c["tp"], c["pp"])
     ratio = stretch(new.world_size) / stretch(old.world_size)
     tokens = c["dp"] / dp
     micro = c["global_batch"] / c["dp"] / c["microbatches"]
     per_f, per_b = compute_ratio(c, hardware, micro, micro * tokens)
     ab = fit([n for n in graph.ops.values() if replica_group(n)] or list(graph.ops.values()))
-    notes.append(f"each rank's forward × {per_f:.2f} and backward × {per_b:.2f} ({tokens:.2f} of its tokens"
-                 f"{', its fixed cost kept' if per_f != tokens else ''}); every duration × "
-                 f"{ratio:.2f} ({new.world_size} ranks sharing the cores instead of {old.world_size}); "
-                 f"data-parallel α {ab[0]:.0f} µs a ring step, "
-                 f"β {1 / ab[1] if ab[1] else float('inf'):.1f} MB/s")
+    notes.append(
+        f"each rank's forward × {per_f:.2f} and backward × {per_b:.2f} ({tokens:.2f} of its tokens"
+        f"{', its fixed cost kept' if per_f != tokens else ''}); every duration × "
+        f"{ratio:.2f} ({new.world_size} ranks sharing the cores instead of {old.world_size}); "
+        f"data-parallel α {ab[0]:.0f} µs a ring step, "
+        f"β {1 / ab[1] if ab[1] else float('inf'):.1f} MB/s"
+    )
+
     def source_of(r1: int) -> int:
         """The old rank whose program the new rank r1 copies: the same place in replica dp mod the old dp."""
         c1 = new.coords(r1)
@@ -51,7 +58,9 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
             """A replica's copy of what each member took beyond the cost, stretched."""
             return {moved(m, c1["dp"]): x * ratio for m, x in node.extra_us.items()}
 
-        def remap(k: tuple[Any, ...], r1: int = r1, c1: dict[str, int] = c1) -> tuple[Any, ...] | None:
+        def remap(
+            k: tuple[Any, ...], r1: int = r1, c1: dict[str, int] = c1
+        ) -> tuple[Any, ...] | None:
             node = graph.ops.get(k)
             if node is None:
                 return None
@@ -60,30 +69,59 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
                 if key not in ops:
                     members = tuple(sorted(moved(m, c1["dp"]) for m in node.members))
                     sender = moved(node.sender, c1["dp"]) if node.sender >= 0 else -1
-                    ops[key] = dataclasses.replace(node, key=key, members=members, sender=sender,
-                                                   cost_us=node.cost_us * ratio, extra_us=moved_extra(node))
+                    ops[key] = dataclasses.replace(
+                        node,
+                        key=key,
+                        members=members,
+                        sender=sender,
+                        cost_us=node.cost_us * ratio,
+                        extra_us=moved_extra(node),
+                    )
                 return key
             axis = "dp" if replica_group(node) else node.group
-            members = tuple(range(new.world_size)) if axis == "world" else tuple(new.group_ranks(axis, r1))
+            members = (
+                tuple(range(new.world_size))
+                if axis == "world"
+                else tuple(new.group_ranks(axis, r1))
+            )
             if len(members) == 1:
                 return None  # one replica: nothing to reduce
             key = ("c", node.group, members, k[3])
             if key not in ops:
                 dp_op = axis == "dp"
-                seconds = cost(node.op, len(members), node.nbytes, ab) * ratio if dp_op else node.cost_us * ratio
-                ops[key] = dataclasses.replace(node, key=key, members=members, cost_us=seconds,
-                                               queue=("queue", node.group, members),
-                                               extra_us={} if dp_op else moved_extra(node))
+                seconds = (
+                    cost(node.op, len(members), node.nbytes, ab) * ratio
+                    if dp_op
+                    else node.cost_us * ratio
+                )
+                ops[key] = dataclasses.replace(
+                    node,
+                    key=key,
+                    members=members,
+                    cost_us=seconds,
+                    queue=("queue", node.group, members),
+                    extra_us={} if dp_op else moved_extra(node),
+                )
             return key
-        programs[r1] = _scaled(graph.programs[source_of(r1)], remap, (per_f, per_b, tokens), ratio, c.get("zero", 0))
+
+        programs[r1] = _scaled(
+            graph.programs[source_of(r1)], remap, (per_f, per_b, tokens), ratio, c.get("zero", 0)
+        )
     source = {r: source_of(r) for r in programs}
-    return Graph(programs, ops, {r: graph.start_us[source[r]] for r in programs},
-                 {r: graph.measured_us[source[r]] for r in programs}, {r: graph.lanes_us[source[r]] for r in programs},
-                 {**c, "dp": dp}, graph.slots)
+    return Graph(
+        programs,
+        ops,
+        {r: graph.start_us[source[r]] for r in programs},
+        {r: graph.measured_us[source[r]] for r in programs},
+        {r: graph.lanes_us[source[r]] for r in programs},
+        {**c, "dp": dp},
+        graph.slots,
+    )
 
 
-def _scaled(program: list[Item], remap: Any, scales: tuple[float, float, float], ratio: float,
-            zero: int) -> list[Item]:
+def _scaled(
+    program: list[Item], remap: Any, scales: tuple[float, float, float], ratio: float, zero: int
+) -> list[Item]:
     """A copy of a rank's program for the new grid: forward (and recompute) and backward scaled by
     `scales`' first two, ZeRO's optimizer by the third (its slice), everything by the stretch `ratio`; keys
     remapped (an operation of one rank dropped, and a block left with none)."""

@@ -72,10 +72,18 @@ class OpNode:
     order: int = 0
     label: str = ""
     emulated_s: float = 0.0
-    extra_us: dict[int, float] = field(default_factory=dict)  # a member that completed later: by how much
-    blocking: bool = False  # a blocking collective (an emulated link holds it after it is done, not beside it)
-    sender: int = -1  # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
-    send_us: float = 0.0  # send needs no receive posted: the receiver's completion is the transfer's)
+    extra_us: dict[int, float] = field(
+        default_factory=dict
+    )  # a member that completed later: by how much
+    blocking: bool = (
+        False  # a blocking collective (an emulated link holds it after it is done, not beside it)
+    )
+    sender: int = (
+        -1
+    )  # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
+    send_us: float = (
+        0.0  # send needs no receive posted: the receiver's completion is the transfer's)
+    )
 
 
 @dataclass
@@ -84,7 +92,9 @@ class Graph:
     ops: dict[tuple[Any, ...], OpNode]
     start_us: dict[int, float]  # when each rank began its first step, on the shared clock
     measured_us: dict[int, dict[int, float]]  # rank → step → its ProfilerStep's length
-    lanes_us: dict[int, dict[int, dict[str, float]]]  # rank → step → measured compute / blocked / host
+    lanes_us: dict[
+        int, dict[int, dict[str, float]]
+    ]  # rank → step → measured compute / blocked / host
     config: dict[str, Any]
     slots: int = 2  # SLOTS of the run's backend
     #: each rank's parameters' sizes (values), in the model's order (the trace's `param_shapes`)
@@ -108,15 +118,29 @@ class _Rank:
 
     def __init__(self, trace: dict[str, Any], offset: float = 0.0) -> None:
         self.rank = trace["distributedInfo"]["rank"]
-        ev = [{**e, "ts": e["ts"] + offset} if "ts" in e else e for e in trace["traceEvents"]] if offset else \
-            trace["traceEvents"]
-        self.steps = {e["args"]["step"]: (e["ts"], e["ts"] + e["dur"]) for e in ev
-                      if e.get("ph") == "X" and e.get("cat") == "step" and e.get("tid") == LANES["compute"]}
-        begins = {e["id2"]["local"]: e for e in ev if e.get("ph") == "b" and e.get("tid") == LANES["comm"]}
-        ends = {e["id2"]["local"]: e["ts"] for e in ev if e.get("ph") == "e" and e.get("tid") == LANES["comm"]}
+        ev = (
+            [{**e, "ts": e["ts"] + offset} if "ts" in e else e for e in trace["traceEvents"]]
+            if offset
+            else trace["traceEvents"]
+        )
+        self.steps = {
+            e["args"]["step"]: (e["ts"], e["ts"] + e["dur"])
+            for e in ev
+            if e.get("ph") == "X" and e.get("cat") == "step" and e.get("tid") == LANES["compute"]
+        }
+        begins = {
+            e["id2"]["local"]: e for e in ev if e.get("ph") == "b" and e.get("tid") == LANES["comm"]
+        }
+        ends = {
+            e["id2"]["local"]: e["ts"]
+            for e in ev
+            if e.get("ph") == "e" and e.get("tid") == LANES["comm"]
+        }
         #: key → (issue µs, completion µs or None, args)
         self.issued: dict[tuple[Any, ...], tuple[float, float | None, dict[str, Any]]] = {}
-        self.blocks: list[tuple[float, float, tuple[Any, ...], dict[str, Any]]] = []  # (start, end, keys, args)
+        self.blocks: list[
+            tuple[float, float, tuple[Any, ...], dict[str, Any]]
+        ] = []  # (start, end, keys, args)
         self.blocking: set[tuple[Any, ...]] = set()
         by_launch: dict[float, list[tuple[Any, ...]]] = {}
         by_seq: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -132,7 +156,9 @@ class _Rank:
             if e.get("ph") != "X":
                 continue
             a = e.get("args", {})
-            if e.get("tid") == LANES["comm"] and e.get("cat") == "collective" and "seq" in a:  # blocking
+            if (
+                e.get("tid") == LANES["comm"] and e.get("cat") == "collective" and "seq" in a
+            ):  # blocking
                 k = _key(a)
                 self.issued[k] = (e["ts"], e["ts"] + e["dur"], a)
                 self.blocking.add(k)
@@ -143,16 +169,25 @@ class _Rank:
                     batch = tuple(by_launch[round(self.issued[k][0], 1)])
                     self.blocks.append((e["ts"], e["ts"] + e["dur"], batch, a))
         self.tagged = sorted(
-            [(e["ts"], e["ts"] + e["dur"], e["cat"], e.get("args", {})) for e in ev if e.get("ph") == "X" and (
-                (e.get("tid") == LANES["compute"] and e.get("cat") in COMPUTE) or
-                (e.get("tid") == LANES["launch"] and e.get("cat") in ("emulated", "launch")))],
-            key=lambda x: (x[0], -x[1]))
+            [
+                (e["ts"], e["ts"] + e["dur"], e["cat"], e.get("args", {}))
+                for e in ev
+                if e.get("ph") == "X"
+                and (
+                    (e.get("tid") == LANES["compute"] and e.get("cat") in COMPUTE)
+                    or (e.get("tid") == LANES["launch"] and e.get("cat") in ("emulated", "launch"))
+                )
+            ],
+            key=lambda x: (x[0], -x[1]),
+        )
         self.tag_starts = [t[0] for t in self.tagged]
 
     def pieces(self, a: float, b: float) -> list[tuple[float, str, dict[str, Any]]]:
         """[a, b) cut by the tagged spans: (length, tag, args); the innermost span wins, untagged is 'host'."""
         cuts = {a, b}
-        lo = max(0, bisect.bisect_left(self.tag_starts, a) - 64)  # spans starting earlier may still cover a
+        lo = max(
+            0, bisect.bisect_left(self.tag_starts, a) - 64
+        )  # spans starting earlier may still cover a
         hi = bisect.bisect_right(self.tag_starts, b)
         near = [t for t in self.tagged[lo:hi] if t[1] > a and t[0] < b]
         for s, e, _, _ in near:
@@ -173,7 +208,9 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
     """The rank's items from the start of its first step in `steps` to the end of its last, and per step
     the measured compute / blocked / host time."""
     lo, hi = r.steps[steps[0]][0], r.steps[steps[-1]][1]
-    points: list[tuple[float, int, Item, float]] = []  # (time, order at a tie, item, end of a block)
+    points: list[
+        tuple[float, int, Item, float]
+    ] = []  # (time, order at a tie, item, end of a block)
     for k in steps:
         points.append((r.steps[k][0], 0, Item("mark", tag="start", step=k), 0.0))
         points.append((r.steps[k][1], 3, Item("mark", tag="end", step=k), 0.0))
@@ -182,7 +219,14 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
             points.append((t, 1, Item("issue", keys=(k,), step=a.get("step", -1)), 0.0))
     for s, e, keys, a in r.blocks:
         if lo <= s <= hi:
-            points.append((s, 2, Item("block", keys=keys, step=a.get("step", -1), meta={"start": s, "end": e}), e))
+            points.append(
+                (
+                    s,
+                    2,
+                    Item("block", keys=keys, step=a.get("step", -1), meta={"start": s, "end": e}),
+                    e,
+                )
+            )
     points.sort(key=lambda p: (p[0], p[1]))
     items: list[Item] = []
     lanes: dict[int, dict[str, float]] = {}
@@ -190,10 +234,22 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
     for t, _, item, end in points:
         if t > cursor:
             for length, tag, args in r.pieces(cursor, t):
-                meta = {"link": args.get("link"), "seconds": args.get("seconds")} if tag == "emulated" else \
-                    {"label": args.get("label", ""), "seq": args.get("seq")} if tag == "launch" else {}
-                items.append(Item("busy", length, tag="compute" if tag in COMPUTE else tag, step=step,
-                                  meta={"kind": tag, **meta}))
+                meta = (
+                    {"link": args.get("link"), "seconds": args.get("seconds")}
+                    if tag == "emulated"
+                    else {"label": args.get("label", ""), "seq": args.get("seq")}
+                    if tag == "launch"
+                    else {}
+                )
+                items.append(
+                    Item(
+                        "busy",
+                        length,
+                        tag="compute" if tag in COMPUTE else tag,
+                        step=step,
+                        meta={"kind": tag, **meta},
+                    )
+                )
                 share = lanes.setdefault(step, {"compute": 0.0, "blocked": 0.0, "host": 0.0})
                 share["compute" if tag in COMPUTE else "host"] += length
             cursor = t
@@ -202,20 +258,27 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
         items.append(item)
         if item.kind == "block":
             blocked = max(0.0, end - cursor)
-            lanes.setdefault(step, {"compute": 0.0, "blocked": 0.0, "host": 0.0})["blocked"] += blocked
+            lanes.setdefault(step, {"compute": 0.0, "blocked": 0.0, "host": 0.0})["blocked"] += (
+                blocked
+            )
             cursor = max(cursor, end)
     return items, lanes
 
 
-def build(traces: list[dict[str, Any]], config: dict[str, Any] | None = None,
-          steps: list[int] | None = None) -> Graph:
+def build(
+    traces: list[dict[str, Any]],
+    config: dict[str, Any] | None = None,
+    steps: list[int] | None = None,
+) -> Graph:
     """The execution graph of the steps every rank completed (all of them unless `steps` says which), each
     rank's clock first shifted so that no operation completes before one of its members issued it
     (clock_offsets)."""
     ranks = {r.rank: r for r in (_Rank(t) for t in traces)}
     offsets = clock_offsets(ranks)
     if any(offsets.values()):
-        ranks = {r.rank: r for r in (_Rank(t, offsets[t["distributedInfo"]["rank"]]) for t in traces)}
+        ranks = {
+            r.rank: r for r in (_Rank(t, offsets[t["distributedInfo"]["rank"]]) for t in traces)
+        }
     common = sorted(set.intersection(*(set(r.steps) for r in ranks.values())))
     steps = sorted(set(steps) & set(common)) if steps is not None else common
     if not steps:
@@ -227,11 +290,22 @@ def build(traces: list[dict[str, Any]], config: dict[str, Any] | None = None,
     slots = SLOTS.get(backend, 1)
     ops = _operations(ranks, programs, slots)
     _residuals(programs, ops, ranks, slots)
-    sizes = {t["distributedInfo"]["rank"]: [math.prod(shape) for shape in
-                                            t.get("workbench", {}).get("param_shapes", {}).values()] for t in traces}
-    return Graph(programs, ops, {k: r.steps[steps[0]][0] for k, r in ranks.items()},
-                 {k: {s: r.steps[s][1] - r.steps[s][0] for s in steps} for k, r in ranks.items()},
-                 lanes, config or {}, slots, sizes)
+    sizes = {
+        t["distributedInfo"]["rank"]: [
+            math.prod(shape) for shape in t.get("workbench", {}).get("param_shapes", {}).values()
+        ]
+        for t in traces
+    }
+    return Graph(
+        programs,
+        ops,
+        {k: r.steps[steps[0]][0] for k, r in ranks.items()},
+        {k: {s: r.steps[s][1] - r.steps[s][0] for s in steps} for k, r in ranks.items()},
+        lanes,
+        config or {},
+        slots,
+        sizes,
+    )
 
 
 class Workers:
@@ -281,8 +355,9 @@ def clock_offsets(ranks: dict[int, _Rank]) -> dict[int, float]:
     return delta
 
 
-def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots: int
-                ) -> dict[tuple[Any, ...], OpNode]:
+def _operations(
+    ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots: int
+) -> dict[tuple[Any, ...], OpNode]:
     """Every operation some program issues, with its measured cost (module docstring)."""
     keys = {it.keys[0] for p in programs.values() for it in p if it.kind == "issue"}
     seen: dict[tuple[Any, ...], list[tuple[int, float, float | None, dict[str, Any]]]] = {}
@@ -295,10 +370,19 @@ def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots:
         sender = next((v for v in views if v[3]["op"] == "send"), views[0])
         a = sender[3]
         members = (sender[0], a["peer"]) if k[0] == "p2p" else tuple(a.get("group_ranks", ()))
-        ops[k] = OpNode(k, "send" if k[0] == "p2p" else a["op"], a["group"], tuple(sorted(members)),
-                        int(a.get("bytes", 0)), int(a.get("step", -1)), 0.0,
-                        None if k[0] == "p2p" else ("queue", a["group"], members),
-                        a.get("seq", 0), str(a.get("label", "")), float(a.get("emulated_s", 0.0)))
+        ops[k] = OpNode(
+            k,
+            "send" if k[0] == "p2p" else a["op"],
+            a["group"],
+            tuple(sorted(members)),
+            int(a.get("bytes", 0)),
+            int(a.get("step", -1)),
+            0.0,
+            None if k[0] == "p2p" else ("queue", a["group"], members),
+            a.get("seq", 0),
+            str(a.get("label", "")),
+            float(a.get("emulated_s", 0.0)),
+        )
         if k[0] == "p2p":
             # the send's own completion is not recorded apart from its batch's (whose receive it may have
             # waited for): 0, and its block's residual keeps what the send itself took
@@ -306,8 +390,13 @@ def _operations(ranks: dict[int, _Rank], programs: dict[int, list[Item]], slots:
     for r in ranks.values():
         for k in r.blocking & set(ops):
             ops[k].blocking = True
-    measured = {(k, rank): c for k, views in seen.items() for rank, _, c, a in views if c is not None}
-    earliest = {k: min((c for _, _, c, _ in views if c is not None), default=None) for k, views in seen.items()}
+    measured = {
+        (k, rank): c for k, views in seen.items() for rank, _, c, a in views if c is not None
+    }
+    earliest = {
+        k: min((c for _, _, c, _ in views if c is not None), default=None)
+        for k, views in seen.items()
+    }
     issued = {(k, rank): t for k, views in seen.items() for rank, t, _, _ in views}
     workers = Workers(slots)
     for node in sorted(ops.values(), key=lambda n: n.order if n.queue else 0):
@@ -360,7 +449,9 @@ class Completions:
             return
         if node.queue is None:
             for m in _completing(node):
-                self.done[(key, m)] = max(self.issued[key].values()) + node.cost_us + node.extra_us.get(m, 0.0)
+                self.done[(key, m)] = (
+                    max(self.issued[key].values()) + node.cost_us + node.extra_us.get(m, 0.0)
+                )
             return
         for m in _completing(node):
             self._advance((node.queue, m), m)
@@ -379,8 +470,12 @@ class Completions:
             self.head[q] += 1
 
 
-def _residuals(programs: dict[int, list[Item]], ops: dict[tuple[Any, ...], OpNode],
-               ranks: dict[int, _Rank], slots: int) -> None:
+def _residuals(
+    programs: dict[int, list[Item]],
+    ops: dict[tuple[Any, ...], OpNode],
+    ranks: dict[int, _Rank],
+    slots: int,
+) -> None:
     """Each block's residual: what its end came after the later of its start and its operations' completion
     for this rank (recomputed from the issues, queues and costs, as the replay will)."""
     completions = Completions(ops, slots)
@@ -392,5 +487,8 @@ def _residuals(programs: dict[int, list[Item]], ops: dict[tuple[Any, ...], OpNod
     for rank, program in programs.items():
         for it in program:
             if it.kind == "block":
-                ready = max((done[(k, rank)] for k in it.keys if (k, rank) in done), default=it.meta["start"])
+                ready = max(
+                    (done[(k, rank)] for k in it.keys if (k, rank) in done),
+                    default=it.meta["start"],
+                )
                 it.us = max(0.0, it.meta["end"] - max(it.meta["start"], ready))

@@ -24,8 +24,10 @@ class Ratio:
     rounds: int
 
     def __str__(self) -> str:
-        return (f"{self.median:.3f}  95 % [{self.low:.3f}, {self.high:.3f}]  min-based {self.by_min:.3f}  "
-                f"({self.rounds} rounds)")
+        return (
+            f"{self.median:.3f}  95 % [{self.low:.3f}, {self.high:.3f}]  min-based {self.by_min:.3f}  "
+            f"({self.rounds} rounds)"
+        )
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
@@ -34,7 +36,9 @@ class Ratio:
 def ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) -> Ratio:
     """A over B, from paired rounds (a[i] and b[i] ran in the same round)."""
     if len(a) != len(b) or len(a) < 2:
-        raise ValueError(f"paired rounds needed: got {len(a)} and {len(b)} (at least 2 each, the same number)")
+        raise ValueError(
+            f"paired rounds needed: got {len(a)} and {len(b)} (at least 2 each, the same number)"
+        )
     rng = random.Random(seed)
     n = len(a)
     boot = []
@@ -42,14 +46,21 @@ def ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) 
         idx = [rng.randrange(n) for _ in range(n)]
         boot.append(statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx))
     boot.sort()
-    return Ratio(statistics.median(a) / statistics.median(b), boot[int(0.025 * resamples)],
-                 boot[min(int(0.975 * resamples), resamples - 1)], min(a) / min(b), n)
+    return Ratio(
+        statistics.median(a) / statistics.median(b),
+        boot[int(0.025 * resamples)],
+        boot[min(int(0.975 * resamples), resamples - 1)],
+        min(a) / min(b),
+        n,
+    )
 
 
 def spread(values: list[float]) -> str:
     """Several whole runs' values of one ratio: min, median and max."""
-    return (f"min {min(values):.3f}  median {statistics.median(values):.3f}  max {max(values):.3f}  "
-            f"over {len(values)} runs")
+    return (
+        f"min {min(values):.3f}  median {statistics.median(values):.3f}  max {max(values):.3f}  "
+        f"over {len(values)} runs"
+    )
 
 
 def step_spread(steps: list[float]) -> float:
@@ -61,4 +72,5 @@ def step_spread(steps: list[float]) -> float:
 
     def at(q: float) -> float:
         return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
     return (at(0.9) - at(0.1)) / 2 / statistics.median(xs)

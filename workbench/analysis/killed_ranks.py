@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 from workbench.trace.disk import write_error_file
 
-_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)"
+)
 
 
 @dataclass
@@ -32,24 +34,38 @@ class Killed:
     rank: int
     signal: int | None  # from torchrun's summary; None where it did not observe this rank's exit
     pid: int | None
-    out_of_memory: bool | None  # the kernel's log names its pid (True), does not (False), or cannot be read (None)
+    out_of_memory: (
+        bool | None
+    )  # the kernel's log names its pid (True), does not (False), or cannot be read (None)
     last_seen: float = 0.0  # wall-clock time of its last trace flush
 
     def describe(self) -> str:
         if self.signal is None:
-            what = (f"rank {self.rank} ended without running any handler (no error file): killed by a signal none "
-                    f"can catch, SIGKILL")
+            what = (
+                f"rank {self.rank} ended without running any handler (no error file): killed by a signal none "
+                f"can catch, SIGKILL"
+            )
         else:
-            name = signal.Signals(self.signal).name if self.signal in set(signal.Signals) else f"signal {self.signal}"
+            name = (
+                signal.Signals(self.signal).name
+                if self.signal in set(signal.Signals)
+                else f"signal {self.signal}"
+            )
             what = f"rank {self.rank} was killed by {name} (exit code {-self.signal}, pid {self.pid}): no handler ran"
         if self.out_of_memory:
             return f"{what}. The kernel's log says its out-of-memory killer ended it: the run did not fit in memory"
         if self.signal in (None, signal.SIGKILL):
-            why = ("its pid is not known, so the kernel's log was not searched" if self.pid is None else
-                   "the kernel's log cannot be read here" if self.out_of_memory is None else
-                   "nothing in the kernel's log that can be read here names it")
-            return (f"{what} — the kernel's out-of-memory killer sends SIGKILL ({why}), and so does torchrun to a "
-                    f"rank still stuck after its grace period, or something outside the run")
+            why = (
+                "its pid is not known, so the kernel's log was not searched"
+                if self.pid is None
+                else "the kernel's log cannot be read here"
+                if self.out_of_memory is None
+                else "nothing in the kernel's log that can be read here names it"
+            )
+            return (
+                f"{what} — the kernel's out-of-memory killer sends SIGKILL ({why}), and so does torchrun to a "
+                f"rank still stuck after its grace period, or something outside the run"
+            )
         return what
 
 
@@ -69,11 +85,20 @@ def unreported_ranks(run_dir: str, world_size: int, since: float = 0.0) -> list[
 
 def torchrun_signals(launcher_log: str) -> dict[int, tuple[int, int]]:
     """rank → (signal, pid) of every rank torchrun's summary reports ended by a signal."""
-    return {int(r): (-int(code), int(pid)) for r, code, pid in _FAILURE.findall(launcher_log) if int(code) < 0}
+    return {
+        int(r): (-int(code), int(pid))
+        for r, code, pid in _FAILURE.findall(launcher_log)
+        if int(code) < 0
+    }
 
 
-def killed_ranks(run_dir: str, launcher_log: str, world_size: int, since: float = 0.0,
-                 read_kernel_log: bool = True) -> list[Killed]:
+def killed_ranks(
+    run_dir: str,
+    launcher_log: str,
+    world_size: int,
+    since: float = 0.0,
+    read_kernel_log: bool = True,
+) -> list[Killed]:
     """The ranks of a failed launch that ended before any handler ran, with what is known of why; each stamped with
     the last time it wrote its trace stream (its last sign of life), so that it sorts among the error files."""
     ranks = unreported_ranks(run_dir, world_size, since)
@@ -84,7 +109,9 @@ def killed_ranks(run_dir: str, launcher_log: str, world_size: int, since: float 
     out = []
     for rank in ranks:
         sig, pid = signals.get(rank, (None, None))
-        killed = Killed(rank, sig, pid, None if kernel is None or pid is None else oom_killed(kernel, pid))
+        killed = Killed(
+            rank, sig, pid, None if kernel is None or pid is None else oom_killed(kernel, pid)
+        )
         stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
         killed.last_seen = os.path.getmtime(stream) if os.path.exists(stream) else time.time()
         out.append(killed)
@@ -94,10 +121,23 @@ def killed_ranks(run_dir: str, launcher_log: str, world_size: int, since: float 
 def record_killed(run_dir: str, killed: Killed) -> None:
     """The error file the rank could not write, into its reservation: its first line names the cause."""
     reserved = os.path.join(run_dir, f".error_rank{killed.rank}.reserved")
-    write_error_file(os.path.join(run_dir, f"error_rank{killed.rank}.json"), reserved,
-                     {"rank": killed.rank, "time": killed.last_seen, "type": "Killed", "message": killed.describe(),
-                      "traceback": "", "coords": None, "secondary": False, "last_collectives": [],
-                      "signal": killed.signal, "pid": killed.pid, "out_of_memory": killed.out_of_memory})
+    write_error_file(
+        os.path.join(run_dir, f"error_rank{killed.rank}.json"),
+        reserved,
+        {
+            "rank": killed.rank,
+            "time": killed.last_seen,
+            "type": "Killed",
+            "message": killed.describe(),
+            "traceback": "",
+            "coords": None,
+            "secondary": False,
+            "last_collectives": [],
+            "signal": killed.signal,
+            "pid": killed.pid,
+            "out_of_memory": killed.out_of_memory,
+        },
+    )
 
 
 def kernel_log() -> str | None:

@@ -31,7 +31,9 @@ class Replayed:
     measured_us: float
     per_rank_us: dict[int, float]  # each rank's replayed step, mean over the steps compared
     measured_per_rank_us: dict[int, float]
-    lanes_us: dict[int, dict[str, float]]  # each rank's replayed compute / blocked / host per step (mean)
+    lanes_us: dict[
+        int, dict[str, float]
+    ]  # each rank's replayed compute / blocked / host per step (mean)
     measured_lanes_us: dict[int, dict[str, float]]
     steps: list[int] = field(default_factory=list)
 
@@ -41,17 +43,26 @@ class Replayed:
 
     def lane_errors(self) -> dict[int, dict[str, float]]:
         """Per rank and lane: (replayed − measured) time as a share of the measured step."""
-        return {r: {k: (self.lanes_us[r][k] - self.measured_lanes_us[r][k]) / self.measured_per_rank_us[r]
-                    for k in self.lanes_us[r]} for r in self.lanes_us}
+        return {
+            r: {
+                k: (self.lanes_us[r][k] - self.measured_lanes_us[r][k])
+                / self.measured_per_rank_us[r]
+                for k in self.lanes_us[r]
+            }
+            for r in self.lanes_us
+        }
 
     def check(self, step_tolerance: float = 0.05, lane_tolerance: float = 0.10) -> None:
         """AssertionError unless the replay is within `step_tolerance` of the measured step and every rank's
         every lane within `lane_tolerance` of its step."""
-        assert abs(self.error) <= step_tolerance, \
+        assert abs(self.error) <= step_tolerance, (
             f"replayed step {self.step_us:.0f} µs vs measured {self.measured_us:.0f} µs: {self.error:+.1%}"
+        )
         for r, lanes in self.lane_errors().items():
             for lane, e in lanes.items():
-                assert abs(e) <= lane_tolerance, f"rank {r}'s {lane} time off by {e:+.1%} of its step"
+                assert abs(e) <= lane_tolerance, (
+                    f"rank {r}'s {lane} time off by {e:+.1%} of its step"
+                )
 
 
 class _Stuck(RuntimeError):
@@ -101,8 +112,10 @@ def run(graph: Graph) -> tuple[Marks, Lanes]:
         r = stuck[0]
         it = graph.programs[r][pc[r]]
         missing = [k for k in it.keys if (k, r) not in ops.done]
-        raise _Stuck(f"the replay cannot go on: rank {r} waits for {missing[:2]}, which some member never issues "
-                     f"(a dependency the graph lacks)")
+        raise _Stuck(
+            f"the replay cannot go on: rank {r} waits for {missing[:2]}, which some member never issues "
+            f"(a dependency the graph lacks)"
+        )
     return marks, lanes
 
 
@@ -112,12 +125,26 @@ def replay(graph: Graph, skip_first: bool = True) -> Replayed:
     marks, lanes = run(graph)
     steps = sorted(next(iter(graph.measured_us.values())))
     compared = steps[1:] if skip_first and len(steps) > 1 else steps
-    per_rank = {r: statistics.mean(m[("end", s)] - m[("start", s)] for s in compared) for r, m in marks.items()}
-    measured = {r: statistics.mean(graph.measured_us[r][s] for s in compared) for r in graph.programs}
+    per_rank = {
+        r: statistics.mean(m[("end", s)] - m[("start", s)] for s in compared)
+        for r, m in marks.items()
+    }
+    measured = {
+        r: statistics.mean(graph.measured_us[r][s] for s in compared) for r in graph.programs
+    }
 
     def mean_lanes(source: dict[int, dict[int, dict[str, float]]], r: int) -> dict[str, float]:
-        return {k: statistics.mean(source[r].get(s, {}).get(k, 0.0) for s in compared)
-                for k in ("compute", "blocked", "host")}
-    return Replayed(statistics.mean(per_rank.values()), statistics.mean(measured.values()), per_rank, measured,
-                    {r: mean_lanes(lanes, r) for r in graph.programs},
-                    {r: mean_lanes(graph.lanes_us, r) for r in graph.programs}, compared)
+        return {
+            k: statistics.mean(source[r].get(s, {}).get(k, 0.0) for s in compared)
+            for k in ("compute", "blocked", "host")
+        }
+
+    return Replayed(
+        statistics.mean(per_rank.values()),
+        statistics.mean(measured.values()),
+        per_rank,
+        measured,
+        {r: mean_lanes(lanes, r) for r in graph.programs},
+        {r: mean_lanes(graph.lanes_us, r) for r in graph.programs},
+        compared,
+    )

@@ -1,11 +1,11 @@
 """`Run`: one run directory read back as pandas DataFrames (no torch, no torch.distributed).
 
-    run = workbench.load("traces/demo")
-    run.metrics    # one row per optimizer step: step, loss, lr, grad_norm, step_time_s, tokens, tokens_per_s
-    run.events     # one row per span: rank, lane, name, cat, start_us, dur_us, end_us, step, op, group, ...
-    run.memory     # one row per memory counter: rank, ts_us, and a column per category
-    run.summary    # summary.json as a dict
-    run.config     # config.json as a dict
+run = workbench.load("traces/demo")
+run.metrics    # one row per optimizer step: step, loss, lr, grad_norm, step_time_s, tokens, tokens_per_s
+run.events     # one row per span: rank, lane, name, cat, start_us, dur_us, end_us, step, op, group, ...
+run.memory     # one row per memory counter: rank, ts_us, and a column per category
+run.summary    # summary.json as a dict
+run.config     # config.json as a dict
 """
 
 from __future__ import annotations
@@ -23,10 +23,36 @@ from workbench.trace.recorder import LANES
 from workbench.trace.spans import spans
 
 _LANE_NAMES = {tid: name for name, tid in LANES.items()}
-_ARG_COLUMNS = ("step", "microbatch", "stage", "chunk", "layer", "op", "group", "seq", "peer", "bytes",
-                "label", "algorithm", "phase", "ring_step", "send_chunk", "recv_chunk", "recv_peer",
-                "chunks", "recv_bytes", "algbw_GBps", "busbw_GBps", "async", "link", "seconds", "emulated_s",
-                "emulated_link", "block_of", "pairs")
+_ARG_COLUMNS = (
+    "step",
+    "microbatch",
+    "stage",
+    "chunk",
+    "layer",
+    "op",
+    "group",
+    "seq",
+    "peer",
+    "bytes",
+    "label",
+    "algorithm",
+    "phase",
+    "ring_step",
+    "send_chunk",
+    "recv_chunk",
+    "recv_peer",
+    "chunks",
+    "recv_bytes",
+    "algbw_GBps",
+    "busbw_GBps",
+    "async",
+    "link",
+    "seconds",
+    "emulated_s",
+    "emulated_link",
+    "block_of",
+    "pairs",
+)
 
 
 class Run:
@@ -72,7 +98,9 @@ class Run:
     def metrics(self) -> pd.DataFrame:
         path = os.path.join(self.path, "metrics.jsonl")
         if not os.path.exists(path):
-            return pd.DataFrame(columns=["step", "loss", "lr", "grad_norm", "step_time_s", "tokens", "tokens_per_s"])
+            return pd.DataFrame(
+                columns=["step", "loss", "lr", "grad_norm", "step_time_s", "tokens", "tokens_per_s"]
+            )
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return pd.DataFrame(rows)
@@ -87,7 +115,10 @@ class Run:
         rows = []
         for trace in self.traces:
             rank = trace["distributedInfo"]["rank"]
-            rows += [_row(rank, e, start, dur, kind) for e, start, dur, kind in spans(trace["traceEvents"])]
+            rows += [
+                _row(rank, e, start, dur, kind)
+                for e, start, dur, kind in spans(trace["traceEvents"])
+            ]
         df = pd.DataFrame(rows)
         if not df.empty:
             df = df.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
@@ -95,8 +126,12 @@ class Run:
 
     def _counters(self, name: str) -> list[dict]:
         """Every rank's counter events of `name`, as rows: rank, ts_us and the counter's values."""
-        return [{"rank": t["distributedInfo"]["rank"], "ts_us": e["ts"], **e["args"]}
-                for t in self.traces for e in t["traceEvents"] if e.get("ph") == "C" and e["name"] == name]
+        return [
+            {"rank": t["distributedInfo"]["rank"], "ts_us": e["ts"], **e["args"]}
+            for t in self.traces
+            for e in t["traceEvents"]
+            if e.get("ph") == "C" and e["name"] == name
+        ]
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -125,15 +160,31 @@ class Run:
             rank = trace["distributedInfo"]["rank"]
             for e in trace["traceEvents"]:
                 if e.get("ph") in ("s", "f"):
-                    rows.append({"rank": rank, "ph": e["ph"], "id": e["id"], "cat": e["cat"], "ts_us": e["ts"],
-                                 "lane": _LANE_NAMES.get(e["tid"], e["tid"])})
+                    rows.append(
+                        {
+                            "rank": rank,
+                            "ph": e["ph"],
+                            "id": e["id"],
+                            "cat": e["cat"],
+                            "ts_us": e["ts"],
+                            "lane": _LANE_NAMES.get(e["tid"], e["tid"]),
+                        }
+                    )
         return pd.DataFrame(rows)
 
 
 def _row(rank: int, e: dict[str, Any], ts: float, dur: float, kind: str) -> dict[str, Any]:
     args = e.get("args", {})
-    row = {"rank": rank, "lane": _LANE_NAMES.get(e["tid"], e["tid"]), "name": e["name"], "cat": e["cat"],
-           "start_us": ts, "dur_us": dur, "end_us": ts + dur, "kind": kind}
+    row = {
+        "rank": rank,
+        "lane": _LANE_NAMES.get(e["tid"], e["tid"]),
+        "name": e["name"],
+        "cat": e["cat"],
+        "start_us": ts,
+        "dur_us": dur,
+        "end_us": ts + dur,
+        "kind": kind,
+    }
     for key in _ARG_COLUMNS:
         row[key] = args.get(key)
     return row

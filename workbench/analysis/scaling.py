@@ -23,7 +23,9 @@ def stretch(config: dict[str, Any], hardware: Any, cores: int | None, busy: floa
     return lambda world: max(1.0, world * busy / n)
 
 
-def compute_ratio(config: dict[str, Any], hardware: Any, micro: float, micro_new: float) -> tuple[float, float]:
+def compute_ratio(
+    config: dict[str, Any], hardware: Any, micro: float, micro_new: float
+) -> tuple[float, float]:
     """(forward, backward) time of one action at `micro_new` sequences over at `micro`: per token without a
     calibrated `hardware`; with one, its fixed cost per layer kept and the rest by its rates (a small
     micro-batch is mostly fixed cost: Python, launches)."""
@@ -35,9 +37,19 @@ def compute_ratio(config: dict[str, Any], hardware: Any, micro: float, micro_new
     model = run_model(config)
 
     def layer(m: float) -> tuple[float, float]:
-        L = Layout(model=model, tp=config["tp"], micro=m, sequence_parallel=config.get("sequence_parallel", False),
-                   recompute=config.get("recompute", "none"), width=4 if config.get("precision") == "fp32" else 2)
+        L = Layout(
+            model=model,
+            tp=config["tp"],
+            micro=m,
+            sequence_parallel=config.get("sequence_parallel", False),
+            recompute=config.get("recompute", "none"),
+            width=4 if config.get("precision") == "fp32" else 2,
+        )
         costs = _layer(L, hardware, _ctx(L, hardware))
-        return (costs["compute"][0] + costs["overhead"][0], costs["compute"][1] + costs["overhead"][1])
+        return (
+            costs["compute"][0] + costs["overhead"][0],
+            costs["compute"][1] + costs["overhead"][1],
+        )
+
     (f0, b0), (f1, b1) = layer(micro), layer(micro_new)
     return f1 / f0, b1 / b0

@@ -53,17 +53,24 @@ def timed_steps(steps: list[dict[str, Any]], excluded: int) -> list[dict[str, An
 def timed_step_figures(timed: list[dict[str, Any]]) -> dict[str, Any]:
     """The median step time of the fast steps (or, where none ran fast, the measured ones), each kind's, the
     cost of measuring (measured ÷ fast) and which steps each comes from."""
+
     def median(xs: list[dict[str, Any]]) -> float | None:
         return statistics.median(e["dur"] for e in xs) / 1e6 if xs else None
 
     measured = [e for e in timed if e.get("args", {}).get("measured", True)]
     fast = [e for e in timed if not e.get("args", {}).get("measured", True)]
     m, f = median(measured), median(fast)
-    return {"step_time_s": f if fast else m, "step_time_measured_s": m, "step_time_fast_s": f,
-            "measure_cost": m / f if m and f else None,
-            "step_time_from": "fast steps" if fast else "measured steps",
-            "measured_steps": sorted(e["args"]["step"] for e in measured if "step" in e.get("args", {})),
-            "fast_steps": sorted(e["args"]["step"] for e in fast if "step" in e.get("args", {}))}
+    return {
+        "step_time_s": f if fast else m,
+        "step_time_measured_s": m,
+        "step_time_fast_s": f,
+        "measure_cost": m / f if m and f else None,
+        "step_time_from": "fast steps" if fast else "measured steps",
+        "measured_steps": sorted(
+            e["args"]["step"] for e in measured if "step" in e.get("args", {})
+        ),
+        "fast_steps": sorted(e["args"]["step"] for e in fast if "step" in e.get("args", {})),
+    }
 
 
 def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +81,9 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     timed = timed_steps(steps, int(config.get("warmup_steps_excluded", 0)))
     since = timed[0]["ts"] if timed else 0.0  # the time figures leave the warm-up steps out
     compute = compute_intervals(spans, since)
-    data_us = union_length([(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "data" and e["ts"] >= since])
+    data_us = union_length(
+        [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "data" and e["ts"] >= since]
+    )
     comms = comm_intervals(events)
     comm_iv = [(a, b) for _, a, b in comms if a >= since]
     step_iv = [(e["ts"], e["ts"] + e["dur"]) for e in timed]
@@ -91,7 +100,9 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
 
     out = {
         "rank": trace["distributedInfo"]["rank"],
-        "dp": info["dp"], "tp": info["tp"], "pp": info["pp"],
+        "dp": info["dp"],
+        "tp": info["tp"],
+        "pp": info["pp"],
         "steps": len(steps),
         "steps_excluded": len(steps) - len(timed),
         **timed_step_figures(timed),
@@ -105,14 +116,23 @@ def rank_summary(trace: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
         **memory_figures(events),
         "predicted_bytes": formulas.predicted_bytes(config, info["pp"]),
         "predicted_peak_total_bytes": formulas.predicted_total(config, info["pp"])[1],
-        **({"predicted_host_bytes": host} if (host := formulas.predicted_host_bytes(config, info["pp"])) else {}),
+        **(
+            {"predicted_host_bytes": host}
+            if (host := formulas.predicted_host_bytes(config, info["pp"]))
+            else {}
+        ),
         "predicted_comm_bytes_per_step": formulas.predicted_comm_bytes(config, info["pp"]),
         "comm_bytes": comm_bytes,
-        "comm_bytes_per_step": {op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()},
+        "comm_bytes_per_step": {
+            op: {g: b / n_steps for g, b in d.items()} for op, d in comm_bytes.items()
+        },
         "bytes_moved_per_step": sum(bytes_sent(a) for a, _, _ in comms) / n_steps,
         "grad_sync_bytes_per_step": sum(
-            int(a.get("bytes", 0)) for a, _, _ in comms
-            if str(a.get("label", "")).startswith(("bucket", "param"))) / n_steps,
+            int(a.get("bytes", 0))
+            for a, _, _ in comms
+            if str(a.get("label", "")).startswith(("bucket", "param"))
+        )
+        / n_steps,
     }
     return out
 
@@ -133,12 +153,17 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     host: dict[str, int] = {}  # ZeRO-Offload's host side
     allocator: dict[str, int] = {}
     allocated: dict[float, int] = {}
-    backend: dict[float, int] = {}  # CPU profile: live bytes the communication backend's threads allocated
+    backend: dict[
+        float, int
+    ] = {}  # CPU profile: live bytes the communication backend's threads allocated
     true_peak: dict[str, Any] | None = None
     for e in events:
         if e.get("ph") == "C" and e["name"] == "allocator_peak":
-            true_peak = {"allocated": int(e["args"]["allocated"]), "ts_us": e["ts"],
-                         "backend_threads": int(e["args"].get("backend_threads", 0))}
+            true_peak = {
+                "allocated": int(e["args"]["allocated"]),
+                "ts_us": e["ts"],
+                "backend_threads": int(e["args"].get("backend_threads", 0)),
+            }
         if e.get("ph") == "C" and e["name"] == "memory":
             for k, v in e["args"].items():
                 peaks[k] = max(peaks.get(k, 0), int(v))
@@ -153,13 +178,20 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
                 allocator[k] = max(allocator.get(k, 0), int(v))
             allocated[e["ts"]] = int(e["args"]["allocated"])
             backend[e["ts"]] = int(e["args"].get("backend_threads", 0))
-    out: dict[str, Any] = {"peak_bytes": peaks, "peak_total_bytes": max(totals.values(), default=0),
-                           "bytes_at_peak_total": at_peak}
+    out: dict[str, Any] = {
+        "peak_bytes": peaks,
+        "peak_total_bytes": max(totals.values(), default=0),
+        "bytes_at_peak_total": at_peak,
+    }
     if host:
         out["host_peak_bytes"] = host
     if allocator:
         out["allocator_peak_bytes"] = allocator
-        matched = {ts: (a, totals[ts] + backend[ts]) for ts, a in allocated.items() if ts in totals and a > 0}
+        matched = {
+            ts: (a, totals[ts] + backend[ts])
+            for ts, a in allocated.items()
+            if ts in totals and a > 0
+        }
         if matched:
             at_peak = max(matched.values())
             out["unattributed_bytes"] = at_peak[0] - at_peak[1]
@@ -172,14 +204,27 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
 def at_true_peak(events: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
     """The categories of the last `memory` snapshot at or before the allocator's true peak, and the bytes they
     (and the backend's threads) leave unexplained there."""
-    before = [e for e in events if e.get("ph") == "C" and e["name"] == "memory" and e["ts"] <= peak["ts_us"]]
-    categories = {k: int(v) for k, v in max(before, key=lambda e: e["ts"])["args"].items()} if before else {}
-    return {**peak, "categories": categories,
-            "unattributed": peak["allocated"] - sum(categories.values()) - peak["backend_threads"]}
+    before = [
+        e
+        for e in events
+        if e.get("ph") == "C" and e["name"] == "memory" and e["ts"] <= peak["ts_us"]
+    ]
+    categories = (
+        {k: int(v) for k, v in max(before, key=lambda e: e["ts"])["args"].items()} if before else {}
+    )
+    return {
+        **peak,
+        "categories": categories,
+        "unattributed": peak["allocated"] - sum(categories.values()) - peak["backend_threads"],
+    }
 
 
-def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok") -> dict[str, Any]:
-    ranks = [rank_summary(t, config) for t in sorted(traces, key=lambda t: t["distributedInfo"]["rank"])]
+def build_summary(
+    config: dict[str, Any], traces: list[dict[str, Any]], status: str = "ok"
+) -> dict[str, Any]:
+    ranks = [
+        rank_summary(t, config) for t in sorted(traces, key=lambda t: t["distributedInfo"]["rank"])
+    ]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
     params = config["params"]
     dp = config["dp"]
@@ -191,15 +236,19 @@ def build_summary(config: dict[str, Any], traces: list[dict[str, Any]], status: 
         "ranks_reporting": [r["rank"] for r in ranks],
         "step_time_s": max(step_times) if step_times else None,
         "predicted_grad_sync_bytes_per_step": 4 * params_local if dp > 1 else 0,
-        "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(params_local, dp, config.get("zero", 0)),
+        "predicted_ring_bytes_sent_per_step": formulas.dp_bytes_per_step(
+            params_local, dp, config.get("zero", 0)
+        ),
         "ranks": ranks,
     }
     if config.get("pp", 1) > 1:
         out["bubble_fraction"] = bubble(config, traces)
     if ranks:
-        out["figures_from"] = {"step_time_s": f"{ranks[0]['step_time_from']} after the first "
-                                              f"{ranks[0]['steps_excluded']} (median)",
-                               "memory": f"measured steps {ranks[0]['measured_steps'] or 'none'}"}
+        out["figures_from"] = {
+            "step_time_s": f"{ranks[0]['step_time_from']} after the first "
+            f"{ranks[0]['steps_excluded']} (median)",
+            "memory": f"measured steps {ranks[0]['measured_steps'] or 'none'}",
+        }
     if config.get("device") == "cuda" and out["step_time_s"]:
         out["mfu"] = model_utilisation(config, out["step_time_s"])
     return out
@@ -210,8 +259,14 @@ def model_utilisation(config: dict[str, Any], step_time_s: float) -> dict[str, A
     devices' dense peak (their name, or PEAK_TFLOPS); `value` None where the device is unknown."""
     model = formulas.run_model(config)
     tokens_per_s = config["global_batch"] * model.seq_len / step_time_s
-    peak = peak_flops(config.get("device_name", ""), config.get("precision", "fp32"), os.environ.get(PEAK_ENV))
-    return {"value": formulas.mfu(model, tokens_per_s, peak, config["world_size"]) if peak else None,
-            "flops_per_token": formulas.model_flops_per_token(model), "tokens_per_s": tokens_per_s,
-            "peak_flops": peak, "device_name": config.get("device_name"),
-            "note": None if peak else f"unknown device {config.get('device_name')!r}: set {PEAK_ENV}"}
+    peak = peak_flops(
+        config.get("device_name", ""), config.get("precision", "fp32"), os.environ.get(PEAK_ENV)
+    )
+    return {
+        "value": formulas.mfu(model, tokens_per_s, peak, config["world_size"]) if peak else None,
+        "flops_per_token": formulas.model_flops_per_token(model),
+        "tokens_per_s": tokens_per_s,
+        "peak_flops": peak,
+        "device_name": config.get("device_name"),
+        "note": None if peak else f"unknown device {config.get('device_name')!r}: set {PEAK_ENV}",
+    }

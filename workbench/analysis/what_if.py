@@ -50,8 +50,16 @@ from workbench.config import ConfigError
 from workbench.config.links import parse_links
 from workbench.trace.merge import load_traces
 
-CHANGES = ("dp", "microbatches", "schedule", "virtual_stages", "bucket_mb", "emulate_link", "ranks_per_node",
-           "straggler")
+CHANGES = (
+    "dp",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "bucket_mb",
+    "emulate_link",
+    "ranks_per_node",
+    "straggler",
+)
 
 
 @dataclass
@@ -68,9 +76,11 @@ class WhatIf:
 
     def __str__(self) -> str:
         edits = ", ".join(f"{k}={v}" for k, v in self.changes.items())
-        return (f"what if {edits}: {self.predicted_s * 1e3:.1f} ± {self.predicted_s * self.spread * 1e3:.1f} ms a "
-                f"step (the run measured "
-                f"{self.source_measured_s * 1e3:.1f} ms, its replay {self.source_replayed_s * 1e3:.1f} ms)")
+        return (
+            f"what if {edits}: {self.predicted_s * 1e3:.1f} ± {self.predicted_s * self.spread * 1e3:.1f} ms a "
+            f"step (the run measured "
+            f"{self.source_measured_s * 1e3:.1f} ms, its replay {self.source_replayed_s * 1e3:.1f} ms)"
+        )
 
 
 def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes: Any) -> WhatIf:
@@ -79,7 +89,9 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     cores the ranks share (default: this machine's, on a CPU run)."""
     unknown = set(changes) - set(CHANGES)
     if unknown:
-        raise ConfigError(f"what_if: unknown change(s) {sorted(unknown)}; valid: {', '.join(CHANGES)}")
+        raise ConfigError(
+            f"what_if: unknown change(s) {sorted(unknown)}; valid: {', '.join(CHANGES)}"
+        )
     path = run if isinstance(run, str) else run.path
     config = _config(path)
     traces = load_traces(path)
@@ -89,30 +101,51 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     steps = [statistics.mean(graph.measured_us[r][k] for r in graph.programs) for k in source.steps]
     spread = step_spread(steps)
     if not changes:
-        return WhatIf({}, source.measured_us / 1e6, source.step_us / 1e6, source.step_us / 1e6, notes, spread)
-    busy = statistics.mean((lanes["compute"] + lanes["host"]) / source.per_rank_us[r]
-                           for r, lanes in source.lanes_us.items())
+        return WhatIf(
+            {}, source.measured_us / 1e6, source.step_us / 1e6, source.step_us / 1e6, notes, spread
+        )
+    busy = statistics.mean(
+        (lanes["compute"] + lanes["host"]) / source.per_rank_us[r]
+        for r, lanes in source.lanes_us.items()
+    )
     stretch_of = stretch(config, hardware, cores, busy)
     if "straggler" in changes:
         rank, seconds = changes["straggler"]
         _straggle(graph, int(rank), float(seconds))
     if "emulate_link" in changes or "ranks_per_node" in changes:
-        _relink(graph, changes.get("emulate_link", config.get("emulate_link")),
-                int(changes.get("ranks_per_node", config.get("ranks_per_node") or 0)),
-                config.get("node_placement") or "block", config["world_size"])
+        _relink(
+            graph,
+            changes.get("emulate_link", config.get("emulate_link")),
+            int(changes.get("ranks_per_node", config.get("ranks_per_node") or 0)),
+            config.get("node_placement") or "block",
+            config["world_size"],
+        )
     if "bucket_mb" in changes:
         if not float(changes["bucket_mb"]) > 0:
-            raise ConfigError(f"bucket_mb={changes['bucket_mb']}: a bucket holds more than 0 MB (default 25)")
-        overlap = config.get("device", "cpu") != "cpu" or config["world_size"] < (cores or os.cpu_count() or 1)
+            raise ConfigError(
+                f"bucket_mb={changes['bucket_mb']}: a bucket holds more than 0 MB (default 25)"
+            )
+        overlap = config.get("device", "cpu") != "cpu" or config["world_size"] < (
+            cores or os.cpu_count() or 1
+        )
         rebucket(graph, float(changes["bucket_mb"]), overlap, notes)
     if "dp" in changes and int(changes["dp"]) != config["dp"]:
         graph = resize_dp(graph, int(changes["dp"]), stretch_of, hardware, notes)
     edited = replay(graph)
     predicted = edited.step_us
-    pipeline = {k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes}
+    pipeline = {
+        k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes
+    }
     if pipeline:
         predicted += relay_pipeline(traces, config, graph.config, pipeline, hardware, notes)
-    return WhatIf(dict(changes), source.measured_us / 1e6, source.step_us / 1e6, predicted / 1e6, notes, spread)
+    return WhatIf(
+        dict(changes),
+        source.measured_us / 1e6,
+        source.step_us / 1e6,
+        predicted / 1e6,
+        notes,
+        spread,
+    )
 
 
 def _config(path: str) -> dict[str, Any]:
@@ -128,20 +161,31 @@ def _straggle(graph: Graph, rank: int, seconds: float) -> None:
     for i in reversed(range(len(program))):
         it = program[i]
         if it.kind == "mark" and it.tag == "start":
-            program.insert(i + 1, Item("busy", seconds * 1e6, tag="host", step=it.step, meta={"kind": "straggler"}))
+            program.insert(
+                i + 1,
+                Item("busy", seconds * 1e6, tag="host", step=it.step, meta={"kind": "straggler"}),
+            )
 
 
-def _relink(graph: Graph, spec: str | None, ranks_per_node: int, placement: str = "block", world: int = 0) -> None:
+def _relink(
+    graph: Graph, spec: str | None, ranks_per_node: int, placement: str = "block", world: int = 0
+) -> None:
     """Every operation's emulated time replaced by what the new links would hold it (the machines take the run's
     ranks as the run placed them: `node_placement`)."""
     from workbench.comm.emulated_link import EmulatedNetwork
 
     if spec and ranks_per_node < 1:
-        raise ConfigError("emulate_link needs ranks_per_node ≥ 1 (how many ranks an emulated machine holds)")
+        raise ConfigError(
+            "emulate_link needs ranks_per_node ≥ 1 (how many ranks an emulated machine holds)"
+        )
     if ranks_per_node > 1 and world % ranks_per_node:
-        raise ConfigError(f"ranks_per_node={ranks_per_node}: the emulated machines must split the run's {world} "
-                          "ranks evenly")
-    net = EmulatedNetwork(parse_links(spec) if spec else {}, max(ranks_per_node, 1), placement, world)
+        raise ConfigError(
+            f"ranks_per_node={ranks_per_node}: the emulated machines must split the run's {world} "
+            "ranks evenly"
+        )
+    net = EmulatedNetwork(
+        parse_links(spec) if spec else {}, max(ranks_per_node, 1), placement, world
+    )
     for node in graph.ops.values():
         if node.op == "send":
             peer = next((m for m in node.members if m != node.sender), node.sender)
@@ -162,6 +206,9 @@ def _relink(graph: Graph, spec: str | None, ranks_per_node: int, placement: str 
         for it in program:
             if it.kind == "busy" and it.meta.get("kind") == "emulated":
                 it.us = 0.0  # a send's old hold: replaced by its issue's new one
-            elif it.kind == "issue" and it.keys[0] in graph.ops and graph.ops[it.keys[0]].sender == rank:
+            elif (
+                it.kind == "issue"
+                and it.keys[0] in graph.ops
+                and graph.ops[it.keys[0]].sender == rank
+            ):
                 it.us = graph.ops[it.keys[0]].emulated_s * 1e6
-

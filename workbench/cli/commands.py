@@ -32,7 +32,13 @@ def absolute_csv(schedule: str) -> str:
 
 def cmd_schedule(a: argparse.Namespace) -> int:
     """`workbench schedule show|export`: the schedule as data, validated, without starting a process."""
-    from workbench.schedules.build import build_schedule, peak_in_flight, peak_pending_w, simulate, validate
+    from workbench.schedules.build import (
+        build_schedule,
+        peak_in_flight,
+        peak_pending_w,
+        simulate,
+        validate,
+    )
     from workbench.schedules.torch_csv import write_csv
 
     try:
@@ -46,8 +52,10 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "show":
         t = simulate(s, 1.0, 2.0, t_w=1.0)
         print(s.grid())
-        print(f"bubble rate at T_F = T_I = T_W: {t.bubble_rate():.4f}; activations in flight per rank "
-              f"{peak_in_flight(s)}; weight-gradient stashes per rank {peak_pending_w(s)}")
+        print(
+            f"bubble rate at T_F = T_I = T_W: {t.bubble_rate():.4f}; activations in flight per rank "
+            f"{peak_in_flight(s)}; weight-gradient stashes per rank {peak_pending_w(s)}"
+        )
         return 0
     if a.format == "json":
         text = json.dumps(s.to_dict(), indent=1)
@@ -60,7 +68,12 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     if a.out:
         write_csv(s, a.out)
     else:
-        print("\n".join(",".join(str(x) for x in acts if x.kind in ("F", "B", "I", "W")) for acts in s.actions))
+        print(
+            "\n".join(
+                ",".join(str(x) for x in acts if x.kind in ("F", "B", "I", "W"))
+                for acts in s.actions
+            )
+        )
     return 0
 
 
@@ -86,10 +99,14 @@ def cmd_run(argv: list[str]) -> int:
     if a.print_config:
         print(config_text(config), end="")
         return 0
-    changed = " ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
-                       for k, v in shown_config(config).items())
-    print(f"settings (beside the defaults; all of them: --print-config, and config.json): {changed or 'none'}",
-          flush=True)
+    changed = " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
+        for k, v in shown_config(config).items()
+    )
+    print(
+        f"settings (beside the defaults; all of them: --print-config, and config.json): {changed or 'none'}",
+        flush=True,
+    )
     if isinstance(config.model, ModelConfig):  # given as changes to a preset: the dims that result
         print(f"model: {config.model_config}", flush=True)
     nodes = Nodes(nnodes=a.nnodes, node_rank=a.node_rank, rdzv_endpoint=a.rdzv_endpoint)
@@ -97,9 +114,17 @@ def cmd_run(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        run = launch(config, out, progress=not a.quiet, nodes=nodes, force=a.force, launcher=a.launcher,
-                     ray_address=a.ray_address, check_disk=a.check_disk,
-                     check_memory=a.check_memory)
+        run = launch(
+            config,
+            out,
+            progress=not a.quiet,
+            nodes=nodes,
+            force=a.force,
+            launcher=a.launcher,
+            ray_address=a.ray_address,
+            check_disk=a.check_disk,
+            check_memory=a.check_memory,
+        )
     except (ConfigError, FileExistsError) as e:
         print(f"workbench: {e}", file=sys.stderr)
         return 2
@@ -108,8 +133,11 @@ def cmd_run(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt as e:
         why = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
-        print(f"\nworkbench: {why} — {a.launcher} and its ranks were stopped; partial results in {out}/ "
-              f"(workbench show {out})", file=sys.stderr)
+        print(
+            f"\nworkbench: {why} — {a.launcher} and its ranks were stopped; partial results in {out}/ "
+            f"(workbench show {out})",
+            file=sys.stderr,
+        )
         return 130
     print_summary(run.path)
     return 0
@@ -133,23 +161,38 @@ def cmd_compare(a: argparse.Namespace) -> int:
         from workbench.studies.calibration import calibrate
 
         worlds = tuple(sorted({max(2, c.world_size + c.world_size % 2) for c in configs}))
-        print(f"calibrating this machine for {max(worlds)} ranks (a few minutes: short runs, three of each; "
-              f"--no-calibrate skips it) ...", file=sys.stderr, flush=True)
+        print(
+            f"calibrating this machine for {max(worlds)} ranks (a few minutes: short runs, three of each; "
+            f"--no-calibrate skips it) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         # the runs' own model, batch, backend and device; written to OUT/calibration.json
-        hw = calibrate(configs[0].model, global_batch=configs[0].global_batch, backend=configs[0].backend,
-                       worlds=worlds, out=a.out)
+        hw = calibrate(
+            configs[0].model,
+            global_batch=configs[0].global_batch,
+            backend=configs[0].backend,
+            worlds=worlds,
+            out=a.out,
+        )
     try:
         result = compare(configs, a.out, hardware=hw, force=a.force)
     except FileExistsError as e:
         print(f"workbench: {e}", file=sys.stderr)
         return 2
     print(result.table.to_string(index=False))
-    print(f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv")
+    print(
+        f"\nreport: {result.report(a.out)}  (opens in a browser, no Jupyter needed); table: {a.out}/table.csv"
+    )
     if a.wandb:
         from workbench.engine.logs.wandb_log import log_table
 
-        log_table(a.wandb, a.out, f"compare-{os.path.basename(os.path.abspath(a.out))}", result.table)
-        print(f"W&B: the table logged to project {a.wandb!r} (offline runs: wandb sync {a.out}/wandb/offline-run-*)")
+        log_table(
+            a.wandb, a.out, f"compare-{os.path.basename(os.path.abspath(a.out))}", result.table
+        )
+        print(
+            f"W&B: the table logged to project {a.wandb!r} (offline runs: wandb sync {a.out}/wandb/offline-run-*)"
+        )
     return 0
 
 
@@ -166,7 +209,9 @@ def cmd_merge(run_dir: str) -> int:
         print(f"workbench: {e}", file=sys.stderr)
         return 1
     if recovered:
-        print(f"rank trace(s) rebuilt from their streams: {', '.join(f'rank {r}' for r in recovered)}")
+        print(
+            f"rank trace(s) rebuilt from their streams: {', '.join(f'rank {r}' for r in recovered)}"
+        )
     print(f"merged: {merged}" if merged else f"{run_dir} holds no rank traces to merge")
     return 0
 
@@ -193,8 +238,10 @@ def cmd_show(run_dir: str) -> int:
         print(f"damaged: {problem}")
     run = load(run_dir)
     m = run.metrics
-    print(f"{run_dir}: this run did not finish (no summary.json); {len(m)} step(s) recorded"
-          + (f", loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}" if len(m) else ""))
+    print(
+        f"{run_dir}: this run did not finish (no summary.json); {len(m)} step(s) recorded"
+        + (f", loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}" if len(m) else "")
+    )
     for e in sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))[:3]:
         print(f"  rank {e['rank']}: {e['type']}: {e['message'][:300]}")
     print("files: " + ", ".join(sorted(os.listdir(run_dir))))
@@ -218,18 +265,32 @@ def print_summary(run_dir: str) -> None:
     run = load(run_dir)
     m = run.metrics
     if len(m):
-        print(f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
-              f"median step {m.step_time_s.median() * 1e3:.1f} ms")
+        print(
+            f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
+            f"median step {m.step_time_s.median() * 1e3:.1f} ms"
+        )
     excluded = max((r.get("steps_excluded", 0) for r in run.summary.get("ranks", [])), default=0)
     if excluded:
-        print(f"(times below leave out the first {excluded} step(s): warm-up — --warmup-steps-excluded)")
+        print(
+            f"(times below leave out the first {excluded} step(s): warm-up — --warmup-steps-excluded)"
+        )
     for r in run.summary.get("ranks", []):
         pk, pr = r["peak_bytes"], r["predicted_bytes"]
         mem = ", ".join(f"{k} {pk.get(k, 0) / 1e6:.3f}/{pr[k] / 1e6:.3f} MB" for k in pr)
-        print(f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
-              f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}")
-    files = [f for f in ("metrics.jsonl", "summary.json", "trace.json") if os.path.exists(os.path.join(run_dir, f))]
-    files += ["trace_rank*.json"] if any(f.startswith("trace_rank") for f in os.listdir(run_dir)) else []
+        print(
+            f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
+            f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}"
+        )
+    files = [
+        f
+        for f in ("metrics.jsonl", "summary.json", "trace.json")
+        if os.path.exists(os.path.join(run_dir, f))
+    ]
+    files += (
+        ["trace_rank*.json"] if any(f.startswith("trace_rank") for f in os.listdir(run_dir)) else []
+    )
     print(f"\nresults in {run_dir}/ : {', '.join(files)}")
     print("open trace.json at https://ui.perfetto.dev (Open trace file), or in Jupyter:")
-    print(f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)")
+    print(
+        f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)"
+    )

@@ -81,9 +81,14 @@ def _model_rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
             raise ValueError(f"--model {text!r}: not a preset's name nor JSON ({e})") from None
 
     return PrimitiveConstructorSpec(
-        nargs=1, metavar="PRESET|JSON", instance_from_str=parse,
+        nargs=1,
+        metavar="PRESET|JSON",
+        instance_from_str=parse,
         is_instance=lambda x: isinstance(x, str | ModelConfig),
-        str_from_instance=lambda x: [x if isinstance(x, str) else json.dumps(dataclasses.asdict(x))])
+        str_from_instance=lambda x: [
+            x if isinstance(x, str) else json.dumps(dataclasses.asdict(x))
+        ],
+    )
 
 
 REGISTRY = ConstructorRegistry()
@@ -112,14 +117,22 @@ def legacy(argv: list[str]) -> list[str]:
 def _check_model_json(argv: list[str]) -> None:
     """A --model given as JSON that does not parse: said plainly, exit status 2 (argparse's), before tyro."""
     for i, arg in enumerate(argv):
-        value = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else arg[8:] if arg.startswith("--model=") \
+        value = (
+            argv[i + 1]
+            if arg == "--model" and i + 1 < len(argv)
+            else arg[8:]
+            if arg.startswith("--model=")
             else None
+        )
         if value is not None and value.lstrip().startswith("{"):
             try:
                 json.loads(value)
             except json.JSONDecodeError as e:
-                print(f"workbench run: error: --model {value!r} is not valid JSON ({e}); give a preset's name or "
-                      f"JSON changes to one, e.g. '{{\"base\": \"small\", \"layers\": 8}}'", file=sys.stderr)
+                print(
+                    f"workbench run: error: --model {value!r} is not valid JSON ({e}); give a preset's name or "
+                    f'JSON changes to one, e.g. \'{{"base": "small", "layers": 8}}\'',
+                    file=sys.stderr,
+                )
                 raise SystemExit(2) from None
 
 
@@ -141,8 +154,13 @@ def parse_run(argv: list[str], prog: str = "workbench run") -> tuple[RunConfig, 
     base = read_config(path) if path else RunConfig()
     default = RunCommand(run=base, launch=LaunchOptions(config=path))
     with REGISTRY:
-        parsed = tyro.cli(RunCommand, args=argv, prog=prog, default=default,
-                          config=(tyro.conf.OmitArgPrefixes, tyro.conf.OmitSubcommandPrefixes))
+        parsed = tyro.cli(
+            RunCommand,
+            args=argv,
+            prog=prog,
+            default=default,
+            config=(tyro.conf.OmitArgPrefixes, tyro.conf.OmitSubcommandPrefixes),
+        )
     return parsed.run, parsed.launch
 
 

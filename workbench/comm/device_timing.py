@@ -59,7 +59,9 @@ def enable_nccl_timing() -> None:
 class Timed:
     """One launched operation (or batch) waiting for its device times: `emits` write its records."""
 
-    stream: Hashable  # where it queues on the device: ("collective", group) or ("p2p", group, peers)
+    stream: (
+        Hashable  # where it queues on the device: ("collective", group) or ("p2p", group, peers)
+    )
     launch: Any  # an event on the caller's stream at the launch
     emits: list[Callable[[float, float], None]] = field(default_factory=list)
     end: Any = None  # an event on the caller's stream after wait(): the fallback end
@@ -72,10 +74,15 @@ class DeviceTimeout(TimeoutError):
 
 
 class DeviceClock:
-    def __init__(self, now_us: Callable[[], float], synchronize: Callable[[], None] | None = None,
-                 event: Callable[[], Any] | None = None, sleep: Callable[[float], None] = time.sleep,
-                 measured: Callable[[], bool] = lambda: True,
-                 sync_compute: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        now_us: Callable[[], float],
+        synchronize: Callable[[], None] | None = None,
+        event: Callable[[], Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        measured: Callable[[], bool] = lambda: True,
+        sync_compute: Callable[[], None] | None = None,
+    ) -> None:
         """`measured`: whether the current step is measured (the trace recorder's flag); `sync_compute`:
         wait for the compute stream only (a measured step's compute spans)."""
         self.now_us = now_us
@@ -85,7 +92,9 @@ class DeviceClock:
         self.sleep = sleep
         self.measured = measured
         self.pending: list[Timed] = []
-        self.spans: list[tuple[Any, Any, Callable[[float, float], None]]] = []  # a fast step's compute spans
+        self.spans: list[
+            tuple[Any, Any, Callable[[float, float], None]]
+        ] = []  # a fast step's compute spans
         self.ref: Any = None
         self.ref_us = 0.0
 
@@ -135,8 +144,10 @@ class DeviceClock:
         while not event.query():
             now = self.now_us()
             if now > deadline_us:
-                raise DeviceTimeout(f"timed out: the device had not finished the operation {(now - first) / 1e6:.1f} s "
-                                    f"after this rank began waiting (the process-group timeout has passed)")
+                raise DeviceTimeout(
+                    f"timed out: the device had not finished the operation {(now - first) / 1e6:.1f} s "
+                    f"after this rank began waiting (the process-group timeout has passed)"
+                )
             self.sleep(5e-5 if now - first < 10_000 else 1e-3)
 
     def host_us(self, event: Any) -> float:
@@ -162,7 +173,11 @@ class DeviceClock:
                 kept.append(t)
                 continue
             start = max(self.host_us(t.launch), free.get(t.stream, float("-inf")))
-            end = start + t.duration_us if t.duration_us is not None else max(self.host_us(t.end), start)
+            end = (
+                start + t.duration_us
+                if t.duration_us is not None
+                else max(self.host_us(t.end), start)
+            )
             free[t.stream] = end
             for emit in t.emits:
                 emit(start, end)

@@ -34,8 +34,13 @@ __all__ = ["EmulatedNetwork", "Link", "emulate", "hold", "parse_links"]
 
 #: ring steps of each collective over n ranks (each pays the latency); the bytes each rank sends in all
 #: are the bus-bandwidth factor's (trace/bandwidth.py)
-_RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
-               "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1}
+_RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: n - 1,
+    "all_gather": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+}
 
 
 @dataclass
@@ -58,9 +63,13 @@ class EmulatedNetwork:
         return self.busy_until_us[link]
 
     def __post_init__(self) -> None:
-        if self.placement == "round-robin" and (self.world_size < 1 or self.world_size % self.ranks_per_node):
-            raise ValueError(f"round-robin placement needs machines of ranks_per_node={self.ranks_per_node} that "
-                             f"split world_size={self.world_size} evenly")
+        if self.placement == "round-robin" and (
+            self.world_size < 1 or self.world_size % self.ranks_per_node
+        ):
+            raise ValueError(
+                f"round-robin placement needs machines of ranks_per_node={self.ranks_per_node} that "
+                f"split world_size={self.world_size} evenly"
+            )
 
     def node(self, rank: int) -> int:
         if self.placement == "round-robin":
@@ -83,7 +92,9 @@ class EmulatedNetwork:
             return name, 0.0
         # a broadcast is a pipelined chain: n−1 latencies, the bytes once (its bus factor is 1)
         sent = bus_factor(op, n) * nbytes
-        return name, _RING_STEPS[op](n) * link.latency_us * 1e-6 + sent / (link.bandwidth_GBps * 1e9)
+        return name, _RING_STEPS[op](n) * link.latency_us * 1e-6 + sent / (
+            link.bandwidth_GBps * 1e9
+        )
 
 
 def hold(recorder: object, seconds: float, lane: str, **args: object) -> None:
@@ -100,6 +111,9 @@ def emulate(network: EmulatedNetwork, rank: int, args: dict) -> dict:
     is sent) or where no emulated link applies."""
     if args["op"] == "recv":
         return {}
-    link, seconds = (network.message_seconds(rank, args["peer"], args["bytes"]) if args["op"] == "send"
-                     else network.collective_seconds(args["op"], args["bytes"], args["group_ranks"]))
+    link, seconds = (
+        network.message_seconds(rank, args["peer"], args["bytes"])
+        if args["op"] == "send"
+        else network.collective_seconds(args["op"], args["bytes"], args["group_ranks"])
+    )
     return {"emulated_s": round(seconds, 9), "emulated_link": link} if seconds > 0 else {}

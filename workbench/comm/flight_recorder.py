@@ -23,13 +23,19 @@ class FlightRecorder:
         self.entries: deque[dict[str, Any]] = deque(maxlen=size)
 
     def start(self, args: dict[str, Any]) -> None:
-        self.entries.append({k: args.get(k) for k in ("op", "group", "group_ranks", "seq", "label", "step", "peer")}
-                            | {"state": "started", "started_unix": time.time()})
+        self.entries.append(
+            {k: args.get(k) for k in ("op", "group", "group_ranks", "seq", "label", "step", "peer")}
+            | {"state": "started", "started_unix": time.time()}
+        )
 
     def done(self, args: dict[str, Any]) -> None:
         for entry in reversed(self.entries):
-            if (entry["group"], entry["seq"], entry["op"], entry["peer"]) == \
-                    (args.get("group"), args.get("seq"), args.get("op"), args.get("peer")):
+            if (entry["group"], entry["seq"], entry["op"], entry["peer"]) == (
+                args.get("group"),
+                args.get("seq"),
+                args.get("op"),
+                args.get("peer"),
+            ):
                 entry["state"] = "done"
                 return
 
@@ -37,7 +43,9 @@ class FlightRecorder:
         return list(self.entries)
 
 
-def lagging(newest_seq: dict[int, int], members: Sequence[int], reported: Container[int]) -> tuple[int, list[int]]:
+def lagging(
+    newest_seq: dict[int, int], members: Sequence[int], reported: Container[int]
+) -> tuple[int, list[int]]:
     """The furthest sequence number a group's members reached, and the members that left a record and are
     below it: the ones the others wait for (a collective needs every member). Our records and torch's
     dumps (comm/torch_flight_recorder.py) are both read this way."""

@@ -23,19 +23,25 @@ class ProcessGroups:
     ranks: dict[str, list[int]]  # axis -> global ranks in this rank's group
 
     @classmethod
-    def create(cls, grid: RankGrid, rank: int, timeout_s: float, ranks_per_node: int = 0) -> ProcessGroups:
+    def create(
+        cls, grid: RankGrid, rank: int, timeout_s: float, ranks_per_node: int = 0
+    ) -> ProcessGroups:
         """Create every axis group (collectively: all ranks call this in the same order); with
         `ranks_per_node` also each dp group's split by machine (`node_groups`)."""
         timeout = timedelta(seconds=timeout_s)
         groups: dict[str, Any] = {"world": dist.group.WORLD}
         ranks: dict[str, list[int]] = {"world": list(range(grid.world_size))}
         for axis in AXES:
-            if axis == "cp" and grid.cp == 1:  # no context parallelism: no group to create (or wait for)
+            if (
+                axis == "cp" and grid.cp == 1
+            ):  # no context parallelism: no group to create (or wait for)
                 groups[axis], ranks[axis] = None, [rank]
                 continue
             for members in grid.all_groups(axis):
                 # new_group is collective over the whole world, even for ranks outside `members`.
-                pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")  # named in torch's dumps
+                pg = dist.new_group(
+                    members, timeout=timeout, group_desc=f"{axis} {members}"
+                )  # named in torch's dumps
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
         for axis in ("ep", "edp") if grid.ep > 1 else ():

@@ -38,12 +38,22 @@ class Op:
 class Handle:
     """What a non-blocking call returns. `wait()` blocks, records the blocked time, and lets the work go."""
 
-    def __init__(self, comm: Any, works: list[Any], ops: list[Op], launch_us: float, staged: int = 0,
-                 timed: Timed | None = None, blocking: bool = False) -> None:
+    def __init__(
+        self,
+        comm: Any,
+        works: list[Any],
+        ops: list[Op],
+        launch_us: float,
+        staged: int = 0,
+        timed: Timed | None = None,
+        blocking: bool = False,
+    ) -> None:
         """`comm`: the Communicator (comm/traced.py) that launched the operation."""
         self.comm, self.works, self.ops, self.launch_us = comm, works, ops, launch_us
         self.timed, self.blocking = timed, blocking
-        self.staged = staged if comm.memory is not None else 0  # the backend's own copy (comm_buffer)
+        self.staged = (
+            staged if comm.memory is not None else 0
+        )  # the backend's own copy (comm_buffer)
         if self.staged:
             comm.memory.add("comm_buffer", self.staged)
         self.completed_us: float | None = None
@@ -82,16 +92,27 @@ class Handle:
             return
         comm, rec, first = self.comm, self.comm.recorder, self.ops[0]
         name = first.name if len(self.ops) == 1 else f"p2p batch of {len(self.ops)}"
-        with rec.span(f"wait {name}", "wait", "wait", op=first.args["op"], group=first.args["group"],
-                      seq=first.args.get("seq"), step=comm.step):
+        with rec.span(
+            f"wait {name}",
+            "wait",
+            "wait",
+            op=first.args["op"],
+            group=first.args["group"],
+            seq=first.args.get("seq"),
+            step=comm.step,
+        ):
             try:
                 for work in self.works:
                     work.wait()
-                if self.timed is not None:  # CUDA: block until the device has done it (or the deadline)
+                if (
+                    self.timed is not None
+                ):  # CUDA: block until the device has done it (or the deadline)
                     comm.clock.waited(self.timed, self.works, self.launch_us + comm.timeout_s * 1e6)
             except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                 raise comm.error(first.args, e) from e
-            if first.args.get("emulated_s") and first.cat == "collective":  # the emulated network's time
+            if (
+                first.args.get("emulated_s") and first.cat == "collective"
+            ):  # the emulated network's time
                 link = first.args["emulated_link"]
                 end = comm.network.occupy(link, self.launch_us, first.args["emulated_s"])
                 hold(rec, (end - rec.now_us()) / 1e6, "wait", link=link)
@@ -116,4 +137,3 @@ class Handle:
 def device_record(rec: Any, op: Op, blocking: bool) -> Any:
     """What the device clock calls at the step's end to write `op` with its device times."""
     return lambda start, end: record(rec, op.name, op.cat, op.args, op.n, start, end, blocking)
-

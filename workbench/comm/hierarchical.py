@@ -21,7 +21,9 @@ from workbench.comm.traced import Communicator
 from workbench.trace.bandwidth import nbytes
 
 
-def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, label: str | None = None) -> None:
+def hierarchical_all_reduce(
+    comm: Communicator, tensor: torch.Tensor, label: str | None = None
+) -> None:
     """Sum `tensor` in place over the dp group, machine by machine (needs the `dp_intra`/`dp_inter`
     groups: ProcessGroups.create with ranks_per_node)."""
     k, flat = comm.size("dp_intra"), tensor.view(-1)

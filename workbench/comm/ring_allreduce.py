@@ -40,48 +40,90 @@ def ring_chunks(numel: int, n: int) -> list[tuple[int, int]]:
 class RingCall:
     """One ring collective being recorded: its args (op, group, seq ...), members and neighbours."""
 
-    def __init__(self, comm: Communicator, op: str, group: str, tensor: torch.Tensor, label: str | None) -> None:
+    def __init__(
+        self, comm: Communicator, op: str, group: str, tensor: torch.Tensor, label: str | None
+    ) -> None:
         self.comm, self.group, self.label = comm, group, label
         self.members = comm.groups.ranks[group]
         self.n = len(self.members)
         self.i = self.members.index(comm.rank)
-        self.nxt, self.prv = self.members[(self.i + 1) % self.n], self.members[(self.i - 1) % self.n]
+        self.nxt, self.prv = (
+            self.members[(self.i + 1) % self.n],
+            self.members[(self.i - 1) % self.n],
+        )
         self.args = comm._args(op, group, tensor, nbytes(tensor), algorithm="ring")
         if label is not None:
             self.args["label"] = label
         self.key = (comm.step, group, tuple(self.members), self.args["seq"])
         self.start = comm.recorder.now_us()
 
-    def exchange(self, phase: str, ring_k: int, send: torch.Tensor | None, recv: torch.Tensor | None,
-                 send_c: int | None = None, recv_c: int | None = None) -> None:
+    def exchange(
+        self,
+        phase: str,
+        ring_k: int,
+        send: torch.Tensor | None,
+        recv: torch.Tensor | None,
+        send_c: int | None = None,
+        recv_c: int | None = None,
+    ) -> None:
         """One ring step: send to the next rank and receive from the previous one, posted together (either
         may be None in a broadcast's chain), as a `ring_step` span with a flow to the receiver."""
         rec, comm, pg = self.comm.recorder, self.comm, self.comm.groups.groups[self.group]
-        with rec.span("ring_step", "ring_step", "ring", phase=phase, ring_step=ring_k, step=comm.step,
-                      seq=self.args["seq"], group=self.group, send_chunk=send_c, recv_chunk=recv_c, peer=self.nxt,
-                      recv_peer=self.prv, bytes=nbytes(send) if send is not None else 0,
-                      recv_bytes=nbytes(recv) if recv is not None else 0, chunks=self.n) as step_args:
-            if send is not None and comm.network is not None:  # held on its emulated link, sender side
+        with rec.span(
+            "ring_step",
+            "ring_step",
+            "ring",
+            phase=phase,
+            ring_step=ring_k,
+            step=comm.step,
+            seq=self.args["seq"],
+            group=self.group,
+            send_chunk=send_c,
+            recv_chunk=recv_c,
+            peer=self.nxt,
+            recv_peer=self.prv,
+            bytes=nbytes(send) if send is not None else 0,
+            recv_bytes=nbytes(recv) if recv is not None else 0,
+            chunks=self.n,
+        ) as step_args:
+            if (
+                send is not None and comm.network is not None
+            ):  # held on its emulated link, sender side
                 link, seconds = comm.network.message_seconds(comm.rank, self.nxt, nbytes(send))
                 hold(rec, seconds, "ring", link=link)
             if send is not None:
-                rec.flow("s", flow_id("ring", *self.key, ring_k, comm.rank, self.nxt), "ring", rec.now_us(), "ring")
+                rec.flow(
+                    "s",
+                    flow_id("ring", *self.key, ring_k, comm.rank, self.nxt),
+                    "ring",
+                    rec.now_us(),
+                    "ring",
+                )
             comm.check([t for t in (send, recv) if t is not None], f"ring step {ring_k}")
-            ops = ([dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []) + \
-                  ([dist.P2POp(dist.irecv, recv, self.prv, group=pg)] if recv is not None else [])
+            ops = (
+                [dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []
+            ) + ([dist.P2POp(dist.irecv, recv, self.prv, group=pg)] if recv is not None else [])
             start = comm.clock.mark() if comm.clock is not None else None
             try:
                 works = dist.batch_isend_irecv(ops) if ops else []
                 for work in works:
                     work.wait()
-                if comm.clock is not None:  # CUDA: the step is over when the device says so, not at launch
+                if (
+                    comm.clock is not None
+                ):  # CUDA: the step is over when the device says so, not at launch
                     end = comm.clock.mark()
                     comm.clock.block_until(end, rec.now_us() + comm.timeout_s * 1e6)
                     step_args["device_us"] = round(start.elapsed_time(end) * 1000.0, 3)
             except Exception as e:  # noqa: BLE001
                 raise comm.error({**self.args, "peer": self.nxt}, e) from e
             if recv is not None:
-                rec.flow("f", flow_id("ring", *self.key, ring_k, self.prv, comm.rank), "ring", rec.now_us(), "ring")
+                rec.flow(
+                    "f",
+                    flow_id("ring", *self.key, ring_k, self.prv, comm.rank),
+                    "ring",
+                    rec.now_us(),
+                    "ring",
+                )
 
     def finish(self) -> None:
         """The whole collective's record on the `comm` lane, with its bandwidth."""
@@ -93,7 +135,9 @@ class RingCall:
         rec.complete(name, "collective", "comm", self.start, dur, self.args)
 
 
-def ring_all_reduce(comm: Communicator, tensor: torch.Tensor, group: str = "dp", label: str | None = None) -> None:
+def ring_all_reduce(
+    comm: Communicator, tensor: torch.Tensor, group: str = "dp", label: str | None = None
+) -> None:
     """Sum `tensor` in place over `group` with the ring algorithm (blocking): a reduce-scatter, then an
     all-gather, over the same n chunks."""
     call = RingCall(comm, "all_reduce", group, tensor, label)
@@ -101,7 +145,7 @@ def ring_all_reduce(comm: Communicator, tensor: torch.Tensor, group: str = "dp",
     if n == 1:
         return
     flat = tensor.view(-1)
-    chunks = [flat[o:o + length] for o, length in ring_chunks(flat.numel(), n)]
+    chunks = [flat[o : o + length] for o, length in ring_chunks(flat.numel(), n)]
     scratch = torch.empty_like(chunks[0])  # the largest chunk: receive buffer for the reduce phase
     if comm.memory is not None:
         comm.memory.add("comm_buffer", nbytes(scratch))

@@ -22,15 +22,22 @@ from workbench.comm.ring_allreduce import RingCall, ring_chunks
 from workbench.comm.traced import Communicator
 
 
-def ring_reduce_scatter(comm: Communicator, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                        label: str | None = None) -> None:
+def ring_reduce_scatter(
+    comm: Communicator,
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: str = "dp",
+    label: str | None = None,
+) -> None:
     """`output` (on rank i) = the sum over ranks of the i-th of n equal chunks of `input`."""
     call = RingCall(comm, "reduce_scatter", group, input, label)
     n, i = call.n, call.i
     chunks = list(input.clone().view(-1).chunk(n))  # running sums, so the input is left as it was
     if chunks[0].numel() != output.numel():
-        raise ValueError(f"reduce-scatter over {n} ranks needs an input of {n} × the output's {output.numel()} "
-                         f"values, got {input.numel()}")
+        raise ValueError(
+            f"reduce-scatter over {n} ranks needs an input of {n} × the output's {output.numel()} "
+            f"values, got {input.numel()}"
+        )
     incoming = torch.empty_like(chunks[0])
     for k in range(n - 1):
         send_c, recv_c = (i - k - 1) % n, (i - k - 2) % n
@@ -40,8 +47,13 @@ def ring_reduce_scatter(comm: Communicator, output: torch.Tensor, input: torch.T
     call.finish()
 
 
-def ring_all_gather(comm: Communicator, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                    label: str | None = None) -> None:
+def ring_all_gather(
+    comm: Communicator,
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: str = "dp",
+    label: str | None = None,
+) -> None:
     """`output` = every rank's `input` (equal sizes) concatenated in rank order."""
     call = RingCall(comm, "all_gather", group, output, label)
     n, i = call.n, call.i
@@ -53,20 +65,27 @@ def ring_all_gather(comm: Communicator, output: torch.Tensor, input: torch.Tenso
     call.finish()
 
 
-def ring_broadcast(comm: Communicator, tensor: torch.Tensor, src: int, group: str = "dp",
-                   label: str | None = None) -> None:
+def ring_broadcast(
+    comm: Communicator, tensor: torch.Tensor, src: int, group: str = "dp", label: str | None = None
+) -> None:
     """Copy `tensor` from global rank `src` to every member of `group`, chunk by chunk down the ring."""
     call = RingCall(comm, "broadcast", group, tensor, label)
     n = call.n
     call.args["peer"] = src
     d = (call.i - call.members.index(src)) % n  # hops after the source
     flat = tensor.view(-1)
-    chunks = [flat[o:o + length] for o, length in ring_chunks(flat.numel(), n)]
+    chunks = [flat[o : o + length] for o, length in ring_chunks(flat.numel(), n)]
     for t in range(2 * n - 2):
         send_c, recv_c = t - d, t - d + 1
         send = chunks[send_c] if d < n - 1 and 0 <= send_c < n else None
         recv = chunks[recv_c] if d > 0 and 0 <= recv_c < n else None
         if send is not None or recv is not None:
-            call.exchange("broadcast", t, send, recv, send_c if send is not None else None,
-                          recv_c if recv is not None else None)
+            call.exchange(
+                "broadcast",
+                t,
+                send,
+                recv,
+                send_c if send is not None else None,
+                recv_c if recv is not None else None,
+            )
     call.finish()

@@ -25,9 +25,20 @@ import torch
 
 ENV = "WORKBENCH_STRICT_COMM"
 
-NCCL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-                         torch.int32, torch.int64, torch.bool}
-                        | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)})
+NCCL_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+    | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+)
 
 
 class StrictCommError(RuntimeError):
@@ -46,8 +57,10 @@ def problems(tensor: torch.Tensor, device: torch.device) -> list[str]:
     if tensor.layout != torch.strided:
         out.append(f"its layout is {tensor.layout} (NCCL needs dense tensors)")
     elif not tensor.is_contiguous():
-        out.append(f"it is not contiguous (shape {tuple(tensor.shape)}, strides {tensor.stride()}): "
-                   f"NCCL reads one block of memory")
+        out.append(
+            f"it is not contiguous (shape {tuple(tensor.shape)}, strides {tensor.stride()}): "
+            f"NCCL reads one block of memory"
+        )
     if tensor.dtype not in NCCL_DTYPES:
         out.append(f"its dtype {tensor.dtype} is not one NCCL has")
     return out
@@ -71,7 +84,11 @@ def check(tensors: list[torch.Tensor], device: torch.device, op: str, strict: bo
     if not strict and device.type != "cuda":
         return
     for i, t in enumerate(tensors):
-        found = problems(t, device) if strict else [p for p in problems(t, device) if p.startswith("it is on")]
+        found = (
+            problems(t, device)
+            if strict
+            else [p for p in problems(t, device) if p.startswith("it is on")]
+        )
         if found:
             which = f"tensor {i} of {op}" if len(tensors) > 1 else f"the tensor of {op}"
             raise StrictCommError(f"{which} at {call_site()}: " + "; ".join(found))

@@ -36,8 +36,12 @@ ENTRIES = 2000
 def environment(run_dir: str, backend: str) -> dict[str, str]:
     """What to set before the process group is created."""
     prefix = os.path.join(run_dir, PREFIX)
-    env = {"TORCH_FR_BUFFER_SIZE": str(ENTRIES), "TORCH_NCCL_TRACE_BUFFER_SIZE": str(ENTRIES),
-           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    env = {
+        "TORCH_FR_BUFFER_SIZE": str(ENTRIES),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(ENTRIES),
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+    }
     if backend == "nccl":
         env |= {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     return env
@@ -67,7 +71,9 @@ def dump(run_dir: str, rank: int) -> str | None:
 
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"a flight-recorder dump holds plain values only, not {module}.{name}")
+        raise pickle.UnpicklingError(
+            f"a flight-recorder dump holds plain values only, not {module}.{name}"
+        )
 
 
 def read_dumps(run_dir: str) -> dict[int, dict[str, Any]]:
@@ -94,7 +100,9 @@ def newest_per_group(dumps: dict[int, dict[str, Any]]) -> dict[str, dict[int, di
                 continue
             name = e.get("process_group", ("", ""))[1] or str(e.get("pg_id"))
             newest = groups.setdefault(name, {}).get(rank)
-            if newest is None or e.get("collective_seq_id", 0) >= newest.get("collective_seq_id", 0):
+            if newest is None or e.get("collective_seq_id", 0) >= newest.get(
+                "collective_seq_id", 0
+            ):
                 groups[name][rank] = e
     return groups
 
@@ -105,15 +113,25 @@ def behind(dumps: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     report = []
     for name, newest in sorted(newest_per_group(dumps).items()):
         members = [int(x) for x in re.findall(r"\d+", name.partition(" ")[2])] or sorted(newest)
-        top, behind_ = lagging({r: e.get("collective_seq_id", 0) for r, e in newest.items()}, members, dumps)
+        top, behind_ = lagging(
+            {r: e.get("collective_seq_id", 0) for r, e in newest.items()}, members, dumps
+        )
         if behind_:
-            report.append({"group": name, "blocked_at": top, "behind": behind_,
-                           "newest": {r: newest.get(r) for r in members if r in dumps}})
+            report.append(
+                {
+                    "group": name,
+                    "blocked_at": top,
+                    "behind": behind_,
+                    "newest": {r: newest.get(r) for r in members if r in dumps},
+                }
+            )
     return report
 
 
 def describe(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "no collective on this group"
-    return (f"seq {entry.get('collective_seq_id')} {entry.get('profiling_name')} "
-            f"{entry.get('input_sizes')} ({entry.get('state')})")
+    return (
+        f"seq {entry.get('collective_seq_id')} {entry.get('profiling_name')} "
+        f"{entry.get('input_sizes')} ({entry.get('state')})"
+    )

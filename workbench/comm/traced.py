@@ -66,8 +66,10 @@ def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
     (tests/test_true_peak.py)."""
     copy = inp.clone()
     dist.all_reduce(copy, group=pg)
-    index = dist.get_rank(pg)  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
-    out.copy_(copy[index * out.numel():(index + 1) * out.numel()])
+    index = dist.get_rank(
+        pg
+    )  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
+    out.copy_(copy[index * out.numel() : (index + 1) * out.numel()])
     copy.untyped_storage().resize_(0)
 
 
@@ -83,10 +85,17 @@ class Communicator:
     bounds a CUDA wait; `strict` checks every tensor as NCCL would (default: WORKBENCH_STRICT_COMM).
     """
 
-    def __init__(self, groups: ProcessGroups, recorder: TraceRecorder,
-                 memory: MemoryTracker | None = None, clock: DeviceClock | None = None,
-                 network: EmulatedNetwork | None = None, device: torch.device | None = None,
-                 timeout_s: float = 1800.0, strict_mode: bool | None = None) -> None:
+    def __init__(
+        self,
+        groups: ProcessGroups,
+        recorder: TraceRecorder,
+        memory: MemoryTracker | None = None,
+        clock: DeviceClock | None = None,
+        network: EmulatedNetwork | None = None,
+        device: torch.device | None = None,
+        timeout_s: float = 1800.0,
+        strict_mode: bool | None = None,
+    ) -> None:
         self.groups = groups
         self.network = network  # the emulated links, if any
         self.recorder = recorder
@@ -122,10 +131,20 @@ class Communicator:
         """NCCL's rules for the tensors of `op` (comm/strict.py)."""
         strict.check(tensors, self.device, op, self.strict)
 
-    def _args(self, op: str, group: str, tensor: torch.Tensor, total_bytes: int, **extra: Any) -> dict[str, Any]:
+    def _args(
+        self, op: str, group: str, tensor: torch.Tensor, total_bytes: int, **extra: Any
+    ) -> dict[str, Any]:
         self._seq[group] += 1
-        return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": self._seq[group],
-                "step": self.step, "bytes": total_bytes, "dtype": str(tensor.dtype).replace("torch.", ""), **extra}
+        return {
+            "op": op,
+            "group": group,
+            "group_ranks": self.groups.ranks[group],
+            "seq": self._seq[group],
+            "step": self.step,
+            "bytes": total_bytes,
+            "dtype": str(tensor.dtype).replace("torch.", ""),
+            **extra,
+        }
 
     def error(self, args: dict[str, Any], e: BaseException) -> CommError:
         op = f"{args['op']} {args['label']}" if args.get("label") else args["op"]
@@ -136,8 +155,10 @@ class Communicator:
             where += f" with peer rank {args['peer']}"
         hint = ""
         if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
-            hint = (" — a peer did not reach this operation within the process-group timeout "
-                    "(RunConfig.timeout_s): it is stuck or slower than the timeout allows")
+            hint = (
+                " — a peer did not reach this operation within the process-group timeout "
+                "(RunConfig.timeout_s): it is stuck or slower than the timeout allows"
+            )
         return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
 
     def _launch_args(self, args: dict[str, Any], async_op: bool) -> dict[str, Any]:
@@ -145,8 +166,16 @@ class Communicator:
         keep = ("op", "group", "seq", "step", "label", "peer")
         return {**{k: args[k] for k in keep if k in args}, "async": async_op}
 
-    def _run(self, args: dict[str, Any], fn: Any, async_op: bool, n: int, tensors: list[torch.Tensor],
-             label: str | None = None, staged: int = 0) -> Handle | None:
+    def _run(
+        self,
+        args: dict[str, Any],
+        fn: Any,
+        async_op: bool,
+        n: int,
+        tensors: list[torch.Tensor],
+        label: str | None = None,
+        staged: int = 0,
+    ) -> Handle | None:
         cat = "collective"  # point-to-point goes through batch_isend_irecv
         name = args["op"] if label is None else f"{args['op']} {label}"
         if label is not None:
@@ -156,12 +185,21 @@ class Communicator:
         self.flight.start(args)
         if self.network is not None:
             args.update(emulate(self.network, self.rank, args))
-        if async_op or self.clock is not None:  # on CUDA even a blocking call returns before it is done
+        if (
+            async_op or self.clock is not None
+        ):  # on CUDA even a blocking call returns before it is done
             op = Op(name, cat, args, n)
-            timed = None if self.clock is None else \
-                self.clock.launched(("collective", args["group"]), [device_record(rec, op, not async_op)])
+            timed = (
+                None
+                if self.clock is None
+                else self.clock.launched(
+                    ("collective", args["group"]), [device_record(rec, op, not async_op)]
+                )
+            )
             launch = rec.now_us()
-            with rec.span(f"launch {name}", "launch", "launch", **self._launch_args(args, async_op)):
+            with rec.span(
+                f"launch {name}", "launch", "launch", **self._launch_args(args, async_op)
+            ):
                 try:
                     work = fn(True)
                 except Exception as e:  # noqa: BLE001
@@ -182,98 +220,196 @@ class Communicator:
         return None
 
     # ---- collectives -------------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, group: str = "dp", async_op: bool = False,
-                   label: str | None = None, reduce_op: str = "sum",
-                   meta: dict[str, Any] | None = None) -> Handle | None:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        group: str = "dp",
+        async_op: bool = False,
+        label: str | None = None,
+        reduce_op: str = "sum",
+        meta: dict[str, Any] | None = None,
+    ) -> Handle | None:
         """Reduce `tensor` in place over `group` (sum, or max) with the backend's algorithm (our own
         send/recv ring is `comm.ring_allreduce.ring_all_reduce`). `meta` adds keys to the record."""
         n = self.size(group)
-        args = self._args("all_reduce", group, tensor, nbytes(tensor), algorithm="backend", **(meta or {}))
+        args = self._args(
+            "all_reduce", group, tensor, nbytes(tensor), algorithm="backend", **(meta or {})
+        )
         if reduce_op != "sum":
             args["reduce_op"] = reduce_op
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[reduce_op]
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a), async_op, n,
-                         [tensor], label)
+        return self._run(
+            args,
+            lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a),
+            async_op,
+            n,
+            [tensor],
+            label,
+        )
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                       async_op: bool = False, label: str | None = None,
-                       meta: dict[str, Any] | None = None) -> Handle | None:
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        group: str = "dp",
+        async_op: bool = False,
+        label: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Handle | None:
         """Sum `input` (n equal shards, concatenated on dim 0) over `group`; this rank keeps its shard."""
         n = self.size(group)
         args = self._args("reduce_scatter", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        if self.backend_copies and not async_op and self.clock is None:  # gloo's own way, its copy released here
-            return self._run(args, lambda a: _gloo_reduce_scatter(out, inp, pg), False, n, [output, input], label,
-                             staged)
-        return self._run(args, lambda a: _reduce_scatter(out, inp, group=pg, async_op=a), async_op, n,
-                         [output, input], label, staged)
+        if (
+            self.backend_copies and not async_op and self.clock is None
+        ):  # gloo's own way, its copy released here
+            return self._run(
+                args,
+                lambda a: _gloo_reduce_scatter(out, inp, pg),
+                False,
+                n,
+                [output, input],
+                label,
+                staged,
+            )
+        return self._run(
+            args,
+            lambda a: _reduce_scatter(out, inp, group=pg, async_op=a),
+            async_op,
+            n,
+            [output, input],
+            label,
+            staged,
+        )
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp",
-                   async_op: bool = False, label: str | None = None,
-                   meta: dict[str, Any] | None = None) -> Handle | None:
+    def all_gather(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        group: str = "dp",
+        async_op: bool = False,
+        label: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Handle | None:
         """Concatenate every rank's `input` (equal sizes) on dim 0 into `output` on every rank."""
         n = self.size(group)
         args = self._args("all_gather", group, output, nbytes(output), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
-        return self._run(args, lambda a: _all_gather(out, inp, group=pg, async_op=a), async_op, n,
-                         [output, input], label)
+        return self._run(
+            args,
+            lambda a: _all_gather(out, inp, group=pg, async_op=a),
+            async_op,
+            n,
+            [output, input],
+            label,
+        )
 
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: str = "dp", label: str | None = None,
-                   meta: dict[str, Any] | None = None, output_splits: list[int] | None = None,
-                   input_splits: list[int] | None = None) -> None:
+    def all_to_all(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        group: str = "dp",
+        label: str | None = None,
+        meta: dict[str, Any] | None = None,
+        output_splits: list[int] | None = None,
+        input_splits: list[int] | None = None,
+    ) -> None:
         """Block r of every rank's `input` goes to rank r: `output` holds them in rank order. Equal blocks, or
         rows of dim 0 by `input_splits` (sent to each rank) and `output_splits` (received from each): the
         variable all-to-all of expert parallelism's dropless dispatch. The record has both lists."""
         if input_splits is not None:
-            meta = {**(meta or {}), "send_splits": list(input_splits), "recv_splits": list(output_splits or [])}
+            meta = {
+                **(meta or {}),
+                "send_splits": list(input_splits),
+                "recv_splits": list(output_splits or []),
+            }
         args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = (output.view(-1), input.reshape(-1)) if input_splits is None else (output, input)
-        fn = lambda a: dist.all_to_all_single(out, inp, output_split_sizes=output_splits,  # noqa: E731
-                                              input_split_sizes=input_splits, group=pg, async_op=a)
+
+        def fn(a: bool):
+            return dist.all_to_all_single(
+                out,
+                inp,
+                output_split_sizes=output_splits,
+                input_split_sizes=input_splits,
+                group=pg,
+                async_op=a,
+            )
+
         self._run(args, fn, False, self.size(group), [output, input], label)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, group: str = "world", async_op: bool = False,
-                  label: str | None = None) -> Handle | None:
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        group: str = "world",
+        async_op: bool = False,
+        label: str | None = None,
+    ) -> Handle | None:
         """Copy `tensor` from global rank `src` to every member of `group`."""
         n = self.size(group)
         args = self._args("broadcast", group, tensor, nbytes(tensor), peer=src)
         pg = self.groups.groups[group]
-        return self._run(args, lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a), async_op, n,
-                         [tensor], label)
+        return self._run(
+            args,
+            lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a),
+            async_op,
+            n,
+            [tensor],
+            label,
+        )
 
     def barrier(self, group: str = "world") -> None:
         pg = self.groups.groups[group]
-        args = {"op": "barrier", "group": group, "group_ranks": self.groups.ranks[group], "step": self.step}
+        args = {
+            "op": "barrier",
+            "group": group,
+            "group_ranks": self.groups.ranks[group],
+            "step": self.step,
+        }
         try:
             dist.barrier(group=pg)
         except Exception as e:  # noqa: BLE001
             raise self.error(args, e) from e
-
 
     # ---- point to point ----------------------------------------------------------------------
     def _p2p_args(self, op: str, tensor: torch.Tensor, peer: int, group: str) -> dict[str, Any]:
         src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
         self._p2p_seq[(group, src, dst)] += 1
         seq = self._p2p_seq[(group, src, dst)]
-        return {"op": op, "group": group, "group_ranks": self.groups.ranks[group], "seq": seq,
-                "step": self.step, "peer": peer, "bytes": nbytes(tensor),
-                "dtype": str(tensor.dtype).replace("torch.", ""),
-                "flow": flow_id("p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst)}
+        return {
+            "op": op,
+            "group": group,
+            "group_ranks": self.groups.ranks[group],
+            "seq": seq,
+            "step": self.step,
+            "peer": peer,
+            "bytes": nbytes(tensor),
+            "dtype": str(tensor.dtype).replace("torch.", ""),
+            "flow": flow_id(
+                "p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst
+            ),
+        }
 
-    def batch_isend_irecv(self, transfers: list[tuple[str, torch.Tensor, int, str | None]],
-                          group: str = "pp") -> Handle:
+    def batch_isend_irecv(
+        self, transfers: list[tuple[str, torch.Tensor, int, str | None]], group: str = "pp"
+    ) -> Handle:
         """Post `transfers` — ("send" | "recv", tensor, global peer rank, label) — together, as one
         `torch.distributed.batch_isend_irecv` (one NCCL group: its sends and receives cannot block each
         other). No tags: between two ranks, transfers are matched in the order both post them. Each
         transfer is recorded on its own (flows from each send to its receive); `wait()` waits for all."""
         rec, pg = self.recorder, self.groups.groups[group]
-        self.check([t for _, t, _, _ in transfers], "p2p batch (" + ", ".join(f"{k} {lbl or ''}".strip()
-                                                                           for k, _, _, lbl in transfers) + ")")
+        self.check(
+            [t for _, t, _, _ in transfers],
+            "p2p batch ("
+            + ", ".join(f"{k} {lbl or ''}".strip() for k, _, _, lbl in transfers)
+            + ")",
+        )
         ops, p2p = [], []
         for kind, tensor, peer, label in transfers:
             args = self._p2p_args(kind, tensor, peer, group)
@@ -283,16 +419,38 @@ class Communicator:
             if self.network is not None:
                 args.update(emulate(self.network, self.rank, args))
             ops.append(Op(kind if label is None else f"{kind} {label}", "p2p", args, 2))
-            p2p.append(dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=pg))
+            p2p.append(
+                dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=pg)
+            )
         peers = tuple(sorted({op.args["peer"] for op in ops}))
-        timed = None if self.clock is None else \
-            self.clock.launched(("p2p", group, peers), [device_record(rec, op, False) for op in ops])
+        timed = (
+            None
+            if self.clock is None
+            else self.clock.launched(
+                ("p2p", group, peers), [device_record(rec, op, False) for op in ops]
+            )
+        )
         launch = rec.now_us()
-        with rec.span(f"launch p2p batch of {len(ops)}" if len(ops) > 1 else f"launch {ops[0].name}", "launch",
-                      "launch", op="p2p batch", group=group, step=self.step, peers=list(peers), transfers=len(ops)):
+        with rec.span(
+            f"launch p2p batch of {len(ops)}" if len(ops) > 1 else f"launch {ops[0].name}",
+            "launch",
+            "launch",
+            op="p2p batch",
+            group=group,
+            step=self.step,
+            peers=list(peers),
+            transfers=len(ops),
+        ):
             for op in ops:
-                if op.args["op"] == "send":  # held on the emulated link, then the flow to the receive starts
-                    hold(rec, op.args.get("emulated_s", 0.0), "launch", link=op.args.get("emulated_link"))
+                if (
+                    op.args["op"] == "send"
+                ):  # held on the emulated link, then the flow to the receive starts
+                    hold(
+                        rec,
+                        op.args.get("emulated_s", 0.0),
+                        "launch",
+                        link=op.args.get("emulated_link"),
+                    )
                     rec.flow("s", op.args["flow"], "launch", rec.now_us(), "p2p")
             try:
                 works = dist.batch_isend_irecv(p2p)
@@ -300,16 +458,24 @@ class Communicator:
                 raise self.error(ops[0].args, e) from e
         return Handle(self, list(works), ops, launch, timed=timed)
 
-    def send(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> None:
+    def send(
+        self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None
+    ) -> None:
         self.isend(tensor, dst, group, label).wait()
 
-    def recv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> None:
+    def recv(
+        self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None
+    ) -> None:
         self.irecv(tensor, src, group, label).wait()
 
-    def isend(self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None) -> Handle:
+    def isend(
+        self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None
+    ) -> Handle:
         """Send to global rank `dst` (a batch of one); the flow to the matching receive starts at the launch."""
         return self.batch_isend_irecv([("send", tensor, dst, label)], group)
 
-    def irecv(self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None) -> Handle:
+    def irecv(
+        self, tensor: torch.Tensor, src: int, group: str = "pp", label: str | None = None
+    ) -> Handle:
         """Receive from global rank `src` (a batch of one); the flow ends when the receive is waited for."""
         return self.batch_isend_irecv([("recv", tensor, src, label)], group)

@@ -26,5 +26,17 @@ from workbench.config.run_config import (
     RunConfig,
 )
 
-__all__ = ["ALLREDUCE", "BACKENDS", "DP_IMPLS", "FAULTS", "PRECISIONS", "PRESETS", "RECOMPUTE", "RESOLVED",
-           "SCHEDULES", "ConfigError", "ModelConfig", "RunConfig"]
+__all__ = [
+    "ALLREDUCE",
+    "BACKENDS",
+    "DP_IMPLS",
+    "FAULTS",
+    "PRECISIONS",
+    "PRESETS",
+    "RECOMPUTE",
+    "RESOLVED",
+    "SCHEDULES",
+    "ConfigError",
+    "ModelConfig",
+    "RunConfig",
+]

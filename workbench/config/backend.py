@@ -38,12 +38,16 @@ def backend_for(requested: str, ranks_per_machine: int, gpus: int) -> str:
     if requested == "gloo" or (requested == "auto" and (gpus == 0 or ranks_per_machine > gpus)):
         return "gloo"
     if gpus == 0:
-        raise ConfigError("backend='nccl' needs CUDA GPUs, and none is visible here (torch.cuda.device_count() = 0): "
-                          "run on the CPU with --backend gloo (backend='gloo'), or 'auto'")
+        raise ConfigError(
+            "backend='nccl' needs CUDA GPUs, and none is visible here (torch.cuda.device_count() = 0): "
+            "run on the CPU with --backend gloo (backend='gloo'), or 'auto'"
+        )
     if ranks_per_machine > gpus:
-        raise ConfigError(f"backend={requested!r}: {ranks_per_machine} ranks per machine, but {gpus} GPU(s) visible "
-                          f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
-                          f"(backend='gloo'), or use at most {gpus} rank(s) per machine")
+        raise ConfigError(
+            f"backend={requested!r}: {ranks_per_machine} ranks per machine, but {gpus} GPU(s) visible "
+            f"(CUDA_VISIBLE_DEVICES); NCCL needs one GPU per rank. Run on the CPU with --backend gloo "
+            f"(backend='gloo'), or use at most {gpus} rank(s) per machine"
+        )
     return "nccl"
 
 
@@ -52,8 +56,10 @@ def auto_fallback(requested: str, ranks_per_machine: int, gpus: int) -> str | No
     one a rank); None otherwise."""
     if requested != "auto" or os.environ.get(BACKEND_ENV) or gpus == 0 or ranks_per_machine <= gpus:
         return None
-    return (f"[workbench] backend auto: {ranks_per_machine} ranks per machine and {gpus} GPU(s) — NCCL needs one "
-            f"GPU a rank, so this run goes on the CPU with gloo (ask for backend='nccl' to refuse instead)")
+    return (
+        f"[workbench] backend auto: {ranks_per_machine} ranks per machine and {gpus} GPU(s) — NCCL needs one "
+        f"GPU a rank, so this run goes on the CPU with gloo (ask for backend='nccl' to refuse instead)"
+    )
 
 
 def check_backend_installed(backend: str) -> None:
@@ -67,13 +73,19 @@ def check_backend_installed(backend: str) -> None:
         import torch.distributed as dist
 
         if not dist.is_mpi_available():
-            raise ConfigError("backend='mpi': this torch was built without MPI (PyPI's wheels are); build torch from "
-                              "source against an MPI library, or use backend='gloo' (CPUs) or 'nccl' (GPUs)")
-        raise ConfigError("backend='mpi': torch's MPI backend takes its ranks from mpirun, and workbench launches "
-                          "with torchrun; use backend='gloo' (CPUs) or 'nccl' (GPUs)")
+            raise ConfigError(
+                "backend='mpi': this torch was built without MPI (PyPI's wheels are); build torch from "
+                "source against an MPI library, or use backend='gloo' (CPUs) or 'nccl' (GPUs)"
+            )
+        raise ConfigError(
+            "backend='mpi': torch's MPI backend takes its ranks from mpirun, and workbench launches "
+            "with torchrun; use backend='gloo' (CPUs) or 'nccl' (GPUs)"
+        )
     import importlib.util
 
     if importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
-        raise ConfigError("backend='ccl': Intel's oneCCL bindings are not installed (module "
-                          "oneccl_bindings_for_pytorch): pip install oneccl_bind_pt (the build matching your torch, "
-                          "from Intel's index), or use backend='gloo' (CPUs) or 'nccl' (GPUs)")
+        raise ConfigError(
+            "backend='ccl': Intel's oneCCL bindings are not installed (module "
+            "oneccl_bindings_for_pytorch): pip install oneccl_bind_pt (the build matching your torch, "
+            "from Intel's index), or use backend='gloo' (CPUs) or 'nccl' (GPUs)"
+        )

@@ -42,7 +42,7 @@ def parse_data(spec: str) -> tuple[str, str | None]:
     if spec == "synthetic":
         return "synthetic", None
     if spec.startswith("text:"):
-        return "text", spec[len("text:"):]
+        return "text", spec[len("text:") :]
     return "bin", spec
 
 
@@ -76,8 +76,9 @@ def split(spec: str, val_data: str | None, n_tokens: int, part: str) -> tuple[st
     return (spec, 0, cut) if part == "train" else (spec, cut, n_tokens)
 
 
-def check_data(spec: str, vocab_size: int, seq_len: int, val_data: str | None = None,
-               evaluating: bool = False) -> None:
+def check_data(
+    spec: str, vocab_size: int, seq_len: int, val_data: str | None = None, evaluating: bool = False
+) -> None:
     """ConfigError unless the data exists, its training part (`split`) — and when `evaluating`, its held-out
     part — holds a window of seq_len + 1 tokens and a choice of offsets, and its token ids fit the model's
     vocabulary (byte text needs vocab_size ≥ 256; a .bin file its largest id + 1, or the vocab_size of
@@ -86,42 +87,70 @@ def check_data(spec: str, vocab_size: int, seq_len: int, val_data: str | None = 
     kind, path = parse_data(spec)
     if kind == "synthetic":
         if val_data is not None:
-            raise ConfigError(f"val_data={val_data!r} with data='synthetic': the synthetic chain holds out its own "
-                              f"seed stream; give val_data only with a data file")
+            raise ConfigError(
+                f"val_data={val_data!r} with data='synthetic': the synthetic chain holds out its own "
+                f"seed stream; give val_data only with a data file"
+            )
         return
     other = val_file(spec, val_data)
     if val_data is not None:
         if parse_data(val_data)[0] != kind:
-            raise ConfigError(f"val_data={val_data!r}: of another kind than data={spec!r} ({kind}); give the "
-                              f"held-out tokens in the training data's form")
+            raise ConfigError(
+                f"val_data={val_data!r}: of another kind than data={spec!r} ({kind}); give the "
+                f"held-out tokens in the training data's form"
+            )
         _check_file(val_data, vocab_size, seq_len)
     _check_file(spec, vocab_size, seq_len, held_out=other is None, evaluating=evaluating)
 
 
-def _check_file(spec: str, vocab_size: int, seq_len: int, held_out: bool = False, evaluating: bool = False) -> None:
+def _check_file(
+    spec: str, vocab_size: int, seq_len: int, held_out: bool = False, evaluating: bool = False
+) -> None:
     """One file: it exists, what trains holds a window (all of it, or with `held_out` its first 90 %) and,
     when `evaluating`, so does its held-out 10 %; its ids fit."""
     kind, path = parse_data(spec)
     if not path or not os.path.isfile(path):
-        raise ConfigError(f"data={spec!r}: no such file; valid: 'synthetic', a nanoGPT .bin file (uint16 tokens) "
-                          f"or 'text:FILE' (a text file read as bytes)")
+        raise ConfigError(
+            f"data={spec!r}: no such file; valid: 'synthetic', a nanoGPT .bin file (uint16 tokens) "
+            f"or 'text:FILE' (a text file read as bytes)"
+        )
     size = os.path.getsize(path)
     if kind == "bin" and size % 2:
-        raise ConfigError(f"data={spec!r}: {size} bytes is not a whole number of uint16 tokens (nanoGPT's format)")
+        raise ConfigError(
+            f"data={spec!r}: {size} bytes is not a whole number of uint16 tokens (nanoGPT's format)"
+        )
     tokens = token_array(kind, path) if size else np.zeros(0, np.uint8)
     held = int(len(tokens) * HELD_OUT) if held_out else 0
-    part = held if evaluating and held_out else len(tokens) - held  # the smaller part that must hold a window
+    part = (
+        held if evaluating and held_out else len(tokens) - held
+    )  # the smaller part that must hold a window
     if part < seq_len + 2:
-        held = "" if not held_out else f", of which {held} held out for the validation loss ({HELD_OUT:.0%}: give " \
-                                       f"val_data=FILE to train on all of it)"
-        raise ConfigError(f"data={spec!r} holds {len(tokens)} tokens{held}: a window needs seq_len + 1 = "
-                          f"{seq_len + 1} (and a choice of offsets); use more data or a shorter model.seq_len")
-    needed = 256 if kind == "text" else _meta_vocab(path) or _largest_id(path, size, os.path.getmtime(path)) + 1
+        held = (
+            ""
+            if not held_out
+            else f", of which {held} held out for the validation loss ({HELD_OUT:.0%}: give "
+            f"val_data=FILE to train on all of it)"
+        )
+        raise ConfigError(
+            f"data={spec!r} holds {len(tokens)} tokens{held}: a window needs seq_len + 1 = "
+            f"{seq_len + 1} (and a choice of offsets); use more data or a shorter model.seq_len"
+        )
+    needed = (
+        256
+        if kind == "text"
+        else _meta_vocab(path) or _largest_id(path, size, os.path.getmtime(path)) + 1
+    )
     if vocab_size < needed:
-        what = "byte-level text has 256 token ids" if kind == "text" else f"its token ids reach {needed - 1}"
+        what = (
+            "byte-level text has 256 token ids"
+            if kind == "text"
+            else f"its token ids reach {needed - 1}"
+        )
         example = json.dumps({"base": "small", "vocab_size": needed})
-        raise ConfigError(f"data={spec!r}: {what} but model.vocab_size={vocab_size}; use a model with vocab_size ≥ "
-                          f"{needed} (e.g. --model '{example}', or a gpt2 preset)")
+        raise ConfigError(
+            f"data={spec!r}: {what} but model.vocab_size={vocab_size}; use a model with vocab_size ≥ "
+            f"{needed} (e.g. --model '{example}', or a gpt2 preset)"
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,9 +166,11 @@ class _PlainData(pickle.Unpickler):
     (a class or a callable: how a pickle runs code) and is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise ConfigError(f"refusing to load {self.path}: it asks for {module}.{name}, and a data directory's "
-                          f"meta.pkl may hold only plain data (nanoGPT's vocab_size, stoi, itos). A pickle can run "
-                          f"code when it is loaded; remove the file, or write it again from a source you trust")
+        raise ConfigError(
+            f"refusing to load {self.path}: it asks for {module}.{name}, and a data directory's "
+            f"meta.pkl may hold only plain data (nanoGPT's vocab_size, stoi, itos). A pickle can run "
+            f"code when it is loaded; remove the file, or write it again from a source you trust"
+        )
 
     def __init__(self, f: Any, path: str) -> None:
         super().__init__(f)
@@ -151,7 +182,9 @@ def read_meta(meta: str) -> dict[str, Any]:
     with open(meta, "rb") as f:
         data = _PlainData(f, meta).load()
     if not isinstance(data, dict):
-        raise ConfigError(f"{meta}: expected nanoGPT's dict (vocab_size, stoi, itos), found {type(data).__name__}")
+        raise ConfigError(
+            f"{meta}: expected nanoGPT's dict (vocab_size, stoi, itos), found {type(data).__name__}"
+        )
     return data
 
 

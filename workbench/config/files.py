@@ -35,8 +35,10 @@ def read_settings(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r}: no such file")
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
-        raise ConfigError(f"config file {path!r}: valid formats are YAML ({FORMATS[0]}, {FORMATS[1]}) and TOML "
-                          f"({FORMATS[2]})")
+        raise ConfigError(
+            f"config file {path!r}: valid formats are YAML ({FORMATS[0]}, {FORMATS[1]}) and TOML "
+            f"({FORMATS[2]})"
+        )
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f) if suffix == ".toml" else yaml.safe_load(f)
@@ -45,8 +47,10 @@ def read_settings(path: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r}: expected a mapping of RunConfig's fields, "
-                          f"found {type(data).__name__}")
+        raise ConfigError(
+            f"config file {path!r}: expected a mapping of RunConfig's fields, "
+            f"found {type(data).__name__}"
+        )
     return data
 
 

@@ -56,8 +56,12 @@ class RankGrid:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a grid of {self.world_size} ranks")
         inner = self.cp * self.tp
-        return {"pp": rank // (self.dp * inner), "dp": (rank // inner) % self.dp, "cp": (rank // self.tp) % self.cp,
-                "tp": rank % self.tp}
+        return {
+            "pp": rank // (self.dp * inner),
+            "dp": (rank // inner) % self.dp,
+            "cp": (rank // self.tp) % self.cp,
+            "tp": rank % self.tp,
+        }
 
     def rank(self, pp: int = 0, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
@@ -68,8 +72,11 @@ class RankGrid:
         c = self.coords(rank)
         if axis in ("ep", "edp"):
             block, place = divmod(c["dp"], self.ep)
-            dps = [block * self.ep + i for i in range(self.ep)] if axis == "ep" else \
-                [j * self.ep + place for j in range(self.dp // self.ep)]
+            dps = (
+                [block * self.ep + i for i in range(self.ep)]
+                if axis == "ep"
+                else [j * self.ep + place for j in range(self.dp // self.ep)]
+            )
             return [self.rank(**{**c, "dp": d}) for d in dps]
         members = [c]
         for a in COMBINED.get(axis, (axis,)):
@@ -87,7 +94,9 @@ class RankGrid:
 
     def describe(self, rank: int) -> str:
         c = self.coords(rank)
-        return f"rank {rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']}" + (f", cp {c['cp']})" if self.cp > 1 else ")")
+        return f"rank {rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']}" + (
+            f", cp {c['cp']})" if self.cp > 1 else ")"
+        )
 
 
 def node_groups(grid: RankGrid, ranks_per_node: int) -> list[tuple[str, list[int]]]:
@@ -101,8 +110,10 @@ def node_groups(grid: RankGrid, ranks_per_node: int) -> list[tuple[str, list[int
             by_node.setdefault(r // ranks_per_node, []).append(r)
         shares = {len(v) for v in by_node.values()}
         if len(shares) > 1:
-            raise ValueError(f"dp group {members} is split unevenly over machines of {ranks_per_node} ranks: "
-                             f"{sorted(by_node.values())}")
+            raise ValueError(
+                f"dp group {members} is split unevenly over machines of {ranks_per_node} ranks: "
+                f"{sorted(by_node.values())}"
+            )
         out += [("dp_intra", v) for v in by_node.values()]
         out += [("dp_inter", [v[j] for v in by_node.values()]) for j in range(shares.pop())]
     return out

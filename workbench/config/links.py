@@ -26,11 +26,14 @@ def parse_links(spec: str) -> dict[str, Link]:
         try:
             bw, lat = (float(v) for v in values.split(","))
         except ValueError:
-            raise ValueError(f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; "
-                             f"the whole: {form}") from None
+            raise ValueError(
+                f"emulate_link part {part!r}: expected NAME=BW_GBps,LATENCY_us; the whole: {form}"
+            ) from None
         if name.strip() not in ("inter", "intra") or bw <= 0 or lat < 0:
-            raise ValueError(f"emulate_link part {part!r}: the links are 'inter' and 'intra', with bandwidth > 0 "
-                             f"and latency ≥ 0; the whole: {form}")
+            raise ValueError(
+                f"emulate_link part {part!r}: the links are 'inter' and 'intra', with bandwidth > 0 "
+                f"and latency ≥ 0; the whole: {form}"
+            )
         links[name.strip()] = Link(bw, lat)
     if not links:
         raise ValueError(f"emulate_link={spec!r} names no link; expected {form}")

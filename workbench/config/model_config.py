@@ -100,8 +100,10 @@ class ModelConfig:
     def family(self) -> str:
         """'llama' for RMSNorm + SwiGLU + RoPE blocks, 'gpt' for GPT-2's, 'custom' for any other mix."""
         parts = (self.norm, self.mlp, self.positions)
-        return {NORMS[0] + MLPS[0] + POSITIONS[0]: "gpt", NORMS[1] + MLPS[1] + POSITIONS[1]: "llama"}.get(
-            "".join(parts), "custom")
+        return {
+            NORMS[0] + MLPS[0] + POSITIONS[0]: "gpt",
+            NORMS[1] + MLPS[1] + POSITIONS[1]: "llama",
+        }.get("".join(parts), "custom")
 
     def norm_params(self) -> int:
         """One norm's parameters: gain (and LayerNorm's bias where the model has biases)."""
@@ -119,20 +121,33 @@ class ModelConfig:
 
     def layer_params(self) -> int:
         """One block: two norms, attention, the MLP (each expert's) and the router (h·E, no bias)."""
-        return (2 * self.norm_params() + self.attention_params() + max(self.experts, 1) * self.mlp_params()
-                + self.hidden * self.experts)
+        return (
+            2 * self.norm_params()
+            + self.attention_params()
+            + max(self.experts, 1) * self.mlp_params()
+            + self.hidden * self.experts
+        )
 
     def embedding_params(self) -> int:
         """The token table V·h, and the learned positions s·h (none with RoPE)."""
-        return self.hidden * (self.vocab_size + (self.seq_len if self.positions == "learned" else 0))
+        return self.hidden * (
+            self.vocab_size + (self.seq_len if self.positions == "learned" else 0)
+        )
 
     def head_params(self) -> int:
         """The head's h·V (none when tied to the token table) and its bias."""
-        return (0 if self.tie_embeddings else self.hidden * self.vocab_size) + (self.vocab_size if self.bias else 0)
+        return (0 if self.tie_embeddings else self.hidden * self.vocab_size) + (
+            self.vocab_size if self.bias else 0
+        )
 
     def param_count(self) -> int:
         """Ψ: parameters of the unsharded model (checked against the built model in the tests)."""
-        return self.embedding_params() + self.layers * self.layer_params() + self.norm_params() + self.head_params()
+        return (
+            self.embedding_params()
+            + self.layers * self.layer_params()
+            + self.norm_params()
+            + self.head_params()
+        )
 
     def validate(self) -> None:
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
@@ -142,7 +157,9 @@ class ModelConfig:
         for name in ("kv_heads", "ffn_hidden"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"model.{name}={value!r}: must be 0 (the default) or a positive integer")
+                raise ConfigError(
+                    f"model.{name}={value!r}: must be 0 (the default) or a positive integer"
+                )
         for name, valid in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS)):
             if getattr(self, name) not in valid:
                 raise ConfigError(f"model.{name}={getattr(self, name)!r}: valid are {list(valid)}")
@@ -150,10 +167,18 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r}: must be true or false")
         theta = self.rope_theta
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 1 < theta < float("inf"):
-            raise ConfigError(f"model.rope_theta={theta!r}: the rotary base must be a finite number above 1")
+        if (
+            isinstance(theta, bool)
+            or not isinstance(theta, (int, float))
+            or not 1 < theta < float("inf")
+        ):
+            raise ConfigError(
+                f"model.rope_theta={theta!r}: the rotary base must be a finite number above 1"
+            )
         if self.experts and not 1 <= self.top_k <= self.experts:
-            raise ConfigError(f"model.top_k={self.top_k}: each token goes to 1 to experts={self.experts} experts")
+            raise ConfigError(
+                f"model.top_k={self.top_k}: each token goes to 1 to experts={self.experts} experts"
+            )
         if self.router not in ("softmax", "sigmoid"):
             raise ConfigError(f"model.router={self.router!r}: valid are 'softmax' and 'sigmoid'")
         if self.hidden % self.heads:
@@ -162,11 +187,15 @@ class ModelConfig:
                 f"valid head counts: {divisors(self.hidden)}"
             )
         if self.kv_heads and self.heads % self.kv_heads:
-            raise ConfigError(f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}: each K/V "
-                              f"head serves an equal group of query heads; valid kv_heads: {divisors(self.heads)}")
+            raise ConfigError(
+                f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}: each K/V "
+                f"head serves an equal group of query heads; valid kv_heads: {divisors(self.heads)}"
+            )
         if self.positions == "rope" and self.head_dim % 2:
-            raise ConfigError(f"model.positions='rope' rotates pairs of a head's dimensions: head_dim="
-                              f"{self.head_dim} (hidden/heads) must be even")
+            raise ConfigError(
+                f"model.positions='rope' rotates pairs of a head's dimensions: head_dim="
+                f"{self.head_dim} (hidden/heads) must be even"
+            )
 
 
 #: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
@@ -184,26 +213,63 @@ LLAMA3 = dict(LLAMA, vocab_size=128256, seq_len=8192, rope_theta=500000.0)
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
     "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),
-    "gpt2-small": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12),
-    "gpt2-medium": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=1024, heads=16, layers=24),
-    "gpt-1.3b": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=2048, heads=16, layers=24),
+    "gpt2-small": ModelConfig(
+        vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12
+    ),
+    "gpt2-medium": ModelConfig(
+        vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=1024, heads=16, layers=24
+    ),
+    "gpt-1.3b": ModelConfig(
+        vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=2048, heads=16, layers=24
+    ),
     # mixtures of experts (model/moe.py): the same shapes, every MLP replaced by E experts, top-k routed
-    "tiny-moe": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2, experts=4, top_k=2),
-    "small-moe": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4, experts=8, top_k=2),
-    "gpt2-small-moe": ModelConfig(vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12,
-                                  experts=8, top_k=2),
+    "tiny-moe": ModelConfig(
+        vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2, experts=4, top_k=2
+    ),
+    "small-moe": ModelConfig(
+        vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4, experts=8, top_k=2
+    ),
+    "gpt2-small-moe": ModelConfig(
+        vocab_size=GPT2_VOCAB, seq_len=GPT2_SEQ, hidden=768, heads=12, layers=12, experts=8, top_k=2
+    ),
     # Llama's block: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases
-    "tiny-llama": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, kv_heads=2, layers=2, ffn_hidden=96,
-                              **LLAMA),
-    "small-llama": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, kv_heads=2, layers=4,
-                               ffn_hidden=704, **LLAMA),
-    "tiny-llama-moe": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, kv_heads=2, layers=2,
-                                  ffn_hidden=64, experts=4, top_k=2, **LLAMA),  # Mixtral's shape, in small
-    "llama3-1b": ModelConfig(hidden=2048, heads=32, kv_heads=8, layers=16, ffn_hidden=8192, tie_embeddings=True,
-                             **LLAMA3),
-    "llama3-8b": ModelConfig(hidden=4096, heads=32, kv_heads=8, layers=32, ffn_hidden=14336, **LLAMA3),
-    "llama3-70b": ModelConfig(hidden=8192, heads=64, kv_heads=8, layers=80, ffn_hidden=28672, **LLAMA3),
-    "llama3-405b": ModelConfig(hidden=16384, heads=128, kv_heads=8, layers=126, ffn_hidden=53248, **LLAMA3),
+    "tiny-llama": ModelConfig(
+        vocab_size=64, seq_len=16, hidden=32, heads=4, kv_heads=2, layers=2, ffn_hidden=96, **LLAMA
+    ),
+    "small-llama": ModelConfig(
+        vocab_size=512,
+        seq_len=64,
+        hidden=256,
+        heads=8,
+        kv_heads=2,
+        layers=4,
+        ffn_hidden=704,
+        **LLAMA,
+    ),
+    "tiny-llama-moe": ModelConfig(
+        vocab_size=64,
+        seq_len=16,
+        hidden=32,
+        heads=4,
+        kv_heads=2,
+        layers=2,
+        ffn_hidden=64,
+        experts=4,
+        top_k=2,
+        **LLAMA,
+    ),  # Mixtral's shape, in small
+    "llama3-1b": ModelConfig(
+        hidden=2048, heads=32, kv_heads=8, layers=16, ffn_hidden=8192, tie_embeddings=True, **LLAMA3
+    ),
+    "llama3-8b": ModelConfig(
+        hidden=4096, heads=32, kv_heads=8, layers=32, ffn_hidden=14336, **LLAMA3
+    ),
+    "llama3-70b": ModelConfig(
+        hidden=8192, heads=64, kv_heads=8, layers=80, ffn_hidden=28672, **LLAMA3
+    ),
+    "llama3-405b": ModelConfig(
+        hidden=16384, heads=128, kv_heads=8, layers=126, ffn_hidden=53248, **LLAMA3
+    ),
 }
 
 
@@ -211,8 +277,13 @@ def tp_indivisible(model: ModelConfig, tp: int) -> list[tuple[str, int]]:
     """The model's (dimension, size) pairs that tp ranks cannot share equally: heads, K/V heads (Megatron
     splits each K/V group whole, never replicating one: a tp that does not divide them is refused), the
     MLP's inner width, hidden and vocab_size."""
-    dims = (("heads", model.heads), ("kv_heads", model.kv), ("ffn_hidden", model.inner), ("hidden", model.hidden),
-            ("vocab_size", model.vocab_size))
+    dims = (
+        ("heads", model.heads),
+        ("kv_heads", model.kv),
+        ("ffn_hidden", model.inner),
+        ("hidden", model.hidden),
+        ("vocab_size", model.vocab_size),
+    )
     return [(what, value) for what, value in dims if value % tp]
 
 
@@ -220,10 +291,16 @@ def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     """ConfigError naming the first dimension tp does not divide, and the tp that would (every dimension)."""
     for what, value in tp_indivisible(model, tp)[:1]:
         valid = [t for t in divisors(value) if not tp_indivisible(model, t)]
-        why = (" — each tp rank holds whole K/V heads, as Megatron-LM splits them (a K/V head is never "
-               "replicated over ranks here)" if what == "kv_heads" else "")
-        raise ConfigError(f"tp={tp} does not divide model.{what}={value}: each tensor-parallel rank needs "
-                          f"an equal share{why}. Valid tp for this model: {valid}")
+        why = (
+            " — each tp rank holds whole K/V heads, as Megatron-LM splits them (a K/V head is never "
+            "replicated over ranks here)"
+            if what == "kv_heads"
+            else ""
+        )
+        raise ConfigError(
+            f"tp={tp} does not divide model.{what}={value}: each tensor-parallel rank needs "
+            f"an equal share{why}. Valid tp for this model: {valid}"
+        )
 
 
 def lr_warning(model: ModelConfig, lr: float) -> str | None:
@@ -233,8 +310,10 @@ def lr_warning(model: ModelConfig, lr: float) -> str | None:
     3e-3·256/width."""
     safe = 3e-3 * 256 / model.hidden
     if lr > 1.5 * safe:
-        return (f"lr={lr:g} is high for hidden={model.hidden}: Adam's stable rate falls about as 1/width; "
-                f"try lr ≈ {safe:.1g} (3e-3 × 256 / hidden)")
+        return (
+            f"lr={lr:g} is high for hidden={model.hidden}: Adam's stable rate falls about as 1/width; "
+            f"try lr ≈ {safe:.1g} (3e-3 × 256 / hidden)"
+        )
     return None
 
 
@@ -248,5 +327,7 @@ def model_from_dict(d: dict[str, Any]) -> ModelConfig:
     valid = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = sorted(set(d) - set(valid))
     if unknown:
-        raise ConfigError(f"model keys {unknown} are unknown; valid keys: {valid} and 'base' (a preset to start from)")
+        raise ConfigError(
+            f"model keys {unknown} are unknown; valid keys: {valid} and 'base' (a preset to start from)"
+        )
     return dataclasses.replace(PRESETS[base], **d)

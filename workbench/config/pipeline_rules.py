@@ -31,8 +31,10 @@ def check_schedule_name(name: str) -> None:
         return
     if isinstance(name, str) and name.startswith("csv:"):
         if not os.path.isfile(name[4:]):
-            raise ConfigError(f"schedule={name!r}: no such file {name[4:]!r} (a torch pipelining CSV: one row per "
-                              f"rank of actions such as 0F0, 0I0, 0W0, 0B0)")
+            raise ConfigError(
+                f"schedule={name!r}: no such file {name[4:]!r} (a torch pipelining CSV: one row per "
+                f"rank of actions such as 0F0, 0I0, 0W0, 0B0)"
+            )
         return
     raise ConfigError(f"schedule={name!r}: valid are {', '.join(SCHEDULES)}, or csv:FILE")
 
@@ -41,31 +43,45 @@ def check_pipeline(cfg: RunConfig) -> None:
     m, p, v, mb = cfg.model_config, cfg.pp, cfg.virtual_stages, cfg.microbatches
     name = cfg.schedule
     if name == "interleaved" and p > 1 and v == 1:
-        raise ConfigError("schedule='interleaved' needs virtual_stages > 1 (with one chunk per rank it is 1f1b)")
+        raise ConfigError(
+            "schedule='interleaved' needs virtual_stages > 1 (with one chunk per rank it is 1f1b)"
+        )
     if name == "zbv" and v != 2:
-        raise ConfigError(f"schedule='zbv' runs two stages per rank in a V: virtual_stages must be 2, got {v}")
+        raise ConfigError(
+            f"schedule='zbv' runs two stages per rank in a V: virtual_stages must be 2, got {v}"
+        )
     if name.startswith("csv:") and p > 1:
         _check_csv(cfg)
     elif v > 1 and name not in ("interleaved", "zbv"):
-        raise ConfigError(f"virtual_stages={v} needs schedule='interleaved' (or zbv, with 2); "
-                          f"{name} runs one stage per rank")
+        raise ConfigError(
+            f"virtual_stages={v} needs schedule='interleaved' (or zbv, with 2); "
+            f"{name} runs one stage per rank"
+        )
     if (v > 1 or name in SPLIT_BACKWARD) and p == 1:
         raise ConfigError(f"schedule={name!r} with virtual_stages={v} needs pp > 1")
     if name in SPLIT_BACKWARD and cfg.zero == 3:
-        raise ConfigError(f"schedule={name!r} defers weight gradients, which ZeRO-3 reduces as each layer's backward "
-                          f"ends: use zero ≤ 2 with it, or schedule 1f1b/interleaved with zero=3")
+        raise ConfigError(
+            f"schedule={name!r} defers weight gradients, which ZeRO-3 reduces as each layer's backward "
+            f"ends: use zero ≤ 2 with it, or schedule 1f1b/interleaved with zero=3"
+        )
     stages = p * v
     if m.layers % stages:
         valid = divisors(m.layers)
-        raise ConfigError(f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
-                          f"stages; the stage count must divide the layers: valid {valid}")
+        raise ConfigError(
+            f"model.layers={m.layers} cannot be split into pp×virtual_stages={stages} equal "
+            f"stages; the stage count must divide the layers: valid {valid}"
+        )
     if cfg.local_batch % mb:
         valid = divisors(cfg.local_batch)
-        raise ConfigError(f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
-                          f"{cfg.local_batch}; valid microbatches: {valid}")
+        raise ConfigError(
+            f"microbatches={mb} does not divide the per-rank batch global_batch/dp = "
+            f"{cfg.local_batch}; valid microbatches: {valid}"
+        )
     if name == "interleaved" and p > 1 and mb % p:
-        raise ConfigError(f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
-                          f"microbatches={mb} must be a multiple of pp={p}")
+        raise ConfigError(
+            f"interleaved 1F1B sends microbatches round the ranks in groups of pp: "
+            f"microbatches={mb} must be a multiple of pp={p}"
+        )
 
 
 def _check_csv(cfg: RunConfig) -> None:
@@ -76,6 +92,8 @@ def _check_csv(cfg: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(f"schedule={cfg.schedule!r}: {e}") from None
     if sched.p != cfg.pp or sched.v != cfg.virtual_stages:
-        raise ConfigError(f"schedule={cfg.schedule!r} has {sched.p} ranks and {sched.v} stage(s) per rank: run it "
-                          f"with pp={sched.p} and virtual_stages={sched.v} (got pp={cfg.pp}, "
-                          f"virtual_stages={cfg.virtual_stages})")
+        raise ConfigError(
+            f"schedule={cfg.schedule!r} has {sched.p} ranks and {sched.v} stage(s) per rank: run it "
+            f"with pp={sched.p} and virtual_stages={sched.v} (got pp={cfg.pp}, "
+            f"virtual_stages={cfg.virtual_stages})"
+        )

@@ -242,7 +242,9 @@ class RunConfig:
         if isinstance(self.model, dict):
             return model_from_dict(self.model)
         if self.model not in PRESETS:
-            raise ConfigError(f"model={self.model!r}: unknown preset; valid presets: {sorted(PRESETS)}")
+            raise ConfigError(
+                f"model={self.model!r}: unknown preset; valid presets: {sorted(PRESETS)}"
+            )
         return PRESETS[self.model]
 
     @property
@@ -252,7 +254,17 @@ class RunConfig:
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first bad value and what would be valid; return self."""
-        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "global_batch", "steps"):
+        for name in (
+            "dp",
+            "tp",
+            "pp",
+            "cp",
+            "ep",
+            "microbatches",
+            "virtual_stages",
+            "global_batch",
+            "steps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
@@ -260,25 +272,33 @@ class RunConfig:
         check_schedule_name(self.schedule)
         _choice("precision", self.precision, PRECISIONS)
         if self.grad_reduce_dtype not in ("fp32", self.precision):
-            raise ConfigError(f"grad_reduce_dtype={self.grad_reduce_dtype!r} with precision={self.precision!r}: "
-                              f"valid are 'fp32' or the parameters' own {self.precision!r}")
+            raise ConfigError(
+                f"grad_reduce_dtype={self.grad_reduce_dtype!r} with precision={self.precision!r}: "
+                f"valid are 'fp32' or the parameters' own {self.precision!r}"
+            )
         _choice("recompute", self.recompute, RECOMPUTE)
         _choice("backend", self.backend, BACKENDS)
         if self.gpu_health_every < 0:
-            raise ConfigError(f"gpu_health_every={self.gpu_health_every}: a number of steps ≥ 1, or 0 for never")
+            raise ConfigError(
+                f"gpu_health_every={self.gpu_health_every}: a number of steps ≥ 1, or 0 for never"
+            )
         _choice("allreduce", self.allreduce, ALLREDUCE)
         _choice("node_placement", self.node_placement, NODE_PLACEMENTS)
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
         _choice("grad_compression", self.grad_compression, ("none", "bf16", "fp16"))
         _choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if self.warmup_steps < 0 or self.warmup_steps >= self.steps and self.warmup_steps > 0:
-            raise ConfigError(f"warmup_steps={self.warmup_steps}: must be ≥ 0 and below steps={self.steps}")
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps}: must be ≥ 0 and below steps={self.steps}"
+            )
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"zero={self.zero!r}: valid stages are 0, 1, 2, 3")
         if self.fault is not None:
             _choice("fault", self.fault, FAULTS)
             if not 0 <= self.fault_rank < self.world_size:
-                raise ConfigError(f"fault_rank={self.fault_rank}: valid ranks are 0..{self.world_size - 1}")
+                raise ConfigError(
+                    f"fault_rank={self.fault_rank}: valid ranks are 0..{self.world_size - 1}"
+                )
         self.model_config.validate()
         if self.global_batch % self.dp:
             valid = divisors(self.global_batch)
@@ -294,38 +314,52 @@ class RunConfig:
         check_experts(self)
         check_tied_embeddings(self)
         if self.profile_memory and not 0 <= self.profile_memory_step < self.steps:
-            raise ConfigError(f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
-                              f"run's steps, 0..{self.steps - 1}")
+            raise ConfigError(
+                f"profile_memory_step={self.profile_memory_step}: the profiled step must be one of the "
+                f"run's steps, 0..{self.steps - 1}"
+            )
         check_communication(self)
         check_optimizer(self)
         check_elastic(self)
         check_data_and_tools(self)
         parse_measure(self.measure, self.steps)
         check_compile(self)
-        if self.grad_compression != "none" and (self.zero or self.dp_impl == "naive" or self.precision != "fp32"):
-            raise ConfigError(f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
-                              f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)")
+        if self.grad_compression != "none" and (
+            self.zero or self.dp_impl == "naive" or self.precision != "fp32"
+        ):
+            raise ConfigError(
+                f"grad_compression={self.grad_compression!r} compresses fp32 gradient buckets: it needs "
+                f"zero=0, dp_impl='bucketed', precision='fp32' (16-bit runs: use grad_reduce_dtype)"
+            )
         if self.allreduce != "backend" and self.dp_impl == "naive":
-            raise ConfigError(f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'")
+            raise ConfigError(
+                f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'"
+            )
         return self
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp
         if self.sequence_parallel and t == 1:
-            raise ConfigError("sequence_parallel=True needs tp > 1: it splits the sequence over the "
-                              "tensor-parallel ranks")
+            raise ConfigError(
+                "sequence_parallel=True needs tp > 1: it splits the sequence over the "
+                "tensor-parallel ranks"
+            )
         if t == 1:
             return
         check_tensor_parallel(m, t)
         if self.sequence_parallel and m.seq_len % t:
             valid = divisors(m.seq_len)
-            raise ConfigError(f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
-                              f"valid tp: {valid}")
+            raise ConfigError(
+                f"sequence_parallel with tp={t} needs model.seq_len={m.seq_len} divisible by tp; "
+                f"valid tp: {valid}"
+            )
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["model"] = self.model if isinstance(self.model, str) else dataclasses.asdict(self.model_config)
+        d["model"] = (
+            self.model if isinstance(self.model, str) else dataclasses.asdict(self.model_config)
+        )
         return d
 
     @classmethod
@@ -351,8 +385,17 @@ class RunConfig:
 
 
 #: what config.json adds to the request: facts of the launch, not settings
-RESOLVED = ("params", "params_per_rank", "world_size", "device", "device_name", "local_batch", "torch_version",
-            "hosts", "grid")
+RESOLVED = (
+    "params",
+    "params_per_rank",
+    "world_size",
+    "device",
+    "device_name",
+    "local_batch",
+    "torch_version",
+    "hosts",
+    "grid",
+)
 
 
 def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:

@@ -28,16 +28,19 @@ class TokenFile:
         self.kind, self.path = parse_data(where)
         self.part = part
         tokens = token_array(self.kind, self.path)
-        self.tokens = tokens[start:len(tokens) if end < 0 else end]  # a view of the memory map
+        self.tokens = tokens[start : len(tokens) if end < 0 else end]  # a view of the memory map
 
-    def global_batch(self, seed: int, step: int, batch: int, seq_len: int,
-                     rows: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    def global_batch(
+        self, seed: int, step: int, batch: int, seq_len: int, rows: tuple[int, int] | None = None
+    ) -> tuple[Any, Any]:
         """(inputs, targets), both (batch, seq_len) int64: windows at offsets drawn from (seed, step); `rows`:
         only rows lo..hi−1 of them (a data-parallel rank's)."""
         g = step_generator(seed, step) if self.part == "train" else held_out_generator(seed, step)
         offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
         if rows is not None:
-            offsets = offsets[rows[0]:rows[1]]
-        rows = np.stack([np.asarray(self.tokens[o:o + seq_len + 1], dtype=np.int64) for o in offsets])
+            offsets = offsets[rows[0] : rows[1]]
+        rows = np.stack(
+            [np.asarray(self.tokens[o : o + seq_len + 1], dtype=np.int64) for o in offsets]
+        )
         window = torch.from_numpy(rows)
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()

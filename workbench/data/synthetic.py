@@ -46,8 +46,15 @@ def held_out_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(2**62 + (seed + 1) * 1_000_003 + index)
 
 
-def global_batch(seed: int, step: int, batch: int, seq_len: int, vocab_size: int,
-                 rows: tuple[int, int] | None = None, held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(
+    seed: int,
+    step: int,
+    batch: int,
+    seq_len: int,
+    vocab_size: int,
+    rows: tuple[int, int] | None = None,
+    held_out: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), both (batch, seq_len) int64; targets are inputs shifted by one. `rows=(lo, hi)`:
     only rows lo..hi−1 of them (a data-parallel rank's), the same values — every row's random draws are
     still made, only the walk is skipped. `held_out`: batch `step` of the held-out stream instead.
@@ -60,7 +67,7 @@ def global_batch(seed: int, step: int, batch: int, seq_len: int, vocab_size: int
     first = torch.randint(0, vocab_size, (batch,), generator=g).numpy()
     choice = torch.randint(0, BRANCHES, (batch, seq_len), generator=g).numpy()
     if rows is not None:
-        first, choice = first[rows[0]:rows[1]], choice[rows[0]:rows[1]]
+        first, choice = first[rows[0] : rows[1]], choice[rows[0] : rows[1]]
     tokens = np.empty((len(first), seq_len + 1), dtype=np.int64)
     tokens[:, 0] = current = first
     for t in range(seq_len):
@@ -74,4 +81,4 @@ def shard_rows(x: torch.Tensor, index: int, count: int) -> torch.Tensor:
     """Rows [index·B/count, (index+1)·B/count) of a (B, ...) tensor, as a tensor of its own (so the
     memory accounting sees only this rank's share)."""
     per = x.size(0) // count
-    return x[index * per:(index + 1) * per].clone()
+    return x[index * per : (index + 1) * per].clone()

@@ -27,7 +27,9 @@ class LossSpike:
 
     def check(self, loss: float) -> bool:
         """True when `loss` is a spike (not added to the history); else record it."""
-        if len(self.history) >= self.warmup and loss > self.factor * statistics.median(self.history):
+        if len(self.history) >= self.warmup and loss > self.factor * statistics.median(
+            self.history
+        ):
             return True
         self.history.append(loss)
         return False
@@ -49,17 +51,25 @@ class Divergence:
 
     max_skipped: int
     lr: float
-    run: list[tuple[int, str]] = field(default_factory=list)  # (step, what it showed) of the skips in a row
+    run: list[tuple[int, str]] = field(
+        default_factory=list
+    )  # (step, what it showed) of the skips in a row
 
-    def observe(self, step: int, loss: float, facts: dict[str, Any], params_finite: bool | None) -> None:
+    def observe(
+        self, step: int, loss: float, facts: dict[str, Any], params_finite: bool | None
+    ) -> None:
         if params_finite is False:
-            raise TrainingStopped(f"step {step}: the parameters are no longer finite (inf or NaN) — the update "
-                                  f"itself went wrong: a learning rate too high for this model (lr={self.lr:g}) or "
-                                  f"a non-finite input; the run cannot recover")
+            raise TrainingStopped(
+                f"step {step}: the parameters are no longer finite (inf or NaN) — the update "
+                f"itself went wrong: a learning rate too high for this model (lr={self.lr:g}) or "
+                f"a non-finite input; the run cannot recover"
+            )
         scale = facts.get("loss_scale")
         if scale is not None and scale < 1.0:
-            raise TrainingStopped(f"step {step}: fp16's loss scale fell to {scale:g}: the gradients overflow "
-                                  f"fp16 whatever the scale (lr={self.lr:g} too high, or train in bf16)")
+            raise TrainingStopped(
+                f"step {step}: fp16's loss scale fell to {scale:g}: the gradients overflow "
+                f"fp16 whatever the scale (lr={self.lr:g} too high, or train in bf16)"
+            )
         anomaly = facts.get("anomaly")
         if not facts.get("skipped") or anomaly is None:
             self.run.clear()
@@ -67,15 +77,23 @@ class Divergence:
         self.run.append((step, self._cause(loss, anomaly)))
         if self.max_skipped and len(self.run) >= self.max_skipped:
             first, cause = self.run[0]
-            raise TrainingStopped(f"{len(self.run)} steps skipped in a row, from step {first}: {cause}; the run "
-                                  f"cannot recover (max_skipped_steps={self.max_skipped})")
+            raise TrainingStopped(
+                f"{len(self.run)} steps skipped in a row, from step {first}: {cause}; the run "
+                f"cannot recover (max_skipped_steps={self.max_skipped})"
+            )
 
     def _cause(self, loss: float, anomaly: str) -> str:
         if anomaly == "loss spike":
-            return (f"the loss spiked (loss_spike_factor) — a corrupted batch, or a learning rate too high "
-                    f"(lr={self.lr:g})")
+            return (
+                f"the loss spiked (loss_spike_factor) — a corrupted batch, or a learning rate too high "
+                f"(lr={self.lr:g})"
+            )
         if not math.isfinite(loss):
-            return (f"the loss was {loss} — the parameters diverged (lr={self.lr:g} too high?) or the data "
-                    f"holds a bad token")
-        return (f"the gradient norm was not finite with a finite loss {loss:.4g} — an overflow in backward, or "
-                f"gradients exploding (lr={self.lr:g})")
+            return (
+                f"the loss was {loss} — the parameters diverged (lr={self.lr:g} too high?) or the data "
+                f"holds a bad token"
+            )
+        return (
+            f"the gradient norm was not finite with a finite loss {loss:.4g} — an overflow in backward, or "
+            f"gradients exploding (lr={self.lr:g})"
+        )

@@ -35,8 +35,15 @@ class Batches:
     """`get(step)`: this rank's (inputs, targets) of step `step` on its device; `prepare(step)`: start making
     it now (CUDA)."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, dp_index: int, dp_size: int,
-                 cp: ContextParallel | None = None, part: str = "train") -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        device: torch.device,
+        dp_index: int,
+        dp_size: int,
+        cp: ContextParallel | None = None,
+        part: str = "train",
+    ) -> None:
         """`part`: 'train', or 'val' for the held-out batches (index k: the k-th of the held-out stream,
         the same at every evaluation, so the curve compares like with like)."""
         self.cfg, self.device, self.cp, self.part = cfg, device, cp, part
@@ -54,10 +61,19 @@ class Batches:
         """This rank's rows (and tokens) of step `step`, in host memory."""
         cfg, m = self.cfg, self.cfg.model_config
         if self.tokens is None:
-            x, y = global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, m.vocab_size, rows=self.rows,
-                                held_out=self.part == "val")
+            x, y = global_batch(
+                cfg.seed,
+                step,
+                cfg.global_batch,
+                m.seq_len,
+                m.vocab_size,
+                rows=self.rows,
+                held_out=self.part == "val",
+            )
         else:
-            x, y = self.tokens.global_batch(cfg.seed, step, cfg.global_batch, m.seq_len, rows=self.rows)
+            x, y = self.tokens.global_batch(
+                cfg.seed, step, cfg.global_batch, m.seq_len, rows=self.rows
+            )
         if self.cp is not None:
             x, y = self.cp.shard(x), self.cp.shard(y)
         return x, y

@@ -56,55 +56,95 @@ def resolve_backend(requested: str) -> str:
     if chosen:
         return chosen
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
-    return backend_for(requested, per_machine, torch.cuda.device_count() if requested != "gloo" else 0)
+    return backend_for(
+        requested, per_machine, torch.cuda.device_count() if requested != "gloo" else 0
+    )
 
 
 def setup(config: RunConfig, run_dir: str) -> RankContext:
     """Join the process group (with the config's timeout), build the grid, agree on the clock."""
     backend = resolve_backend(config.backend)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world_size != config.world_size:  # an elastic run's config already follows WORLD_SIZE (restart.py)
+    if (
+        world_size != config.world_size
+    ):  # an elastic run's config already follows WORLD_SIZE (restart.py)
         raise RuntimeError(
             f"torchrun started {world_size} processes but dp×cp×tp×pp = "
             f"{config.dp}×{config.cp}×{config.tp}×{config.pp} = {config.world_size}: "
             f"launch with --nproc-per-node × --nnodes = {config.world_size}"
         )
-    torch_flight_recorder.enable(run_dir, backend)  # torch's record of its collectives, dumped on failure
+    torch_flight_recorder.enable(
+        run_dir, backend
+    )  # torch's record of its collectives, dumped on failure
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
-        if backend == "ccl":  # Intel's oneCCL bindings register the backend when imported (config/rules.py)
+        if (
+            backend == "ccl"
+        ):  # Intel's oneCCL bindings register the backend when imported (config/rules.py)
             import oneccl_bindings_for_pytorch  # noqa: F401
     if not dist.is_initialized():  # Ray Train joined it itself (launching/ray_launch.py)
-        dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s), store=attempt_store(config),
-                                rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend,
+            timeout=timedelta(seconds=config.timeout_s),
+            store=attempt_store(config),
+            rank=rank,
+            world_size=world_size,
+            device_id=device if backend == "nccl" else None,
+        )
     grid = RankGrid(dp=config.dp, tp=config.tp, pp=config.pp, cp=config.cp, ep=config.ep)
-    groups = ProcessGroups.create(grid, rank, config.timeout_s,
-                                  ranks_per_node(config) if config.allreduce == "hierarchical" else 0)
+    groups = ProcessGroups.create(
+        grid,
+        rank,
+        config.timeout_s,
+        ranks_per_node(config) if config.allreduce == "hierarchical" else 0,
+    )
     if backend == "nccl":
         warm_up(groups, device)
     name = config.name or os.path.basename(os.path.abspath(run_dir))
-    recorder = TraceRecorder(rank, world_size, backend, grid.coords(rank), name, enabled=config.trace)
+    recorder = TraceRecorder(
+        rank, world_size, backend, grid.coords(rank), name, enabled=config.trace
+    )
     memory = MemoryTracker(recorder, device)
     clock = None
-    if device.type == "cuda":  # communication and fast steps' spans on device time; every span an NVTX range
+    if (
+        device.type == "cuda"
+    ):  # communication and fast steps' spans on device time; every span an NVTX range
         clock = DeviceClock(recorder.now_us, measured=lambda: recorder.measured)
         recorder.device_clock = clock
         recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
-    comm = Communicator(groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s)
-    recorder.info["strict_comm"] = comm.strict  # every tensor checked as NCCL would (comm/strict.py)
+    comm = Communicator(
+        groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s
+    )
+    recorder.info["strict_comm"] = (
+        comm.strict
+    )  # every tensor checked as NCCL would (comm/strict.py)
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()
-    recorder.info["epoch_unix_us"] = time.time_ns() / 1000.0  # where t = 0 is on the wall clock (restarts)
+    recorder.info["epoch_unix_us"] = (
+        time.time_ns() / 1000.0
+    )  # where t = 0 is on the wall clock (restarts)
     walls: list[Any] = [None] * world_size
     dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
     recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
-    return RankContext(config, run_dir, rank, world_size, backend, device, grid, groups, recorder, memory, comm,
-                       hosts=[w[1] for w in walls])
+    return RankContext(
+        config,
+        run_dir,
+        rank,
+        world_size,
+        backend,
+        device,
+        grid,
+        groups,
+        recorder,
+        memory,
+        comm,
+        hosts=[w[1] for w in walls],
+    )
 
 
 def warm_up(groups: ProcessGroups, device: torch.device) -> None:
@@ -123,8 +163,12 @@ def emulated_network(config: RunConfig) -> EmulatedNetwork | None:
     """--emulate-link's machines (a teaching device): ranks_per_node ranks each, or the real machine's."""
     if config.emulate_link is None:
         return None
-    return EmulatedNetwork(parse_links(config.emulate_link), ranks_per_node(config), config.node_placement,
-                           config.world_size)
+    return EmulatedNetwork(
+        parse_links(config.emulate_link),
+        ranks_per_node(config),
+        config.node_placement,
+        config.world_size,
+    )
 
 
 def ranks_per_node(config: RunConfig) -> int:
@@ -149,14 +193,18 @@ def write_resolved_config(ctx: RankContext, params: int, params_per_rank: int) -
     cfg = ctx.config
     resolved = {
         **cfg.to_dict(),
-        "model": {"preset": cfg.model if isinstance(cfg.model, str) else None,
-                  **cfg.model_config.__dict__},
+        "model": {
+            "preset": cfg.model if isinstance(cfg.model, str) else None,
+            **cfg.model_config.__dict__,
+        },
         "params": params,
         "params_per_rank": params_per_rank,
         "world_size": ctx.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
-        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(ctx.device)
+        if ctx.device.type == "cuda"
+        else platform.processor(),
         "local_batch": cfg.local_batch,
         "torch_version": torch.__version__,
         "hosts": ctx.hosts,

@@ -34,10 +34,15 @@ def evaluate(strategy: Strategy, held_out: Batches, step: int) -> float:
     """The mean loss over the run's held-out batches, the same number on every rank."""
     ctx, cfg = strategy.ctx, strategy.ctx.config
     total = torch.zeros((), device=ctx.device)
-    with ctx.recorder.span("evaluate", "forward", "compute", step=step, batches=cfg.eval_batches), torch.no_grad():
+    with (
+        ctx.recorder.span("evaluate", "forward", "compute", step=step, batches=cfg.eval_batches),
+        torch.no_grad(),
+    ):
         for k in range(cfg.eval_batches):
             x, y = held_out.get(k)
             total = total + strategy.forward_backward.evaluate(x, y, step).detach().float()
-            held_out.prepare(k + 1)  # CUDA: the next held-out batch made while the GPU runs this one's forward
+            held_out.prepare(
+                k + 1
+            )  # CUDA: the next held-out batch made while the GPU runs this one's forward
         summed = global_loss(ctx, total)
     return read(summed, ctx.groups, cfg)[0] / cfg.eval_batches

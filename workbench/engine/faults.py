@@ -28,7 +28,11 @@ from workbench.engine.restart import attempt
 
 def spike_factor(cfg: RunConfig, rank: int, step: int) -> float:
     """10 on the rank and step of an injected loss spike (its loss and gradients ×10), else 1."""
-    return 10.0 if cfg.fault == "loss-spike" and rank == cfg.fault_rank and step == cfg.fault_step else 1.0
+    return (
+        10.0
+        if cfg.fault == "loss-spike" and rank == cfg.fault_rank and step == cfg.fault_step
+        else 1.0
+    )
 
 
 def loss_scale(cfg: RunConfig, rank: int, step: int, scale: float) -> float:
@@ -41,7 +45,9 @@ def loss_scale(cfg: RunConfig, rank: int, step: int, scale: float) -> float:
 
 def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
     if cfg.fault == "straggle" and rank == cfg.fault_rank and step >= cfg.fault_step:
-        time.sleep(cfg.fault_delay_s)  # a slow rank: every other one waits for it at the next collective
+        time.sleep(
+            cfg.fault_delay_s
+        )  # a slow rank: every other one waits for it at the next collective
     if cfg.fault is None or rank != cfg.fault_rank or step != cfg.fault_step:
         return
     if cfg.fault == "raise":
@@ -53,7 +59,9 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
     # "overflow" is injected into the loss scale of that step (see loss_scale)
 
 
-def corrupt_parameters(cfg: RunConfig, rank: int, step: int, params: Iterable[torch.Tensor]) -> None:
+def corrupt_parameters(
+    cfg: RunConfig, rank: int, step: int, params: Iterable[torch.Tensor]
+) -> None:
     """'nan-params': every parameter of this rank NaN, before the step's forward."""
     if cfg.fault == "nan-params" and rank == cfg.fault_rank and step == cfg.fault_step:
         with torch.no_grad():

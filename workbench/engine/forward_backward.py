@@ -21,7 +21,9 @@ from workbench.trace.recorder import TraceRecorder
 
 
 class ForwardBackward(Protocol):
-    def run(self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0) -> torch.Tensor: ...
+    def run(
+        self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0
+    ) -> torch.Tensor: ...
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         """The loss of the local batch, forward only (the caller holds torch.no_grad)."""
@@ -30,11 +32,14 @@ class ForwardBackward(Protocol):
 class SingleBatch:
     """One forward (its saved tensors counted as activations) and one backward of the whole local batch."""
 
-    def __init__(self, model: nn.Module, recorder: TraceRecorder, memory: MemoryTracker,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, recorder: TraceRecorder, memory: MemoryTracker, device: torch.device
+    ) -> None:
         self.model, self.recorder, self.memory, self.device = model, recorder, memory, device
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0
+    ) -> torch.Tensor:
         with self.recorder.span("forward", "forward", "compute", step=step, microbatch=0):
             with self.memory.count_saved_activations():
                 loss = self.model(x, y)
@@ -46,7 +51,9 @@ class SingleBatch:
         return loss
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
-        with self.recorder.span("forward", "forward", "compute", step=step, microbatch=0, evaluation=True):
+        with self.recorder.span(
+            "forward", "forward", "compute", step=step, microbatch=0, evaluation=True
+        ):
             loss = self.model(x, y)
             self.recorder.sync_compute()
         return loss

@@ -34,7 +34,9 @@ class Recompute:
     recorder: TraceRecorder | None = None
     memory: MemoryTracker | None = None
 
-    def run(self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor
+    ) -> torch.Tensor:
         return _Recompute.apply(self, name, fn, *inputs)
 
 
@@ -59,8 +61,11 @@ class _Recompute(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001
         rc: Recompute = ctx.rc
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
-        span = rc.recorder.span(f"recompute {ctx.name}", "recompute", "compute", layer=ctx.name) \
-            if rc.recorder is not None else nullcontext()
+        span = (
+            rc.recorder.span(f"recompute {ctx.name}", "recompute", "compute", layer=ctx.name)
+            if rc.recorder is not None
+            else nullcontext()
+        )
         counting = rc.memory.count_saved_activations() if rc.memory is not None else nullcontext()
         with span, torch.enable_grad(), counting:  # the rerun's saves count while they live
             out = ctx.fn(*inputs)

@@ -36,11 +36,21 @@ import torch
 import torch.distributed as dist
 
 from workbench.config import RunConfig
-from workbench.engine.checkpoint.files import checkpoint_root, copy_metrics_before, latest_good, run_shape
+from workbench.engine.checkpoint.files import (
+    checkpoint_root,
+    copy_metrics_before,
+    latest_good,
+    run_shape,
+)
 from workbench.trace.merge import load_traces, merge_attempts, recover_partials
 
 #: what one attempt's ranks leave in the run directory
-RANK_FILES = ("trace_rank*.json", "trace_rank*.partial.jsonl", "error_rank*.json", "memory_profile_rank*.json")
+RANK_FILES = (
+    "trace_rank*.json",
+    "trace_rank*.partial.jsonl",
+    "error_rank*.json",
+    "memory_profile_rank*.json",
+)
 
 
 def restart_count() -> int:
@@ -61,7 +71,9 @@ def elastic_world(cfg: RunConfig) -> RunConfig:
         return cfg
     cell = cfg.cp * cfg.tp * cfg.pp
     if world % cell:
-        raise RuntimeError(f"torchrun formed a world of {world} ranks, not a multiple of cp×tp×pp = {cell}")
+        raise RuntimeError(
+            f"torchrun formed a world of {world} ranks, not a multiple of cp×tp×pp = {cell}"
+        )
     return cfg.replace(dp=world // cell).validate()
 
 
@@ -69,6 +81,7 @@ def begin_attempt(run_dir: str, device: torch.device) -> int:
     """Every rank of a newly formed group, before it traces anything: agree on the attempt number (the
     attempts/restart-* directories any host has, plus one if any host holds an earlier attempt's rank
     files), move those files there (one rank per host), and return the number."""
+
     def leftovers() -> list[str]:
         return [p for pattern in RANK_FILES for p in glob.glob(os.path.join(run_dir, pattern))]
 
@@ -91,8 +104,10 @@ def begin_attempt(run_dir: str, device: torch.device) -> int:
 
 def write_all_attempts(run_dir: str, current: list[dict[str, Any]]) -> str | None:
     """Rank 0 at the end of a restarted run: trace_all_attempts.json, every attempt on one timeline."""
-    dirs = sorted(glob.glob(os.path.join(run_dir, "attempts", "restart-*")),
-                  key=lambda d: int(d.rsplit("-", 1)[1]))
+    dirs = sorted(
+        glob.glob(os.path.join(run_dir, "attempts", "restart-*")),
+        key=lambda d: int(d.rsplit("-", 1)[1]),
+    )
     if not dirs:
         return None
     for d in dirs:

@@ -63,8 +63,10 @@ def find_checkpoint(path: str) -> tuple[str, dict[str, Any] | None]:
             ckpt = found
             break
     else:
-        raise CheckpointError(f"{path}: no complete checkpoint here or under {candidates[1]} (a run keeps them "
-                              f"with --checkpoint-every N)")
+        raise CheckpointError(
+            f"{path}: no complete checkpoint here or under {candidates[1]} (a run keeps them "
+            f"with --checkpoint-every N)"
+        )
     for run_dir in (os.path.dirname(os.path.dirname(ckpt)), path):
         config = os.path.join(run_dir, "config.json")
         if os.path.exists(config):
@@ -86,11 +88,15 @@ def load_whole_model(ckpt: str) -> tuple[GPT, int]:
     for name, _ in model.named_parameters():
         source = f"master/{name}" if f"master/{name}" in saved else f"model/{name}"
         if source not in saved:
-            raise CheckpointError(f"{ckpt} holds no {source}: not a checkpoint of this model ({cfg.family})")
+            raise CheckpointError(
+                f"{ckpt} holds no {source}: not a checkpoint of this model ({cfg.family})"
+            )
         sources[name] = source
         for _, n, key, dtype in saved[source]:
             wanted[key] = torch.empty(n, dtype=dtype)
-    with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process is the intent
+    with (
+        warnings.catch_warnings()
+    ):  # "torch.distributed is disabled ...": one process is the intent
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(wanted, checkpoint_id=ckpt, no_dist=True)
     with torch.no_grad():
@@ -98,22 +104,29 @@ def load_whole_model(ckpt: str) -> tuple[GPT, int]:
             flat = p.view(-1)
             covered = 0
             for start, n, key, _ in saved[sources[name]]:
-                flat[start:start + n].copy_(wanted[key])
+                flat[start : start + n].copy_(wanted[key])
                 covered += n
             if covered < flat.numel():
-                raise CheckpointError(f"{ckpt}: the pieces of {sources[name]} cover {covered} of its "
-                                      f"{flat.numel()} elements")
+                raise CheckpointError(
+                    f"{ckpt}: the pieces of {sources[name]} cover {covered} of its "
+                    f"{flat.numel()} elements"
+                )
     return model, int(marker["step"])
 
 
-def codec(config: dict[str, Any] | None, vocab_size: int) -> tuple[Callable[[str], list[int]],
-                                                                    Callable[[list[int]], str]]:
+def codec(
+    config: dict[str, Any] | None, vocab_size: int
+) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
     """(encode, decode) for the data the run trained on (the module's docstring)."""
     kind, path = parse_data(config.get("data", "synthetic") if config else "synthetic")
     if kind == "text":
-        return (lambda s: list(s.encode("utf-8")),
-                lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
-    meta = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl") if kind == "bin" else None
+        return (
+            lambda s: list(s.encode("utf-8")),
+            lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"),
+        )
+    meta = (
+        os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl") if kind == "bin" else None
+    )
     if meta is not None and os.path.exists(meta):
         table = read_meta(meta)
         if "stoi" in table and "itos" in table:
@@ -131,8 +144,10 @@ def codec(config: dict[str, Any] | None, vocab_size: int) -> tuple[Callable[[str
         try:
             out = [int(x) for x in s.split()]
         except ValueError:
-            raise ConfigError(f"prompt={s!r}: this run's data has no tokenizer here ({kind}); give token ids "
-                              f"separated by spaces, each below {vocab_size}") from None
+            raise ConfigError(
+                f"prompt={s!r}: this run's data has no tokenizer here ({kind}); give token ids "
+                f"separated by spaces, each below {vocab_size}"
+            ) from None
         if any(not 0 <= i < vocab_size for i in out):
             raise ConfigError(f"prompt={s!r}: token ids must lie in [0, {vocab_size})")
         return out
@@ -149,14 +164,20 @@ def newline(encode: Callable[[str], list[int]]) -> list[int]:
 
 
 @torch.no_grad()
-def generate(model: GPT, ids: list[int], tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             seed: int = 0) -> list[int]:
+def generate(
+    model: GPT,
+    ids: list[int],
+    tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> list[int]:
     """`tokens` new token ids after `ids` (nanoGPT's loop: the module's docstring)."""
     g = torch.Generator().manual_seed(seed)
     seq = torch.tensor([ids], dtype=torch.long)
     out: list[int] = []
     for _ in range(tokens):
-        logits = model(seq[:, -model.cfg.seq_len:])[0, -1].float()
+        logits = model(seq[:, -model.cfg.seq_len :])[0, -1].float()
         if temperature == 0:  # greedy
             nxt = int(logits.argmax())
         else:
@@ -170,14 +191,24 @@ def generate(model: GPT, ids: list[int], tokens: int, temperature: float = 1.0, 
     return out
 
 
-def sample(path: str, prompt: str = "", tokens: int = 100, temperature: float = 1.0, top_k: int | None = None,
-           seed: int = 0) -> Sample:
+def sample(
+    path: str,
+    prompt: str = "",
+    tokens: int = 100,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> Sample:
     """Sample `tokens` tokens after `prompt` from the model a run (or checkpoint) at `path` saved. An empty
     prompt starts from a newline for text (nanoGPT's start) and token 0 otherwise."""
     if not isinstance(tokens, int) or tokens < 1:
-        raise ConfigError(f"tokens={tokens!r}: the number of tokens to sample must be a positive integer")
+        raise ConfigError(
+            f"tokens={tokens!r}: the number of tokens to sample must be a positive integer"
+        )
     if not temperature >= 0:
-        raise ConfigError(f"temperature={temperature!r}: must be ≥ 0 (0: the most likely token each time)")
+        raise ConfigError(
+            f"temperature={temperature!r}: must be ≥ 0 (0: the most likely token each time)"
+        )
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ConfigError(f"top_k={top_k!r}: must be a positive integer (or None: every token)")
     ckpt, config = find_checkpoint(path)

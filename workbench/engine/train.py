@@ -36,8 +36,12 @@ from workbench.trace.disk import writing
 def train(ctx: RankContext) -> dict[str, Any]:
     """Run the configured steps; return rank-local results (median step time, final loss)."""
     cfg, mcfg = ctx.config, ctx.config.model_config
-    profile = MemoryProfile(ctx.device, ctx.run_dir, ctx.rank).start() if cfg.profile_memory else None
-    ctx.memory.profile = profile  # started before the model exists: the allocator's total is the rank's
+    profile = (
+        MemoryProfile(ctx.device, ctx.run_dir, ctx.rank).start() if cfg.profile_memory else None
+    )
+    ctx.memory.profile = (
+        profile  # started before the model exists: the allocator's total is the rank's
+    )
     strategy = parallelize(cfg, ctx)
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
@@ -46,21 +50,34 @@ def train(ctx: RankContext) -> dict[str, Any]:
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start)
     source = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
-    if ctx.device.type == "cpu":  # the table lives in host memory: the rank's memory only on a CPU run
+    if (
+        ctx.device.type == "cpu"
+    ):  # the table lives in host memory: the rank's memory only on a CPU run
         ctx.memory.data_bytes = source.resident_bytes()  # under `other`
     schedule = measured_steps(ctx)
     logs = step_logs(ctx)
-    kineto = (TorchProfile(ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps))
-              if cfg.profile_steps else None)
+    kineto = (
+        TorchProfile(
+            ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps)
+        )
+        if cfg.profile_steps
+        else None
+    )
     health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
     divergence = Divergence(cfg.max_skipped_steps, cfg.lr)
-    held_out = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context, part="val") if cfg.eval_every else None
+    held_out = (
+        Batches(cfg, ctx.device, dp_index, dp_size, strategy.context, part="val")
+        if cfg.eval_every
+        else None
+    )
     for step in range(start, cfg.steps):
         step_start = ctx.recorder.now_us()
         if kineto is not None:
             kineto.before(step)
         results.append(train_step(strategy, source, step, schedule.measured(step)))
-        if strategy.context is not None:  # each rank's attention work, per layer: the balance, measured
+        if (
+            strategy.context is not None
+        ):  # each rank's attention work, per layer: the balance, measured
             ctx.recorder.info["cp_pairs"] = dict(strategy.context.pairs)
         if kineto is not None:
             kineto.after(step)
@@ -68,22 +85,30 @@ def train(ctx: RankContext) -> dict[str, Any]:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
         if health is not None and step % cfg.gpu_health_every == 0:
             results[-1].extra["gpu"] = record(health, ctx.recorder, ctx.run_dir, ctx.rank, step)
-        if held_out is not None and due(step, cfg.eval_every, cfg.steps):  # forward only, every rank
+        if held_out is not None and due(
+            step, cfg.eval_every, cfg.steps
+        ):  # forward only, every rank
             results[-1].extra["val_loss"] = evaluate(strategy, held_out, step)
         if ctx.rank == 0:
             row = append_metrics(ctx, results[-1])
             if logs is not None:
                 logs.write(row, since_us=step_start)
         ctx.recorder.flush()
-        r = results[-1]  # a run that cannot recover stops here, its files kept (every rank at the same step)
+        r = results[
+            -1
+        ]  # a run that cannot recover stops here, its files kept (every rank at the same step)
         suspect = r.extra.get("anomaly") == "non-finite gradient norm"
         divergence.observe(step, r.loss, r.extra, parameters_finite(strategy) if suspect else None)
         maybe_save(strategy, step)
     ctx.comm.end_step()  # CUDA: spans deferred past the last step's end (its evaluation) given their device times
     ctx.recorder.flush()
-    return {"step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
-            "loss": results[-1].loss if results else float("nan"),
-            "memory_peaks": ctx.memory.peaks(), "params": mcfg.param_count(), "logs": logs}
+    return {
+        "step_time_s": statistics.median(r.step_time_s for r in results) if results else None,
+        "loss": results[-1].loss if results else float("nan"),
+        "memory_peaks": ctx.memory.peaks(),
+        "params": mcfg.param_count(),
+        "logs": logs,
+    }
 
 
 def parameters_finite(strategy: Strategy) -> bool:
@@ -105,8 +130,9 @@ def step_logs(ctx: RankContext) -> StepLogs | None:
     cfg = ctx.config
     if ctx.rank != 0 or not (cfg.tensorboard or cfg.wandb):
         return None
-    loggers = ([TensorBoard(ctx.run_dir)] if cfg.tensorboard else []) + \
-        ([WandB(ctx.run_dir, cfg.wandb, cfg.to_dict())] if cfg.wandb else [])
+    loggers = ([TensorBoard(ctx.run_dir)] if cfg.tensorboard else []) + (
+        [WandB(ctx.run_dir, cfg.wandb, cfg.to_dict())] if cfg.wandb else []
+    )
     return StepLogs(ctx.recorder, ctx.memory, loggers)
 
 
@@ -116,7 +142,9 @@ def measured_steps(ctx: RankContext) -> MeasureSchedule:
     snapshots' marks."""
     cfg = ctx.config
     also = (cfg.profile_memory_step,) if cfg.profile_memory and ctx.device.type != "cuda" else ()
-    schedule = measure_schedule(cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also)
+    schedule = measure_schedule(
+        cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also
+    )
     ctx.recorder.info["measured_steps"] = schedule.describe()
     return schedule
 
@@ -125,10 +153,15 @@ def describe(strategy: Strategy) -> None:
     """Before the first step: parameter shapes into the trace, config.json (and schedule.json) from
     rank 0, the model states' first memory snapshot."""
     ctx = strategy.ctx
-    ctx.recorder.info["param_shapes"] = {global_name(n): list(p.shape) for n, p in strategy.model.named_parameters()}
+    ctx.recorder.info["param_shapes"] = {
+        global_name(n): list(p.shape) for n, p in strategy.model.named_parameters()
+    }
     if ctx.rank == 0:
-        write_resolved_config(ctx, ctx.config.model_config.param_count(),
-                              sum(p.numel() for p in strategy.model.parameters()))
+        write_resolved_config(
+            ctx,
+            ctx.config.model_config.param_count(),
+            sum(p.numel() for p in strategy.model.parameters()),
+        )
         if strategy.schedule is not None:
             write_json(os.path.join(ctx.run_dir, "schedule.json"), strategy.schedule.to_dict())
     strategy.count_model_states()
@@ -137,19 +170,33 @@ def describe(strategy: Strategy) -> None:
 
 def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
-    row = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm, "step_time_s": r.step_time_s,
-           "tokens": tokens, "tokens_per_s": tokens / r.step_time_s, "attempt": attempt(),
-           "world_size": ctx.world_size, "measured": r.measured}
-    row.update(r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)})
+    row = {
+        "step": r.step,
+        "loss": r.loss,
+        "lr": r.lr,
+        "grad_norm": r.grad_norm,
+        "step_time_s": r.step_time_s,
+        "tokens": tokens,
+        "tokens_per_s": tokens / r.step_time_s,
+        "attempt": attempt(),
+        "world_size": ctx.world_size,
+        "measured": r.measured,
+    }
+    row.update(
+        r.extra if ctx.config.precision == "fp16" else {"skipped": r.extra.get("skipped", False)}
+    )
     row["anomaly"] = r.extra.get("anomaly")
     if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)
         row["gpu"] = {k: v for k, v in r.extra["gpu"].items() if k != "anomaly"}
         row["anomaly"] = row["anomaly"] or r.extra["gpu"]["anomaly"]
-    for key in ("val_loss", "tokens_per_expert", "dropped_tokens"):  # held-out loss; experts (model/moe.py)
+    for key in (
+        "val_loss",
+        "tokens_per_expert",
+        "dropped_tokens",
+    ):  # held-out loss; experts (model/moe.py)
         if key in r.extra:
             row[key] = r.extra[key]
     path = os.path.join(ctx.run_dir, "metrics.jsonl")
     with writing(path, f"the metrics of step {r.step}"), open(path, "a") as f:
         f.write(strict_json.dumps(strict_json.row(row)) + "\n")  # NaN as null, named in `nonfinite`
     return row
-

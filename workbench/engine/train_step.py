@@ -38,11 +38,15 @@ class StepResult:
     lr: float
     grad_norm: float | None  # None when the step was skipped (an fp16 overflow, a gradient anomaly)
     step_time_s: float
-    extra: dict[str, Any] = field(default_factory=dict)  # skipped, anomaly, the updater's facts (loss scale)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # skipped, anomaly, the updater's facts (loss scale)
     measured: bool = True
 
 
-def train_step(strategy: Strategy, batch: Batch | Batches, step: int, measured: bool = True) -> StepResult:
+def train_step(
+    strategy: Strategy, batch: Batch | Batches, step: int, measured: bool = True
+) -> StepResult:
     """Step `step` on `batch` — or on `batch.get(step)` of a Batches (engine/batches.py), made inside the step's
     time (a `data` span), the next step's prepared before the step's read."""
     ctx, cfg = strategy.ctx, strategy.ctx.config
@@ -72,37 +76,59 @@ def train_step(strategy: Strategy, batch: Batch | Batches, step: int, measured: 
         total = global_loss(ctx, loss)  # before the update: the spike check needs it on every rank
         lr = lr_at(step, cfg.lr, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
         with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr) as opt_args:
-            spiked = strategy.loss_spike is not None and strategy.loss_spike.check(read(total, ctx.groups, cfg)[0])
+            spiked = strategy.loss_spike is not None and strategy.loss_spike.check(
+                read(total, ctx.groups, cfg)[0]
+            )
             norm = None if spiked else strategy.updater.step(lr, cfg.grad_clip)
             facts = {} if spiked else strategy.updater.metrics()
             experts = moe_end(strategy.moe, strategy.model) if strategy.moe is not None else {}
             strategy.grad_sync.zero_grad()
             rec.sync_compute()
-        if batches is not None and batches.device.type == "cuda":  # while the GPU works through the step
+        if (
+            batches is not None and batches.device.type == "cuda"
+        ):  # while the GPU works through the step
             with rec.host_span("data", "data", "data", step=step, for_step=step + 1):
                 batches.prepare(step + 1)
-        loss_value, norm_value = read(total, ctx.groups, cfg, norm)  # the step's one host synchronisation
+        loss_value, norm_value = read(
+            total, ctx.groups, cfg, norm
+        )  # the step's one host synchronisation
         facts.update(skip_facts(spiked, norm, norm_value))
-        opt_args.update(facts)  # the span's record holds this dict (a fast CUDA span is written at end_step)
+        opt_args.update(
+            facts
+        )  # the span's record holds this dict (a fast CUDA span is written at end_step)
         strategy.count_model_states()
         memory.snapshot()
-    ctx.comm.end_step(synchronized=not measured)  # CUDA: the step's communication and fast spans written
-    return StepResult(step, loss_value, lr, None if facts["skipped"] else norm_value, time.perf_counter() - t0,
-                      {**facts, **experts}, measured)
+    ctx.comm.end_step(
+        synchronized=not measured
+    )  # CUDA: the step's communication and fast spans written
+    return StepResult(
+        step,
+        loss_value,
+        lr,
+        None if facts["skipped"] else norm_value,
+        time.perf_counter() - t0,
+        {**facts, **experts},
+        measured,
+    )
 
 
-def read(total: torch.Tensor, groups: Any, cfg: RunConfig,
-         norm: torch.Tensor | float | None = None) -> tuple[float, float | None]:
+def read(
+    total: torch.Tensor, groups: Any, cfg: RunConfig, norm: torch.Tensor | float | None = None
+) -> tuple[float, float | None]:
     """The global loss (÷ the replicas that summed it) and the gradient norm as numbers: one transfer to
     the host, the one place a fast step waits for the device."""
     n = groups.size(replica_group(cfg.cp))
     if isinstance(norm, torch.Tensor):
-        loss, value = torch.stack([total.reshape(()).float(), norm.reshape(()).float().to(total.device)]).tolist()
+        loss, value = torch.stack(
+            [total.reshape(()).float(), norm.reshape(()).float().to(total.device)]
+        ).tolist()
         return loss / n, value
     return total.item() / n, None if norm is None else float(norm)
 
 
-def skip_facts(spiked: bool, norm: torch.Tensor | float | None, value: float | None) -> dict[str, Any]:
+def skip_facts(
+    spiked: bool, norm: torch.Tensor | float | None, value: float | None
+) -> dict[str, Any]:
     """Whether the update was skipped, and why: a loss spike, a non-finite gradient norm (the update saw it
     and changed nothing), or an fp16 overflow (no norm at all: a normal event of loss scaling, no anomaly)."""
     if spiked:

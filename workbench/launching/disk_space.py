@@ -21,15 +21,25 @@ METRICS_BYTES_PER_STEP, RESERVED_ERROR_FILE = 600, 64 * 1024
 def estimated_output(config: RunConfig) -> dict[str, float]:
     """Bytes the run will hold on disk at its fullest, by kind."""
     psi = config.model_config.param_count()
-    per_param = (4 if config.precision == "fp32" else 2) + 8 + (0 if config.precision == "fp32" else 4)
+    per_param = (
+        (4 if config.precision == "fp32" else 2) + 8 + (0 if config.precision == "fp32" else 4)
+    )
     kept = config.steps // config.checkpoint_every if config.checkpoint_every else 0
     if config.keep_checkpoints:
-        kept = min(kept, config.keep_checkpoints + 1)  # the newest is written before the oldest is pruned
+        kept = min(
+            kept, config.keep_checkpoints + 1
+        )  # the newest is written before the oldest is pruned
     events = config.microbatches * config.virtual_stages if config.trace else 0
-    return {"checkpoints": kept * psi * per_param * 1.02,
-            "traces": config.steps * config.world_size * max(events, 0) * TRACE_BYTES_PER_STEP * TRACE_COPIES,
-            "metrics": config.steps * METRICS_BYTES_PER_STEP,
-            "error files (reserved)": config.world_size * RESERVED_ERROR_FILE}
+    return {
+        "checkpoints": kept * psi * per_param * 1.02,
+        "traces": config.steps
+        * config.world_size
+        * max(events, 0)
+        * TRACE_BYTES_PER_STEP
+        * TRACE_COPIES,
+        "metrics": config.steps * METRICS_BYTES_PER_STEP,
+        "error files (reserved)": config.world_size * RESERVED_ERROR_FILE,
+    }
 
 
 def _used(path: str) -> int:
@@ -49,12 +59,16 @@ def check_disk_space(config: RunConfig, run_dir: str, replacing: bool) -> None:
     parent = os.path.dirname(os.path.abspath(run_dir))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    free = shutil.disk_usage(parent).free + (_used(run_dir) if replacing and os.path.isdir(run_dir) else 0)
+    free = shutil.disk_usage(parent).free + (
+        _used(run_dir) if replacing and os.path.isdir(run_dir) else 0
+    )
     parts = estimated_output(config)
     if sum(parts.values()) <= free:
         return
     detail = ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in parts.items() if v)
-    raise ConfigError(f"{run_dir}: the run would write about {sum(parts.values()) / 2**20:,.1f} MiB ({detail}) and "
-                      f"its filesystem has {free / 2**20:,.1f} MiB free; free space, keep fewer checkpoints "
-                      f"(keep_checkpoints), choose another out= — or launch anyway: check_disk=False "
-                      f"(--no-check-disk)")
+    raise ConfigError(
+        f"{run_dir}: the run would write about {sum(parts.values()) / 2**20:,.1f} MiB ({detail}) and "
+        f"its filesystem has {free / 2**20:,.1f} MiB free; free space, keep fewer checkpoints "
+        f"(keep_checkpoints), choose another out= — or launch anyway: check_disk=False "
+        f"(--no-check-disk)"
+    )

@@ -32,7 +32,13 @@ from workbench.launching.lifetime import die_with_parent, stop
 from workbench.launching.memory_fit import check_fits_memory
 from workbench.launching.progress import Progress, Speed
 from workbench.launching.run_lock import RunLock
-from workbench.launching.torchrun_command import ONE_MACHINE, Nodes, check_nsys, elastic_config, torchrun_command
+from workbench.launching.torchrun_command import (
+    ONE_MACHINE,
+    Nodes,
+    check_nsys,
+    elastic_config,
+    torchrun_command,
+)
 from workbench.launching.warm_torchrun import WarmTorchrun, wanted
 from workbench.trace.merge import recover_partials, write_merged
 
@@ -57,15 +63,21 @@ def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = Fal
     moves the earlier attempt aside (checkpoint_files.archive_attempt). An earlier run there is only
     replaced with `force`."""
     if os.path.isdir(run_dir) and os.listdir(run_dir):
-        is_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json"))
+        is_run = any(
+            os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json")
+        )
         if not is_run:
-            raise FileExistsError(f"{run_dir} exists and is not a workbench run directory; choose another out=")
+            raise FileExistsError(
+                f"{run_dir} exists and is not a workbench run directory; choose another out="
+            )
         if resume_step is not None:
             archive_attempt(run_dir, resume_step)
             return
         if not force:
-            raise FileExistsError(f"{run_dir} already holds a run: pass force=True (CLI: --force) to replace it, "
-                                  f"or choose another out= (left out, each run gets a new traces/run-<time>)")
+            raise FileExistsError(
+                f"{run_dir} already holds a run: pass force=True (CLI: --force) to replace it, "
+                f"or choose another out= (left out, each run gets a new traces/run-<time>)"
+            )
         shutil.rmtree(run_dir)
     os.makedirs(run_dir, exist_ok=True)
 
@@ -73,7 +85,9 @@ def _prepare_dir(run_dir: str, resume_step: int | None = None, force: bool = Fal
 def visible_gpus() -> int:
     """CUDA devices this process sees. torch is imported only where a GPU may exist (or it already is):
     launching from a notebook on a CPU machine costs nothing."""
-    if "torch" not in sys.modules and not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
+    if "torch" not in sys.modules and not (
+        shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")
+    ):
         return 0
     import torch
 
@@ -84,7 +98,10 @@ def choose_backend(config: RunConfig, nodes: Nodes = ONE_MACHINE, say: bool = Fa
     """The backend the ranks will use (config/backend.backend_for): NCCL only where every rank of a machine
     has a GPU; 'auto' falls back to gloo on the CPU where there are fewer (and, with `say`, prints the one
     line that says so); an explicit 'nccl' is a ConfigError naming both counts — before any process starts."""
-    ranks, gpus = config.world_size // nodes.range[1], visible_gpus() if config.backend != "gloo" else 0
+    ranks, gpus = (
+        config.world_size // nodes.range[1],
+        visible_gpus() if config.backend != "gloo" else 0,
+    )
     chosen = backend_for(config.backend, ranks, gpus)
     if say and (note := auto_fallback(config.backend, ranks, gpus)):
         print(note, file=sys.stderr, flush=True)
@@ -101,9 +118,19 @@ def _joins(run_dir: str, config: RunConfig, nodes: Nodes) -> bool:
         return f.read() == config.to_json()
 
 
-def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, nodes: Nodes = ONE_MACHINE,
-           echo: bool = False, force: bool = False, launcher: str = "torchrun", ray_address: str | None = None,
-           check_disk: bool = True, check_memory: bool = True) -> Run:
+def launch(
+    config: RunConfig,
+    out: str | None = None,
+    *,
+    progress: bool = True,
+    nodes: Nodes = ONE_MACHINE,
+    echo: bool = False,
+    force: bool = False,
+    launcher: str = "torchrun",
+    ray_address: str | None = None,
+    check_disk: bool = True,
+    check_memory: bool = True,
+) -> Run:
     """Validate, run with torchrun (or as Ray Train workers: launcher='ray', launching/ray_launch.py), and return the
     loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
     `force=True` (FileExistsError otherwise), and never while it is alive (launching/run_lock.py); a run whose
@@ -122,7 +149,9 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     lock = None
     if not _joins(run_dir, config, nodes):
         _, step = check_resume(config, run_dir)
-        lock = RunLock.acquire(run_dir)  # before --force may empty it: a live run's directory is refused
+        lock = RunLock.acquire(
+            run_dir
+        )  # before --force may empty it: a live run's directory is refused
         try:
             if check_disk:
                 check_disk_space(config, run_dir, replacing=force and not config.resume)
@@ -135,14 +164,24 @@ def launch(config: RunConfig, out: str | None = None, *, progress: bool = True, 
     try:
         return _run(config, run_dir, backend, nodes, progress, echo, launcher, ray_address)
     finally:
-        for reserved in glob.glob(os.path.join(run_dir, ".error_rank*.reserved")):  # a killed rank's
+        for reserved in glob.glob(
+            os.path.join(run_dir, ".error_rank*.reserved")
+        ):  # a killed rank's
             os.remove(reserved)
         if lock is not None:
             lock.release()
 
 
-def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: bool, echo: bool, launcher: str,
-         ray_address: str | None) -> Run:
+def _run(
+    config: RunConfig,
+    run_dir: str,
+    backend: str,
+    nodes: Nodes,
+    progress: bool,
+    echo: bool,
+    launcher: str,
+    ray_address: str | None,
+) -> Run:
     """Start the ranks (torchrun or Ray) into a prepared directory, follow them, load what they wrote."""
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
@@ -151,21 +190,27 @@ def _run(config: RunConfig, run_dir: str, backend: str, nodes: Nodes, progress: 
         from workbench.launching.ray_launch import run_on_ray
 
         with open(log_path, "w") as log:
-            log.write(f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n")
+            log.write(
+                f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n"
+            )
         rc = run_on_ray(config, run_dir, backend, env, ray_address)
     else:
         cmd = torchrun_command(config, run_dir, nodes)
         with open(log_path, "w") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
-            proc = _start_torchrun(cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys)
+            proc = _start_torchrun(
+                cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys
+            )
             rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
         raise _failure(run_dir, rc, log_path, config.world_size, started)
     return load(run_dir)
 
 
-def _check_launcher(launcher: str, config: RunConfig, backend: str, nodes: Nodes, ray_address: str | None) -> None:
+def _check_launcher(
+    launcher: str, config: RunConfig, backend: str, nodes: Nodes, ray_address: str | None
+) -> None:
     """torchrun (with --nsys where asked) or Ray (ray_launch.check_ray): what each cannot do, before launch."""
     if launcher == "torchrun":
         check_nsys(config, backend)
@@ -177,21 +222,34 @@ def _check_launcher(launcher: str, config: RunConfig, backend: str, nodes: Nodes
     from workbench.launching.ray_launch import check_ray
 
     if nodes.range != (1, 1) or nodes.rdzv_endpoint is not None:
-        raise ConfigError("launcher='ray' places the workers on the cluster itself: leave nnodes, node_rank and "
-                          "rdzv_endpoint unset (give the cluster with ray_address)")
+        raise ConfigError(
+            "launcher='ray' places the workers on the cluster itself: leave nnodes, node_rank and "
+            "rdzv_endpoint unset (give the cluster with ray_address)"
+        )
     check_ray(config, backend, ray_address)
 
 
-def _start_torchrun(cmd: list[str], env: dict[str, str], log, log_path: str, echo: bool = False,
-                    fork_ranks: bool = False) -> subprocess.Popen | WarmTorchrun:
+def _start_torchrun(
+    cmd: list[str],
+    env: dict[str, str],
+    log,
+    log_path: str,
+    echo: bool = False,
+    fork_ranks: bool = False,
+) -> subprocess.Popen | WarmTorchrun:
     """torchrun, writing into the run's log (or, with `echo`, to the terminal): forked from a process that
     has imported it already where warm launches are on (launching/warm_torchrun.py) — with `fork_ranks`
     (CPU ranks) its ranks forked from its agent as well —, else its command as a subprocess. Either way it
     and its ranks end with us (parent-death signals)."""
     if not echo and wanted():
         return WarmTorchrun(cmd, env, log_path, fork_ranks)
-    return subprocess.Popen(cmd, stdout=None if echo else log, stderr=None if echo else subprocess.STDOUT,
-                            env=env, preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        cmd,
+        stdout=None if echo else log,
+        stderr=None if echo else subprocess.STDOUT,
+        env=env,
+        preexec_fn=die_with_parent,
+    )
 
 
 def _warn_lr(config: RunConfig) -> None:
@@ -213,18 +271,31 @@ def rank_env(backend: str | None = None) -> dict[str, str]:
     from a source checkout."""
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     chosen = {RESOLVED_BACKEND: backend} if backend is not None else {}
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **chosen,
-            "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **chosen,
+        "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])),
+    }
 
 
-def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: bool = False,
-              backend: str = "gloo") -> Run:
+def ring_demo(
+    ranks: int = 4,
+    numel: int = 3,
+    out: str | None = None,
+    force: bool = False,
+    backend: str = "gloo",
+) -> Run:
     """Our four ring collectives once each over `ranks` processes on `numel`·ranks values, traced
     (engine/ring_demo.py): `viz.ring_steps(run, op=...)` replays them. On the CPU with gloo unless asked
     otherwise: a teaching demo of a few numbers runs on any machine (backend='nccl' puts its buffers on
     the GPUs, one per rank)."""
-    config = RunConfig(dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend).validate()
+    config = RunConfig(
+        dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend
+    ).validate()
     chosen = choose_backend(config)
     run_dir = os.path.abspath(out or default_run_dir(config))
     lock = RunLock.acquire(run_dir)
@@ -237,8 +308,12 @@ def ring_demo(ranks: int = 4, numel: int = 3, out: str | None = None, force: boo
         log_path = os.path.join(run_dir, "launcher.log")
         started = time.time()
         with open(log_path, "w") as log:
-            proc = _start_torchrun(torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
-                                   rank_env(chosen), log, log_path)
+            proc = _start_torchrun(
+                torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                rank_env(chosen),
+                log,
+                log_path,
+            )
             if proc.wait() != 0:
                 raise _failure(run_dir, proc.returncode, log_path, config.world_size, started)
         return load(run_dir)
@@ -262,7 +337,7 @@ def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: b
                 with open(metrics, "rb") as f:
                     f.seek(read)
                     new = f.read()
-                new = new[:new.rfind(b"\n") + 1]  # whole rows only: rank 0 may be writing one
+                new = new[: new.rfind(b"\n") + 1]  # whole rows only: rank 0 may be writing one
                 read, rows = read + len(new), rows + new.count(b"\n")
                 shown.update(rows, speed.line(new))
             if rc is None:
@@ -282,7 +357,9 @@ def _failure(run_dir: str, rc: int, log_path: str, world_size: int, since: float
     with open(log_path) as f:
         log = f.read()
     log_tail = log[-4000:]
-    killed = killed_ranks(run_dir, log, world_size, since)  # before its stream becomes its trace file
+    killed = killed_ranks(
+        run_dir, log, world_size, since
+    )  # before its stream becomes its trace file
     try:
         recover_partials(run_dir)
         write_merged(run_dir)
@@ -293,15 +370,25 @@ def _failure(run_dir: str, rc: int, log_path: str, world_size: int, since: float
     run = load(run_dir)
     errors = sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))
     if not errors:
-        return RunFailed(f"torchrun exited with code {rc} and no rank reported an error; log:\n{log_tail}",
-                         None, log_tail, run)
+        return RunFailed(
+            f"torchrun exited with code {rc} and no rank reported an error; log:\n{log_tail}",
+            None,
+            log_tail,
+            run,
+        )
     root = errors[0]
     others = ", ".join(f"rank {e['rank']}: {e['type']}" for e in errors[1:])
     if root["type"] == "Killed":  # its message names the rank and the signal; it has no traceback
-        return RunFailed(f"{root['message']}\n(run directory kept: {run_dir}"
-                         f"{'; after it, and because of it: ' + others if others else ''})", root["rank"], "", run)
-    message = (f"rank {root['rank']} failed: {root['type']}: {root['message']}\n"
-               f"(run directory kept: {run_dir}{'; then ' + others if others else ''})\n\n"
-               f"--- traceback of rank {root['rank']} ---\n{root['traceback']}")
+        return RunFailed(
+            f"{root['message']}\n(run directory kept: {run_dir}"
+            f"{'; after it, and because of it: ' + others if others else ''})",
+            root["rank"],
+            "",
+            run,
+        )
+    message = (
+        f"rank {root['rank']} failed: {root['type']}: {root['message']}\n"
+        f"(run directory kept: {run_dir}{'; then ' + others if others else ''})\n\n"
+        f"--- traceback of rank {root['rank']} ---\n{root['traceback']}"
+    )
     return RunFailed(message, root["rank"], root["traceback"], run)
-

@@ -32,7 +32,12 @@ CUDA_CONTEXT = 1.0 * 2**30
 
 def resolved(config: RunConfig, device: str, backend: str) -> dict:
     """The run's config as the formulas read it (config.json's fields this launch already knows)."""
-    return {**config.to_dict(), "model": dict(config.model_config.__dict__), "device": device, "backend": backend}
+    return {
+        **config.to_dict(),
+        "model": dict(config.model_config.__dict__),
+        "device": device,
+        "backend": backend,
+    }
 
 
 def rank_peak(config: RunConfig, device: str, backend: str) -> float:
@@ -56,8 +61,12 @@ def gpu_free() -> float | None:
     """The least free memory of this machine's GPUs (bytes), from nvidia-smi — not through torch, which would open a
     CUDA context on every GPU in the launcher, taking memory from each rank's for the whole run; None without it."""
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         free = [float(line) * 2**20 for line in done.stdout.split() if line.strip()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -68,10 +77,12 @@ def alternatives(config: RunConfig) -> list[tuple[str, RunConfig]]:
     """What the refusal suggests, each a valid variant of the run: ZeRO-3, a smaller micro-batch, full
     recomputation, half the data-parallel ranks."""
     out = []
-    for text, change in (("zero=3", {"zero": 3}),
-                         (f"microbatches={config.microbatches * 2}", {"microbatches": config.microbatches * 2}),
-                         ("recompute='full'", {"recompute": "full"}),
-                         (f"dp={config.dp // 2}", {"dp": config.dp // 2})):
+    for text, change in (
+        ("zero=3", {"zero": 3}),
+        (f"microbatches={config.microbatches * 2}", {"microbatches": config.microbatches * 2}),
+        ("recompute='full'", {"recompute": "full"}),
+        (f"dp={config.dp // 2}", {"dp": config.dp // 2}),
+    ):
         if all(getattr(config, k) == v for k, v in change.items()):
             continue
         try:
@@ -97,12 +108,25 @@ def check_fits_memory(config: RunConfig, backend: str, ranks_here: int) -> None:
     if needed <= free:
         return
     per = "on each GPU" if cuda else f"for its {ranks} rank(s) on this machine"
-    fits = [text for text, cfg in alternatives(config)
-            if need(cfg, ranks if cuda or cfg.dp == config.dp else ranks * cfg.world_size // config.world_size) <= free]
-    suggestion = f"these would fit: {', '.join(fits)}" if fits else "none of zero=3, a smaller micro-batch, " \
+    fits = [
+        text
+        for text, cfg in alternatives(config)
+        if need(
+            cfg,
+            ranks if cuda or cfg.dp == config.dp else ranks * cfg.world_size // config.world_size,
+        )
+        <= free
+    ]
+    suggestion = (
+        f"these would fit: {', '.join(fits)}"
+        if fits
+        else "none of zero=3, a smaller micro-batch, "
         "recompute='full' or fewer ranks alone would fit: a smaller model or a larger machine"
-    raise ConfigError(f"the run would need about {needed / 2**30:,.1f} GiB {per} at its peak (predicted: "
-                      f"{rank_peak(config, device, backend) / 2**30:,.1f} GiB a rank — model states, activations and "
-                      f"the loss's transient — plus {overhead / 2**30:.1f} GiB a process) and "
-                      f"{'the GPU' if cuda else 'this machine'} has {free / 2**30:,.1f} GiB free; {suggestion} — "
-                      f"or launch anyway: check_memory=False (--no-check-memory)")
+    )
+    raise ConfigError(
+        f"the run would need about {needed / 2**30:,.1f} GiB {per} at its peak (predicted: "
+        f"{rank_peak(config, device, backend) / 2**30:,.1f} GiB a rank — model states, activations and "
+        f"the loss's transient — plus {overhead / 2**30:.1f} GiB a process) and "
+        f"{'the GPU' if cuda else 'this machine'} has {free / 2**30:,.1f} GiB free; {suggestion} — "
+        f"or launch anyway: check_memory=False (--no-check-memory)"
+    )

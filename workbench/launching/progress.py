@@ -44,8 +44,10 @@ class Progress:
         self.last_shown = 0.0
         self.handle = None
         self.jupyter = enabled and _in_jupyter()
-        self._show(f"{name}: starting {ranks} rank{'s' if ranks > 1 else ''} (torchrun, imports, process groups)…",
-                   force=True)
+        self._show(
+            f"{name}: starting {ranks} rank{'s' if ranks > 1 else ''} (torchrun, imports, process groups)…",
+            force=True,
+        )
 
     def update(self, done: int, speed: str | None = None) -> None:
         if done == self.done:
@@ -56,7 +58,9 @@ class Progress:
         self.speed = speed or self.speed
         if done > 0:
             tail = f" · {self.speed}" if self.speed else ""
-            self._show(f"{self.name}: step {done}/{self.steps} · {time.monotonic() - self.t0:.1f} s{tail}")
+            self._show(
+                f"{self.name}: step {done}/{self.steps} · {time.monotonic() - self.t0:.1f} s{tail}"
+            )
 
     def close(self, ok: bool = True) -> None:
         elapsed = time.monotonic() - self.t0
@@ -67,8 +71,10 @@ class Progress:
         else:
             startup = self.first_step_at - self.t0
             per = (elapsed - startup) / max(self.done - 1, 1)
-            line = (f"{self.name}: {self.steps} steps in {elapsed:.1f} s "
-                    f"(start-up {startup:.1f} s, then {per:.2f} s/step)")
+            line = (
+                f"{self.name}: {self.steps} steps in {elapsed:.1f} s "
+                f"(start-up {startup:.1f} s, then {per:.2f} s/step)"
+            )
             if self.speed:
                 line += f"; last step {self.speed}"
         self._show(line, force=True, final=True)
@@ -128,7 +134,9 @@ class Speed:
         with open(path) as f:
             resolved = json.load(f)
         if resolved.get("device") == "cuda":
-            self.peak = peak_flops(resolved.get("device_name", ""), self.config.precision, os.environ.get(PEAK_ENV))
+            self.peak = peak_flops(
+                resolved.get("device_name", ""), self.config.precision, os.environ.get(PEAK_ENV)
+            )
         return self.peak
 
 

@@ -30,18 +30,24 @@ def check_ray(config: RunConfig, backend: str, address: str | None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.train") is None:
-        raise ConfigError("launcher='ray': Ray Train is not installed here; pip install 'ray[train]' (or "
-                          "`pip install workbench[ray]`), or launch with torchrun (the default)")
+        raise ConfigError(
+            "launcher='ray': Ray Train is not installed here; pip install 'ray[train]' (or "
+            "`pip install workbench[ray]`), or launch with torchrun (the default)"
+        )
     for name, value, ok in (("max_restarts", config.max_restarts, 0), ("nsys", config.nsys, False)):
         if value != ok:
-            raise ConfigError(f"launcher='ray' with {name}={value!r}: that is torchrun's (restarts, Nsight "
-                              f"Systems around each rank); leave it at {ok!r} or launch with torchrun")
+            raise ConfigError(
+                f"launcher='ray' with {name}={value!r}: that is torchrun's (restarts, Nsight "
+                f"Systems around each rank); leave it at {ok!r} or launch with torchrun"
+            )
     if address is None:  # a local cluster: this machine must hold a worker per rank
         have = (os.cpu_count() or 1) if backend != "nccl" else _gpus()
         kind = "GPU(s)" if backend == "nccl" else "CPU core(s)"
         if have < config.world_size:
-            raise ConfigError(f"launcher='ray': {config.world_size} ranks need a {kind[:3]} each, and this machine "
-                              f"has {have} {kind}; use fewer ranks, or --ray-address of a cluster that has them")
+            raise ConfigError(
+                f"launcher='ray': {config.world_size} ranks need a {kind[:3]} each, and this machine "
+                f"has {have} {kind}; use fewer ranks, or --ray-address of a cluster that has them"
+            )
 
 
 def _gpus() -> int:
@@ -55,10 +61,14 @@ def rank_main(loop_config: dict[str, Any]) -> None:
     from workbench.launching.worker import main
 
     if main(["--run-dir", loop_config["run_dir"]]) != 0:
-        raise RuntimeError(f"rank {os.environ.get('RANK')} failed: see its error file in {loop_config['run_dir']}")
+        raise RuntimeError(
+            f"rank {os.environ.get('RANK')} failed: see its error file in {loop_config['run_dir']}"
+        )
 
 
-def run_on_ray(config: RunConfig, run_dir: str, backend: str, env: dict[str, str], address: str | None) -> int:
+def run_on_ray(
+    config: RunConfig, run_dir: str, backend: str, env: dict[str, str], address: str | None
+) -> int:
     """The ranks as Ray Train workers; 0 when every rank finished, 1 when one failed (its error file says
     why, as under torchrun). The local cluster Ray started is shut down whatever happens."""
     import ray
@@ -66,21 +76,41 @@ def run_on_ray(config: RunConfig, run_dir: str, backend: str, env: dict[str, str
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    keep = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONPATH", "WORKBENCH_RESOLVED_BACKEND",
-            "WORKBENCH_STRICT_COMM", "WORKBENCH_CHECKS")
+    keep = (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "PYTHONUNBUFFERED",
+        "PYTHONPATH",
+        "WORKBENCH_RESOLVED_BACKEND",
+        "WORKBENCH_STRICT_COMM",
+        "WORKBENCH_CHECKS",
+    )
     ours = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {k: env[k] for k in keep if k in env}})
-    for sig, handler in ours.items():  # Ray's driver replaces them (SIGTERM: abort); ours stop it cleanly
+    ray.init(
+        address=address,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {k: env[k] for k in keep if k in env}},
+    )
+    for (
+        sig,
+        handler,
+    ) in ours.items():  # Ray's driver replaces them (SIGTERM: abort); ours stop it cleanly
         if handler is not None and threading.current_thread() is threading.main_thread():
             signal.signal(sig, handler)
     try:
         trainer = TorchTrainer(
-            rank_main, train_loop_config={"run_dir": run_dir},
-            scaling_config=ScalingConfig(num_workers=config.world_size, use_gpu=backend == "nccl",
-                                         resources_per_worker={"CPU": 1}),
+            rank_main,
+            train_loop_config={"run_dir": run_dir},
+            scaling_config=ScalingConfig(
+                num_workers=config.world_size,
+                use_gpu=backend == "nccl",
+                resources_per_worker={"CPU": 1},
+            ),
             torch_config=TorchConfig(backend=backend, timeout_s=int(config.timeout_s)),
-            run_config=RayRunConfig(name="ray", storage_path=run_dir))
+            run_config=RayRunConfig(name="ray", storage_path=run_dir),
+        )
         try:
             trainer.fit()
         except Exception:  # noqa: BLE001 - a rank failed: its error file is the report (launcher._failure)

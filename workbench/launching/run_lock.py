@@ -44,7 +44,12 @@ class RunLock:
     def acquire(cls, run_dir: str) -> RunLock:
         path = lock_path(run_dir)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "run_dir": run_dir}
+        mine = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "run_dir": run_dir,
+        }
         for _ in range(2):
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -54,7 +59,9 @@ class RunLock:
             with os.fdopen(fd, "w") as f:
                 json.dump(mine, f)
             return cls(path)
-        raise ConfigError(f"{run_dir}: another launch took its lock ({path}) at the same moment; try again")
+        raise ConfigError(
+            f"{run_dir}: another launch took its lock ({path}) at the same moment; try again"
+        )
 
     @staticmethod
     def _take_over_or_refuse(path: str, run_dir: str) -> None:
@@ -69,11 +76,16 @@ class RunLock:
         if isinstance(pid, int) and (not here or _alive(pid)):
             since = time.strftime("%H:%M:%S", time.localtime(owner.get("started", 0)))
             where = "this host" if here else f"host {host} (its PID cannot be checked from here)"
-            raise ConfigError(f"{run_dir} is being written by a live run: PID {pid} on {where}, since {since}; "
-                              f"--force does not replace a live run — wait for it, stop it, or choose another out= "
-                              f"(the lock: {path})")
-        print(f"[workbench] {run_dir}: taking over the lock of a run that is gone (PID {pid} on {host})",
-              file=sys.stderr, flush=True)
+            raise ConfigError(
+                f"{run_dir} is being written by a live run: PID {pid} on {where}, since {since}; "
+                f"--force does not replace a live run — wait for it, stop it, or choose another out= "
+                f"(the lock: {path})"
+            )
+        print(
+            f"[workbench] {run_dir}: taking over the lock of a run that is gone (PID {pid} on {host})",
+            file=sys.stderr,
+            flush=True,
+        )
         os.remove(path)
 
     def release(self) -> None:

@@ -37,7 +37,9 @@ class Nodes:
         except ValueError:
             low = high = 0
         if not 1 <= low <= high:
-            raise ConfigError(f"nnodes={self.nnodes!r}: a number of machines ≥ 1, or MIN:MAX with 1 ≤ MIN ≤ MAX")
+            raise ConfigError(
+                f"nnodes={self.nnodes!r}: a number of machines ≥ 1, or MIN:MAX with 1 ≤ MIN ≤ MAX"
+            )
         return low, high
 
     @property
@@ -56,17 +58,25 @@ def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
     per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
     for n in range(low, high + 1):
         if (n * per_node) % cell:
-            raise ConfigError(f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
-                              f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas")
+            raise ConfigError(
+                f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
+                f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas"
+            )
         try:
             config.replace(dp=n * per_node // cell, elastic=True).validate()
         except ConfigError as e:
-            raise ConfigError(f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={n * per_node // cell}): {e}") from e
+            raise ConfigError(
+                f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={n * per_node // cell}): {e}"
+            ) from e
     return config.replace(elastic=True)
 
 
-def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = ONE_MACHINE,
-                     module: str = "workbench.launching.worker") -> list[str]:
+def torchrun_command(
+    config: RunConfig,
+    run_dir: str,
+    nodes: Nodes = ONE_MACHINE,
+    module: str = "workbench.launching.worker",
+) -> list[str]:
     """torchrun's command line; an elastic one (nnodes MIN:MAX) sizes each machine for MAX of them."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     low, high = nodes.range
@@ -74,17 +84,47 @@ def torchrun_command(config: RunConfig, run_dir: str, nodes: Nodes = ONE_MACHINE
         cmd += ["--standalone", "--nnodes", "1", "--nproc-per-node", str(config.world_size)]
     else:
         if config.world_size % high:
-            raise ConfigError(f"world size {config.world_size} (dp×tp×pp) is not divisible by nnodes="
-                              f"{nodes.nnodes}: every machine runs the same number of ranks")
+            raise ConfigError(
+                f"world size {config.world_size} (dp×tp×pp) is not divisible by nnodes="
+                f"{nodes.nnodes}: every machine runs the same number of ranks"
+            )
         if nodes.rdzv_endpoint is None:
-            raise ConfigError("nnodes > 1 needs rdzv_endpoint=HOST:PORT (the first machine's address)")
-        cmd += ["--nnodes", str(nodes.nnodes), "--nproc-per-node", str(config.world_size // high),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", nodes.rdzv_endpoint, "--rdzv-id", nodes.rdzv_id]
-        cmd += ["--rdzv-conf", ELASTIC_RDZV_CONF] if nodes.elastic else ["--node-rank", str(nodes.node_rank)]
+            raise ConfigError(
+                "nnodes > 1 needs rdzv_endpoint=HOST:PORT (the first machine's address)"
+            )
+        cmd += [
+            "--nnodes",
+            str(nodes.nnodes),
+            "--nproc-per-node",
+            str(config.world_size // high),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            nodes.rdzv_endpoint,
+            "--rdzv-id",
+            nodes.rdzv_id,
+        ]
+        cmd += (
+            ["--rdzv-conf", ELASTIC_RDZV_CONF]
+            if nodes.elastic
+            else ["--node-rank", str(nodes.node_rank)]
+        )
     cmd += ["--max-restarts", str(config.max_restarts)]
-    if config.nsys:  # torchrun runs nsys, which runs the rank: one report per rank, named by its RANK
-        return cmd + ["--no-python", *NSYS_PROFILE, "-o", f"{run_dir}/nsys/rank%q{{RANK}}", sys.executable, "-u",
-                      "-m", module, "--run-dir", run_dir]
+    if (
+        config.nsys
+    ):  # torchrun runs nsys, which runs the rank: one report per rank, named by its RANK
+        return cmd + [
+            "--no-python",
+            *NSYS_PROFILE,
+            "-o",
+            f"{run_dir}/nsys/rank%q{{RANK}}",
+            sys.executable,
+            "-u",
+            "-m",
+            module,
+            "--run-dir",
+            run_dir,
+        ]
     return cmd + ["-m", module, "--run-dir", run_dir]
 
 
@@ -98,11 +138,13 @@ def check_nsys(config: RunConfig, backend: str) -> None:
     if not config.nsys:
         return
     if shutil.which("nsys") is None:
-        raise ConfigError("nsys=True (--nsys): Nsight Systems' `nsys` is not on PATH; install NVIDIA Nsight Systems "
-                          "(developer.nvidia.com/nsight-systems) and put its bin/ on PATH, or leave --nsys off "
-                          "(--profile-steps A:B gives torch.profiler's trace instead)")
+        raise ConfigError(
+            "nsys=True (--nsys): Nsight Systems' `nsys` is not on PATH; install NVIDIA Nsight Systems "
+            "(developer.nvidia.com/nsight-systems) and put its bin/ on PATH, or leave --nsys off "
+            "(--profile-steps A:B gives torch.profiler's trace instead)"
+        )
     if backend != "nccl":
-        raise ConfigError(f"nsys=True (--nsys) profiles CUDA ranks, and this run's backend is {backend!r} (no GPU "
-                          f"per rank here); on the CPU use --profile-steps A:B (torch.profiler) instead")
-
-
+        raise ConfigError(
+            f"nsys=True (--nsys) profiles CUDA ranks, and this run's backend is {backend!r} (no GPU "
+            f"per rank here); on the CPU use --profile-steps A:B (torch.profiler) instead"
+        )

@@ -40,7 +40,11 @@ ENV = "WORKBENCH_WARM_TORCHRUN"
 def wanted() -> bool:
     """Warm launches here: asked for (ENV=1), or in a Jupyter kernel unless ENV=0 — and possible."""
     setting = os.environ.get(ENV, "")
-    if setting == "0" or not hasattr(os, "fork") or threading.current_thread() is not threading.main_thread():
+    if (
+        setting == "0"
+        or not hasattr(os, "fork")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return False
     return setting == "1" or "ipykernel" in sys.modules
 
@@ -49,8 +53,13 @@ class _Server:
     """The launcher's side of one server process: starts it, sends requests, collects answers."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "workbench.launching.warm_torchrun"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workbench.launching.warm_torchrun"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         self.pids: dict[int, int] = {}  # request id → pid
         self.codes: dict[int, int] = {}  # pid → exit code
         self.changed = threading.Condition()
@@ -82,7 +91,9 @@ class _Server:
         with self.changed:
             self.changed.wait_for(lambda: rid in self.pids or not self.alive(), timeout=60)
             if rid not in self.pids:
-                raise RuntimeError("workbench.launching.warm_torchrun: the server did not start torchrun")
+                raise RuntimeError(
+                    "workbench.launching.warm_torchrun: the server did not start torchrun"
+                )
             return self.pids.pop(rid)
 
 
@@ -103,7 +114,7 @@ def forked_ranks(argv: list[str]) -> list[str]:
     spec = importlib.util.find_spec(argv[i + 1])
     if spec is None or spec.origin is None:
         return argv
-    return [*argv[:i], "--run-path", "--start-method", "fork", spec.origin, *argv[i + 2:]]
+    return [*argv[:i], "--run-path", "--start-method", "fork", spec.origin, *argv[i + 2 :]]
 
 
 class WarmTorchrun:
@@ -111,7 +122,9 @@ class WarmTorchrun:
     `fork_ranks`: its ranks forked from its agent too (`forked_ranks`) — for CPU ranks only: a CUDA rank
     starts in a fresh interpreter, as CUDA asks of a process that uses it."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log: str, fork_ranks: bool = False) -> None:
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], log: str, fork_ranks: bool = False
+    ) -> None:
         global _server
         if _server is None or not _server.alive():
             _server = _Server(env)
@@ -132,7 +145,9 @@ class WarmTorchrun:
 
     def wait(self, timeout: float | None = None) -> int:
         with self.server.changed:
-            self.server.changed.wait_for(lambda: self.pid in self.server.codes or not self.server.alive(), timeout)
+            self.server.changed.wait_for(
+                lambda: self.pid in self.server.codes or not self.server.alive(), timeout
+            )
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode

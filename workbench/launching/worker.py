@@ -34,7 +34,12 @@ from workbench.analysis.summary import build_summary
 from workbench.comm import torch_flight_recorder
 from workbench.config import RunConfig
 from workbench.engine.context import RankContext, setup
-from workbench.engine.restart import begin_attempt, elastic_world, restarted_config, write_all_attempts
+from workbench.engine.restart import (
+    begin_attempt,
+    elastic_world,
+    restarted_config,
+    write_all_attempts,
+)
 from workbench.engine.train import train
 from workbench.launching.lifetime import die_with_parent
 from workbench.trace import strict_json
@@ -47,7 +52,9 @@ class Terminated(Exception):
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated(f"received signal {signum} (torchrun stops the surviving ranks after a failure)")
+    raise Terminated(
+        f"received signal {signum} (torchrun stops the surviving ranks after a failure)"
+    )
 
 
 def finish(ctx: RankContext) -> None:
@@ -81,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
-    own_signals = threading.current_thread() is threading.main_thread()  # a Ray Train worker runs in a thread
+    own_signals = (
+        threading.current_thread() is threading.main_thread()
+    )  # a Ray Train worker runs in a thread
     if own_signals:
         signal.signal(signal.SIGTERM, _on_sigterm)
         die_with_parent()  # a killed torchrun takes its ranks along (workbench/launching/lifetime.py)
@@ -89,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx: RankContext | None = None
     reserved = None
     try:
-        reserved = reserve_error_file(args.run_dir, rank)  # small and first: its blocks outlive a full disk
+        reserved = reserve_error_file(
+            args.run_dir, rank
+        )  # small and first: its blocks outlive a full disk
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config = RunConfig.from_dict(json.load(f)).validate()
         config = restarted_config(elastic_world(config), args.run_dir)
@@ -109,12 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         # torchrun's SIGTERM to a rank already failing (its peer died first) must not cut this record short
         if own_signals:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        err = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e),
-               "traceback": traceback.format_exc(),
-               "coords": ctx.grid.coords(rank) if ctx is not None else None,
-               "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError",
-               "last_collectives": ctx.comm.flight.to_list() if ctx is not None else []}
-        write_error_file(os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err)  # before anything big
+        err = {
+            "rank": rank,
+            "time": time.time(),
+            "type": type(e).__name__,
+            "message": str(e),
+            "traceback": traceback.format_exc(),
+            "coords": ctx.grid.coords(rank) if ctx is not None else None,
+            "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError",
+            "last_collectives": ctx.comm.flight.to_list() if ctx is not None else [],
+        }
+        write_error_file(
+            os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err
+        )  # before anything big
         try:  # torch's own record of its collectives, beside ours (workbench doctor reads both)
             torch_flight_recorder.dump(args.run_dir, rank)
         except Exception:  # noqa: BLE001 - never let the record of a failure fail the failure's report
@@ -124,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.recorder.write(os.path.join(args.run_dir, f"trace_rank{rank}.json"))
             except OSError:  # a full disk: the error file is written, and the trace's stream stays
                 pass
-        print(f"[workbench] rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(
+            f"[workbench] rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True
+        )
         return 1
 
 

@@ -27,8 +27,12 @@ def _part(name: str, parts: Sequence[str]) -> str | None:
     return leaf if leaf in parts else None
 
 
-def saved_bytes_by_part(model: nn.Module, *inputs: Any, parts: Sequence[str] = ("attn", "mlp", "ln_1", "ln_2"),
-                        per_layer: bool = True) -> dict[str, int]:
+def saved_bytes_by_part(
+    model: nn.Module,
+    *inputs: Any,
+    parts: Sequence[str] = ("attn", "mlp", "ln_1", "ln_2"),
+    per_layer: bool = True,
+) -> dict[str, int]:
     """Bytes saved for backward by each part during one forward of `model(*inputs)` (÷ the number of
     blocks with `per_layer`, for parts inside blocks); the graph is dropped afterwards."""
     running: list[str] = []
@@ -48,6 +52,7 @@ def saved_bytes_by_part(model: nn.Module, *inputs: Any, parts: Sequence[str] = (
     def enter(part: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
             running.append(part)
+
         return hook
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
@@ -69,8 +74,12 @@ def saved_bytes_by_part(model: nn.Module, *inputs: Any, parts: Sequence[str] = (
     return counted
 
 
-def flops_by_part(model: nn.Module, *inputs: Any, parts: Sequence[str] = ("attn", "mlp", "ln_1", "ln_2"),
-                  per_layer: bool = True) -> dict[str, int]:
+def flops_by_part(
+    model: nn.Module,
+    *inputs: Any,
+    parts: Sequence[str] = ("attn", "mlp", "ln_1", "ln_2"),
+    per_layer: bool = True,
+) -> dict[str, int]:
     """Forward FLOPs of one `model(*inputs)` by part, as torch's FLOP counter counts them (matmuls and
     attention kernels: element-wise work counts 0), ÷ the blocks with `per_layer`."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -86,7 +95,9 @@ def flops_by_part(model: nn.Module, *inputs: Any, parts: Sequence[str] = ("attn"
             total = flops
             continue
         part = _part(name, parts)
-        if part is not None and name.count(".") == 3:  # GPT.blocks.<i>.<part>: each part once, not its children
+        if (
+            part is not None and name.count(".") == 3
+        ):  # GPT.blocks.<i>.<part>: each part once, not its children
             out[part] = out.get(part, 0) + flops
     out["other"] = total - sum(out.values())
     if per_layer:

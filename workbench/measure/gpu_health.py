@@ -29,9 +29,17 @@ import time
 from typing import Any
 
 #: NVML's clock event ("throttle") reason bits, by name (nvml.h: nvmlClocksEventReason*)
-THROTTLE_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
-                    0x100: "display_clock"}
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clock",
+}
 #: the reasons that mean the GPU is slowed by heat or power trouble, not by policy or idleness
 HARMFUL = {"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
 #: degrees below the GPU's own slowdown temperature at which a sample is called hot
@@ -45,9 +53,14 @@ class GpuHealth:
     def __init__(self, nvml: Any, uuid: str | None, index: int = 0) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
-        self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else nvml.nvmlDeviceGetHandleByIndex(index)
-        self.slowdown_c = self._optional(nvml.nvmlDeviceGetTemperatureThreshold, self.handle,
-                                         nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        self.handle = (
+            nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else nvml.nvmlDeviceGetHandleByIndex(index)
+        )
+        self.slowdown_c = self._optional(
+            nvml.nvmlDeviceGetTemperatureThreshold,
+            self.handle,
+            nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+        )
         self.events = self._xid_events()
         self.ecc_at_start = self._ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
 
@@ -82,7 +95,9 @@ class GpuHealth:
             return None
 
     def _ecc(self, kind: int) -> int | None:
-        return self._optional(self.nvml.nvmlDeviceGetTotalEccErrors, self.handle, kind, self.nvml.NVML_VOLATILE_ECC)
+        return self._optional(
+            self.nvml.nvmlDeviceGetTotalEccErrors, self.handle, kind, self.nvml.NVML_VOLATILE_ECC
+        )
 
     def _xids(self) -> list[int]:
         found: list[int] = []
@@ -101,17 +116,23 @@ class GpuHealth:
 
     def _read(self) -> dict[str, Any]:
         nvml, h = self.nvml, self.handle
-        reasons_of = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # the newer name, where the bindings have it
+        reasons_of = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )  # the newer name, where the bindings have it
         reasons = self._optional(reasons_of, h) or 0
         power = self._optional(nvml.nvmlDeviceGetPowerUsage, h)
-        return {"temperature_c": self._optional(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
-                "power_w": power / 1000 if power is not None else None,
-                "sm_clock_mhz": self._optional(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
-                "throttle": [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
-                "ecc_corrected": self._ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                "ecc_uncorrected": self._ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-                "xid": self._xids()}
+        return {
+            "temperature_c": self._optional(
+                nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
+            ),
+            "power_w": power / 1000 if power is not None else None,
+            "sm_clock_mhz": self._optional(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+            "throttle": [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
+            "ecc_corrected": self._ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            "ecc_uncorrected": self._ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            "xid": self._xids(),
+        }
 
     def anomalies(self, s: dict[str, Any]) -> list[str]:
         found = []
@@ -129,7 +150,9 @@ class GpuHealth:
 
 def numbers(s: dict[str, Any]) -> dict[str, float]:
     """A sample's figures that make a trace counter (numbers only)."""
-    return {k: float(v) for k, v in s.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {
+        k: float(v) for k, v in s.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def record(health: GpuHealth, recorder: Any, run_dir: str, rank: int, step: int) -> dict[str, Any]:
@@ -139,7 +162,9 @@ def record(health: GpuHealth, recorder: Any, run_dir: str, rank: int, step: int)
     s["anomaly"] = "; ".join(health.anomalies(s)) or None
     recorder.counter("gpu", numbers(s))
     line = json.dumps({"step": step, "rank": rank, **s}) + "\n"
-    fd = os.open(os.path.join(run_dir, "gpu_health.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(
+        os.path.join(run_dir, "gpu_health.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+    )
     try:
         os.write(fd, line.encode())
     finally:

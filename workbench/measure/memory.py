@@ -71,7 +71,9 @@ class MemoryTracker:
         self.peak_allocator: dict[str, int] = {}
         self._not_activations: set[int] = set()  # storages of parameters and buffers
         self._lock = threading.Lock()
-        self._saved: dict[int, list[int]] = {}  # activation storage → [saves not yet unpacked, bytes]
+        self._saved: dict[
+            int, list[int]
+        ] = {}  # activation storage → [saves not yet unpacked, bytes]
         self._activation_at_snapshot = 0
         #: --profile-memory: the profile the snapshots mark (measure/memory_profile.py), and when each was
         self.profile: MemoryProfile | None = None
@@ -101,7 +103,9 @@ class MemoryTracker:
         self._update_peaks()
 
     def add(self, category: str, delta: int) -> None:
-        with self._lock:  # the communication backend's completion callbacks report from its own thread
+        with (
+            self._lock
+        ):  # the communication backend's completion callbacks report from its own thread
             self.current[category] += int(delta)
             self._update_peaks()
 
@@ -110,8 +114,13 @@ class MemoryTracker:
             self.peak[k] = max(self.peak[k], v)
         self.peak_total = max(self.peak_total, sum(self.current.values()))
 
-    def count_model_states(self, params: Iterable[torch.Tensor], grads: Iterable[torch.Tensor | None],
-                           states: Iterable[torch.Tensor] = (), counters: Iterable[torch.Tensor] = ()) -> None:
+    def count_model_states(
+        self,
+        params: Iterable[torch.Tensor],
+        grads: Iterable[torch.Tensor | None],
+        states: Iterable[torch.Tensor] = (),
+        counters: Iterable[torch.Tensor] = (),
+    ) -> None:
         """Re-count the model-state categories from the live tensors: parameters, gradients, optimizer
         states (moments and fp32 masters, `Updater.state_tensors()`) and, under `other`, Adam's step
         counters (`Updater.counter_tensors()`). Measured steps only."""
@@ -169,7 +178,9 @@ class MemoryTracker:
         return t
 
     def _maybe_snapshot(self) -> None:
-        if abs(self.current["activation"] - self._activation_at_snapshot) * 16 >= max(self.peak["activation"], 1):
+        if abs(self.current["activation"] - self._activation_at_snapshot) * 16 >= max(
+            self.peak["activation"], 1
+        ):
             self.snapshot()
 
     def release_activations(self) -> int:
@@ -191,10 +202,14 @@ class MemoryTracker:
             self.recorder.counter("host_memory", self.host, ts=ts)
         if self.profile is not None and (marker := self.profile.marker()) is not None:
             self._marker_ts[marker] = ts
-        if self.device.type == "cuda":  # the caching allocator's figures, and its peak since the step began
-            alloc = {"allocated": torch.cuda.memory_allocated(self.device),
-                     "max_allocated": torch.cuda.max_memory_allocated(self.device),
-                     "reserved": torch.cuda.memory_reserved(self.device)}
+        if (
+            self.device.type == "cuda"
+        ):  # the caching allocator's figures, and its peak since the step began
+            alloc = {
+                "allocated": torch.cuda.memory_allocated(self.device),
+                "max_allocated": torch.cuda.max_memory_allocated(self.device),
+                "reserved": torch.cuda.memory_reserved(self.device),
+            }
             self._allocator_counter(alloc, ts)
 
     def start_step(self) -> None:
@@ -209,17 +224,27 @@ class MemoryTracker:
         the chosen step), as counters at those snapshots' times (`allocated`, `backend_threads`); and its true
         peak, the highest it went between two snapshots, as an `allocator_peak` counter at that moment, with the
         snapshot whose categories held then (`after_snapshot_us`)."""
-        best: tuple[int, int, float, float] | None = None  # (bytes, backend's, when, after which snapshot)
+        best: tuple[int, int, float, float] | None = (
+            None  # (bytes, backend's, when, after which snapshot)
+        )
         for marker, values in sorted(at_marker.items()):
             ts = self._marker_ts.get(marker, -1.0)
             if ts < since_us:
                 continue
             self._allocator_counter({k: values[k] for k in ("allocated", "backend_threads")}, ts)
             if best is None or values["high_water"] > best[0]:
-                best = (values["high_water"], values["high_water_backend"], ts + values["high_water_after_us"], ts)
+                best = (
+                    values["high_water"],
+                    values["high_water_backend"],
+                    ts + values["high_water_after_us"],
+                    ts,
+                )
         if best is not None:
-            self.recorder.counter("allocator_peak", {"allocated": best[0], "backend_threads": best[1],
-                                                     "after_snapshot_us": best[3]}, ts=best[2])
+            self.recorder.counter(
+                "allocator_peak",
+                {"allocated": best[0], "backend_threads": best[1], "after_snapshot_us": best[3]},
+                ts=best[2],
+            )
 
     def _allocator_counter(self, values: dict[str, int], ts: float) -> None:
         for k, v in values.items():

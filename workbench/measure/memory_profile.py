@@ -34,8 +34,9 @@ class MemoryProfile:
         if self.device.type == "cuda":
             torch.cuda.memory._record_memory_history(max_entries=200_000)
         else:
-            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                    profile_memory=True)
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
             self._profiler.__enter__()
         self.active = True
         return self
@@ -56,7 +57,9 @@ class MemoryProfile:
             return {}
         self.active = False
         if self._profiler is None:
-            torch.cuda.memory._dump_snapshot(os.path.join(self.run_dir, f"memory_snapshot_rank{self.rank}.pickle"))
+            torch.cuda.memory._dump_snapshot(
+                os.path.join(self.run_dir, f"memory_snapshot_rank{self.rank}.pickle")
+            )
             torch.cuda.memory._record_memory_history(enabled=None)
             return {}
         self._profiler.__exit__(None, None, None)
@@ -79,17 +82,27 @@ def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
     markers = [e for e in events if str(e.get("name", "")).startswith(MARKER)]
     main = markers[0]["tid"] if markers else None
     timeline = sorted(
-        [(e["ts"], 0, e) for e in events
-         if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-        + [(e["ts"], 1, e) for e in markers], key=lambda x: (x[0], x[1]))
+        [
+            (e["ts"], 0, e)
+            for e in events
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0
+        ]
+        + [(e["ts"], 1, e) for e in markers],
+        key=lambda x: (x[0], x[1]),
+    )
     out: dict[int, dict[str, int]] = {}
     total, other, live = 0, 0, {}  # live: address → (bytes, allocated on another thread)
     current, since = None, 0.0  # the last marker passed, and when
     for ts, kind, e in timeline:
         if kind == 1:
-            current, since = int(e["name"][len(MARKER):]), ts
-            out[current] = {"allocated": total, "backend_threads": other, "high_water": total,
-                            "high_water_backend": other, "high_water_after_us": 0}
+            current, since = int(e["name"][len(MARKER) :]), ts
+            out[current] = {
+                "allocated": total,
+                "backend_threads": other,
+                "high_water": total,
+                "high_water_backend": other,
+                "high_water_after_us": 0,
+            }
             continue
         a = e["args"]
         total, size, addr = int(a["Total Allocated"]), int(a["Bytes"]), a.get("Addr")
@@ -99,5 +112,7 @@ def allocated_at_markers(events: list[dict]) -> dict[int, dict[str, int]]:
         elif (known := live.pop(addr, None)) is not None and known[1]:
             other -= known[0]
         if current is not None and total > out[current]["high_water"]:
-            out[current].update(high_water=total, high_water_backend=other, high_water_after_us=int(ts - since))
+            out[current].update(
+                high_water=total, high_water_backend=other, high_water_after_us=int(ts - since)
+            )
     return out

@@ -54,19 +54,27 @@ def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def matmul_sweep(shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype = torch.float32,
-                 device: str = "cpu", repeats: int = 3) -> list[dict[str, float]]:
+def matmul_sweep(
+    shapes: Iterable[tuple[int, int, int]],
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    repeats: int = 3,
+) -> list[dict[str, float]]:
     """Each (m, n, k): an (m×k)·(k×n) matmul's median time and FLOP/s (2·m·n·k FLOPs)."""
     out = []
     for m, n, k in shapes:
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(k, n, dtype=dtype, device=device)
         seconds = timed(lambda a=a, b=b: a @ b, repeats=repeats, warmup=1)
-        out.append({"m": m, "n": n, "k": k, "seconds": seconds, "flops_per_s": 2 * m * n * k / seconds})
+        out.append(
+            {"m": m, "n": n, "k": k, "seconds": seconds, "flops_per_s": 2 * m * n * k / seconds}
+        )
     return out
 
 
-def stream(values: int = 4_000_000, dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, float]:
+def stream(
+    values: int = 4_000_000, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, float]:
     """Bytes a second of STREAM's copy (reads a, writes b: 2 values) and triad (reads b and c, writes a: 3)."""
     a = torch.randn(values, dtype=dtype, device=device)
     b, c = torch.empty_like(a), torch.randn_like(a)
@@ -76,13 +84,28 @@ def stream(values: int = 4_000_000, dtype: torch.dtype = torch.float32, device: 
     return {"copy": 2 * values * w / copy, "triad": 3 * values * w / triad}
 
 
-def _op(name: str, kind: str, flops: float, nbytes: float, seconds: float, count: int = 1) -> dict[str, Any]:
-    return {"op": name, "kind": kind, "flops": flops, "bytes": nbytes, "seconds": seconds, "count": count,
-            "intensity": flops / nbytes, "flops_per_s": flops / seconds}
+def _op(
+    name: str, kind: str, flops: float, nbytes: float, seconds: float, count: int = 1
+) -> dict[str, Any]:
+    return {
+        "op": name,
+        "kind": kind,
+        "flops": flops,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "count": count,
+        "intensity": flops / nbytes,
+        "flops_per_s": flops / seconds,
+    }
 
 
-def step_ops(cfg: ModelConfig, micro: int = 1, device: str = "cpu", dtype: torch.dtype = torch.float32,
-             repeats: int = 3) -> list[dict[str, Any]]:
+def step_ops(
+    cfg: ModelConfig,
+    micro: int = 1,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 3,
+) -> list[dict[str, Any]]:
     """The forward operations of one GPT block (each `count` = cfg.layers times a step), the head's
     cross-entropy and AdamW over every parameter: FLOPs and bytes counted from the shapes (module
     docstring), time measured here. `count` says how often a step runs it (backward not included: its
@@ -93,31 +116,94 @@ def step_ops(cfg: ModelConfig, micro: int = 1, device: str = "cpu", dtype: torch
     kw = {"dtype": dtype, "device": device}
     x, ff = torch.randn(T, h, **kw), torch.randn(T, f, **kw)
     ops = []
-    for name, i, o in (("qkv matmul", h, 3 * h), ("attention out matmul", h, h), ("MLP up matmul", h, f),
-                       ("MLP down matmul", f, h)):
+    for name, i, o in (
+        ("qkv matmul", h, 3 * h),
+        ("attention out matmul", h, h),
+        ("MLP up matmul", h, f),
+        ("MLP down matmul", f, h),
+    ):
         inp, weight = (x if i == h else ff), torch.randn(i, o, **kw)
-        ops.append(_op(name, "matmul", 2 * T * i * o, (T * i + i * o + T * o) * w,
-                       timed(lambda inp=inp, weight=weight: inp @ weight, repeats), L))
+        ops.append(
+            _op(
+                name,
+                "matmul",
+                2 * T * i * o,
+                (T * i + i * o + T * o) * w,
+                timed(lambda inp=inp, weight=weight: inp @ weight, repeats),
+                L,
+            )
+        )
     q = torch.randn(b, a, s, h // a, **kw)
     scores = torch.randn(b, a, s, s, **kw)
-    ops.append(_op("attention core (q·kᵀ, p·v)", "attention", 4 * b * s * s * h,
-                   (4 * T * h + 2 * b * a * s * s) * w, timed(lambda: (q @ q.transpose(-2, -1)) @ q, repeats), L))
-    ops.append(_op("softmax", "element-wise", 5 * b * a * s * s, 2 * b * a * s * s * w,
-                   timed(lambda: torch.softmax(scores, dim=-1), repeats), L))
+    ops.append(
+        _op(
+            "attention core (q·kᵀ, p·v)",
+            "attention",
+            4 * b * s * s * h,
+            (4 * T * h + 2 * b * a * s * s) * w,
+            timed(lambda: (q @ q.transpose(-2, -1)) @ q, repeats),
+            L,
+        )
+    )
+    ops.append(
+        _op(
+            "softmax",
+            "element-wise",
+            5 * b * a * s * s,
+            2 * b * a * s * s * w,
+            timed(lambda: torch.softmax(scores, dim=-1), repeats),
+            L,
+        )
+    )
     norm = torch.nn.LayerNorm(h, **kw)
     with torch.no_grad():
-        ops.append(_op("layer norm (×2)", "element-wise", 8 * T * h, (2 * T * h + 2 * h) * w,
-                       timed(lambda: norm(x), repeats), 2 * L))
-    ops.append(_op("GELU", "element-wise", 8 * T * f, 2 * T * f * w, timed(lambda: F.gelu(ff, approximate="tanh"),
-                                                                            repeats), L))
+        ops.append(
+            _op(
+                "layer norm (×2)",
+                "element-wise",
+                8 * T * h,
+                (2 * T * h + 2 * h) * w,
+                timed(lambda: norm(x), repeats),
+                2 * L,
+            )
+        )
+    ops.append(
+        _op(
+            "GELU",
+            "element-wise",
+            8 * T * f,
+            2 * T * f * w,
+            timed(lambda: F.gelu(ff, approximate="tanh"), repeats),
+            L,
+        )
+    )
     logits, target = torch.randn(T, V, **kw), torch.randint(V, (T,), device=device)
-    ops.append(_op("cross-entropy", "element-wise", 5 * T * V, T * V * w,
-                   timed(lambda: F.cross_entropy(logits, target), repeats), 1))
+    ops.append(
+        _op(
+            "cross-entropy",
+            "element-wise",
+            5 * T * V,
+            T * V * w,
+            timed(lambda: F.cross_entropy(logits, target), repeats),
+            1,
+        )
+    )
     n = cfg.param_count()
-    k = min(n, OPTIMIZER_SAMPLE)  # timed on k values and scaled to n: its cost is per value, bytes-bound
+    k = min(
+        n, OPTIMIZER_SAMPLE
+    )  # timed on k values and scaled to n: its cost is per value, bytes-bound
     p, g = torch.randn(k, device=device), torch.randn(k, device=device)
     m, v = torch.zeros(k, device=device), torch.zeros(k, device=device)
-    ops.append(_op("AdamW", "optimizer", 12 * n, 7 * n * 4, timed(lambda: _adamw(p, g, m, v), repeats) * n / k, 1))
+    ops.append(
+        _op(
+            "AdamW",
+            "optimizer",
+            12 * n,
+            7 * n * 4,
+            timed(lambda: _adamw(p, g, m, v), repeats) * n / k,
+            1,
+        )
+    )
     return ops
 
 

@@ -51,8 +51,14 @@ class MeasureSchedule:
         return ", ".join(map(str, steps))
 
 
-def measure_schedule(spec: str, steps: int, device_type: str, warmup_excluded: int = 1, trace: bool = True,
-                     also: tuple[int, ...] = ()) -> MeasureSchedule:
+def measure_schedule(
+    spec: str,
+    steps: int,
+    device_type: str,
+    warmup_excluded: int = 1,
+    trace: bool = True,
+    also: tuple[int, ...] = (),
+) -> MeasureSchedule:
     """The schedule a rank runs: `spec` resolved for its device (see the module's docstring); `also`: steps
     that must be measured whatever the schedule (the CPU memory profile's step reads the snapshots' marks)."""
     explicit = parse_measure(spec, steps)

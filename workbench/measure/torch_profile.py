@@ -23,7 +23,9 @@ from workbench.trace.torch_ops import MARKER
 class TorchProfile:
     """`before(step)` / `after(step)` around each training step; profiles [first, stop)."""
 
-    def __init__(self, run_dir: str, rank: int, recorder: Any, device: Any, first: int, stop: int) -> None:
+    def __init__(
+        self, run_dir: str, rank: int, recorder: Any, device: Any, first: int, stop: int
+    ) -> None:
         self.path = os.path.join(run_dir, "profile", f"rank{rank}.json")
         self.recorder, self.device = recorder, device
         self.first, self.stop = first, stop
@@ -40,8 +42,12 @@ class TorchProfile:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         # a schedule (all steps active) makes the profiler mark each step as a ProfilerStep#N range — HTA's
         # iterations — numbered with our steps; it hands the trace over when the last one ends
-        every = torch.profiler.schedule(skip_first=step, wait=0, warmup=0, active=self.stop - self.first, repeat=1)
-        self.profiler = torch.profiler.profile(activities=activities, schedule=every, on_trace_ready=self._export)
+        every = torch.profiler.schedule(
+            skip_first=step, wait=0, warmup=0, active=self.stop - self.first, repeat=1
+        )
+        self.profiler = torch.profiler.profile(
+            activities=activities, schedule=every, on_trace_ready=self._export
+        )
         self.profiler.step_num = step
         self.profiler.current_action = every(step)  # (set at construction from step 0: skipped)
         self.profiler.start()
@@ -64,12 +70,19 @@ class TorchProfile:
     def _export(self, profiler: Any) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         profiler.export_chrome_trace(self.path)
-        self.recorder.info["torch_profile"] = {"file": os.path.relpath(self.path, os.path.dirname(
-            os.path.dirname(self.path))), "offset_us": self._offset_us(), "steps": [self.first, self.stop]}
+        self.recorder.info["torch_profile"] = {
+            "file": os.path.relpath(self.path, os.path.dirname(os.path.dirname(self.path))),
+            "offset_us": self._offset_us(),
+            "steps": [self.first, self.stop],
+        }
 
     def _offset_us(self) -> float | None:
         """Ours minus Kineto's time of the marker: add it to a Kineto `ts` to place it on our timeline."""
         with open(self.path) as f:
             trace = json.load(f)
-        marks = [e for e in trace.get("traceEvents", []) if e.get("name") == MARKER and e.get("ph") == "X"]
+        marks = [
+            e
+            for e in trace.get("traceEvents", [])
+            if e.get("name") == MARKER and e.get("ph") == "X"
+        ]
         return self.marker_us - float(marks[0]["ts"]) if marks else None

@@ -44,14 +44,24 @@ def row_blocks(rows: int, columns: int) -> Iterator[slice]:
         yield slice(start, min(rows, start + step))
 
 
-def report_peak(memory, logits: torch.Tensor, out: torch.Tensor, block: torch.Tensor,  # noqa: ANN001
-                p: torch.Tensor) -> None:
+def report_peak(
+    memory,
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    block: torch.Tensor,  # noqa: ANN001
+    p: torch.Tensor,
+) -> None:
     """To the memory tracker (if any): the loss's bytes at its peak — the logits, their gradient, the block's fp32
     copy (none for fp32 logits: `.float()` is the block itself) and its probabilities — as one snapshot."""
     if memory is None:
         return
     copy = block.numel() * 4 if logits.dtype != torch.float32 else 0
-    held = logits.numel() * logits.element_size() + out.numel() * out.element_size() + copy + p.numel() * 4
+    held = (
+        logits.numel() * logits.element_size()
+        + out.numel() * out.element_size()
+        + copy
+        + p.numel() * 4
+    )
     memory.add("loss", held)
     memory.snapshot()
     memory.add("loss", -held)
@@ -74,8 +84,14 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         return blocked_gradient(logits, lse, targets, grad, ctx.memory), None, None
 
 
-def blocked_gradient(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor, memory,  # noqa: ANN001
-                     at_target: torch.Tensor | None = None) -> torch.Tensor:
+def blocked_gradient(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    grad: torch.Tensor,
+    memory,  # noqa: ANN001
+    at_target: torch.Tensor | None = None,
+) -> torch.Tensor:
     """d(mean loss)/d(logits) a block of rows at a time: softmax = exp(logits − lse) in fp32, minus `at_target` at
     each row's target (1; the vocabulary-parallel loss: 0 where the target is another rank's), × grad / N, written
     in the logits' dtype; the first block reports the loss's peak to `memory`."""
@@ -87,7 +103,11 @@ def blocked_gradient(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Ten
         if i == 0:
             report_peak(memory, logits, out, block, p)
         del block
-        minus = p.new_full((p.size(0), 1), -1.0) if at_target is None else -at_target[rows].unsqueeze(1).float()
+        minus = (
+            p.new_full((p.size(0), 1), -1.0)
+            if at_target is None
+            else -at_target[rows].unsqueeze(1).float()
+        )
         p.scatter_add_(1, targets[rows].unsqueeze(1), minus)
         out[rows] = p.mul_(scale)  # the copy rounds to the logits' dtype
     return out
@@ -96,7 +116,9 @@ def blocked_gradient(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Ten
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> torch.Tensor:  # noqa: ANN001
     """Mean cross-entropy over every token of (..., V) logits in fp32, without an fp32 copy of them; `memory`: the
     rank's tracker, told the loss's bytes at their peak."""
-    return _BlockedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), memory)
+    return _BlockedCrossEntropy.apply(
+        logits.reshape(-1, logits.size(-1)), targets.reshape(-1), memory
+    )
 
 
 class CrossEntropy(nn.Module):

@@ -35,8 +35,9 @@ def fp8_cast(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     return x.clamp(-fmax, fmax).to(fmt).to(x.dtype)
 
 
-def quantize(x: torch.Tensor, fmt: torch.dtype = E4M3, scaling: str = "per-tensor", amax: float | None = None
-             ) -> torch.Tensor:
+def quantize(
+    x: torch.Tensor, fmt: torch.dtype = E4M3, scaling: str = "per-tensor", amax: float | None = None
+) -> torch.Tensor:
     """x as an FP8 matmul would see it: scaled into `fmt`'s range, cast, scaled back. `scaling`: 'per-tensor'
     (this tensor's amax), 'delayed' (the `amax` given: a history's), 'per-block' (a power-of-two scale per
     block of 32 values), or 'none' (cast as is: what goes wrong without scaling)."""
@@ -47,7 +48,9 @@ def quantize(x: torch.Tensor, fmt: torch.dtype = E4M3, scaling: str = "per-tenso
         flat = x.reshape(-1)
         pad = (-flat.numel()) % BLOCK
         blocks = torch.nn.functional.pad(flat, (0, pad)).reshape(-1, BLOCK)
-        block_max = blocks.detach().abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+        block_max = (
+            blocks.detach().abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+        )
         scale = torch.exp2(torch.floor(torch.log2(fmax / block_max)))  # E8M0: a power of two
         out = fp8_cast(blocks * scale, fmt) / scale
         return out.reshape(-1)[: flat.numel()].reshape(x.shape)
@@ -74,8 +77,9 @@ class _Fp8Matmul(torch.autograd.Function):
         return qg @ qw, qg.reshape(-1, qg.shape[-1]).t() @ qx.reshape(-1, qx.shape[-1]), None
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: str = "per-tensor"
-               ) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: str = "per-tensor"
+) -> torch.Tensor:
     y = _Fp8Matmul.apply(x, weight, scaling)
     return y + bias if bias is not None else y
 
@@ -84,7 +88,7 @@ def emulate_fp8(model: nn.Module, scaling: str = "per-tensor") -> nn.Module:
     """Every nn.Linear of `model` runs its matmul FP8-emulated (in place; returns the model)."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            module.forward = (lambda x, m=module: fp8_linear(x, m.weight, m.bias, scaling))  # type: ignore[method-assign]
+            module.forward = lambda x, m=module: fp8_linear(x, m.weight, m.bias, scaling)  # type: ignore[method-assign]
     return model
 
 
@@ -106,9 +110,21 @@ def formats() -> list[dict[str, Any]]:
     """bf16, fp16, E4M3 and E5M2 side by side: bits of exponent and mantissa, largest value, smallest normal,
     and the relative step between neighbours (eps)."""
     rows = []
-    for name, dtype, e, m in (("bf16", torch.bfloat16, 8, 7), ("fp16", torch.float16, 5, 10),
-                              ("fp8 E4M3", E4M3, 4, 3), ("fp8 E5M2", E5M2, 5, 2)):
+    for name, dtype, e, m in (
+        ("bf16", torch.bfloat16, 8, 7),
+        ("fp16", torch.float16, 5, 10),
+        ("fp8 E4M3", E4M3, 4, 3),
+        ("fp8 E5M2", E5M2, 5, 2),
+    ):
         fi = torch.finfo(dtype)
-        rows.append({"format": name, "exponent bits": e, "mantissa bits": m, "max": float(fi.max),
-                     "smallest normal": float(fi.smallest_normal), "eps": float(fi.eps)})
+        rows.append(
+            {
+                "format": name,
+                "exponent bits": e,
+                "mantissa bits": m,
+                "max": float(fi.max),
+                "smallest normal": float(fi.smallest_normal),
+                "eps": float(fi.eps),
+            }
+        )
     return rows

@@ -73,7 +73,11 @@ class CausalSelfAttention(nn.Module):
         self.head_dim, self.name, self.theta = cfg.head_dim, name, cfg.rope_theta
         self.group = cfg.heads // cfg.kv  # query heads per K/V head (1: multi-head attention)
         self.qkv = nn.Linear(cfg.hidden, cfg.qkv_width, bias=cfg.bias)
-        self.qkv.sections = (cfg.hidden, cfg.kv_dim, cfg.kv_dim)  # q, k, v: tensor parallelism splits each
+        self.qkv.sections = (
+            cfg.hidden,
+            cfg.kv_dim,
+            cfg.kv_dim,
+        )  # q, k, v: tensor parallelism splits each
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.register_buffer("mask", causal_mask(cfg.seq_len), persistent=False)
         self.rope = cfg.positions == "rope"
@@ -85,18 +89,26 @@ class CausalSelfAttention(nn.Module):
         context parallelism this rank's s/cp global positions (each token rotated by its true position) —
         on the device and in the dtype of the tables it replaces, shared with every other layer's."""
         like = getattr(self, "cos", None)
-        device, dtype = (torch.get_default_device(), torch.float32) if like is None else (like.device, like.dtype)
+        device, dtype = (
+            (torch.get_default_device(), torch.float32)
+            if like is None
+            else (like.device, like.dtype)
+        )
         cos, sin = shared_rotary_tables(positions, self.head_dim, self.theta, device, dtype)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)  # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
+        qkv = self.qkv(
+            x
+        )  # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
         b, s, width = qkv.shape
         d = self.head_dim
         kv_heads = width // (d * (self.group + 2))
-        q, k, v = (t.view(b, s, -1, d).transpose(1, 2)
-                   for t in qkv.split([self.group * kv_heads * d, kv_heads * d, kv_heads * d], dim=-1))
+        q, k, v = (
+            t.view(b, s, -1, d).transpose(1, 2)
+            for t in qkv.split([self.group * kv_heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        )
         if self.rope:
             q, k = rotate(q, self.cos[:s], self.sin[:s]), rotate(k, self.cos[:s], self.sin[:s])
         if self.recompute is not None:  # selective: keep q, k, v; recompute the rest
@@ -107,11 +119,19 @@ class CausalSelfAttention(nn.Module):
         """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) queries and (b, kv_heads, s, d) keys and values,
         returned as (b, s, heads·d)."""
         b, heads, s, d = q.shape
-        if self.context is not None:  # the ring carries the kv_heads, each block expanded where it is used
-            return self.context.attention(self.name, q, k, v).transpose(1, 2).reshape(b, s, heads * d)
+        if (
+            self.context is not None
+        ):  # the ring carries the kv_heads, each block expanded where it is used
+            return (
+                self.context.attention(self.name, q, k, v).transpose(1, 2).reshape(b, s, heads * d)
+            )
         k, v = expand_kv(k, self.group), expand_kv(v, self.group)
         if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
+            return (
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                .transpose(1, 2)
+                .reshape(b, s, heads * d)
+            )
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         probs = scores.masked_fill(self.mask[:s, :s], float("-inf")).softmax(dim=-1)
         return (probs @ v).transpose(1, 2).reshape(b, s, heads * d)
@@ -131,7 +151,9 @@ def causal_mask(seq_len: int, device: torch.device | str | None = None) -> torch
     shared by every layer (at Llama 3's 8,192 tokens a mask is 64 MiB: one per layer would be 2 GiB for 8B).
     Built on the CPU, then moved: `triu` on the meta device runs torch's Python reference, which imports
     torch._dynamo (~1 s of every rank's start-up, measured)."""
-    return _shared_mask(seq_len, str(torch.get_default_device() if device is None else torch.device(device)))
+    return _shared_mask(
+        seq_len, str(torch.get_default_device() if device is None else torch.device(device))
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,8 +161,13 @@ def _shared_mask(seq_len: int, device: str) -> torch.Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device="cpu").triu(1).to(device)
 
 
-def shared_rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, device: torch.device | str,
-                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_rotary_tables(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """model/llama.py's (cos, sin) for `positions`, computed once per (positions, head_dim, θ, device, dtype)
     and shared by every layer, as the causal mask is (Llama 3 8B at 8,192 tokens: 8 MiB a layer otherwise)."""
     key = tuple(positions.reshape(-1).tolist())
@@ -148,9 +175,12 @@ def shared_rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, d
 
 
 @functools.lru_cache(maxsize=8)
-def _shared_tables(positions: tuple[int, ...], head_dim: int, theta: float, device: str,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = rotary_tables(torch.tensor(positions, dtype=torch.int64, device="cpu"), head_dim, theta)
+def _shared_tables(
+    positions: tuple[int, ...], head_dim: int, theta: float, device: str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = rotary_tables(
+        torch.tensor(positions, dtype=torch.int64, device="cpu"), head_dim, theta
+    )
     return cos.to(device, dtype), sin.to(device, dtype)
 
 
@@ -216,8 +246,14 @@ class GPT(nn.Module):
     Built under `torch.device("meta")` it stays uninitialised (nothing allocated): apply strategies,
     `to_empty(device=...)`, then `init_weights(seed)`. Built anywhere else it is initialised at once."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, layers: range | None = None, first: bool = True,
-                 last: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        seed: int = 0,
+        layers: range | None = None,
+        first: bool = True,
+        last: bool = True,
+    ) -> None:
         super().__init__()
         self.cfg, self.first, self.last = cfg, first, last
         layers = range(cfg.layers) if layers is None else layers
@@ -261,7 +297,9 @@ class GPT(nn.Module):
                 module.mask = causal_mask(self.cfg.seq_len, module.mask.device)
                 if module.rope:  # context parallelism sets this rank's positions afterwards
                     module.set_positions(torch.arange(self.cfg.seq_len, device="cpu"))
-            if isinstance(module, MoE):  # the balancing bias starts at zero (materialised uninitialised)
+            if isinstance(
+                module, MoE
+            ):  # the balancing bias starts at zero (materialised uninitialised)
                 module.expert_bias.zero_()
 
     #: set by engine/parallelize.py under context parallelism: the global positions of this rank's tokens
@@ -273,7 +311,11 @@ class GPT(nn.Module):
         if self.cfg.positions == "rope":
             return self.wte(idx)
         # under context parallelism a copy per forward, as arange's: each microbatch's lookup saves its own
-        pos = torch.arange(idx.size(1), device=idx.device) if self.positions is None else self.positions.clone()
+        pos = (
+            torch.arange(idx.size(1), device=idx.device)
+            if self.positions is None
+            else self.positions.clone()
+        )
         return self.wte(idx) + self.wpe(pos)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -290,4 +332,6 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return self.loss(logits, targets)  # in fp32 whatever the activations' precision (model/cross_entropy.py)
+        return self.loss(
+            logits, targets
+        )  # in fp32 whatever the activations' precision (model/cross_entropy.py)

@@ -43,7 +43,9 @@ class RMSNormFunction(torch.autograd.Function):
         n = x.to(r.dtype) * r
         g = dy.to(r.dtype) * weight.to(r.dtype)
         dx = r * (g - n * (g * n).mean(-1, keepdim=True))
-        dw = (dy.to(r.dtype) * n).reshape(-1, n.size(-1)).sum(0) if ctx.needs_input_grad[1] else None
+        dw = (
+            (dy.to(r.dtype) * n).reshape(-1, n.size(-1)).sum(0) if ctx.needs_input_grad[1] else None
+        )
         return dx.to(x.dtype), None if dw is None else dw.to(weight.dtype), None
 
 
@@ -71,7 +73,10 @@ class SwiGLU(nn.Module):
     def __init__(self, hidden: int, inner: int, bias: bool = False) -> None:
         super().__init__()
         self.fc = nn.Linear(hidden, 2 * inner, bias=bias)
-        self.fc.sections = (inner, inner)  # gate, up: tensor parallelism splits each (parallel/tensor_parallel.py)
+        self.fc.sections = (
+            inner,
+            inner,
+        )  # gate, up: tensor parallelism splits each (parallel/tensor_parallel.py)
         self.proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +89,9 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin), each (tokens, head_dim), of the angles p·θ^(−2i/d) for every token position p, the halves
     repeated (the rotation pairs dimension i with i + d/2). Built on the CPU in fp64 and rounded to fp32, so
     every device and every strategy rotates by the same numbers."""

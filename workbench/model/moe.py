@@ -46,15 +46,21 @@ class GroupedLinear(nn.Module):
 
     stacked_experts = True  # what parallel/expert_parallel.shard_experts cuts
 
-    def __init__(self, experts: int, in_features: int, out_features: int, bias: bool = True) -> None:
+    def __init__(
+        self, experts: int, in_features: int, out_features: int, bias: bool = True
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
         self.bias = nn.Parameter(torch.empty(experts, out_features)) if bias else None
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         # every expert runs, on zero rows if none came: each weight always gets a (zero) gradient
-        return torch.cat([F.linear(part, self.weight[e], None if self.bias is None else self.bias[e])
-                          for e, part in enumerate(x.split(counts))])
+        return torch.cat(
+            [
+                F.linear(part, self.weight[e], None if self.bias is None else self.bias[e])
+                for e, part in enumerate(x.split(counts))
+            ]
+        )
 
 
 class Experts(nn.Module):
@@ -84,7 +90,9 @@ class MoEState:
     grad_scale: float = 1.0
     all_reduce: Any = None  # fn(tensor) summing over the data-parallel ranks
     dispatcher: Any = None  # parallel/expert_parallel.ExpertParallel, or None: every expert here
-    counts: dict[str, torch.Tensor] = field(default_factory=dict)  # layer → tokens per expert (whole batch)
+    counts: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # layer → tokens per expert (whole batch)
     dropped: dict[str, int] = field(default_factory=dict)
 
 
@@ -170,7 +178,9 @@ class MoE(nn.Module):
         self.state.dropped[self.name] = int((~keep).sum())
         return keep
 
-    def _with_aux(self, out: torch.Tensor, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _with_aux(
+        self, out: torch.Tensor, scores: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         """Count tokens per expert over the whole batch; attach the aux loss's gradient to the output."""
         total = counts.detach().float()
         if self.state.all_reduce is not None:
@@ -200,5 +210,7 @@ def end_step(state: MoEState, model: nn.Module) -> dict[str, Any]:
     for module in model.modules():
         if isinstance(module, MoE):
             module.update_bias()
-    return {"tokens_per_expert": {k: [int(x) for x in v.tolist()] for k, v in state.counts.items()},
-            "dropped_tokens": sum(state.dropped.values())}
+    return {
+        "tokens_per_expert": {k: [int(x) for x in v.tolist()] for k, v in state.counts.items()},
+        "dropped_tokens": sum(state.dropped.values()),
+    }

@@ -46,9 +46,17 @@ class AdamHyper:
 class AdamW:
     """AdamW on a fixed list of tensors (the parameters, shards or masters this rank updates)."""
 
-    def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, foreach: bool | None = None,
-                 fused: bool | None = None, decay: Sequence[list[tuple[int, int]]] | None = None) -> None:
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        decay: Sequence[list[tuple[int, int]]] | None = None,
+    ) -> None:
         """`fused`: torch's fused kernel (default: where the tensors are on CUDA); otherwise `foreach`:
         torch's multi-tensor kernel (default) or one tensor at a time (False). `decay`: for each tensor, the
         [start, end) ranges of its elements that weight decay shrinks (optim/weight_decay.py); None: all.
@@ -61,16 +69,31 @@ class AdamW:
         self.fused = fused if fused is not None else any(p.is_cuda for p in self.params)
         self.foreach = foreach if foreach is not None else not self.fused
         self.weight_decay = weight_decay
-        decay = [[(0, p.numel())] for p in self.params] if decay is None else [list(r) for r in decay]
-        whole = [p for p, r in zip(self.params, decay, strict=True) if r == [(0, p.numel())] and p.numel()]
-        rest = [p for p, r in zip(self.params, decay, strict=True) if not (r == [(0, p.numel())] and p.numel())]
+        decay = (
+            [[(0, p.numel())] for p in self.params] if decay is None else [list(r) for r in decay]
+        )
+        whole = [
+            p
+            for p, r in zip(self.params, decay, strict=True)
+            if r == [(0, p.numel())] and p.numel()
+        ]
+        rest = [
+            p
+            for p, r in zip(self.params, decay, strict=True)
+            if not (r == [(0, p.numel())] and p.numel())
+        ]
         #: the decaying element runs of each tensor that decays in part (views: no copy)
-        self.partial = {id(p): [p.view(-1)[a:b] for a, b in r] for p, r in zip(self.params, decay, strict=True)
-                        if r and r != [(0, p.numel())]}
+        self.partial = {
+            id(p): [p.view(-1)[a:b] for a, b in r]
+            for p, r in zip(self.params, decay, strict=True)
+            if r and r != [(0, p.numel())]
+        }
         settings = {"lr": lr, "betas": betas, "eps": eps}
         self.param_groups: list[dict[str, Any]] = [
             {"params": members, **settings, "weight_decay": wd}
-            for members, wd in ((whole, weight_decay), (rest, 0.0)) if members]
+            for members, wd in ((whole, weight_decay), (rest, 0.0))
+            if members
+        ]
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
     def state_of(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -84,8 +107,12 @@ class AdamW:
         return state
 
     @torch.no_grad()
-    def step(self, grads: Sequence[torch.Tensor | None] | None = None, grad_scale: torch.Tensor | None = None,
-             found_inf: torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        grads: Sequence[torch.Tensor | None] | None = None,
+        grad_scale: torch.Tensor | None = None,
+        found_inf: torch.Tensor | None = None,
+    ) -> None:
         """One update of every tensor that has a gradient (`grads`, one per parameter, or each `p.grad`);
         its state is created at its first step. Fused only: the kernel divides each gradient by
         `grad_scale` and leaves everything — the step counters too — as it was where `found_inf` is 1."""
@@ -102,15 +129,30 @@ class AdamW:
                 self._decay_runs(runs, group["lr"], found_inf)
             states = [self.state_of(p) for p in params]
             beta1, beta2 = group["betas"]
-            adamw_kernel(params, [grad_of[id(p)] for p in params], [s["exp_avg"] for s in states],
-                         [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states],
-                         foreach=self.foreach if not self.fused else None, fused=self.fused or None,
-                         grad_scale=grad_scale, found_inf=found_inf,
-                         has_complex=any(torch.is_complex(p) for p in params), amsgrad=False,
-                         beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-                         eps=group["eps"], maximize=False)
+            adamw_kernel(
+                params,
+                [grad_of[id(p)] for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [],
+                [s["step"] for s in states],
+                foreach=self.foreach if not self.fused else None,
+                fused=self.fused or None,
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                has_complex=any(torch.is_complex(p) for p in params),
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
 
-    def _decay_runs(self, runs: list[torch.Tensor], lr: float, found_inf: torch.Tensor | None) -> None:
+    def _decay_runs(
+        self, runs: list[torch.Tensor], lr: float, found_inf: torch.Tensor | None
+    ) -> None:
         """p ← p·(1 − lr·wd) on the decaying runs of partly decaying tensors; a step the fused kernel will skip
         (`found_inf` 1) multiplies by 1."""
         factor = 1 - lr * self.weight_decay
@@ -125,8 +167,13 @@ def clip_coefficient(norm: torch.Tensor, max_norm: float | None) -> torch.Tensor
     return None if max_norm is None else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
 
 
-def apply_update(optimizer: AdamW, grads: Sequence[torch.Tensor | None], norm: torch.Tensor,
-                 max_norm: float | None, loss_scale: float = 1.0) -> bool | None:
+def apply_update(
+    optimizer: AdamW,
+    grads: Sequence[torch.Tensor | None],
+    norm: torch.Tensor,
+    max_norm: float | None,
+    loss_scale: float = 1.0,
+) -> bool | None:
     """Gradients → new parameters: ÷ loss_scale, × the clipping coefficient of `norm` (the unscaled global
     norm), AdamW — unless `norm` is not finite, when nothing changes (the same on every rank: every rank
     holds the same global norm).
@@ -137,7 +184,9 @@ def apply_update(optimizer: AdamW, grads: Sequence[torch.Tensor | None], norm: t
     coef = clip_coefficient(norm, max_norm)
     if optimizer.fused:
         found_inf = torch.isfinite(norm).logical_not().to(torch.float32)
-        scale = None if coef is None else loss_scale / coef  # the kernel divides each gradient by it
+        scale = (
+            None if coef is None else loss_scale / coef
+        )  # the kernel divides each gradient by it
         if scale is None and loss_scale != 1.0:
             scale = torch.full((), loss_scale, dtype=torch.float32, device=norm.device)
         optimizer.step(grads, grad_scale=scale, found_inf=found_inf)

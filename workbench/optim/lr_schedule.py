@@ -13,8 +13,14 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, lr: float, steps: int, schedule: str = "constant", warmup_steps: int = 0,
-          min_lr_ratio: float = 0.1) -> float:
+def lr_at(
+    step: int,
+    lr: float,
+    steps: int,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 0.1,
+) -> float:
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":

@@ -40,7 +40,13 @@ from torch import nn
 from workbench.comm.traced import Communicator
 from workbench.measure.memory import MemoryTracker
 from workbench.optim.adamw import AdamHyper, apply_update
-from workbench.optim.updater import adam_checkpoint_state, adam_state, adamw, global_grad_norm, set_lr
+from workbench.optim.updater import (
+    adam_checkpoint_state,
+    adam_state,
+    adamw,
+    global_grad_norm,
+    set_lr,
+)
 from workbench.parallel.flat import flatten_params, views
 from workbench.parallel.main_grad import grad_of
 from workbench.parallel.tp_communications import TPContext
@@ -49,16 +55,27 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MixedPrecisionUpdater:
-    def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, precision: str, lr: float,
-                 hyper: AdamHyper, init_scale: float = 2.0**16, growth_interval: int = 1000,
-                 tp: TPContext | None = None, pp_comm: Communicator | None = None,
-                 memory: MemoryTracker | None = None) -> None:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        comm: Communicator,
+        precision: str,
+        lr: float,
+        hyper: AdamHyper,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 1000,
+        tp: TPContext | None = None,
+        pp_comm: Communicator | None = None,
+        memory: MemoryTracker | None = None,
+    ) -> None:
         self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
         self.tp, self.pp_comm = tp, pp_comm
         self.flat16 = flatten_params(self.params)  # each p.data a view of it
         self.flat32 = self.flat16.float()
         self.masters = [nn.Parameter(v) for v in views(self.flat32, self.params)]  # views: no copy
-        self.optimizer = adamw(self.masters, lr, hyper, like=self.params)  # decay as the 16-bit parameters'
+        self.optimizer = adamw(
+            self.masters, lr, hyper, like=self.params
+        )  # decay as the 16-bit parameters'
         self.scale = init_scale if precision == "fp16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0
@@ -79,10 +96,14 @@ class MixedPrecisionUpdater:
         grads, copies = self.master_grads()
         fused = self.optimizer.fused
         present = [g for g in grads if g is not None]
-        if self.scale != 1.0 and not fused:  # the CPU divides first, then takes the norm of what it steps with
+        if (
+            self.scale != 1.0 and not fused
+        ):  # the CPU divides first, then takes the norm of what it steps with
             torch._foreach_div_(present, self.scale)
         norm = global_grad_norm(self.params, self.tp, self.pp_comm, grads=grads)
-        if self.scale != 1.0 and fused:  # the fused kernel divides: the norm of the scaled gradients, unscaled
+        if (
+            self.scale != 1.0 and fused
+        ):  # the fused kernel divides: the norm of the scaled gradients, unscaled
             norm = norm / self.scale
         taken = apply_update(self.optimizer, grads, norm, max_norm, self.scale if fused else 1.0)
         if taken is not False:
@@ -101,7 +122,9 @@ class MixedPrecisionUpdater:
         if all(g is None or g.dtype == torch.float32 for g in raw):
             return raw, 0
         copies = torch.empty_like(self.flat32)
-        out = [None if g is None else c for g, c in zip(raw, views(copies, self.params), strict=True)]
+        out = [
+            None if g is None else c for g, c in zip(raw, views(copies, self.params), strict=True)
+        ]
         torch._foreach_copy_([c for c in out if c is not None], [g for g in raw if g is not None])
         self.count_temporary(copies.numel() * 4)
         return out, copies.numel() * 4
@@ -123,9 +146,11 @@ class MixedPrecisionUpdater:
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Adam's state, the fp32 masters, and the loss scaler (scale, good steps in a row)."""
-        return {**adam_checkpoint_state(self.optimizer, self.masters),
-                **{f"master.{i}": m.data for i, m in enumerate(self.masters)},
-                "loss_scaler": torch.tensor([self.scale, float(self.good_steps)], dtype=torch.float64)}
+        return {
+            **adam_checkpoint_state(self.optimizer, self.masters),
+            **{f"master.{i}": m.data for i, m in enumerate(self.masters)},
+            "loss_scaler": torch.tensor([self.scale, float(self.good_steps)], dtype=torch.float64),
+        }
 
     def restore(self, state: dict[str, torch.Tensor]) -> None:
         self.scale, good = state["loss_scaler"].tolist()

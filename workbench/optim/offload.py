@@ -48,9 +48,16 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
     """ZeRO's optimizer on the host: the sharded updater's norm and gathering, with AdamW on host copies
     of this rank's slices."""
 
-    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
-                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
-                 group: str = "dp") -> None:
+    def __init__(
+        self,
+        shards: Sequence[nn.Parameter],
+        comm: Communicator,
+        lr: float,
+        hyper: AdamHyper,
+        pp_comm: Communicator | None = None,
+        after_step: Callable[[], None] | None = None,
+        group: str = "dp",
+    ) -> None:
         super().__init__(shards, comm, lr, hyper, pp_comm, after_step, group)
         self.device = self.params[0].device
         cuda = self.device.type == "cuda"
@@ -63,17 +70,32 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         for hp in self.host_params:
             hp.grad = host_like(hp).zero_()
         # in place of the base's device optimizer (which never stepped, so never held a moment)
-        self.optimizer = AdamW(self.host_params, lr=lr, betas=hyper.betas, eps=hyper.eps,
-                               weight_decay=hyper.weight_decay, foreach=True,
-                               decay=[decay_ranges(s) for s in self.params])  # each slice's matrix elements
-        self.copied: list[Any] = [None] * len(self.params)  # per slice: its d2h copy (an event on CUDA)
+        self.optimizer = AdamW(
+            self.host_params,
+            lr=lr,
+            betas=hyper.betas,
+            eps=hyper.eps,
+            weight_decay=hyper.weight_decay,
+            foreach=True,
+            decay=[decay_ranges(s) for s in self.params],
+        )  # each slice's matrix elements
+        self.copied: list[Any] = [None] * len(
+            self.params
+        )  # per slice: its d2h copy (an event on CUDA)
 
     # ---- device → host ---------------------------------------------------------------------------------
     def offload_grad(self, i: int) -> None:
         """Copy slice i's final gradient to the host (on CUDA: on the side stream, not waited for here)."""
         grad, rec = self.params[i].grad, self.comm.recorder
-        with rec.span(f"offload grad {i} d2h", "offload", "offload", slice=i, bytes=grad.numel() * grad.element_size(),
-                      direction="d2h", step=self.comm.step):
+        with rec.span(
+            f"offload grad {i} d2h",
+            "offload",
+            "offload",
+            slice=i,
+            bytes=grad.numel() * grad.element_size(),
+            direction="d2h",
+            step=self.comm.step,
+        ):
             if self.side is None:
                 self.host_params[i].grad.copy_(grad)
                 self.copied[i] = True
@@ -87,10 +109,14 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
 
     def _gradients_on_host(self) -> None:
         for i, done in enumerate(self.copied):
-            if done is None:  # the GradSync did not report this slice (a pipeline stage's, say): copy it now
+            if (
+                done is None
+            ):  # the GradSync did not report this slice (a pipeline stage's, say): copy it now
                 self.offload_grad(i)
         if self.side is not None:
-            with self.comm.recorder.span("offload wait d2h", "offload", "offload", step=self.comm.step):
+            with self.comm.recorder.span(
+                "offload wait d2h", "offload", "offload", step=self.comm.step
+            ):
                 for event in self.copied:
                     event.synchronize()
         self.copied = [None] * len(self.params)
@@ -104,7 +130,9 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
             return norm
         value = float(norm)
         self._gradients_on_host()
-        scale_grads(self.host_params, clip_coefficient(norm.to("cpu"), max_norm))  # on the host's copies
+        scale_grads(
+            self.host_params, clip_coefficient(norm.to("cpu"), max_norm)
+        )  # on the host's copies
         self.optimizer.step()
         self._parameters_to_device()
         self.after_update()
@@ -118,8 +146,15 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         if self.side is not None:
             self.side.wait_stream(torch.cuda.current_stream(self.device))
         for i, (shard, hp) in enumerate(zip(self.params, self.host_params, strict=True)):
-            with rec.span(f"offload param {i} h2d", "offload", "offload", slice=i, direction="h2d",
-                          bytes=hp.numel() * hp.element_size(), step=self.comm.step):
+            with rec.span(
+                f"offload param {i} h2d",
+                "offload",
+                "offload",
+                slice=i,
+                direction="h2d",
+                bytes=hp.numel() * hp.element_size(),
+                step=self.comm.step,
+            ):
                 if self.side is None:
                     shard.data.copy_(hp.detach())
                     continue
@@ -134,8 +169,11 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
 
     def host_tensors(self) -> dict[str, list[torch.Tensor]]:
         """The host's side of the memory categories: master slices, gradient slices, Adam's moments."""
-        return {"parameter": list(self.host_params), "gradient": [hp.grad for hp in self.host_params],
-                "optimizer_state": adam_state(self.optimizer)[0]}
+        return {
+            "parameter": list(self.host_params),
+            "gradient": [hp.grad for hp in self.host_params],
+            "optimizer_state": adam_state(self.optimizer)[0],
+        }
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Adam's state of the host copies, keyed as a device-resident ZeRO optimizer keys it (by slice)."""

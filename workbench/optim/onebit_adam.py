@@ -87,8 +87,15 @@ class OneBitAdamUpdater(AdamWUpdater):
     """AdamW for `warmup_steps`, then 1-bit Adam (frozen variance, compressed momentum). `grad_sync`
     is the bucketed data parallel, switched to local gradients when the warm-up ends."""
 
-    def __init__(self, params: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
-                 warmup_steps: int, grad_sync: Any) -> None:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        comm: Communicator,
+        lr: float,
+        hyper: AdamHyper,
+        warmup_steps: int,
+        grad_sync: Any,
+    ) -> None:
         super().__init__(params, lr, hyper)
         self.comm, self.grad_sync, self.warmup_steps, self.t = comm, grad_sync, warmup_steps, 0
         self.hyper = hyper
@@ -96,7 +103,9 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.eps = hyper.eps
         numel = sum(p.numel() for p in self.params)
         self.padded = -(-numel // (8 * comm.size("dp"))) * 8 * comm.size("dp")
-        self.m = self.denom = None  # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
+        self.m = self.denom = (
+            None  # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
+        )
         self.reduce = CompressedAllReduce(comm, self.padded, self.params[0].device)
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
@@ -114,13 +123,13 @@ class OneBitAdamUpdater(AdamWUpdater):
         scale_grads(self.params, clip_coefficient(norm, max_norm))
         g = self.flat([p.grad for p in self.params])
         self.m = self.reduce(self.beta1 * self.m + (1 - self.beta1) * g)
-        update = self.m / self.denom * (lr / (1 - self.beta1 ** self.t))
+        update = self.m / self.denom * (lr / (1 - self.beta1**self.t))
         offset = 0
         with torch.no_grad():
             for p in self.params:
                 if getattr(p, "decays", True):  # the matrices only (optim/weight_decay.py)
                     p.mul_(1 - lr * self.hyper.weight_decay)
-                p.sub_(update[offset:offset + p.numel()].view_as(p))
+                p.sub_(update[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         return float(norm)
 
@@ -133,9 +142,11 @@ class OneBitAdamUpdater(AdamWUpdater):
         """End of the warm-up: keep Adam's momentum and bias-corrected √v + ε; gradients stay local."""
         state = [self.optimizer.state[p] for p in self.params]
         self.m = self.flat([s["exp_avg"] for s in state])
-        v_hat = self.flat([s["exp_avg_sq"] for s in state]) / (1 - self.beta2 ** self.t)
+        v_hat = self.flat([s["exp_avg_sq"] for s in state]) / (1 - self.beta2**self.t)
         self.denom = v_hat.sqrt() + self.eps
-        self.optimizer = adamw(self.params, 0.0, self.hyper)  # its state is no longer used: let it go
+        self.optimizer = adamw(
+            self.params, 0.0, self.hyper
+        )  # its state is no longer used: let it go
         self.grad_sync.local_only = True
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -148,4 +159,3 @@ class OneBitAdamUpdater(AdamWUpdater):
 
     def metrics(self) -> dict[str, Any]:
         return {**super().metrics(), "onebit": self.t > self.warmup_steps}
-

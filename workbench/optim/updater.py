@@ -38,8 +38,18 @@ from workbench.optim.adamw import AdamHyper, AdamW, apply_update, clip_coefficie
 from workbench.optim.weight_decay import decay_ranges
 from workbench.parallel.tp_communications import TPContext, all_reduce_tp
 
-__all__ = ["AdamHyper", "AdamWUpdater", "ShardedAdamWUpdater", "Updater", "adamw", "clip_coefficient",
-           "global_grad_norm", "scale_grads", "sharded_grad_norm", "squares"]
+__all__ = [
+    "AdamHyper",
+    "AdamWUpdater",
+    "ShardedAdamWUpdater",
+    "Updater",
+    "adamw",
+    "clip_coefficient",
+    "global_grad_norm",
+    "scale_grads",
+    "sharded_grad_norm",
+    "squares",
+]
 
 
 class Updater(Protocol):
@@ -63,13 +73,23 @@ class Updater(Protocol):
     def host_tensors(self) -> dict[str, list[torch.Tensor]]: ...
 
 
-def adamw(params: Sequence[torch.Tensor], lr: float, hyper: AdamHyper,
-          like: Sequence[torch.Tensor] | None = None) -> AdamW:
+def adamw(
+    params: Sequence[torch.Tensor],
+    lr: float,
+    hyper: AdamHyper,
+    like: Sequence[torch.Tensor] | None = None,
+) -> AdamW:
     """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): optim/adamw.py.
     Weight decay on the elements each tensor's mark says (optim/weight_decay.py) — or, for copies (fp32
     masters, host slices), the marks of the tensors they copy (`like`)."""
-    return AdamW(params, lr=lr, betas=hyper.betas, eps=hyper.eps, weight_decay=hyper.weight_decay,
-                 decay=[decay_ranges(t) for t in (params if like is None else like)])
+    return AdamW(
+        params,
+        lr=lr,
+        betas=hyper.betas,
+        eps=hyper.eps,
+        weight_decay=hyper.weight_decay,
+        decay=[decay_ranges(t) for t in (params if like is None else like)],
+    )
 
 
 def adam_state(optimizer: AdamW) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -83,7 +103,9 @@ def adam_state(optimizer: AdamW) -> tuple[list[torch.Tensor], list[torch.Tensor]
     return moments, counters
 
 
-def adam_checkpoint_state(optimizer: AdamW, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def adam_checkpoint_state(
+    optimizer: AdamW, params: Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Adam's state of each parameter, keyed by its position. Where the optimizer has not stepped yet it
     is created as AdamW's first step would (step 0, zero moments), so a load has tensors to fill."""
     out = {}
@@ -110,19 +132,28 @@ def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor
     if pp_comm is None:
         return sq
     sq = sq.reshape(1).clone()
-    pp_comm.all_reduce(sq, "pp", label="grad norm", meta={"layer": "grad norm", "direction": "optimizer"})
+    pp_comm.all_reduce(
+        sq, "pp", label="grad norm", meta={"layer": "grad norm", "direction": "optimizer"}
+    )
     return sq[0]
 
 
-def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
-                     pp_comm: Communicator | None = None, ep_comm: Communicator | None = None,
-                     grads: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+def global_grad_norm(
+    params: Sequence[nn.Parameter],
+    tp: TPContext | None,
+    pp_comm: Communicator | None = None,
+    ep_comm: Communicator | None = None,
+    grads: Sequence[torch.Tensor | None] | None = None,
+) -> torch.Tensor:
     """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
     summed over tp, replicated ones counted once, every stage's share summed over pp. `grads`: one per
     parameter (a 16-bit model's fp32 ones), else each `p.grad`."""
     device = params[0].device
-    pairs = [(p, g) for p, g in zip(params, [p.grad for p in params] if grads is None else grads, strict=True)
-             if g is not None]
+    pairs = [
+        (p, g)
+        for p, g in zip(params, [p.grad for p in params] if grads is None else grads, strict=True)
+        if g is not None
+    ]
     experts = [g for p, g in pairs if getattr(p, "expert_sharded", False)]
     pairs = [(p, g) for p, g in pairs if not getattr(p, "expert_sharded", False)]
     sharded = [g for p, g in pairs if getattr(p, "tp_sharded", False)]
@@ -132,15 +163,21 @@ def global_grad_norm(params: Sequence[nn.Parameter], tp: TPContext | None,
         sq = sq + squares(replicated, device)
     else:
         sq = squares(sharded + replicated, device)
-    if ep_comm is not None:  # expert parallelism: each ep rank's experts are its own, their squares summed
+    if (
+        ep_comm is not None
+    ):  # expert parallelism: each ep rank's experts are its own, their squares summed
         ex = squares(experts, device).reshape(1).clone()
         ep_comm.all_reduce(ex, "ep", label="expert grad norm")
         sq = sq + ex[0]
     return _sum_over_pp(sq, pp_comm).sqrt()
 
 
-def sharded_grad_norm(shards: Sequence[nn.Parameter], comm: Communicator,
-                      pp_comm: Communicator | None = None, group: str = "dp") -> torch.Tensor:
+def sharded_grad_norm(
+    shards: Sequence[nn.Parameter],
+    comm: Communicator,
+    pp_comm: Communicator | None = None,
+    group: str = "dp",
+) -> torch.Tensor:
     """‖g‖ when each dp rank holds disjoint slices of the gradient (ZeRO): the slices' squares summed
     over the group they were cut over (padding is zero and adds nothing) — dp, or under expert parallelism
     the experts' over edp and then over ep (each ep rank's experts are its own) —, then over pp."""
@@ -169,9 +206,15 @@ class AdamWUpdater:
 
     loss_scale = 1.0
 
-    def __init__(self, params: Sequence[nn.Parameter], lr: float, hyper: AdamHyper,
-                 tp: TPContext | None = None, pp_comm: Communicator | None = None,
-                 ep_comm: Communicator | None = None) -> None:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        lr: float,
+        hyper: AdamHyper,
+        tp: TPContext | None = None,
+        pp_comm: Communicator | None = None,
+        ep_comm: Communicator | None = None,
+    ) -> None:
         self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
         self.optimizer = adamw(self.params, lr, hyper)
 
@@ -221,11 +264,22 @@ class ShardedAdamWUpdater(AdamWUpdater):
     `after_step` (ZeRO-1/2: all-gather the updated slices into the full parameters; ZeRO-3: nothing,
     the next forward gathers)."""
 
-    def __init__(self, shards: Sequence[nn.Parameter], comm: Communicator, lr: float, hyper: AdamHyper,
-                 pp_comm: Communicator | None = None, after_step: Callable[[], None] | None = None,
-                 group: str = "dp") -> None:
+    def __init__(
+        self,
+        shards: Sequence[nn.Parameter],
+        comm: Communicator,
+        lr: float,
+        hyper: AdamHyper,
+        pp_comm: Communicator | None = None,
+        after_step: Callable[[], None] | None = None,
+        group: str = "dp",
+    ) -> None:
         super().__init__(shards, lr, hyper, None, pp_comm)
-        self.comm, self.after_step, self.group = comm, after_step, group  # the group the slices span
+        self.comm, self.after_step, self.group = (
+            comm,
+            after_step,
+            group,
+        )  # the group the slices span
 
     def grad_norm(self) -> torch.Tensor:
         return sharded_grad_norm(self.params, self.comm, self.pp_comm, self.group)

@@ -35,12 +35,16 @@ from workbench.parallel.ring_attention import Ring, positions, ring_attention, s
 class ContextParallel:
     """One rank's place in its context-parallel group, and its ring attention over it."""
 
-    def __init__(self, comm: Communicator, seq_len: int, balance: str = "head-tail", rotate: str = "ring") -> None:
+    def __init__(
+        self, comm: Communicator, seq_len: int, balance: str = "head-tail", rotate: str = "ring"
+    ) -> None:
         self.comm, self.balance, self.rotate = comm, balance, rotate
         self.members = comm.groups.ranks["cp"]
         self.size, self.index = len(self.members), comm.groups.index("cp")
         self.pos = [positions(seq_len, r, self.size, balance) for r in range(self.size)]
-        self._device_pos: dict[torch.device, list[torch.Tensor]] = {}  # the same, copied once per device
+        self._device_pos: dict[
+            torch.device, list[torch.Tensor]
+        ] = {}  # the same, copied once per device
         #: unmasked query-key pairs this rank computed per attention layer (the last forward's), the work
         self.pairs: dict[str, int] = {}
 
@@ -53,45 +57,85 @@ class ContextParallel:
         """This rank's tokens of a (b, s, ...) tensor (inputs, targets)."""
         return shard(x, self.index, self.size, self.balance, dim=1)
 
-    def attention(self, layer: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attention(
+        self, layer: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """Causal attention of this rank's (b, heads, s/cp, d) queries against the whole sequence's keys and
         values, returned as (b, heads, s/cp, d)."""
-        if q.device not in self._device_pos:  # once per run: the causal masks are built on the device from these
+        if (
+            q.device not in self._device_pos
+        ):  # once per run: the causal masks are built on the device from these
             self._device_pos[q.device] = [p.to(q.device) for p in self.pos]
-        ring = Ring(self.index, self.size, self.pos, self._exchange(layer), gather=self._gather(layer),
-                    scatter_sum=self._scatter_sum(layer), device_pos=self._device_pos[q.device])
+        ring = Ring(
+            self.index,
+            self.size,
+            self.pos,
+            self._exchange(layer),
+            gather=self._gather(layer),
+            scatter_sum=self._scatter_sum(layer),
+            device_pos=self._device_pos[q.device],
+        )
         out = ring_attention(q, k, v, ring, self.rotate)
         self.pairs[layer] = ring.pairs
         return out
 
     # ---- the ring's communication, traced -------------------------------------------------------------
-    def _exchange(self, layer: str) -> Callable[[list[torch.Tensor]], Callable[[], list[torch.Tensor]]]:
+    def _exchange(
+        self, layer: str
+    ) -> Callable[[list[torch.Tensor]], Callable[[], list[torch.Tensor]]]:
         """Ring steps: send to the next cp rank, receive from the previous one, posted together; each a
         `cp_ring` span from its posting to the wait that ends it."""
         calls = [0]  # a ring's first cp − 1 exchanges are its forward's, the next cp its backward's
-        nxt, prv = self.members[(self.index + 1) % self.size], self.members[(self.index - 1) % self.size]
+        nxt, prv = (
+            self.members[(self.index + 1) % self.size],
+            self.members[(self.index - 1) % self.size],
+        )
 
         def exchange(tensors: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
             calls[0] += 1
             phase = "forward" if calls[0] < self.size else "backward"
             i = calls[0] if phase == "forward" else calls[0] - self.size + 1
-            held = (self.index - i + 1) % self.size  # whose block this rank computed on before passing it
+            held = (
+                self.index - i + 1
+            ) % self.size  # whose block this rank computed on before passing it
             sent = sum(t.numel() * t.element_size() for t in tensors)
             rec = self.comm.recorder
-            span = rec.span(f"cp ring step {i} {phase}", "cp_ring", "ring", step=self.comm.step, layer=layer,
-                            phase=phase, ring_step=i, group="cp", peer=nxt, recv_peer=prv, bytes=sent,
-                            block_of=held, pairs=unmasked_pairs(self.local_positions, self.pos[held]))
+            span = rec.span(
+                f"cp ring step {i} {phase}",
+                "cp_ring",
+                "ring",
+                step=self.comm.step,
+                layer=layer,
+                phase=phase,
+                ring_step=i,
+                group="cp",
+                peer=nxt,
+                recv_peer=prv,
+                bytes=sent,
+                block_of=held,
+                pairs=unmasked_pairs(self.local_positions, self.pos[held]),
+            )
             span.__enter__()
             received = [torch.empty_like(t) for t in tensors]
             handle = self.comm.batch_isend_irecv(
-                [x for t, r in zip(tensors, received, strict=True)
-                 for x in (("send", t.contiguous(), nxt, f"cp {layer}"), ("recv", r, prv, f"cp {layer}"))], "cp")
+                [
+                    x
+                    for t, r in zip(tensors, received, strict=True)
+                    for x in (
+                        ("send", t.contiguous(), nxt, f"cp {layer}"),
+                        ("recv", r, prv, f"cp {layer}"),
+                    )
+                ],
+                "cp",
+            )
 
             def wait() -> list[torch.Tensor]:
                 handle.wait()
                 span.__exit__(None, None, None)
                 return received
+
             return wait
+
         return exchange
 
     def _gather(self, layer: str) -> Callable[[torch.Tensor], list[torch.Tensor]]:
@@ -99,6 +143,7 @@ class ContextParallel:
             out = torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
             self.comm.all_gather(out, t, "cp", label=f"cp {layer} kv")
             return list(out.unbind(0))
+
         return gather
 
     def _scatter_sum(self, layer: str) -> Callable[[list[torch.Tensor]], torch.Tensor]:
@@ -106,4 +151,5 @@ class ContextParallel:
             out = torch.empty_like(parts[0])
             self.comm.reduce_scatter(out, torch.stack(parts), "cp", label=f"cp {layer} dkv")
             return out
+
         return scatter_sum

@@ -40,16 +40,29 @@ from workbench.comm.traced import Communicator, Handle
 from workbench.config.buckets import plan_buckets
 from workbench.parallel.flat import empty_flat, grads_as_views
 from workbench.parallel.grad_sync import SyncToggle
-from workbench.parallel.main_grad import accumulate_main_grad, grad_of, main_grads_as_views, uses_main_grads
+from workbench.parallel.main_grad import (
+    accumulate_main_grad,
+    grad_of,
+    main_grads_as_views,
+    uses_main_grads,
+)
 
 
 class NaiveDataParallel(SyncToggle):
     """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back."""
 
-    def __init__(self, model: nn.Module, comm: Communicator, grad_dtype: torch.dtype | None = None,
-                 group: str = "dp") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        comm: Communicator,
+        grad_dtype: torch.dtype | None = None,
+        group: str = "dp",
+    ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.comm, self.group = comm, group  # "dp", or "dp_cp" under context parallelism (config/grid.py)
+        self.comm, self.group = (
+            comm,
+            group,
+        )  # "dp", or "dp_cp" under context parallelism (config/grid.py)
         self.n = comm.size(group)
         if uses_main_grads(self.params, grad_dtype):
             for p in self.params:
@@ -90,10 +103,18 @@ class Bucket:
 
 
 class BucketedDataParallel(SyncToggle):
-    def __init__(self, model: nn.Module, comm: Communicator, bucket_mb: float = 25.0,
-                 algorithm: str = "backend", grad_dtype: torch.dtype | None = None,
-                 compression: torch.dtype | None = None, group: str = "dp",
-                 only: list[tuple[str, nn.Parameter]] | None = None, average_over: int | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        comm: Communicator,
+        bucket_mb: float = 25.0,
+        algorithm: str = "backend",
+        grad_dtype: torch.dtype | None = None,
+        compression: torch.dtype | None = None,
+        group: str = "dp",
+        only: list[tuple[str, nn.Parameter]] | None = None,
+        average_over: int | None = None,
+    ) -> None:
         """`group`: "dp", "dp_cp" under context parallelism, "edp" for expert parallelism's experts (config/grid.py);
         `only`: these of the model's parameters (expert parallelism syncs experts and the rest apart);
         `average_over`: the divisor of the sum (the group's size; dp for experts reduced over edp)."""
@@ -104,7 +125,11 @@ class BucketedDataParallel(SyncToggle):
         #: experts on an edp group of one rank are still averaged over dp)
         self.acts = self.n > 1 or self.divisor != 1
         self.algorithm, self.compression = algorithm, compression
-        named = [(name, p) for name, p in (only if only is not None else model.named_parameters()) if p.requires_grad]
+        named = [
+            (name, p)
+            for name, p in (only if only is not None else model.named_parameters())
+            if p.requires_grad
+        ]
         named.reverse()  # backward produces the last layers' gradients first
         self.main = uses_main_grads([p for _, p in named], grad_dtype)
         dtype = grad_dtype if self.main else named[0][1].dtype
@@ -113,7 +138,9 @@ class BucketedDataParallel(SyncToggle):
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for b, idxs in enumerate(plan):
             params = [named[i][1] for i in idxs]
-            bucket = Bucket(b, empty_flat(params, dtype=dtype), params, names=[named[i][0] for i in idxs])
+            bucket = Bucket(
+                b, empty_flat(params, dtype=dtype), params, names=[named[i][0] for i in idxs]
+            )
             # each gradient is a view of its bucket: no copy (16-bit model: the fp32 main_grad is)
             (main_grads_as_views if self.main else grads_as_views)(params, bucket.buffer)
             for p in params:
@@ -147,7 +174,9 @@ class BucketedDataParallel(SyncToggle):
         if self.local_only:
             return
         wire = bucket.buffer
-        if self.compression is not None and self.n > 1:  # cast, then divide in 16 bits (DDP's hooks)
+        if (
+            self.compression is not None and self.n > 1
+        ):  # cast, then divide in 16 bits (DDP's hooks)
             wire = bucket.wire = bucket.buffer.to(self.compression)
             self._count_wire(bucket, +1)
         if self.divisor != 1:
@@ -164,7 +193,9 @@ class BucketedDataParallel(SyncToggle):
 
     def _count_wire(self, bucket: Bucket, sign: int) -> None:
         if self.comm.memory is not None:
-            self.comm.memory.add("comm_buffer", sign * bucket.wire.numel() * bucket.wire.element_size())
+            self.comm.memory.add(
+                "comm_buffer", sign * bucket.wire.numel() * bucket.wire.element_size()
+            )
             self.comm.memory.snapshot()
 
     def wait(self) -> None:
@@ -174,8 +205,11 @@ class BucketedDataParallel(SyncToggle):
             return
         for bucket in self.buckets:
             if not bucket.launched:
-                missing = [n for n, p in zip(bucket.names, bucket.params, strict=True)
-                           if p.grad is None and not self.main]
+                missing = [
+                    n
+                    for n, p in zip(bucket.names, bucket.params, strict=True)
+                    if p.grad is None and not self.main
+                ]
                 raise RuntimeError(
                     f"bucket {bucket.index} never became ready ({bucket.ready}/{len(bucket.params)} gradients); "
                     f"parameters without gradient this step: {missing or 'unknown'}"

@@ -29,18 +29,32 @@ class _AllToAll(torch.autograd.Function):
     """Rows to ranks by `send` splits, received by `recv`; backward sends the gradients back the same way."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int],
-                label: str) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int], label: str
+    ) -> torch.Tensor:
         ctx.comm, ctx.send, ctx.recv, ctx.label = comm, send, recv, label
         out = x.new_empty((sum(recv), *x.shape[1:]))
-        comm.all_to_all(out, x.contiguous(), "ep", label=f"{label} forward", output_splits=recv, input_splits=send)
+        comm.all_to_all(
+            out,
+            x.contiguous(),
+            "ep",
+            label=f"{label} forward",
+            output_splits=recv,
+            input_splits=send,
+        )
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        ctx.comm.all_to_all(out, grad.contiguous(), "ep", label=f"{ctx.label} backward", output_splits=ctx.send,
-                            input_splits=ctx.recv)
+        ctx.comm.all_to_all(
+            out,
+            grad.contiguous(),
+            "ep",
+            label=f"{ctx.label} backward",
+            output_splits=ctx.send,
+            input_splits=ctx.recv,
+        )
         return out, None, None, None, None
 
 
@@ -51,15 +65,25 @@ def shard_experts(model: nn.Module, index: int, size: int) -> None:
         if getattr(module, "stacked_experts", False):  # model/moe.py's GroupedLinear
             e = module.weight.shape[0]
             per = e // size
-            leaves = [leaf for leaf, _ in module.named_parameters(recurse=False)]  # weight (and bias)
+            leaves = [
+                leaf for leaf, _ in module.named_parameters(recurse=False)
+            ]  # weight (and bias)
             module.full_shapes = {leaf: tuple(getattr(module, leaf).shape) for leaf in leaves}
-            module.shard_param = lambda leaf, full, lo=index * per, hi=(index + 1) * per: full[lo:hi].clone()
+            module.shard_param = lambda leaf, full, lo=index * per, hi=(index + 1) * per: full[
+                lo:hi
+            ].clone()
             for leaf in leaves:
-                setattr(module, leaf, nn.Parameter(getattr(module, leaf).data[index * per:(index + 1) * per]))
+                setattr(
+                    module,
+                    leaf,
+                    nn.Parameter(getattr(module, leaf).data[index * per : (index + 1) * per]),
+                )
                 getattr(module, leaf).expert_sharded = True
 
 
-def expert_params(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+def expert_params(
+    model: nn.Module,
+) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
     """(dense, expert) named parameters — the experts', marked by `shard_experts`, are reduced over edp, the
     rest over dp."""
     dense, experts = [], []
@@ -78,8 +102,14 @@ class ExpertParallel:
         #: rows this rank sent to and received from each ep rank in the last forward, per layer
         self.splits: dict[str, dict[str, list[int]]] = {}
 
-    def run(self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
-            capacity: int | None = None) -> torch.Tensor:
+    def run(
+        self,
+        layer: str,
+        rows: torch.Tensor,
+        counts: torch.Tensor,
+        experts: nn.Module,
+        capacity: int | None = None,
+    ) -> torch.Tensor:
         """Rows in expert-major order with `counts` per (global) expert → the experts' outputs, same order;
         `capacity` (C, the same on every rank: a function of the config) for the equal-split dispatch."""
         if capacity is not None:
@@ -99,11 +129,17 @@ class ExpertParallel:
         back = torch.cat([done[i] for i in range(len(src_major))])
         return _AllToAll.apply(back, self.comm, recv, send, f"moe {layer} combine")
 
-    def _capacity(self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
-                  cap: int) -> torch.Tensor:
+    def _capacity(
+        self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, cap: int
+    ) -> torch.Tensor:
         """Every expert padded to C rows from this rank: equal splits, no count exchange (DeepSpeed's)."""
         padded = rows.new_zeros((self.experts * cap, rows.shape[1]))
-        slot = torch.cat([torch.arange(int(c), device=rows.device) + e * cap for e, c in enumerate(counts.tolist())])
+        slot = torch.cat(
+            [
+                torch.arange(int(c), device=rows.device) + e * cap
+                for e, c in enumerate(counts.tolist())
+            ]
+        )
         padded = padded.index_copy(0, slot, rows)
         split = [self.local * cap] * self.size
         self.splits[layer] = {"send": split, "recv": split}
@@ -111,5 +147,7 @@ class ExpertParallel:
         blocks = got.view(self.size, self.local, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
         out = experts(blocks, [self.size * cap] * self.local)
         back = out.view(self.local, self.size, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
-        returned = _AllToAll.apply(back.contiguous(), self.comm, split, split, f"moe {layer} combine")
+        returned = _AllToAll.apply(
+            back.contiguous(), self.comm, split, split, f"moe {layer} combine"
+        )
         return returned.index_select(0, slot)

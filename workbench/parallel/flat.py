@@ -30,19 +30,25 @@ def views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Ten
     """For each tensor, the consecutive slice of `flat` shaped like it (no copy)."""
     out, offset = [], 0
     for t in tensors:
-        out.append(flat[offset:offset + t.numel()].view_as(t))
+        out.append(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
     return out
 
 
-def empty_flat(tensors: Sequence[torch.Tensor], multiple: int = 1, dtype: torch.dtype | None = None) -> torch.Tensor:
+def empty_flat(
+    tensors: Sequence[torch.Tensor], multiple: int = 1, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """A zeroed buffer big enough for `tensors`, padded to a multiple of `multiple`, on their device,
     with their dtype unless `dtype` is given."""
     first = tensors[0]
-    return torch.zeros(padded(numel(tensors), multiple), dtype=dtype or first.dtype, device=first.device)
+    return torch.zeros(
+        padded(numel(tensors), multiple), dtype=dtype or first.dtype, device=first.device
+    )
 
 
-def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None, multiple: int = 1) -> torch.Tensor:
+def pack(
+    tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None, multiple: int = 1
+) -> torch.Tensor:
     """Copy `tensors` end to end into `out` (a new zeroed buffer padded to `multiple` if not given)."""
     out = empty_flat(tensors, multiple) if out is None else out
     for view, t in zip(views(out, tensors), tensors, strict=True):
@@ -80,7 +86,9 @@ def pack_grads(params: Sequence[torch.nn.Parameter], like: torch.Tensor) -> torc
     return out
 
 
-def marked_runs(params: Sequence[torch.Tensor], start: int, end: int, mark: str = "decays") -> list[tuple[int, int]]:
+def marked_runs(
+    params: Sequence[torch.Tensor], start: int, end: int, mark: str = "decays"
+) -> list[tuple[int, int]]:
     """The runs of the slice [start, end) of a flat buffer holding `params` end to end whose parameter carries
     `mark` (unmarked: yes; the padding after them: no), in the slice's own coordinates, neighbours merged. A
     ZeRO slice keeps them as `decay_ranges`: weight decay shrinks only its matrices' elements

@@ -50,12 +50,16 @@ def positions(seq_len: int, rank: int, cp: int, balance: str = "head-tail") -> t
     """The global token positions rank `rank` holds, in its local order."""
     n = 2 * cp if balance == "head-tail" else cp
     if seq_len % n:
-        raise ValueError(f"seq_len={seq_len} must split into {n} equal chunks (cp={cp}, balance={balance!r})")
+        raise ValueError(
+            f"seq_len={seq_len} must split into {n} equal chunks (cp={cp}, balance={balance!r})"
+        )
     size = seq_len // n
     return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks_of(rank, cp, balance)])
 
 
-def shard(x: torch.Tensor, rank: int, cp: int, balance: str = "head-tail", dim: int = 1) -> torch.Tensor:
+def shard(
+    x: torch.Tensor, rank: int, cp: int, balance: str = "head-tail", dim: int = 1
+) -> torch.Tensor:
     """This rank's tokens of a full-sequence tensor (sequence along `dim`), as a tensor of its own."""
     return x.index_select(dim, positions(x.size(dim), rank, cp, balance).to(x.device)).contiguous()
 
@@ -89,7 +93,9 @@ class Ring:
         return self.pos[src] if self.device_pos is None else self.device_pos[src]
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+def _scores(
+    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
     """Scaled scores, causally masked; the positions on the scores' device (a mask copied from host memory would
     make the host wait at every block of every layer)."""
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
@@ -104,7 +110,11 @@ def _grouped(k: torch.Tensor, heads: int) -> torch.Tensor:
     """A (b, kv_heads, s, d) K or V block expanded to the `heads` query heads it serves (grouped-query
     attention: head j uses K/V head j // (heads/kv_heads)); itself when there are as many."""
     b, kv, s, d = k.shape
-    return k if kv == heads else k.unsqueeze(2).expand(b, kv, heads // kv, s, d).reshape(b, heads, s, d)
+    return (
+        k
+        if kv == heads
+        else k.unsqueeze(2).expand(b, kv, heads // kv, s, d).reshape(b, heads, s, d)
+    )
 
 
 def _ungrouped(g: torch.Tensor, kv: int) -> torch.Tensor:
@@ -113,8 +123,9 @@ def _ungrouped(g: torch.Tensor, kv: int) -> torch.Tensor:
     return g if kv == heads else g.view(b, kv, heads // kv, s, d).sum(2)
 
 
-def _block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-           k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q against one K/V block: (out, lse); rows with no visible key get lse −inf."""
     k, v = _grouped(k, q.size(1)), _grouped(v, q.size(1))
     s = _scores(q, k, q_pos, k_pos).float()
@@ -123,8 +134,9 @@ def _block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     return (p.to(v.dtype) @ v).float(), lse
 
 
-def _merge(out: torch.Tensor | None, lse: torch.Tensor | None, o: torch.Tensor,
-           ls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge(
+    out: torch.Tensor | None, lse: torch.Tensor | None, o: torch.Tensor, ls: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     if out is None or lse is None:
         return o, ls
     new = torch.logaddexp(lse, ls)
@@ -137,13 +149,17 @@ class RingAttention(torch.autograd.Function):
     rank's (b, heads, s/cp, d) tokens, in `ring.pos[ring.rank]` order."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
+    ) -> torch.Tensor:
         me = ring.pos[ring.rank]
         kv = torch.stack([k, v]).contiguous()
         out = lse = None
         for i in range(ring.size):
             src = (ring.rank - i) % ring.size
-            pending = ring.exchange([kv]) if i < ring.size - 1 else None  # the next block, while computing
+            pending = (
+                ring.exchange([kv]) if i < ring.size - 1 else None
+            )  # the next block, while computing
             if not _skipped(me, ring.pos[src]):
                 o, ls = _block(q, kv[0], kv[1], ring.at(ring.rank), ring.at(src))
                 out, lse = _merge(out, lse, o, ls)
@@ -168,7 +184,9 @@ class RingAttention(torch.autograd.Function):
         for i in range(ring.size):
             src = (ring.rank - i) % ring.size
             if not _skipped(me, ring.pos[src]):
-                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src))
+                gq, gk, gv = _block_grads(
+                    q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src)
+                )
                 dq += gq
                 dkv[0] += gk
                 dkv[1] += gv
@@ -180,8 +198,16 @@ class RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
 
 
-def _block_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
-                 delta: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _block_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of one block, its probabilities recomputed from the saved log-sum-exp; dk and dv on the
     block's own kv_heads."""
     scale, kv = 1.0 / math.sqrt(q.size(-1)), k.size(1)
@@ -189,7 +215,11 @@ def _block_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.
     p = torch.exp(_scores(q, k, q_pos, k_pos).float() - lse.masked_fill(torch.isinf(lse), 0.0))
     ds = p * (dout.float() @ v.float().transpose(-2, -1) - delta)
     dk = (ds.transpose(-2, -1) @ q.float()) * scale
-    return (ds @ k.float()) * scale, _ungrouped(dk, kv), _ungrouped(p.transpose(-2, -1) @ dout.float(), kv)
+    return (
+        (ds @ k.float()) * scale,
+        _ungrouped(dk, kv),
+        _ungrouped(p.transpose(-2, -1) @ dout.float(), kv),
+    )
 
 
 class AllGatherAttention(torch.autograd.Function):
@@ -198,7 +228,9 @@ class AllGatherAttention(torch.autograd.Function):
     to their owners."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
+    ) -> torch.Tensor:
         assert ring.gather is not None and ring.scatter_sum is not None
         me = ring.pos[ring.rank]
         blocks = ring.gather(torch.stack([k, v]).contiguous())
@@ -224,7 +256,9 @@ class AllGatherAttention(torch.autograd.Function):
         dkvs = [torch.zeros_like(kv, dtype=torch.float32) for kv in blocks]
         for src, kv in enumerate(blocks):
             if not _skipped(me, ring.pos[src]):
-                gq, gk, gv = _block_grads(q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src))
+                gq, gk, gv = _block_grads(
+                    q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src)
+                )
                 dq += gq
                 dkvs[src][0] += gk
                 dkvs[src][1] += gv
@@ -236,7 +270,9 @@ class AllGatherAttention(torch.autograd.Function):
 ROTATIONS = ("ring", "allgather")
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring, rotate: str = "ring") -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring, rotate: str = "ring"
+) -> torch.Tensor:
     """Causal attention of this rank's q against the whole group's k, v (`rotate`: "ring" or "allgather")."""
     if rotate not in ROTATIONS:
         raise ValueError(f"rotate={rotate!r}: valid are {ROTATIONS}")

@@ -58,11 +58,16 @@ from workbench.parallel.tp_communications import (
 )
 
 
-def _split_rows(full: torch.Tensor, tp: TPContext, sections: tuple[int, ...] | None = None) -> torch.Tensor:
+def _split_rows(
+    full: torch.Tensor, tp: TPContext, sections: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """Rank j's share of dim 0: its t-th of each of the `sections` (q, k, v of a fused projection; gate and
     up of SwiGLU's), concatenated; all of dim 0 as one section when None."""
     parts = full.split(list(sections)) if sections else [full]
-    mine = [part[tp.rank * (part.size(0) // tp.size):(tp.rank + 1) * (part.size(0) // tp.size)] for part in parts]
+    mine = [
+        part[tp.rank * (part.size(0) // tp.size) : (tp.rank + 1) * (part.size(0) // tp.size)]
+        for part in parts
+    ]
     return torch.cat(mine).clone()
 
 
@@ -86,10 +91,19 @@ class _ColumnParallelSP(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
-    linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    linear = staticmethod(
+        F.linear
+    )  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str,
-                 sections: tuple[int, ...] | None = None, bias: bool = True) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        tp: TPContext,
+        layer: str,
+        sections: tuple[int, ...] | None = None,
+        bias: bool = True,
+    ) -> None:
         super().__init__()
         self.tp, self.layer, self.sections = tp, layer, sections
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
@@ -109,15 +123,21 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    linear = staticmethod(F.linear)  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    linear = staticmethod(
+        F.linear
+    )  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, layer: str, bias: bool = True) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, tp: TPContext, layer: str, bias: bool = True
+    ) -> None:
         super().__init__()
         self.tp, self.layer = tp, layer
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
         self.weight.tp_sharded = True
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None  # replicated, added after the sum
+        self.bias = (
+            nn.Parameter(torch.empty(out_features)) if bias else None
+        )  # replicated, added after the sum
         if self.bias is not None:
             # With sequence parallelism each rank adds the bias to its own slice of the sequence: its
             # gradient is partial and must be summed over tp (see TensorParallelGrads).
@@ -127,12 +147,15 @@ class RowParallelLinear(nn.Module):
         if leaf == "bias":
             return full.clone()
         per = full.size(1) // self.tp.size
-        return full[:, self.tp.rank * per:(self.tp.rank + 1) * per].clone()
+        return full[:, self.tp.rank * per : (self.tp.rank + 1) * per].clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.linear(x, self.weight)
-        out = reduce_scatter_to_seq(partial, self.tp, self.layer) if self.tp.sequence_parallel else \
-            reduce_from_tp(partial, self.tp, self.layer)
+        out = (
+            reduce_scatter_to_seq(partial, self.tp, self.layer)
+            if self.tp.sequence_parallel
+            else reduce_from_tp(partial, self.tp, self.layer)
+        )
         return out if self.bias is None else out + self.bias
 
 
@@ -166,8 +189,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         n, v_local = logits.shape
         layer = "loss"
         m = logits.amax(dim=-1).float()
-        tp.comm.all_reduce(m, "tp", label="loss max forward", reduce_op="max",
-                           meta={"layer": layer, "direction": "forward"})
+        tp.comm.all_reduce(
+            m,
+            "tp",
+            label="loss max forward",
+            reduce_op="max",
+            meta={"layer": layer, "direction": "forward"},
+        )
         local_sum = torch.empty(n, dtype=torch.float32, device=logits.device)
         for rows in row_blocks(n, v_local):
             local_sum[rows] = (logits[rows].float() - m[rows].unsqueeze(1)).exp_().sum(dim=-1)
@@ -175,26 +203,38 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         local_t = targets - vocab_start
         inside = (local_t >= 0) & (local_t < v_local)
         local_t = local_t.masked_fill(~inside, 0)
-        target_logit = (logits.gather(1, local_t.unsqueeze(1)).squeeze(1).float() - m).masked_fill(~inside, 0.0)
+        target_logit = (logits.gather(1, local_t.unsqueeze(1)).squeeze(1).float() - m).masked_fill(
+            ~inside, 0.0
+        )
         target_logit = all_reduce_tp(target_logit, tp, layer, "forward")
         log_sum = sum_exp.log()
-        ctx.save_for_backward(logits, local_t, inside, m + log_sum)  # the log-sum-exp: 4 bytes a row
+        ctx.save_for_backward(
+            logits, local_t, inside, m + log_sum
+        )  # the log-sum-exp: 4 bytes a row
         ctx.memory = memory
         return (log_sum - target_logit).mean()
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         logits, local_t, inside, lse = ctx.saved_tensors
-        return blocked_gradient(logits, lse, local_t, grad, ctx.memory, at_target=inside), None, None, None, None
+        return (
+            blocked_gradient(logits, lse, local_t, grad, ctx.memory, at_target=inside),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TPContext,
-                                 memory=None) -> torch.Tensor:  # noqa: ANN001
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, tp: TPContext, memory=None
+) -> torch.Tensor:  # noqa: ANN001
     """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks, in fp32
     whatever their dtype; equal to F.cross_entropy on the full logits."""
     v_local = logits.size(-1)
-    return _VocabParallelCrossEntropy.apply(logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local,
-                                            memory)
+    return _VocabParallelCrossEntropy.apply(
+        logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local, memory
+    )
 
 
 class VocabParallelCrossEntropy(nn.Module):
@@ -225,14 +265,15 @@ class SequenceParallelPositions(nn.Module):
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
         s_local = pos.numel() // self.tp.size
         # a tensor of its own: the lookup saves its indices, and a view would keep every position alive
-        mine = pos[self.tp.rank * s_local:(self.tp.rank + 1) * s_local].clone()
+        mine = pos[self.tp.rank * s_local : (self.tp.rank + 1) * s_local].clone()
         return F.embedding(mine, self.weight)
 
 
 def _column(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
     """A column-parallel copy of linear `m`: each of its `sections` (q, k, v; gate, up) split by tp."""
-    return ColumnParallelLinear(m.in_features, m.out_features, tp, name, getattr(m, "sections", None),
-                                m.bias is not None)
+    return ColumnParallelLinear(
+        m.in_features, m.out_features, tp, name, getattr(m, "sections", None), m.bias is not None
+    )
 
 
 def _row(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
@@ -256,7 +297,9 @@ SP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
 
 
 def _plan_entry(plan: dict, name: str) -> Callable[[nn.Module, TPContext, str], nn.Module] | None:
-    return next((make for key, make in plan.items() if name == key or name.endswith(f".{key}")), None)
+    return next(
+        (make for key, make in plan.items() if name == key or name.endswith(f".{key}")), None
+    )
 
 
 def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
@@ -270,8 +313,12 @@ def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
         if make is not None:
             parent, _, leaf = name.rpartition(".")
             with torch.device(device):
-                setattr(model.get_submodule(parent) if parent else model, leaf, make(module, tp, name))
-        elif tp.sequence_parallel and isinstance(module, (nn.LayerNorm, RMSNorm)):  # a slice of the sequence
+                setattr(
+                    model.get_submodule(parent) if parent else model, leaf, make(module, tp, name)
+                )
+        elif tp.sequence_parallel and isinstance(
+            module, (nn.LayerNorm, RMSNorm)
+        ):  # a slice of the sequence
             for p in module.parameters(recurse=False):
                 p.sequence_parallel_partial = True
     if hasattr(model, "tie"):
@@ -287,15 +334,21 @@ class TensorParallelGrads(SyncToggle):
 
     def __init__(self, model: nn.Module, tp: TPContext) -> None:
         self.tp = tp
-        self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel_partial", False)]
+        self.params = [
+            p for p in model.parameters() if getattr(p, "sequence_parallel_partial", False)
+        ]
 
     def wait(self) -> None:
         if not self.params:
             return
         grads = [grad_of(p) for p in self.params]
         flat = pack(grads)
-        self.tp.comm.all_reduce(flat, "tp", label="sequence-parallel grads",
-                                meta={"layer": "layer norms, positions, row biases", "direction": "backward"})
+        self.tp.comm.all_reduce(
+            flat,
+            "tp",
+            label="sequence-parallel grads",
+            meta={"layer": "layer norms, positions, row biases", "direction": "backward"},
+        )
         unpack(flat, grads)
 
     def zero_grad(self) -> None:

@@ -50,7 +50,9 @@ def gather_seq(x: torch.Tensor, tp: TPContext, layer: str, direction: str) -> to
     """(b, s/t, ...) on each rank → (b, s, ...) on every rank."""
     b, s_local, *rest = x.shape
     out = torch.empty(tp.size, b, s_local, *rest, dtype=x.dtype, device=x.device)
-    tp.comm.all_gather(out, x.contiguous(), "tp", label=f"{layer} {direction}", meta=_meta(layer, direction))
+    tp.comm.all_gather(
+        out, x.contiguous(), "tp", label=f"{layer} {direction}", meta=_meta(layer, direction)
+    )
     return out.transpose(0, 1).reshape(b, tp.size * s_local, *rest)
 
 
@@ -59,13 +61,15 @@ def reduce_scatter_seq(x: torch.Tensor, tp: TPContext, layer: str, direction: st
     b, s, *rest = x.shape
     chunks = x.reshape(b, tp.size, s // tp.size, *rest).transpose(0, 1).contiguous()
     out = torch.empty(b, s // tp.size, *rest, dtype=x.dtype, device=x.device)
-    tp.comm.reduce_scatter(out, chunks, "tp", label=f"{layer} {direction}", meta=_meta(layer, direction))
+    tp.comm.reduce_scatter(
+        out, chunks, "tp", label=f"{layer} {direction}", meta=_meta(layer, direction)
+    )
     return out
 
 
 def seq_slice(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
     s_local = x.size(1) // tp.size
-    return x[:, tp.rank * s_local:(tp.rank + 1) * s_local].contiguous()
+    return x[:, tp.rank * s_local : (tp.rank + 1) * s_local].contiguous()
 
 
 class _CopyToTP(torch.autograd.Function):

@@ -64,9 +64,17 @@ class ZeroDataParallel(SyncToggle):
     """Stages 1 and 2 as a gradient synchroniser; stage 2 reduces after every backward, so `no_sync()`
     changes nothing (and stage 1 reduces once, in `wait()`)."""
 
-    def __init__(self, model: nn.Module, comm: Communicator, stage: int, bucket_mb: float,
-                 ring: bool = False, group: str = "dp", only: list[tuple[str, nn.Parameter]] | None = None,
-                 average_over: int | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        comm: Communicator,
+        stage: int,
+        bucket_mb: float,
+        ring: bool = False,
+        group: str = "dp",
+        only: list[tuple[str, nn.Parameter]] | None = None,
+        average_over: int | None = None,
+    ) -> None:
         """`group`: the ranks holding the same parameters ("dp", "dp_cp", or "edp" for expert parallelism's
         experts); `only`: these of the model's parameters; `average_over`: the divisor of the sum (the
         group's size; dp for experts, whose tokens came from all of dp)."""
@@ -78,7 +86,11 @@ class ZeroDataParallel(SyncToggle):
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
         self.n, self.r = comm.size(group), comm.groups.index(group)
         self.divisor = average_over or self.n
-        named = [(name, p) for name, p in (only if only is not None else model.named_parameters()) if p.requires_grad]
+        named = [
+            (name, p)
+            for name, p in (only if only is not None else model.named_parameters())
+            if p.requires_grad
+        ]
         named.reverse()
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
@@ -94,8 +106,12 @@ class ZeroDataParallel(SyncToggle):
         per = flat.numel() // self.n
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
-        shard.zero_group = self.group  # the norm sums its squares over this group (optim/updater.py)
-        shard.decay_ranges = marked_runs(params, mine.start, mine.stop)  # its matrices' elements decay
+        shard.zero_group = (
+            self.group
+        )  # the norm sums its squares over this group (optim/updater.py)
+        shard.decay_ranges = marked_runs(
+            params, mine.start, mine.stop
+        )  # its matrices' elements decay
         bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)
@@ -124,15 +140,18 @@ class ZeroDataParallel(SyncToggle):
         self._finish_bucket(bucket)  # accumulation: this bucket's previous reduce-scatter first
         while len(self._in_flight) >= MAX_IN_FLIGHT:  # bound the full-size copies alive at once
             self._finish_bucket(self._in_flight[0])
-        staging = pack_grads(bucket.params, bucket.flat)  # the full gradient is gone: only the slice remains
+        staging = pack_grads(
+            bucket.params, bucket.flat
+        )  # the full gradient is gone: only the slice remains
         staging.div_(self.divisor)
         bucket.staging, bucket.result = staging, torch.empty_like(bucket.shard)
         if self.comm.memory is not None:
             self.comm.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
             self.comm.memory.snapshot()
         self._in_flight.append(bucket)
-        bucket.handle = self.comm.reduce_scatter(bucket.result, staging, self.group, async_op=True,
-                                                 label=f"zero2 bucket {bucket.index}")
+        bucket.handle = self.comm.reduce_scatter(
+            bucket.result, staging, self.group, async_op=True, label=f"zero2 bucket {bucket.index}"
+        )
 
     def _finish_bucket(self, bucket: ZeroBucket) -> None:
         """Wait for the bucket's reduce-scatter, add this rank's slice, free the staging buffer."""
@@ -153,11 +172,15 @@ class ZeroDataParallel(SyncToggle):
         for bucket in self.buckets:
             if self.stage == 1:
                 bucket.grad.div_(self.divisor)
-                self.reduce_scatter(bucket.shard.grad, bucket.grad, self.group, label=f"zero1 bucket {bucket.index}")
+                self.reduce_scatter(
+                    bucket.shard.grad, bucket.grad, self.group, label=f"zero1 bucket {bucket.index}"
+                )
             else:
                 if bucket.ready:
-                    raise RuntimeError(f"zero2 bucket {bucket.index}: {bucket.ready}/{len(bucket.params)} gradients "
-                                       f"arrived; every parameter must receive a gradient each step")
+                    raise RuntimeError(
+                        f"zero2 bucket {bucket.index}: {bucket.ready}/{len(bucket.params)} gradients "
+                        f"arrived; every parameter must receive a gradient each step"
+                    )
                 self._finish_bucket(bucket)
             if self.on_reduced is not None:
                 self.on_reduced(bucket.index)
@@ -198,4 +221,3 @@ class ZeroGroups(ChainedGradSync):
     def gather_params(self) -> None:
         for part in self.parts:
             part.gather_params()  # type: ignore[attr-defined]
-

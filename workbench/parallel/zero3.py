@@ -68,8 +68,13 @@ class _ReduceScatter:
 
 
 class Zero3DataParallel(SyncToggle):
-    def __init__(self, units: list[tuple[str, nn.Module]], comm: Communicator, prefetch: bool = True,
-                 group: str = "dp") -> None:
+    def __init__(
+        self,
+        units: list[tuple[str, nn.Module]],
+        comm: Communicator,
+        prefetch: bool = True,
+        group: str = "dp",
+    ) -> None:
         self.comm, self.prefetch = comm, prefetch
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
         self.n, self.r = comm.size(group), comm.groups.index(group)
@@ -83,10 +88,14 @@ class Zero3DataParallel(SyncToggle):
             params = [p for p in module.parameters() if p.requires_grad]
             flat = flatten_params(params, multiple=self.n)
             per = flat.numel() // self.n
-            shard = nn.Parameter(flat[self.r * per:(self.r + 1) * per].clone())
-            shard.decay_ranges = marked_runs(params, self.r * per, (self.r + 1) * per)  # its matrices decay
+            shard = nn.Parameter(flat[self.r * per : (self.r + 1) * per].clone())
+            shard.decay_ranges = marked_runs(
+                params, self.r * per, (self.r + 1) * per
+            )  # its matrices decay
             shard.grad = torch.zeros_like(shard)
-            unit = Unit(i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size())
+            unit = Unit(
+                i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size()
+            )
             self._free(unit)
             for p in params:
                 self._unit_of[p] = unit
@@ -107,8 +116,14 @@ class Zero3DataParallel(SyncToggle):
         if self.memory is not None:
             self.memory.add("temporary", unit.nbytes)
             self.memory.not_activation(unit.flat)  # a new allocation each time: its address changes
-        h = self.comm.all_gather(unit.flat, unit.shard.data, self.group, async_op=async_op,
-                                 label=f"zero3 {unit.name} {why}", meta={"layer": unit.name, "direction": why})
+        h = self.comm.all_gather(
+            unit.flat,
+            unit.shard.data,
+            self.group,
+            async_op=async_op,
+            label=f"zero3 {unit.name} {why}",
+            meta={"layer": unit.name, "direction": why},
+        )
         if async_op:
             unit.gather_handle = h
         else:
@@ -165,8 +180,14 @@ class Zero3DataParallel(SyncToggle):
         staging.div_(self.n)
         self._free(unit)
         out = torch.empty_like(unit.shard)
-        h = self.comm.reduce_scatter(out, staging, self.group, async_op=True, label=f"zero3 {unit.name} grads",
-                                     meta={"layer": unit.name, "direction": "backward"})
+        h = self.comm.reduce_scatter(
+            out,
+            staging,
+            self.group,
+            async_op=True,
+            label=f"zero3 {unit.name} grads",
+            meta={"layer": unit.name, "direction": "backward"},
+        )
         self._in_flight.append(_ReduceScatter(unit, h, out, staging))
         if self.memory is not None:
             self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
@@ -177,7 +198,9 @@ class Zero3DataParallel(SyncToggle):
         rs = self._in_flight.popleft()
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
-        if self.on_reduced is not None:  # final: ZeRO-3 reduce-scatters once per step (no accumulation)
+        if (
+            self.on_reduced is not None
+        ):  # final: ZeRO-3 reduce-scatters once per step (no accumulation)
             self.on_reduced(rs.unit.index)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot
@@ -191,9 +214,13 @@ class Zero3DataParallel(SyncToggle):
             self._finish_reduce_scatter()
         for unit in self.units:
             if unit.ready:
-                raise RuntimeError(f"zero3 unit {unit.name}: {unit.ready}/{len(unit.params)} gradients arrived; every "
-                                   f"parameter must receive a gradient each step")
-            if unit.gather_handle is not None:  # a prefetch nobody used (the first unit, in backward)
+                raise RuntimeError(
+                    f"zero3 unit {unit.name}: {unit.ready}/{len(unit.params)} gradients arrived; every "
+                    f"parameter must receive a gradient each step"
+                )
+            if (
+                unit.gather_handle is not None
+            ):  # a prefetch nobody used (the first unit, in backward)
                 unit.gather_handle.wait()
                 unit.gather_handle, unit.gathered = None, True
             self._free(unit)

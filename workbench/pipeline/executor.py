@@ -41,11 +41,25 @@ from workbench.schedules.actions import Action, P2PBatch, Schedule
 
 
 class PipelineExecutor:
-    def __init__(self, schedule: Schedule, rank: int, chunks: dict[int, nn.Module], comm: Communicator,
-                 memory: MemoryTracker, hidden_shape: tuple[int, ...], device: torch.device,
-                 grad_sync: GradSync | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        rank: int,
+        chunks: dict[int, nn.Module],
+        comm: Communicator,
+        memory: MemoryTracker,
+        hidden_shape: tuple[int, ...],
+        device: torch.device,
+        grad_sync: GradSync | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.schedule, self.rank, self.chunks, self.comm = schedule, rank, chunks, comm
-        self.memory, self.hidden_shape, self.device, self.grad_sync = memory, hidden_shape, device, grad_sync
+        self.memory, self.hidden_shape, self.device, self.grad_sync = (
+            memory,
+            hidden_shape,
+            device,
+            grad_sync,
+        )
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.program = schedule.program(rank)
         self.pp_ranks = comm.groups.ranks["pp"]
@@ -56,7 +70,9 @@ class PipelineExecutor:
         self.last_backward = set(last.values())
         self.forward_program: list | None = None  # the validation loss's: built at its first use
         self.store = WeightGradStore(memory)
-        self.split = {(a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"}  # backward split
+        self.split = {
+            (a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"
+        }  # backward split
         if self.split:
             for chunk in chunks.values():
                 split_linears(chunk, self.store)
@@ -64,7 +80,9 @@ class PipelineExecutor:
     def _peer(self, stage: int) -> int:
         return self.pp_ranks[self.schedule.rank_of(stage)]
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0
+    ) -> torch.Tensor:
         """One optimizer step's forwards and backwards of the local batch (x, y), cut into m microbatches;
         backward runs on loss × loss_scale (fp16). Returns the summed (1/m-scaled) loss of the
         microbatches whose last stage is here (zero elsewhere)."""
@@ -74,15 +92,28 @@ class PipelineExecutor:
         rec = self.comm.recorder
         for i, item in enumerate(self.program):
             if isinstance(item, P2PBatch):
-                with rec.span(str(item), "schedule", "schedule", step=step, action="P2P",
-                              transfers=[str(a) for a in item.actions]):
+                with rec.span(
+                    str(item),
+                    "schedule",
+                    "schedule",
+                    step=step,
+                    action="P2P",
+                    transfers=[str(a) for a in item.actions],
+                ):
                     self._post(st, item)
                 continue
             key = (item.stage, item.microbatch)
             if item.kind != "W":
-                self._await(st, ("F" if item.kind == "F" else "B", key))  # outside the action: a `wait` span
-            args = {"step": step, "stage": item.stage, "chunk": self.schedule.chunk_of(item.stage),
-                    "microbatch": item.microbatch, "action": item.kind}
+                self._await(
+                    st, ("F" if item.kind == "F" else "B", key)
+                )  # outside the action: a `wait` span
+            args = {
+                "step": step,
+                "stage": item.stage,
+                "chunk": self.schedule.chunk_of(item.stage),
+                "microbatch": item.microbatch,
+                "action": item.kind,
+            }
             run = {"F": self._forward, "W": self._weight}.get(item.kind, self._backward)
             with rec.span(str(item), "schedule", "schedule", **args):
                 run(st, item, key, args, i)
@@ -106,8 +137,14 @@ class PipelineExecutor:
                 continue
             key = (item.stage, item.microbatch)
             self._await(st, ("F", key))
-            args = {"step": step, "stage": item.stage, "chunk": self.schedule.chunk_of(item.stage),
-                    "microbatch": item.microbatch, "action": "F", "evaluation": True}
+            args = {
+                "step": step,
+                "stage": item.stage,
+                "chunk": self.schedule.chunk_of(item.stage),
+                "microbatch": item.microbatch,
+                "action": "F",
+                "evaluation": True,
+            }
             with rec.span(str(item), "schedule", "schedule", **args):
                 self._forward(st, item, key, args, i)
         for handle, _ in st.posted:
@@ -144,12 +181,14 @@ class PipelineExecutor:
                 st.stage_in[what[1]].requires_grad_()
         _let_go(st)
 
-
     # ---- compute -----------------------------------------------------------------------------------
     def _forward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
         chunk = self.chunks[a.stage]
         x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
-        with self.comm.recorder.span("forward", "forward", "compute", **args), self.store.forward(key in self.split):
+        with (
+            self.comm.recorder.span("forward", "forward", "compute", **args),
+            self.store.forward(key in self.split),
+        ):
             with self.memory.count_saved_activations():
                 out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
                 if chunk.last:
@@ -162,24 +201,34 @@ class PipelineExecutor:
         elif self.schedule.local(a.stage, a.stage + 1):  # a V's turn: the next stage is here too
             st.stage_in[(a.stage + 1, a.microbatch)] = out.detach().requires_grad_()
 
-    def _backward(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
+    def _backward(
+        self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int
+    ) -> None:
         """B, or I (the same, with each Linear's weight gradient left to W)."""
         name = "backward" if a.kind == "B" else "backward_input"
-        with self._sync_unless_last(i), self.comm.recorder.span(name, "backward", "compute", **args), \
-                self.store.input_grad(key) if a.kind == "I" else nullcontext():
+        with (
+            self._sync_unless_last(i),
+            self.comm.recorder.span(name, "backward", "compute", **args),
+            self.store.input_grad(key) if a.kind == "I" else nullcontext(),
+        ):
             out = st.stage_out.pop(key)
             if key in st.grad_out:
                 torch.autograd.backward(out, st.grad_out.pop(key))
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
             self.comm.recorder.sync_compute()
-        if a.stage > 0 and self.schedule.local(a.stage - 1, a.stage):  # a V's turn: hand the gradient over
+        if a.stage > 0 and self.schedule.local(
+            a.stage - 1, a.stage
+        ):  # a V's turn: hand the gradient over
             st.grad_out[(a.stage - 1, a.microbatch)] = st.stage_in.pop(key).grad
         self.memory.snapshot()
 
     def _weight(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
         """W: the weight gradients of the Linears that this microbatch's I left in the stash."""
-        with self._sync_unless_last(i), self.comm.recorder.span("backward_weight", "backward", "compute", **args):
+        with (
+            self._sync_unless_last(i),
+            self.comm.recorder.span("backward_weight", "backward", "compute", **args),
+        ):
             self.store.weight_grad(key)
             self.comm.recorder.sync_compute()
         self.memory.snapshot()

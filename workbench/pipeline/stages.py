@@ -34,10 +34,16 @@ def stages_of_rank(schedule: Schedule, pp_rank: int) -> list[int]:
     return [k for k in range(schedule.stages) if schedule.rank_of(k) == pp_rank]
 
 
-def build_stages(layers: int, schedule: Schedule, pp_rank: int,
-                 make_stage: Callable[[range, bool, bool], nn.Module]) -> dict[int, nn.Module]:
+def build_stages(
+    layers: int,
+    schedule: Schedule,
+    pp_rank: int,
+    make_stage: Callable[[range, bool, bool], nn.Module],
+) -> dict[int, nn.Module]:
     """The chunks (stage index → module) of pipeline rank `pp_rank`; `make_stage(layers, first, last)`
     builds one."""
     last = schedule.stages - 1
-    return {stage: make_stage(stage_layers(layers, schedule.stages, stage), stage == 0, stage == last)
-            for stage in stages_of_rank(schedule, pp_rank)}
+    return {
+        stage: make_stage(stage_layers(layers, schedule.stages, stage), stage == 0, stage == last)
+        for stage in stages_of_rank(schedule, pp_rank)
+    }

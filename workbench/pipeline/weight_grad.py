@@ -47,9 +47,15 @@ class WeightGradStore:
 
     def __init__(self, memory: MemoryTracker | None = None) -> None:
         self.memory = memory
-        self.stash: dict[Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]] = {}
-        self._into: list | None = None  # where the Linear backwards running now stash (None: not split)
-        self.split_forward = False  # the forward running now belongs to a microbatch whose backward is split
+        self.stash: dict[
+            Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]
+        ] = {}
+        self._into: list | None = (
+            None  # where the Linear backwards running now stash (None: not split)
+        )
+        self.split_forward = (
+            False  # the forward running now belongs to a microbatch whose backward is split
+        )
 
     @contextmanager
     def forward(self, split: bool) -> Iterator[None]:
@@ -73,7 +79,9 @@ class WeightGradStore:
     def splitting(self) -> bool:
         return self._into is not None
 
-    def put(self, weight: nn.Parameter, bias: nn.Parameter | None, x: torch.Tensor, dy: torch.Tensor) -> None:
+    def put(
+        self, weight: nn.Parameter, bias: nn.Parameter | None, x: torch.Tensor, dy: torch.Tensor
+    ) -> None:
         assert self._into is not None
         self._into.append((weight, bias, x, dy))
         if self.memory is not None:
@@ -96,7 +104,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _weight_grads(x: torch.Tensor, dy: torch.Tensor, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _weight_grads(
+    x: torch.Tensor, dy: torch.Tensor, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """dW = dyᵀ·x and db = Σ dy over every token (what F.linear's backward computes)."""
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     return dy2.t().mm(x2), (dy2.sum(0) if bias else None)
@@ -131,13 +141,20 @@ class _SplitLinear(torch.autograd.Function):
             ctx.store.put(p.weight, p.bias, x, dy)
         else:  # a split forward met a full backward: the weights' gradients now (what B does)
             dw, db = _weight_grads(x, dy, p.bias is not None)
-            leaves, grads = ([p.weight, p.bias], [dw, db]) if p.bias is not None else ([p.weight], [dw])
+            leaves, grads = (
+                ([p.weight, p.bias], [dw, db]) if p.bias is not None else ([p.weight], [dw])
+            )
             torch.autograd.backward(leaves, grads)
         return dx, None, None
 
 
-def split_linear(x: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None = None, *,
-                 store: WeightGradStore) -> torch.Tensor:
+def split_linear(
+    x: torch.Tensor,
+    weight: nn.Parameter,
+    bias: nn.Parameter | None = None,
+    *,
+    store: WeightGradStore,
+) -> torch.Tensor:
     """F.linear, through `_SplitLinear` while a split microbatch's forward (or its I) runs."""
     if store.split_forward or store.splitting:
         return _SplitLinear.apply(x, _Params(weight, bias), store)
@@ -153,7 +170,9 @@ def split_linears(module: nn.Module, store: WeightGradStore) -> int:
     layers by their `linear` (parallel/tensor_parallel.py). Returns how many were routed."""
     n = 0
     for m in module.modules():
-        if isinstance(m, nn.Linear):  # its parameters looked up at each call (a cast may replace them)
+        if isinstance(
+            m, nn.Linear
+        ):  # its parameters looked up at each call (a cast may replace them)
             m.forward = partial(_linear_forward, m, store)  # type: ignore[method-assign]
             n += 1
         elif hasattr(m, "linear"):

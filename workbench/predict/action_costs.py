@@ -50,7 +50,9 @@ class Layout:
     dp_link_bytes: tuple[tuple[str, float], ...] = ()
     cp: int = 1  # context parallelism: each rank's s/cp tokens, attention as a ring over cp ranks
     cp_rotate: str = "ring"
-    ep: int = 1  # expert parallelism (a model with experts): the dispatch's all-to-alls over ep ranks
+    ep: int = (
+        1  # expert parallelism (a model with experts): the dispatch's all-to-alls over ep ranks
+    )
 
     @property
     def world(self) -> int:
@@ -77,8 +79,14 @@ def head_flops(cfg: ModelConfig, micro: int, tp: int) -> float:
     return 2 * micro * cfg.seq_len * cfg.hidden * cfg.vocab_size / tp
 
 
-def elementwise_bytes(cfg: ModelConfig, micro: int, tp: int, sequence_parallel: bool, width: int,
-                      keys: int | None = None) -> float:
+def elementwise_bytes(
+    cfg: ModelConfig,
+    micro: int,
+    tp: int,
+    sequence_parallel: bool,
+    width: int,
+    keys: int | None = None,
+) -> float:
     """What one block's forward reads and writes outside its matmuls: two norms and two residual adds on b·s·h
     (10 passes: replicated over tp unless sequence-parallel), the MLP's activation (GELU: 3 passes of f,
     SwiGLU: 5 — silu and the product) and the biases (5 passes of h, none without biases) on the sharded
@@ -99,16 +107,24 @@ def _interp(table: tuple[tuple[float, ...], ...], world: int, col: int) -> float
     for a, b in zip(rows, rows[1:], strict=False):
         if world <= b[0]:
             return a[col] + (b[col] - a[col]) * (world - a[0]) / (b[0] - a[0])
-    return rows[-1][col] if len(rows) == 1 else \
-        rows[-1][col] + (rows[-1][col] - rows[-2][col]) * (world - rows[-1][0]) / (rows[-1][0] - rows[-2][0])
+    return (
+        rows[-1][col]
+        if len(rows) == 1
+        else rows[-1][col]
+        + (rows[-1][col] - rows[-2][col]) * (world - rows[-1][0]) / (rows[-1][0] - rows[-2][0])
+    )
 
 
 def contention(hw: Any, world: int) -> tuple[float, float, float, float]:
     """(compute stretch, α of a collective, α of a pipeline transfer, the step's fixed cost) with `world`
     ranks running on this hardware."""
     if hw.contention and world > 1:
-        return (max(1.0, _interp(hw.contention, world, 1)), _interp(hw.contention, world, 2),
-                _interp(hw.contention, world, 3), max(_interp(hw.contention, world, 4), 0.0))
+        return (
+            max(1.0, _interp(hw.contention, world, 1)),
+            _interp(hw.contention, world, 2),
+            _interp(hw.contention, world, 3),
+            max(_interp(hw.contention, world, 4), 0.0),
+        )
     share = max(1.0, world / hw.cores) if hw.cores else 1.0
     p2p = hw.p2p_latency_s if hw.p2p_latency_s is not None else hw.latency_s
     return share, hw.latency_s, p2p, share * hw.step_overhead_s
@@ -140,14 +156,23 @@ def _ctx(L: Layout, hw: Any) -> _Ctx:
     mm = hw.matmul_flops or hw.peak_flops * hw.efficiency
     per_node = L.ranks_per_node or hw.devices_per_node
     intra, inter = hw.intra_node_bw, hw.inter_node_bw
-    return _Ctx(mm=mm, at=hw.attention_flops or mm, bw_mem=hw.memory_bw, stretch=stretch,
-                alpha=alpha + hw.extra_latency_s, alpha_p2p=p2p + hw.extra_latency_s, beta_tp=intra,
-                beta_cp=intra if L.tp * L.cp <= per_node else inter,
-                beta_ep=intra if L.tp * L.cp * L.ep <= per_node else inter,  # ep: consecutive dp ranks
-                beta_dp=intra if L.tp * L.cp * L.dp <= per_node else inter,
-                beta_pp=intra if L.world <= per_node else inter,
-                beta_intra=intra, beta_inter=inter, step_s=step,
-                kappa=_interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0)
+    return _Ctx(
+        mm=mm,
+        at=hw.attention_flops or mm,
+        bw_mem=hw.memory_bw,
+        stretch=stretch,
+        alpha=alpha + hw.extra_latency_s,
+        alpha_p2p=p2p + hw.extra_latency_s,
+        beta_tp=intra,
+        beta_cp=intra if L.tp * L.cp <= per_node else inter,
+        beta_ep=intra if L.tp * L.cp * L.ep <= per_node else inter,  # ep: consecutive dp ranks
+        beta_dp=intra if L.tp * L.cp * L.dp <= per_node else inter,
+        beta_pp=intra if L.world <= per_node else inter,
+        beta_intra=intra,
+        beta_inter=inter,
+        step_s=step,
+        kappa=_interp(hw.skew, L.world, 1) if hw.skew and L.world > 1 else 0.0,
+    )
 
 
 def _collective(c: _Ctx, nbytes: float, factor: float, beta: float) -> float:
@@ -160,15 +185,20 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     collectives."""
     cfg, b, t = local_model(L), L.micro, L.tp
     attn = attention_flops(cfg, b, t, L.model.seq_len) / c.at
-    work = layer_matmul_flops(cfg, b, t) / c.mm + attn + \
-        elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width, L.model.seq_len) / c.bw_mem
+    work = (
+        layer_matmul_flops(cfg, b, t) / c.mm
+        + attn
+        + elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width, L.model.seq_len) / c.bw_mem
+    )
     fwd, bwd = work, hw.backward_ratio * work
     fixed_f, fixed_b = hw.layer_fwd_s, hw.layer_bwd_s
     comm_f = comm_b = 0.0
     if t > 1:
         full = b * cfg.seq_len * cfg.hidden * L.width
         busy_f, busy_b = c.stretch * (fwd + fixed_f), c.stretch * (bwd + fixed_b)
-        if L.sequence_parallel:  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
+        if (
+            L.sequence_parallel
+        ):  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
             comm_f = 4 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_f
             comm_b = 6 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_b
         else:  # g after attn.proj and mlp.proj; f before qkv and fc in backward
@@ -182,11 +212,18 @@ def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
     if L.recompute != "none":  # the rerun of the core rotates K/V again
         ring_b += ring_f
     a2a = 0.0
-    if L.ep > 1:  # dispatch and combine, each way: T·k rows of h values, (ep − 1)/ep of them leaving the rank
+    if (
+        L.ep > 1
+    ):  # dispatch and combine, each way: T·k rows of h values, (ep − 1)/ep of them leaving the rank
         rows = b * cfg.seq_len * cfg.top_k * cfg.hidden * L.width
         a2a = 2 * _collective(c, rows, (L.ep - 1) / L.ep, c.beta_ep)
-    return {"compute": (c.stretch * fwd, c.stretch * bwd), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
-            "tp": (comm_f, comm_b), "cp": (ring_f, ring_b), "ep": (a2a, a2a)}
+    return {
+        "compute": (c.stretch * fwd, c.stretch * bwd),
+        "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
+        "tp": (comm_f, comm_b),
+        "cp": (ring_f, ring_b),
+        "ep": (a2a, a2a),
+    }
 
 
 def local_model(L: Layout) -> ModelConfig:
@@ -205,9 +242,16 @@ def _ring(L: Layout, c: _Ctx, block_s: float) -> tuple[float, float]:
     beta = c.beta_cp
     if L.cp_rotate != "ring":
         n = L.cp
-        return (_collective(c, n * kv * L.width, (n - 1) / n, beta), _collective(c, n * kv * 4, (n - 1) / n, beta))
+        return (
+            _collective(c, n * kv * L.width, (n - 1) / n, beta),
+            _collective(c, n * kv * 4, (n - 1) / n, beta),
+        )
     hop = c.alpha_p2p + c.stretch * kv * L.width / beta
-    back = (L.cp - 1) * (c.alpha_p2p + c.stretch * kv * (L.width + 4) / beta) + c.alpha_p2p + c.stretch * kv * 4 / beta
+    back = (
+        (L.cp - 1) * (c.alpha_p2p + c.stretch * kv * (L.width + 4) / beta)
+        + c.alpha_p2p
+        + c.stretch * kv * 4 / beta
+    )
     return (L.cp - 1) * max(hop - block_s, 0.0), back
 
 
@@ -218,13 +262,20 @@ def _ends(L: Layout, hw: Any, c: _Ctx, first: bool, last: bool) -> dict[str, tup
     fixed_f = (e[0] if first else 0.0) + (e[4] if last else 0.0)
     fixed_b = (e[2] if first else 0.0) + (e[6] if last else 0.0)
     head = head_flops(cfg, b, t) / c.mm
-    per_f = (b * e[1] if first else 0.0) + ((b * e[5] / t if hw.stage_ends else head) if last else 0.0)
-    per_b = (b * e[3] if first else 0.0) + ((b * e[7] / t if hw.stage_ends else 2 * head) if last else 0.0)
+    per_f = (b * e[1] if first else 0.0) + (
+        (b * e[5] / t if hw.stage_ends else head) if last else 0.0
+    )
+    per_b = (b * e[3] if first else 0.0) + (
+        (b * e[7] / t if hw.stage_ends else 2 * head) if last else 0.0
+    )
     comm_f = comm_b = 0.0
     if t > 1:
         full = b * cfg.seq_len * cfg.hidden * L.width
         embedding = _collective(c, full, 2 * (t - 1) / t, c.beta_tp) if first else 0.0
         comm_f = embedding + (3 * c.alpha if last else 0.0)  # the vocabulary-parallel loss's three
         comm_b = _collective(c, full, 2 * (t - 1) / t, c.beta_tp) if last else 0.0
-    return {"compute": (c.stretch * per_f, c.stretch * per_b), "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
-            "tp": (comm_f, comm_b)}
+    return {
+        "compute": (c.stretch * per_f, c.stretch * per_b),
+        "overhead": (c.stretch * fixed_f, c.stretch * fixed_b),
+        "tp": (comm_f, comm_b),
+    }

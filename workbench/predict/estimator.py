@@ -28,8 +28,12 @@ from workbench.config import ConfigError, ModelConfig, RunConfig
 from workbench.config.model_config import check_tensor_parallel, divisors
 from workbench.predict import formulas
 from workbench.predict.action_costs import Layout
-from workbench.predict.hardware import A100_80GB as A100_80GB  # the presets, re-exported: wb.Hardware and
-from workbench.predict.hardware import H100_80GB as H100_80GB  # estimator.A100_80GB are where users find them
+from workbench.predict.hardware import (
+    A100_80GB as A100_80GB,
+)  # the presets, re-exported: wb.Hardware and
+from workbench.predict.hardware import (
+    H100_80GB as H100_80GB,
+)  # estimator.A100_80GB are where users find them
 from workbench.predict.hardware import Hardware as Hardware
 from workbench.predict.hardware import with_emulated_links as with_emulated_links
 from workbench.predict.step_time import predict_step
@@ -50,13 +54,19 @@ class Estimate:
     model_state_bytes: dict[str, float]
     model_state_bytes_per_rank: float
     activation_bytes_per_rank: float | None = None
-    wgrad_stash_bytes_per_rank: float = 0.0  # zero-bubble schedules: the W stash at its peak (formulas/zero_bubble.py)
+    wgrad_stash_bytes_per_rank: float = (
+        0.0  # zero-bubble schedules: the W stash at its peak (formulas/zero_bubble.py)
+    )
     #: ZeRO-2/3's gradient copies in flight and ZeRO-3's gathered layers (formulas.buffer_bytes)
     buffer_bytes: dict[str, float] = field(default_factory=dict)
     memory_bytes_per_rank: float | None = None
-    comm_bytes_per_step: dict[str, float] = field(default_factory=dict)  # group -> bytes each rank sends
+    comm_bytes_per_step: dict[str, float] = field(
+        default_factory=dict
+    )  # group -> bytes each rank sends
     bubble_fraction: float = 0.0
-    flops_per_step: float | None = None  # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
+    flops_per_step: float | None = (
+        None  # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
+    )
     compute_s: float | None = None
     comm_s: float | None = None
     step_time_s: float | None = None
@@ -71,7 +81,9 @@ class Estimate:
     #: ZeRO-Offload: the optimizer on the host; `host_bytes` what the host holds per rank (16Ψ/N)
     offload: bool = False
     host_bytes: dict[str, float] = field(default_factory=dict)
-    host_link_bytes_per_step: float = 0.0  # offload: the gradient slice out and the parameter slice back
+    host_link_bytes_per_step: float = (
+        0.0  # offload: the gradient slice out and the parameter slice back
+    )
     #: seconds each term of the step-time model adds (predict/step_time.py: compute, overhead, tp, zero3,
     #: pipeline, dp, optimizer, step, offload)
     step_terms: dict[str, float] = field(default_factory=dict)
@@ -113,8 +125,9 @@ class Traffic:
             out.dp_bytes_warmup, dp_bytes = dp_bytes, formulas.onebit_bytes_per_step(local, n)
         out.comm_bytes_per_step["dp"] = dp_bytes
         if self.ranks_per_node and out.zero == 0 and self.optimizer != "onebit-adam":
-            out.dp_link_bytes = formulas.dp_link_bytes(local * wire, n, self.ranks_per_node,
-                                                       self.allreduce == "hierarchical")
+            out.dp_link_bytes = formulas.dp_link_bytes(
+                local * wire, n, self.ranks_per_node, self.allreduce == "hierarchical"
+            )
 
 
 def uneven(model: ModelConfig, pp: int) -> ModelConfig | None:
@@ -129,15 +142,27 @@ def uneven(model: ModelConfig, pp: int) -> ModelConfig | None:
     return dataclasses.replace(model, layers=pp * per)
 
 
-def _checked(params: float | None, model: ModelConfig | None, precision: str, dp: int, tp: int, pp: int,
-             zero: int, uneven_stages: bool = False) -> float:
+def _checked(
+    params: float | None,
+    model: ModelConfig | None,
+    precision: str,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    uneven_stages: bool = False,
+) -> float:
     """Ψ, after ConfigError for what no run could have: an unknown precision, a ZeRO stage, a grid or a
     tp / pp that does not divide the model."""
     if precision not in ("fp32", "bf16", "fp16", "mixed"):
-        raise ConfigError(f"precision={precision!r}: valid are 'fp32', 'bf16', 'fp16' and 'mixed' "
-                          f"(16-bit + fp32 masters)")
+        raise ConfigError(
+            f"precision={precision!r}: valid are 'fp32', 'bf16', 'fp16' and 'mixed' "
+            f"(16-bit + fp32 masters)"
+        )
     if zero not in (0, 1, 2, 3) or min(dp, tp, pp) < 1:
-        raise ConfigError(f"zero={zero}, dp={dp}, tp={tp}, pp={pp}: ZeRO stages are 0–3 and the grid sizes ≥ 1")
+        raise ConfigError(
+            f"zero={zero}, dp={dp}, tp={tp}, pp={pp}: ZeRO stages are 0–3 and the grid sizes ≥ 1"
+        )
     if model is None:
         if params is None:
             raise ConfigError("estimate needs a RunConfig, a model, or params=")
@@ -146,7 +171,9 @@ def _checked(params: float | None, model: ModelConfig | None, precision: str, dp
     if model.layers % pp and not (uneven_stages and uneven(model, pp)):
         valid = divisors(model.layers)
         also = "" if not uneven_stages else " (or, with uneven stages, a pp with pp·⌈L/pp⌉ − L ≤ 2)"
-        raise ConfigError(f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}{also}")
+        raise ConfigError(
+            f"pp={pp} does not divide model.layers={model.layers}; valid pp: {valid}{also}"
+        )
     return params if params is not None else model.param_count()
 
 
@@ -154,8 +181,9 @@ def _width(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def _megatron_per_layer(model: ModelConfig, micro: int, tp: int, sequence_parallel: bool,
-                        recompute: str) -> float:
+def _megatron_per_layer(
+    model: ModelConfig, micro: int, tp: int, sequence_parallel: bool, recompute: str
+) -> float:
     """Korthikanti et al.'s 16-bit activation bytes per layer (Table 2), by SP and recomputation."""
     sbh, a_s_h = model.seq_len * micro * model.hidden, model.heads * model.seq_len / model.hidden
     if recompute == "full":
@@ -167,14 +195,37 @@ def _megatron_per_layer(model: ModelConfig, micro: int, tp: int, sequence_parall
     return formulas.korthikanti_activation_bytes_per_layer(model, micro, tp)
 
 
-def estimate(config: RunConfig | None = None, *, params: float | None = None, model: ModelConfig | None = None,
-             dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, precision: str = "mixed",
-             global_batch: int | None = None, microbatches: int = 1, virtual_stages: int = 1,
-             sequence_parallel: bool = False, recompute: str = "none", activations: str = "ours",
-             hardware: Hardware | None = None, bucket_mb: float = 25.0, prefetch: bool = True,
-             backend_copies: bool = False, grad_bytes: int | None = None, traffic: Traffic | None = None,
-             offload: bool = False, schedule: str = "1f1b", rule: str | None = None, cp: int = 1,
-             cp_rotate: str = "ring", ep: int = 1, attention: str = "eager", uneven_stages: bool = False) -> Estimate:
+def estimate(
+    config: RunConfig | None = None,
+    *,
+    params: float | None = None,
+    model: ModelConfig | None = None,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    zero: int = 0,
+    precision: str = "mixed",
+    global_batch: int | None = None,
+    microbatches: int = 1,
+    virtual_stages: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    activations: str = "ours",
+    hardware: Hardware | None = None,
+    bucket_mb: float = 25.0,
+    prefetch: bool = True,
+    backend_copies: bool = False,
+    grad_bytes: int | None = None,
+    traffic: Traffic | None = None,
+    offload: bool = False,
+    schedule: str = "1f1b",
+    rule: str | None = None,
+    cp: int = 1,
+    cp_rotate: str = "ring",
+    ep: int = 1,
+    attention: str = "eager",
+    uneven_stages: bool = False,
+) -> Estimate:
     """The analytic model. `activations='megatron'` uses Korthikanti et al.'s 16-bit per-layer formula
     (with dropout masks) instead of the count of what our GPT saves. `grad_bytes`: per gradient value
     (None: the precision's own, the ZeRO paper's 16Ψ; a RunConfig's 16-bit run has fp32 main gradients
@@ -191,24 +242,50 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     pipeline (`uneven`)."""
     if config is not None:
         if config.node_placement != "block":
-            raise ConfigError(f"estimate: node_placement={config.node_placement!r} is not modelled: the estimator "
-                              "puts each tp group on one machine, as 'block' does; estimate node_placement='block'")
-        return estimate(None, **_run_kwargs(config), activations=activations, hardware=hardware,
-                        backend_copies=backend_copies, rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule))
+            raise ConfigError(
+                f"estimate: node_placement={config.node_placement!r} is not modelled: the estimator "
+                "puts each tp group on one machine, as 'block' does; estimate node_placement='block'"
+            )
+        return estimate(
+            None,
+            **_run_kwargs(config),
+            activations=activations,
+            hardware=hardware,
+            backend_copies=backend_copies,
+            rule={"gloo": "gloo", "nccl": "nccl"}.get(config.backend, rule),
+        )
     params = _checked(params, model, precision, dp, tp, pp, zero, uneven_stages)
     flops_model = model
     if model is not None and model.layers % pp:  # uneven stages: each estimated as the busiest
         model = uneven(model, pp)
     if offload and zero == 0:
-        raise ConfigError("offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states")
+        raise ConfigError(
+            "offload=True needs ZeRO (zero=1, 2 or 3): it offloads the partitioned optimizer states"
+        )
     w, shards = _width(precision), dp * cp  # ZeRO shards, and gradients reduce, over dp×cp
     # model states: what one rank holds of its tp × pp shard, partitioned over dp×cp by ZeRO
-    local = params / (tp * pp) if model is None else formulas.params_per_rank(model, tp, pp, virtual_stages, 0,
-                                                                              ep=ep)
+    local = (
+        params / (tp * pp)
+        if model is None
+        else formulas.params_per_rank(model, tp, pp, virtual_stages, 0, ep=ep)
+    )
     states = formulas.model_state_bytes(local, shards, zero, precision, grad_bytes, offload)
-    out = Estimate(params, dp, tp, pp, zero, precision, states, sum(states.values()), microbatches=microbatches,
-                   offload=offload, host_bytes=formulas.offload_host_bytes(local, shards) if offload else {},
-                   host_link_bytes_per_step=local / shards * (4 + w) if offload else 0.0, cp=cp, ep=ep)
+    out = Estimate(
+        params,
+        dp,
+        tp,
+        pp,
+        zero,
+        precision,
+        states,
+        sum(states.values()),
+        microbatches=microbatches,
+        offload=offload,
+        host_bytes=formulas.offload_host_bytes(local, shards) if offload else {},
+        host_link_bytes_per_step=local / shards * (4 + w) if offload else 0.0,
+        cp=cp,
+        ep=ep,
+    )
     g = grad_bytes or w
     (traffic or Traffic()).apply(out, local, g)
     if model is None or global_batch is None:
@@ -216,92 +293,243 @@ def estimate(config: RunConfig | None = None, *, params: float | None = None, mo
     micro = global_batch // dp // microbatches
     if activations == "megatron":
         acts, core = formulas.cp_local(model, cp, cp_rotate)
-        act = _megatron_activations(acts, micro, tp, pp, microbatches, sequence_parallel, recompute, schedule)
+        act = _megatron_activations(
+            acts, micro, tp, pp, microbatches, sequence_parallel, recompute, schedule
+        )
         out.activation_bytes_per_rank = act
-        out.buffer_bytes = formulas.buffer_bytes(model, local, shards, zero, bucket_mb, w, prefetch, backend_copies)
+        out.buffer_bytes = formulas.buffer_bytes(
+            model, local, shards, zero, bucket_mb, w, prefetch, backend_copies
+        )
         # activations peak at the end of forward, with no gradient copy in flight; the copies peak during
         # backward, as activations are released, and 16-bit gradients' fp32 copies at the update: none add up
         masters = 4 * local if g == 2 and not offload else 0
-        out.memory_bytes_per_rank = (out.model_state_bytes_per_rank + max(act, out.buffer_bytes["comm_buffer"], masters)
-                                     + out.buffer_bytes["temporary"])
+        out.memory_bytes_per_rank = (
+            out.model_state_bytes_per_rank
+            + max(act, out.buffer_bytes["comm_buffer"], masters)
+            + out.buffer_bytes["temporary"]
+        )
     else:  # the one memory model: the run's own prediction (formulas/run.py), schedule included
-        run = _run_dict(model, dp, tp, pp, zero, precision, global_batch, microbatches, virtual_stages,
-                        sequence_parallel, recompute, bucket_mb, prefetch, backend_copies, g, offload, schedule, cp,
-                        cp_rotate, ep, attention, traffic, hardware)
+        run = _run_dict(
+            model,
+            dp,
+            tp,
+            pp,
+            zero,
+            precision,
+            global_batch,
+            microbatches,
+            virtual_stages,
+            sequence_parallel,
+            recompute,
+            bucket_mb,
+            prefetch,
+            backend_copies,
+            g,
+            offload,
+            schedule,
+            cp,
+            cp_rotate,
+            ep,
+            attention,
+            traffic,
+            hardware,
+        )
         categories, total, _ = formulas.predicted_memory(run)
-        out.model_state_bytes = {k: categories[k] for k in ("parameter", "gradient", "optimizer_state")}
+        out.model_state_bytes = {
+            k: categories[k] for k in ("parameter", "gradient", "optimizer_state")
+        }
         out.model_state_bytes_per_rank = sum(out.model_state_bytes.values())
         out.activation_bytes_per_rank = categories["activation"]
         out.wgrad_stash_bytes_per_rank = categories.get("wgrad_stash", 0.0)
-        out.buffer_bytes = {"comm_buffer": categories["comm_buffer"], "temporary": categories["temporary"]}
+        out.buffer_bytes = {
+            "comm_buffer": categories["comm_buffer"],
+            "temporary": categories["temporary"],
+        }
         out.memory_bytes_per_rank = total
     out.bubble_fraction = formulas.named_bubble_fraction(schedule, pp, microbatches, virtual_stages)
     out.flops_per_step = formulas.model_flops_per_token(flops_model) * global_batch * model.seq_len
     _activation_traffic(out, model, micro, sequence_parallel, recompute, w, g, cp_rotate)
-    return _timed(out, hardware, model, {"v": virtual_stages, "micro": micro, "sequence_parallel": sequence_parallel,
-                                         "recompute": recompute, "schedule": schedule, "width": w, "cp": cp, "ep": ep,
-                                         "cp_rotate": cp_rotate, "grad_bytes": g, "bucket_mb": bucket_mb,
-                                         "rule": rule})
+    return _timed(
+        out,
+        hardware,
+        model,
+        {
+            "v": virtual_stages,
+            "micro": micro,
+            "sequence_parallel": sequence_parallel,
+            "recompute": recompute,
+            "schedule": schedule,
+            "width": w,
+            "cp": cp,
+            "ep": ep,
+            "cp_rotate": cp_rotate,
+            "grad_bytes": g,
+            "bucket_mb": bucket_mb,
+            "rule": rule,
+        },
+    )
 
 
-def _activation_traffic(out: Estimate, model: ModelConfig, micro: int, sequence_parallel: bool, recompute: str,
-                        w: int, g: int, cp_rotate: str) -> None:
+def _activation_traffic(
+    out: Estimate,
+    model: ModelConfig,
+    micro: int,
+    sequence_parallel: bool,
+    recompute: str,
+    w: int,
+    g: int,
+    cp_rotate: str,
+) -> None:
     """Bytes each rank sends per step for the activations: tensor-parallel collectives (bus share), the
     context-parallel ring's K/V (or, all-gathering, its bus share) and the pipeline's transfers."""
     tp, pp, cp, m = out.tp, out.pp, out.cp, out.microbatches
     acts, _ = formulas.cp_local(model, cp, cp_rotate)
-    tp_bytes = formulas.tp_comm_bytes_per_step(acts, micro, tp, sequence_parallel, m, model.layers // pp, True,
-                                               pp == 1, w, recompute, g, model.seq_len)
+    tp_bytes = formulas.tp_comm_bytes_per_step(
+        acts,
+        micro,
+        tp,
+        sequence_parallel,
+        m,
+        model.layers // pp,
+        True,
+        pp == 1,
+        w,
+        recompute,
+        g,
+        model.seq_len,
+    )
     out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
     if cp > 1:
-        ring = formulas.cp_comm_bytes_per_step(model.seq_len, micro, model.kv_dim, cp, model.layers // pp, m, tp, w,
-                                               cp_rotate, recompute != "none")
+        ring = formulas.cp_comm_bytes_per_step(
+            model.seq_len,
+            micro,
+            model.kv_dim,
+            cp,
+            model.layers // pp,
+            m,
+            tp,
+            w,
+            cp_rotate,
+            recompute != "none",
+        )
         out.comm_bytes_per_step["cp"] = ring.get("send", 0.0) + (cp - 1) / cp * (
-            ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0))
-    if out.ep > 1:  # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
+            ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0)
+        )
+    if (
+        out.ep > 1
+    ):  # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
         rows = micro * model.seq_len * model.top_k * model.hidden * w
         out.comm_bytes_per_step["ep"] = 4 * rows * (out.ep - 1) / out.ep * (model.layers // pp) * m
     if pp > 1:
-        out.comm_bytes_per_step["pp"] = 2 * m * micro * acts.seq_len // (tp if sequence_parallel else 1) \
-            * model.hidden * w
+        out.comm_bytes_per_step["pp"] = (
+            2 * m * micro * acts.seq_len // (tp if sequence_parallel else 1) * model.hidden * w
+        )
 
 
 def _run_kwargs(c: RunConfig) -> dict[str, Any]:
     """estimate()'s arguments from a RunConfig."""
-    return {"model": c.model_config, "dp": c.dp, "tp": c.tp, "pp": c.pp, "zero": c.zero, "precision": c.precision,
-            "global_batch": c.global_batch, "microbatches": c.microbatches, "virtual_stages": c.virtual_stages,
-            "sequence_parallel": c.sequence_parallel, "recompute": c.recompute, "bucket_mb": c.bucket_mb,
-            "prefetch": c.prefetch, "traffic": Traffic.of(c), "grad_bytes": 4 if c.grad_reduce_dtype == "fp32" else 2,
-            "offload": c.offload_optimizer, "schedule": c.schedule, "cp": c.cp, "cp_rotate": c.cp_rotate,
-            "ep": c.ep, "attention": c.attention}
+    return {
+        "model": c.model_config,
+        "dp": c.dp,
+        "tp": c.tp,
+        "pp": c.pp,
+        "zero": c.zero,
+        "precision": c.precision,
+        "global_batch": c.global_batch,
+        "microbatches": c.microbatches,
+        "virtual_stages": c.virtual_stages,
+        "sequence_parallel": c.sequence_parallel,
+        "recompute": c.recompute,
+        "bucket_mb": c.bucket_mb,
+        "prefetch": c.prefetch,
+        "traffic": Traffic.of(c),
+        "grad_bytes": 4 if c.grad_reduce_dtype == "fp32" else 2,
+        "offload": c.offload_optimizer,
+        "schedule": c.schedule,
+        "cp": c.cp,
+        "cp_rotate": c.cp_rotate,
+        "ep": c.ep,
+        "attention": c.attention,
+    }
 
 
-def _megatron_activations(model: ModelConfig, micro: int, tp: int, pp: int, microbatches: int,
-                          sequence_parallel: bool, recompute: str, schedule: str) -> float:
+def _megatron_activations(
+    model: ModelConfig,
+    micro: int,
+    tp: int,
+    pp: int,
+    microbatches: int,
+    sequence_parallel: bool,
+    recompute: str,
+    schedule: str,
+) -> float:
     """Korthikanti et al.'s 16-bit bytes per layer × the first stage's layers × the micro-batches it holds
     (GPipe: all m; the others: min(p, m))."""
     in_flight = (microbatches if schedule == "gpipe" else min(pp, microbatches)) if pp > 1 else 1
-    return in_flight * (model.layers // pp) * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
+    return (
+        in_flight
+        * (model.layers // pp)
+        * _megatron_per_layer(model, micro, tp, sequence_parallel, recompute)
+    )
 
 
-def _run_dict(model: ModelConfig, dp: int, tp: int, pp: int, zero: int, precision: str, global_batch: int,
-              microbatches: int, virtual_stages: int, sequence_parallel: bool, recompute: str, bucket_mb: float,
-              prefetch: bool, backend_copies: bool, grad_bytes: int, offload: bool, schedule: str, cp: int,
-              cp_rotate: str, ep: int, attention: str, traffic: Traffic | None, hardware: Hardware | None
-              ) -> dict[str, Any]:
+def _run_dict(
+    model: ModelConfig,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    precision: str,
+    global_batch: int,
+    microbatches: int,
+    virtual_stages: int,
+    sequence_parallel: bool,
+    recompute: str,
+    bucket_mb: float,
+    prefetch: bool,
+    backend_copies: bool,
+    grad_bytes: int,
+    offload: bool,
+    schedule: str,
+    cp: int,
+    cp_rotate: str,
+    ep: int,
+    attention: str,
+    traffic: Traffic | None,
+    hardware: Hardware | None,
+) -> dict[str, Any]:
     """The resolved-config dict formulas/run.py reads, for the estimate's arguments (a GPU hardware:
     CUDA's kernels' saves; none or a CPU: the CPU's)."""
-    return {"model": asdict(model), "dp": dp, "tp": tp, "pp": pp, "zero": zero, "precision": precision,
-            "global_batch": global_batch, "microbatches": microbatches, "virtual_stages": virtual_stages,
-            "sequence_parallel": sequence_parallel, "recompute": recompute, "bucket_mb": bucket_mb,
-            "prefetch": prefetch, "backend": "gloo" if backend_copies else "nccl",
-            "grad_reduce_dtype": "fp32" if grad_bytes == 4 else "bf16", "offload_optimizer": offload,
-            "schedule": schedule, "cp": cp, "cp_rotate": cp_rotate, "ep": ep, "attention": attention,
-            "grad_compression": (traffic or Traffic()).grad_compression,
-            "device": "cuda" if hardware is not None and not hardware.cores else "cpu"}
+    return {
+        "model": asdict(model),
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero": zero,
+        "precision": precision,
+        "global_batch": global_batch,
+        "microbatches": microbatches,
+        "virtual_stages": virtual_stages,
+        "sequence_parallel": sequence_parallel,
+        "recompute": recompute,
+        "bucket_mb": bucket_mb,
+        "prefetch": prefetch,
+        "backend": "gloo" if backend_copies else "nccl",
+        "grad_reduce_dtype": "fp32" if grad_bytes == 4 else "bf16",
+        "offload_optimizer": offload,
+        "schedule": schedule,
+        "cp": cp,
+        "cp_rotate": cp_rotate,
+        "ep": ep,
+        "attention": attention,
+        "grad_compression": (traffic or Traffic()).grad_compression,
+        "device": "cuda" if hardware is not None and not hardware.cores else "cpu",
+    }
 
 
-def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout: dict[str, Any]) -> Estimate:
+def _timed(
+    out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout: dict[str, Any]
+) -> Estimate:
     """Step time from predict/step_time.py: per-action costs, the schedule simulated, the buckets'
     overlap, the optimizer and the fixed costs; ZeRO-Offload's host copies added."""
     if hw is None:
@@ -312,16 +540,38 @@ def _timed(out: Estimate, hw: Hardware | None, model: ModelConfig | None, layout
     if out.flops_per_step is None or model is None:
         return out
     rule = layout.pop("rule", None) or ("gloo" if hw.cores else "nccl")
-    intra = out.tp * out.cp * out.dp <= (out.ranks_per_node or hw.devices_per_node)  # the dp group inside a node?
-    links = out.dp_link_bytes or {"intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)}
+    intra = out.tp * out.cp * out.dp <= (
+        out.ranks_per_node or hw.devices_per_node
+    )  # the dp group inside a node?
+    links = out.dp_link_bytes or {
+        "intra" if intra else "inter": out.comm_bytes_per_step.get("dp", 0.0)
+    }
     layout["dp_link_bytes"] = tuple(links.items())
-    step = predict_step(Layout(model=model, dp=out.dp, tp=out.tp, pp=out.pp, m=out.microbatches,
-                               zero=out.zero, rule=rule, ranks_per_node=out.ranks_per_node, **layout), hw)
+    step = predict_step(
+        Layout(
+            model=model,
+            dp=out.dp,
+            tp=out.tp,
+            pp=out.pp,
+            m=out.microbatches,
+            zero=out.zero,
+            rule=rule,
+            ranks_per_node=out.ranks_per_node,
+            **layout,
+        ),
+        hw,
+    )
     host_s = out.host_link_bytes_per_step / hw.host_link_bw
     out.step_terms = {**step.terms, "offload": host_s}
     out.compute_s = step.terms["compute"] + step.terms["overhead"]
-    out.comm_s = step.terms["tp"] + step.terms["cp"] + step.terms["ep"] + step.terms["zero3"] + step.terms["dp"] + \
-        host_s
+    out.comm_s = (
+        step.terms["tp"]
+        + step.terms["cp"]
+        + step.terms["ep"]
+        + step.terms["zero3"]
+        + step.terms["dp"]
+        + host_s
+    )
     out.step_time_s = step.total_s + host_s
     out.step_time_spread_s = out.step_time_s * hw.spread if hw.spread else None
     return out

@@ -18,17 +18,31 @@ class Hardware:
     inter_node_bw: float  # bus bandwidth across nodes, per device, bytes/s
     latency_s: float = 10e-6  # per collective or transfer
     devices_per_node: int = 8
-    efficiency: float = 0.5  # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
+    efficiency: float = (
+        0.5  # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
+    )
     usable_memory: float = 0.85  # headroom for the allocator, workspaces and the CUDA context
     step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
     cores: int | None = None  # CPUs: ranks beyond the core count share them
-    host_link_bw: float = 25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
+    host_link_bw: float = (
+        25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
+    )
     # the step-time model's terms (predict/action_costs.py); calibrate() measures them on this machine
-    matmul_flops: float | None = None  # achieved by a Linear's matmul; None: peak_flops × efficiency
-    attention_flops: float | None = None  # the attention core's batched matmuls; None: as matmul_flops
-    memory_bw: float = 2.0e12  # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
-    backward_ratio: float = 2.0  # a layer's backward time over its forward (two matmuls per forward one)
-    layer_fwd_s: float = 0.0  # fixed cost of a block's forward per micro-batch (Python, kernel launches)
+    matmul_flops: float | None = (
+        None  # achieved by a Linear's matmul; None: peak_flops × efficiency
+    )
+    attention_flops: float | None = (
+        None  # the attention core's batched matmuls; None: as matmul_flops
+    )
+    memory_bw: float = (
+        2.0e12  # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
+    )
+    backward_ratio: float = (
+        2.0  # a layer's backward time over its forward (two matmuls per forward one)
+    )
+    layer_fwd_s: float = (
+        0.0  # fixed cost of a block's forward per micro-batch (Python, kernel launches)
+    )
     layer_bwd_s: float = 0.0
     #: embeddings and head+loss per micro-batch: (first fwd fixed, per sample, first bwd fixed, per sample,
     #: last fwd fixed, per sample, last bwd fixed, per sample); None: the head's FLOPs at matmul_flops
@@ -36,10 +50,16 @@ class Hardware:
     optimizer_s_per_value: float | None = None  # None: 32 bytes per value at memory_bw
     optimizer_s_per_tensor: float = 0.0
     p2p_latency_s: float | None = None  # None: latency_s
-    action_fwd_s: float = 0.0  # a pipeline action's own fixed cost beyond its layers (the executor's)
+    action_fwd_s: float = (
+        0.0  # a pipeline action's own fixed cost beyond its layers (the executor's)
+    )
     action_bwd_s: float = 0.0
-    post_gap_s: float = 0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
-    launch_s: float = 0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
+    post_gap_s: float = (
+        0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
+    )
+    launch_s: float = (
+        0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
+    )
     #: measured with n ranks running: (n, compute stretch, α of a collective, α of a pipeline transfer, the
     #: step's fixed cost); () → the stretch from `cores`, α = latency_s (studies/run_calibration.py)
     contention: tuple[tuple[float, ...], ...] = ()
@@ -61,24 +81,52 @@ MAMF_TFLOPS = {"A100": 267.9, "H100": 792.1}
 #: their published TFLOP/s per GPU (tests/test_published_runs.py)
 SHAPE_EFFICIENCY = 0.85
 
-A100_80GB = Hardware("A100 80GB (DGX A100)", 312e12, 80e9, 230e9, 25e9, 10e-6, 8,
-                     matmul_flops=MAMF_TFLOPS["A100"] * 1e12 * SHAPE_EFFICIENCY)
-H100_80GB = Hardware("H100 80GB (DGX H100)", 989e12, 80e9, 360e9, 50e9, 8e-6, 8, host_link_bw=50e9,  # PCIe 5.0
-                     memory_bw=3.35e12, matmul_flops=MAMF_TFLOPS["H100"] * 1e12 * SHAPE_EFFICIENCY)
+A100_80GB = Hardware(
+    "A100 80GB (DGX A100)",
+    312e12,
+    80e9,
+    230e9,
+    25e9,
+    10e-6,
+    8,
+    matmul_flops=MAMF_TFLOPS["A100"] * 1e12 * SHAPE_EFFICIENCY,
+)
+H100_80GB = Hardware(
+    "H100 80GB (DGX H100)",
+    989e12,
+    80e9,
+    360e9,
+    50e9,
+    8e-6,
+    8,
+    host_link_bw=50e9,  # PCIe 5.0
+    memory_bw=3.35e12,
+    matmul_flops=MAMF_TFLOPS["H100"] * 1e12 * SHAPE_EFFICIENCY,
+)
 
 #: dense peaks from the datasheets, TFLOP/s per device: (16-bit tensor cores, plain fp32) — the figures an MFU
 #: divides by. Matched against torch.cuda.get_device_name(): the longest name contained in it wins ("H200 NVL"
 #: over "H200", "L40" over "L4").
 DATASHEET_TFLOPS: tuple[tuple[str, float, float], ...] = (
-    ("H100 PCIe", 756.0, 51.2), ("H100 NVL", 835.0, 60.0), ("H100", 989.4, 66.9), ("H200 NVL", 835.0, 60.0),
-    ("H200", 989.4, 66.9), ("GH200", 989.4, 66.9), ("A100", 312.0, 19.5), ("L40S", 362.1, 91.6),
-    ("L40", 181.0, 90.5), ("L4", 121.0, 30.3), ("RTX 4090", 165.2, 82.6),
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100 NVL", 835.0, 60.0),
+    ("H100", 989.4, 66.9),
+    ("H200 NVL", 835.0, 60.0),
+    ("H200", 989.4, 66.9),
+    ("GH200", 989.4, 66.9),
+    ("A100", 312.0, 19.5),
+    ("L40S", 362.1, 91.6),
+    ("L40", 181.0, 90.5),
+    ("L4", 121.0, 30.3),
+    ("RTX 4090", 165.2, 82.6),
 )
 #: the environment variable that gives another device's peak (TFLOP/s, for the run's precision)
 PEAK_ENV = "PEAK_TFLOPS"
 
 
-def peak_flops(device_name: str, precision: str = "bf16", override: str | None = None) -> float | None:
+def peak_flops(
+    device_name: str, precision: str = "bf16", override: str | None = None
+) -> float | None:
     """The device's dense peak in FLOP/s for a run in `precision` (bf16/fp16: tensor cores; fp32: plain fp32,
     torch's default matmul precision), from its name; `override` (PEAK_TFLOPS) wins. None: an unknown device —
     its MFU asks for PEAK_TFLOPS."""
@@ -102,12 +150,16 @@ def with_emulated_links(hw: Hardware, config: RunConfig) -> Hardware:
     links = parse_links(config.emulate_link)
 
     def bw(real: float, name: str) -> float:
-        return real if name not in links else 1 / (1 / real + 1 / (links[name].bandwidth_GBps * 1e9))
+        return (
+            real if name not in links else 1 / (1 / real + 1 / (links[name].bandwidth_GBps * 1e9))
+        )
 
     slowest = max((link.latency_us for link in links.values()), default=0.0)
-    return replace(hw, name=f"{hw.name} + emulated links {config.emulate_link}",
-                   intra_node_bw=bw(hw.intra_node_bw, "intra"), inter_node_bw=bw(hw.inter_node_bw, "inter"),
-                   extra_latency_s=hw.extra_latency_s + slowest * 1e-6,
-                   devices_per_node=config.ranks_per_node or hw.devices_per_node)
-
-
+    return replace(
+        hw,
+        name=f"{hw.name} + emulated links {config.emulate_link}",
+        intra_node_bw=bw(hw.intra_node_bw, "intra"),
+        inter_node_bw=bw(hw.inter_node_bw, "inter"),
+        extra_latency_s=hw.extra_latency_s + slowest * 1e-6,
+        devices_per_node=config.ranks_per_node or hw.devices_per_node,
+    )

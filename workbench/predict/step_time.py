@@ -54,17 +54,28 @@ def stage_costs(L: Layout, hw: Any, c: _Ctx) -> list[dict[str, tuple[float, floa
     out = []
     for s in range(stages):
         ends = _ends(L, hw, c, s == 0, s == stages - 1)
-        cost = {k: (per_stage * layer[k][0] + ends.get(k, (0.0, 0.0))[0], per_stage * layer[k][1] +
-                    ends.get(k, (0.0, 0.0))[1]) for k in layer}
-        if L.pp > 1:  # a pipeline action's own cost: detaching its input, posting transfers, recording
+        cost = {
+            k: (
+                per_stage * layer[k][0] + ends.get(k, (0.0, 0.0))[0],
+                per_stage * layer[k][1] + ends.get(k, (0.0, 0.0))[1],
+            )
+            for k in layer
+        }
+        if (
+            L.pp > 1
+        ):  # a pipeline action's own cost: detaching its input, posting transfers, recording
             f, b = cost["overhead"]
             cost["overhead"] = (f + c.stretch * hw.action_fwd_s, b + c.stretch * hw.action_bwd_s)
-        if L.zero == 3:  # each layer gathered before forward and backward; its gradients reduce-scattered
+        if (
+            L.zero == 3
+        ):  # each layer gathered before forward and backward; its gradients reduce-scattered
             n = L.dp * L.cp  # ZeRO shards over dp×cp
             layer_bytes = params_per_rank(L.model, L.tp, stages, 1, s) / max(per_stage, 1) * L.width
             launch = c.stretch * hw.launch_s  # each is launched asynchronously, then waited for
             gather = launch + _collective(c, layer_bytes, (n - 1) / n, c.beta_dp)
-            scatter = launch + _collective(c, layer_bytes / L.width * L.grad_bytes, (n - 1) / n, c.beta_dp)
+            scatter = launch + _collective(
+                c, layer_bytes / L.width * L.grad_bytes, (n - 1) / n, c.beta_dp
+            )
             cost["zero3"] = (per_stage * gather, per_stage * (gather + scatter))
         out.append(cost)
     return out
@@ -84,7 +95,9 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: _Ctx) -
     t_comm = c.alpha_p2p + c.stretch * L.micro * seq * L.model.hidden * L.width / c.beta_pp
     if 2 * L.pp * L.v * L.m > SIMULATE_UP_TO:
         per_rank = [sum(fwd[s] + bwd[s] for s in range(r, L.pp * L.v, L.pp)) for r in range(L.pp)]
-        return sum(per_rank) / L.v + (L.m - 1) * (max(per_rank) + 2 * t_comm) + 2 * (L.pp - 1) * t_comm
+        return (
+            sum(per_rank) / L.v + (L.m - 1) * (max(per_rank) + 2 * t_comm) + 2 * (L.pp - 1) * t_comm
+        )
     sched = build_schedule(L.schedule, L.pp, L.m, L.v)
     # posting its batches of transfers costs a rank host time between its actions, spread over them
     gap = []
@@ -100,6 +113,7 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: _Ctx) -
         share = {"F": fwd, "B": bwd}.get(item.kind)
         t = (share[item.stage] if share is not None else bwd[item.stage] / 2) + gap[r]
         return t, t
+
     return simulate(sched, cost=cost, t_comm=t_comm, rule=L.rule).makespan
 
 
@@ -117,7 +131,11 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
     if n == 1 or L.zero == 3:
         return 0.0  # ZeRO-3 reduces layer by layer inside backward (stage_costs)
     grads = _buckets(local * L.grad_bytes, L.bucket_mb)
-    ring = 2 * (n - 1) / n * local * L.grad_bytes if L.zero == 0 else (n - 1) / n * local * (L.grad_bytes + L.width)
+    ring = (
+        2 * (n - 1) / n * local * L.grad_bytes
+        if L.zero == 0
+        else (n - 1) / n * local * (L.grad_bytes + L.width)
+    )
     links = dict(L.dp_link_bytes) or {"dp": ring}
     beta = {"intra": c.beta_intra, "inter": c.beta_inter, "dp": c.beta_dp}
     seconds = c.stretch * sum(b / beta[k] for k, b in links.items())
@@ -125,9 +143,16 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
         return seconds + 2 * len(grads) * c.alpha
     overlapped = seconds if L.zero == 0 else seconds * L.grad_bytes / (L.grad_bytes + L.width)
     end, done, total = 0.0, 0.0, sum(grads)
-    for b in grads:  # ready as backward produces them (last layers first), one after another on the wire
+    for b in (
+        grads
+    ):  # ready as backward produces them (last layers first), one after another on the wire
         done += b
-        end = max(window * done / total, end) + c.stretch * hw.launch_s + c.alpha + overlapped * b / total
+        end = (
+            max(window * done / total, end)
+            + c.stretch * hw.launch_s
+            + c.alpha
+            + overlapped * b / total
+        )
     exposed = max(0.0, end - window)
     if L.zero == 2:
         exposed += seconds - overlapped + len(grads) * c.alpha
@@ -137,9 +162,17 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
 def _optimizer(L: Layout, hw: Any, c: _Ctx, local: float) -> float:
     values = local / (L.dp * L.cp if L.zero else 1)
     stages = L.pp * L.v
-    tensors = len(_buckets(local * L.grad_bytes, L.bucket_mb)) if L.zero else \
-        12 * L.model.layers // L.pp + 2 * (1 if L.pp == 1 else 0) + 4 * (1 if stages == 1 else 0) + 2
-    per_value = hw.optimizer_s_per_value if hw.optimizer_s_per_value is not None else 32 / hw.memory_bw
+    tensors = (
+        len(_buckets(local * L.grad_bytes, L.bucket_mb))
+        if L.zero
+        else 12 * L.model.layers // L.pp
+        + 2 * (1 if L.pp == 1 else 0)
+        + 4 * (1 if stages == 1 else 0)
+        + 2
+    )
+    per_value = (
+        hw.optimizer_s_per_value if hw.optimizer_s_per_value is not None else 32 / hw.memory_bw
+    )
     return c.stretch * (per_value * values + hw.optimizer_s_per_tensor * tensors)
 
 
@@ -153,7 +186,9 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     busy = sum(terms.values())
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
     local = params_per_rank(L.model, L.tp, L.pp, L.v, 0, ep=L.ep)
-    small = (L.world > 1) + (L.zero > 0 or L.tp > 1 or L.pp > 1)  # the loss; the gradient norm's parts
+    small = (L.world > 1) + (
+        L.zero > 0 or L.tp > 1 or L.pp > 1
+    )  # the loss; the gradient norm's parts
     terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha
     terms["optimizer"] = _optimizer(L, hw, c, local)
     terms["step"] = c.step_s

@@ -32,7 +32,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 COMPUTE = ("F", "B", "I", "W")
-BACKWARD = ("B", "I")  # what needs the gradient of the stage's output, and sends the input's gradient back
+BACKWARD = (
+    "B",
+    "I",
+)  # what needs the gradient of the stage's output, and sends the input's gradient back
 KINDS = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
 PLACEMENTS = ("loop", "v")
 
@@ -43,13 +46,18 @@ class Action:
     stage: int
     microbatch: int
     peer: int | None = None  # the other stage of a send or receive
-    batch: int | None = None  # transfers: the round they are posted in (one P2PBatch per round and rank)
+    batch: int | None = (
+        None  # transfers: the round they are posted in (one P2PBatch per round and rank)
+    )
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
             return f"{self.stage}{self.kind}{self.microbatch}"
-        return f"{self.kind} {self.stage}→{self.peer} mb{self.microbatch}" if self.kind.startswith("SEND") else \
-            f"{self.kind} {self.peer}→{self.stage} mb{self.microbatch}"
+        return (
+            f"{self.kind} {self.stage}→{self.peer} mb{self.microbatch}"
+            if self.kind.startswith("SEND")
+            else f"{self.kind} {self.peer}→{self.stage} mb{self.microbatch}"
+        )
 
     @property
     def is_send(self) -> bool:
@@ -128,24 +136,43 @@ class Schedule:
         in their order (the validation loss's forward pass: pipeline/executor.py's `evaluate`). Forward data
         flows one way, stage to stage, so what was deadlock-free with the backwards stays so."""
         keep = ("F", "SEND_F", "RECV_F")
-        return Schedule(f"{self.name} (forward only)", self.p, self.m, self.v,
-                        [[a for a in acts if a.kind in keep] for acts in self.actions], self.placement)
+        return Schedule(
+            f"{self.name} (forward only)",
+            self.p,
+            self.m,
+            self.v,
+            [[a for a in acts if a.kind in keep] for acts in self.actions],
+            self.placement,
+        )
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "p": self.p, "m": self.m, "v": self.v, "placement": self.placement,
-                "actions": [[{**asdict(a), "label": str(a)} for a in rank] for rank in self.actions],
-                "program": [[str(item) for item in self.program(r)] for r in range(self.p)]}
+        return {
+            "name": self.name,
+            "p": self.p,
+            "m": self.m,
+            "v": self.v,
+            "placement": self.placement,
+            "actions": [[{**asdict(a), "label": str(a)} for a in rank] for rank in self.actions],
+            "program": [[str(item) for item in self.program(r)] for r in range(self.p)],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Schedule:
-        acts = [[Action(a["kind"], a["stage"], a["microbatch"], a.get("peer"), a.get("batch")) for a in rank]
-                for rank in d["actions"]]
+        acts = [
+            [
+                Action(a["kind"], a["stage"], a["microbatch"], a.get("peer"), a.get("batch"))
+                for a in rank
+            ]
+            for rank in d["actions"]
+        ]
         return cls(d["name"], d["p"], d["m"], d["v"], acts, d.get("placement", "loop"))
 
     def grid(self) -> str:
         """The compute actions as text, one line per rank (torch pipelining's printout)."""
-        return "\n".join(f"rank {r}: " + " ".join(str(a) for a in acts if a.kind in COMPUTE)
-                         for r, acts in enumerate(self.actions))
+        return "\n".join(
+            f"rank {r}: " + " ".join(str(a) for a in acts if a.kind in COMPUTE)
+            for r, acts in enumerate(self.actions)
+        )
 
 
 def peak_in_flight(s: Schedule) -> list[int]:

@@ -19,15 +19,36 @@ one batch, which `validate` proves free of deadlock under NCCL's rule (a send ma
 
 from __future__ import annotations
 
-from workbench.schedules.actions import COMPUTE, KINDS, Action, P2PBatch, Schedule, peak_in_flight, peak_pending_w
+from workbench.schedules.actions import (
+    COMPUTE,
+    KINDS,
+    Action,
+    P2PBatch,
+    Schedule,
+    peak_in_flight,
+    peak_pending_w,
+)
 from workbench.schedules.placement import schedule_from_orders
 from workbench.schedules.simulator import ScheduleError, Timeline, simulate
 from workbench.schedules.torch_csv import read_csv
 from workbench.schedules.validation import validate
 from workbench.schedules.zero_bubble import zero_bubble_orders
 
-__all__ = ["COMPUTE", "KINDS", "Action", "P2PBatch", "Schedule", "ScheduleError", "Timeline", "build_schedule",
-           "peak_in_flight", "peak_pending_w", "schedule_from_orders", "simulate", "validate"]
+__all__ = [
+    "COMPUTE",
+    "KINDS",
+    "Action",
+    "P2PBatch",
+    "Schedule",
+    "ScheduleError",
+    "Timeline",
+    "build_schedule",
+    "peak_in_flight",
+    "peak_pending_w",
+    "schedule_from_orders",
+    "simulate",
+    "validate",
+]
 NAMES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
 
 
@@ -77,11 +98,17 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lock
     if name in ("zbh1", "zbv"):
         orders, stage_placement, v_needed = zero_bubble_orders(name, p, m)
         if p < 2 or v not in (1, v_needed):
-            raise ValueError(f"{name} needs pp ≥ 2 and runs {v_needed} stage(s) per rank: pp={p}, virtual_stages={v}")
+            raise ValueError(
+                f"{name} needs pp ≥ 2 and runs {v_needed} stage(s) per rank: pp={p}, virtual_stages={v}"
+            )
         return schedule_from_orders(name, p, m, v_needed, orders, stage_placement, placement)
     if name != "interleaved" and v != 1:
-        raise ValueError(f"schedule {name!r} runs one stage per rank: virtual_stages must be 1, got {v}")
+        raise ValueError(
+            f"schedule {name!r} runs one stage per rank: virtual_stages must be 1, got {v}"
+        )
     if name == "interleaved" and (m % p or p < 2):
-        raise ValueError(f"interleaved 1F1B needs pp ≥ 2 and microbatches divisible by pp: m={m}, p={p}")
+        raise ValueError(
+            f"interleaved 1F1B needs pp ≥ 2 and microbatches divisible by pp: m={m}, p={p}"
+        )
     orders = [_compute_order(name, p, m, v, r) for r in range(p)]
     return schedule_from_orders(name, p, m, v, orders, "loop", placement)

@@ -11,13 +11,22 @@ from __future__ import annotations
 from workbench.schedules.actions import Action, Schedule
 
 
-def schedule_from_orders(name: str, p: int, m: int, v: int, orders: list[list[tuple[str, int, int]]],
-                         stage_placement: str = "loop", placement: str = "lockstep") -> Schedule:
+def schedule_from_orders(
+    name: str,
+    p: int,
+    m: int,
+    v: int,
+    orders: list[list[tuple[str, int, int]]],
+    stage_placement: str = "loop",
+    placement: str = "lockstep",
+) -> Schedule:
     """A schedule from each rank's compute order (kind, stage, microbatch), its transfers placed."""
     if placement not in ("lockstep", "adjacent"):
         raise ValueError(f"placement={placement!r}: valid are 'lockstep', 'adjacent'")
     sched = Schedule(name, p, m, v, placement=stage_placement)
-    sched.actions = _lockstep(sched, orders) if placement == "lockstep" else _adjacent(sched, orders)
+    sched.actions = (
+        _lockstep(sched, orders) if placement == "lockstep" else _adjacent(sched, orders)
+    )
     return sched
 
 
@@ -79,7 +88,9 @@ def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
             if (out := _transfer_out(s, kind, stage, mb)) is not None:
                 sent.append(out)
         if not sent and pos == before:
-            raise ValueError(f"schedule {s.name!r}: no rank can run its next action in round {rounds}")
+            raise ValueError(
+                f"schedule {s.name!r}: no rank can run its next action in round {rounds}"
+            )
         for t in sorted(sent):
             kind, src, dst, mb = t
             actions[s.rank_of(src)].append(Action(f"SEND_{kind}", src, mb, dst, rounds))

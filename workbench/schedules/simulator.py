@@ -84,7 +84,9 @@ class _Posted:
 class _Streams:
     """The posted batches of every rank and when they finish under a rule."""
 
-    def __init__(self, p: int, rule: str, t_comm: float, cost: Callable[[int, Item], tuple[float, float]]) -> None:
+    def __init__(
+        self, p: int, rule: str, t_comm: float, cost: Callable[[int, Item], tuple[float, float]]
+    ) -> None:
         self.rule, self.t_comm, self.cost = rule, t_comm, cost
         self.batches: list[list[_Posted]] = [[] for _ in range(p)]
         self.side: dict[tuple[str, Transfer], _Posted] = {}  # ("send"|"recv", transfer) → its batch
@@ -112,13 +114,17 @@ class _Streams:
                 send = self.side.get(("send", a.transfer())) if a.is_recv else b
                 if send is None:
                     return False
-                b.done_of[a.transfer()] = max(b.posted, send.posted) + (self.t_comm if a.is_recv else 0.0)
+                b.done_of[a.transfer()] = max(b.posted, send.posted) + (
+                    self.t_comm if a.is_recv else 0.0
+                )
             b.started, b.done = b.posted, max(b.done_of.values(), default=b.posted)
             return True
         b.started = self._started(b)
         if b.started is None:
             return False
-        others = [self.side.get(("recv" if a.is_send else "send", a.transfer())) for a in b.batch.actions]
+        others = [
+            self.side.get(("recv" if a.is_send else "send", a.transfer())) for a in b.batch.actions
+        ]
         starts = [None if o is None else self._started(o) for o in others]
         if any(t is None for t in starts):
             return False
@@ -139,10 +145,17 @@ class _Streams:
         return None if b is None else b.done_of.get(t)
 
 
-def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.0,
-             cost: Callable[[int, Item], tuple[float, float]] | None = None,
-             start: Sequence[float] | None = None, rule: str = "nccl", batched: bool = True,
-             t_w: float | None = None) -> Timeline:
+def simulate(
+    s: Schedule,
+    t_f: float = 1.0,
+    t_b: float = 2.0,
+    t_comm: float = 0.0,
+    cost: Callable[[int, Item], tuple[float, float]] | None = None,
+    start: Sequence[float] | None = None,
+    rule: str = "nccl",
+    batched: bool = True,
+    t_w: float | None = None,
+) -> Timeline:
     """The timeline of a schedule from per-action costs, without starting a process. Raises
     ScheduleError on a deadlock under `rule`.
 
@@ -162,7 +175,10 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
     pos, clock = [0] * s.p, list(start) if start is not None else [0.0] * s.p
     streams = _Streams(s.p, rule, t_comm, cost)
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(s.p)]
-    needs = [{(a.stage, a.microbatch, a.kind[-1]): a.transfer() for a in s.actions[r] if a.is_recv} for r in range(s.p)]
+    needs = [
+        {(a.stage, a.microbatch, a.kind[-1]): a.transfer() for a in s.actions[r] if a.is_recv}
+        for r in range(s.p)
+    ]
     while any(pos[r] < len(programs[r]) for r in range(s.p)):
         progressed = False
         for r in range(s.p):
@@ -171,8 +187,13 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
                 if isinstance(item, P2PBatch):
                     streams.post(r, item, clock[r])
                 else:
-                    need = None if item.kind == "W" else \
-                        needs[r].get((item.stage, item.microbatch, "F" if item.kind == "F" else "B"))
+                    need = (
+                        None
+                        if item.kind == "W"
+                        else needs[r].get(
+                            (item.stage, item.microbatch, "F" if item.kind == "F" else "B")
+                        )
+                    )
                     if need is not None:
                         streams.resolve()
                         arrived = streams.arrival(need)
@@ -192,11 +213,26 @@ def simulate(s: Schedule, t_f: float = 1.0, t_b: float = 2.0, t_comm: float = 0.
     return Timeline(spans)
 
 
-def _deadlock(programs: list[list[Item]], pos: list[int], rule: str, streams: _Streams | None = None) -> str:
-    stuck = {r: f"{program[pos[r]]} (its input never arrives)" for r, program in enumerate(programs)
-             if pos[r] < len(program)}
+def _deadlock(
+    programs: list[list[Item]], pos: list[int], rule: str, streams: _Streams | None = None
+) -> str:
+    stuck = {
+        r: f"{program[pos[r]]} (its input never arrives)"
+        for r, program in enumerate(programs)
+        if pos[r] < len(program)
+    }
     if streams is not None:
-        stuck.update({b.rank: f"{b.batch} never finishes" for rank in streams.batches for b in rank if b.done is None})
-    how = "batches run in order on each rank's stream and a send waits for its receive" if rule == "nccl" else \
-        "a receive waits for its send"
+        stuck.update(
+            {
+                b.rank: f"{b.batch} never finishes"
+                for rank in streams.batches
+                for b in rank
+                if b.done is None
+            }
+        )
+    how = (
+        "batches run in order on each rank's stream and a send waits for its receive"
+        if rule == "nccl"
+        else "a receive waits for its send"
+    )
     return f"deadlock under {rule}'s rule ({how}): {stuck}"

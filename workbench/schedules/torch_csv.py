@@ -27,7 +27,9 @@ from workbench.schedules.actions import COMPUTE, Action, Schedule
 from workbench.schedules.placement import schedule_from_orders
 from workbench.schedules.validation import coverage, validate
 
-_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+_ACTION = re.compile(
+    r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$"
+)
 
 
 def _cells(cell: str) -> list[str]:
@@ -35,7 +37,7 @@ def _cells(cell: str) -> list[str]:
     if not cell:
         return []
     if cell.startswith("(") and cell.endswith(")OVERLAP_F_B"):
-        return [c.strip() for c in cell[1:-len(")OVERLAP_F_B")].split(";") if c.strip()]
+        return [c.strip() for c in cell[1 : -len(")OVERLAP_F_B")].split(";") if c.strip()]
     return [cell]
 
 
@@ -57,7 +59,9 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
             for cell in (x for c in row for x in _cells(c.strip())):
                 match = _ACTION.match(cell)
                 if match is None:
-                    raise ValueError(f"row {row_no} has {cell!r}, not an action like 2F0, 1I3, 0W1, 1B0")
+                    raise ValueError(
+                        f"row {row_no} has {cell!r}, not an action like 2F0, 1I3, 0W1, 1B0"
+                    )
                 stage, kind, mb = match.groups()
                 if kind in COMPUTE:
                     if not mb:
@@ -65,7 +69,9 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
                     order.append((kind, int(stage), int(mb)))
             orders.append(order)
     if len(orders) < 2:
-        raise ValueError(f"{len(orders)} row(s): a pipeline schedule has one row per rank, at least 2")
+        raise ValueError(
+            f"{len(orders)} row(s): a pipeline schedule has one row per rank, at least 2"
+        )
     p = len(orders)
     stages = 1 + max(st for order in orders for _, st, _ in order)
     micro = 1 + max(mb for order in orders for _, _, mb in order)
@@ -80,9 +86,13 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
         placements["v"] = {k: k if k < p else 2 * p - 1 - k for k in range(stages)}
     found = [name for name, ranks in placements.items() if ranks == where]
     if not found:
-        raise ValueError(f"stages sit on ranks {where}: runnable placements are the loop (stage k on "
-                         f"rank k mod p) and, with 2 stages per rank, the V (rank r: stages r and 2p − 1 − r)")
-    bare = Schedule(f"csv:{path}", p, micro, v, [[Action(*o) for o in order] for order in orders], found[0])
+        raise ValueError(
+            f"stages sit on ranks {where}: runnable placements are the loop (stage k on "
+            f"rank k mod p) and, with 2 stages per rank, the V (rank r: stages r and 2p − 1 − r)"
+        )
+    bare = Schedule(
+        f"csv:{path}", p, micro, v, [[Action(*o) for o in order] for order in orders], found[0]
+    )
     if errors := coverage(bare):  # what each rank runs, before any transfer is placed
         raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))
     s = schedule_from_orders(f"csv:{path}", p, micro, v, orders, found[0], placement)

@@ -37,9 +37,16 @@ def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]
                 recvs[a.transfer()] += 1
     for t in sorted(set(sends) | set(recvs)):
         if sends[t] != 1 or recvs[t] != 1:
-            errors.append(f"transfer {_name(t)} is sent {sends[t]} time(s) and received {recvs[t]} time(s) "
-                          f"(want once each)" + (": never received" if sends[t] and not recvs[t] else "")
-                          + (": a receive waits for a send that never comes" if recvs[t] and not sends[t] else ""))
+            errors.append(
+                f"transfer {_name(t)} is sent {sends[t]} time(s) and received {recvs[t]} time(s) "
+                f"(want once each)"
+                + (": never received" if sends[t] and not recvs[t] else "")
+                + (
+                    ": a receive waits for a send that never comes"
+                    if recvs[t] and not sends[t]
+                    else ""
+                )
+            )
     if not errors:
         errors += pair_order(s)
     if not errors:
@@ -63,23 +70,32 @@ def coverage(s: Schedule) -> list[str]:
                 continue
             ranks_of[a.stage].add(rank)
             if s.rank_of(a.stage) != rank:
-                errors.append(f"rank {rank}: {a} belongs to stage {a.stage}, which lives on rank {s.rank_of(a.stage)}")
+                errors.append(
+                    f"rank {rank}: {a} belongs to stage {a.stage}, which lives on rank {s.rank_of(a.stage)}"
+                )
             if a.kind in COMPUTE:
                 seen[(a.kind, a.stage, a.microbatch)] += 1
                 errors += _order_on_rank(s, rank, a, done)
                 done.add((a.kind, a.stage, a.microbatch))
-    errors += [f"stage {st} has actions on ranks {sorted(r)} (want exactly one)" for st, r in sorted(ranks_of.items())
-               if len(r) > 1]
+    errors += [
+        f"stage {st} has actions on ranks {sorted(r)} (want exactly one)"
+        for st, r in sorted(ranks_of.items())
+        if len(r) > 1
+    ]
     for stage in range(s.stages):
         for mb in range(s.m):
             n = {k: seen.get((k, stage, mb), 0) for k in COMPUTE}
             if n["F"] != 1:
                 errors.append(f"{stage}F{mb} appears {n['F']} times (want 1)")
             if n["I"] != n["W"]:
-                errors.append(f"{stage}I{mb} appears {n['I']} times and {stage}W{mb} {n['W']} (count(I) = count(W))")
+                errors.append(
+                    f"{stage}I{mb} appears {n['I']} times and {stage}W{mb} {n['W']} (count(I) = count(W))"
+                )
             if (n["B"], n["I"]) not in ((1, 0), (0, 1)):
-                errors.append(f"{stage}{mb}: backward as B {n['B']} times and as I {n['I']} times "
-                              f"(want once, either B or I then W)")
+                errors.append(
+                    f"{stage}{mb}: backward as B {n['B']} times and as I {n['I']} times "
+                    f"(want once, either B or I then W)"
+                )
     return errors
 
 
@@ -89,12 +105,20 @@ def _order_on_rank(s: Schedule, rank: int, a: Action, done: set[tuple[str, int, 
     if a.kind in BACKWARD and ("F", st, mb) not in done:
         return [f"rank {rank}: {a} runs before its forward"]
     if a.kind == "W" and ("I", st, mb) not in done:
-        return [f"rank {rank}: {a} runs before its I (a weight gradient needs the output's gradient)"]
+        return [
+            f"rank {rank}: {a} runs before its I (a weight gradient needs the output's gradient)"
+        ]
     feed = st - 1 if a.kind == "F" else st + 1
-    if a.kind != "W" and 0 <= feed < s.stages and s.local(feed, st) and \
-            not any((k, feed, mb) in done for k in ((a.kind,) if a.kind == "F" else BACKWARD)):
-        return [f"rank {rank}: {a} runs before stage {feed}'s {'forward' if a.kind == 'F' else 'backward'} "
-                f"of microbatch {mb}, on the same rank, hands it its {'input' if a.kind == 'F' else 'gradient'}"]
+    if (
+        a.kind != "W"
+        and 0 <= feed < s.stages
+        and s.local(feed, st)
+        and not any((k, feed, mb) in done for k in ((a.kind,) if a.kind == "F" else BACKWARD))
+    ):
+        return [
+            f"rank {rank}: {a} runs before stage {feed}'s {'forward' if a.kind == 'F' else 'backward'} "
+            f"of microbatch {mb}, on the same rank, hands it its {'input' if a.kind == 'F' else 'gradient'}"
+        ]
     return []
 
 
@@ -114,8 +138,10 @@ def pair_order(s: Schedule) -> list[str]:
         theirs = received.get((src, dst), [])
         for i, (x, y) in enumerate(zip(order, theirs, strict=False)):
             if x != y:
-                errors.append(f"rank {src} → rank {dst}: transfer #{i} is {_name(x)} on the sender but {_name(y)} "
-                              f"on the receiver (without tags they are matched by position)")
+                errors.append(
+                    f"rank {src} → rank {dst}: transfer #{i} is {_name(x)} on the sender but {_name(y)} "
+                    f"on the receiver (without tags they are matched by position)"
+                )
                 break
     return errors
 
@@ -123,4 +149,3 @@ def pair_order(s: Schedule) -> list[str]:
 def _name(t: tuple[str, int, int, int]) -> str:
     kind, src, dst, mb = t
     return f"{'activation' if kind == 'F' else 'gradient'} {src}→{dst} mb{mb}"
-

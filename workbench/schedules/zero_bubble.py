@@ -40,7 +40,9 @@ def zero_bubble_orders(name: str, p: int, m: int) -> tuple[list[Order], str, int
         return merge_adjacent(_greedy(p, m, p, stages, act_cap, w_cap)), "loop", 1
     if name == "zbv":
         stages = {r: [r, 2 * p - 1 - r] for r in range(p)}
-        orders = _greedy(p, m, 2 * p, stages, dict.fromkeys(range(p), 2 * p), dict.fromkeys(range(p), 3 * p))
+        orders = _greedy(
+            p, m, 2 * p, stages, dict.fromkeys(range(p), 2 * p), dict.fromkeys(range(p), 3 * p)
+        )
         return merge_adjacent(orders), "v", 2
     raise ValueError(f"unknown zero-bubble schedule {name!r}; valid: zbh1, zbv")
 
@@ -60,8 +62,14 @@ def merge_adjacent(orders: list[Order]) -> list[Order]:
     return out
 
 
-def _greedy(p: int, m: int, n_stages: int, stages: dict[int, list[int]], act_cap: dict[int, int],
-            w_cap: dict[int, int]) -> list[Order]:
+def _greedy(
+    p: int,
+    m: int,
+    n_stages: int,
+    stages: dict[int, list[int]],
+    act_cap: dict[int, int],
+    w_cap: dict[int, int],
+) -> list[Order]:
     """Unit-time list scheduling: each time step, every rank runs its first ready action of F, I, W
     (module docstring); a result of an action is usable from the next time step on."""
     last = n_stages - 1
@@ -75,8 +83,9 @@ def _greedy(p: int, m: int, n_stages: int, stages: dict[int, list[int]], act_cap
     while sum(len(o) for o in orders) < total:
         ran = []
         for r in range(p):
-            act = _pick(r, t, m, last, stages[r], done, next_f, next_i, pending_w[r],
-                        act_cap[r], w_cap[r])
+            act = _pick(
+                r, t, m, last, stages[r], done, next_f, next_i, pending_w[r], act_cap[r], w_cap[r]
+            )
             if act is not None:
                 ran.append((r, act))
         for r, (kind, stage, mb) in ran:
@@ -95,9 +104,19 @@ def _greedy(p: int, m: int, n_stages: int, stages: dict[int, list[int]], act_cap
     return orders
 
 
-def _pick(r: int, t: int, m: int, last: int, mine: list[int], done: dict[tuple[str, int, int], int],
-          next_f: dict[int, int], next_i: dict[int, int], pending_w: list[tuple[int, int]],
-          act_cap: int, w_cap: int) -> tuple[str, int, int] | None:
+def _pick(
+    r: int,
+    t: int,
+    m: int,
+    last: int,
+    mine: list[int],
+    done: dict[tuple[str, int, int], int],
+    next_f: dict[int, int],
+    next_i: dict[int, int],
+    pending_w: list[tuple[int, int]],
+    act_cap: int,
+    w_cap: int,
+) -> tuple[str, int, int] | None:
     def ready(key: tuple[str, int, int]) -> bool:
         return done.get(key, t) < t
 
@@ -110,7 +129,11 @@ def _pick(r: int, t: int, m: int, last: int, mine: list[int], done: dict[tuple[s
     until_w = activations + len(pending_w)
     forwards = []
     if activations < act_cap and until_w < w_cap:
-        forwards = [(next_f[s], -s) for s in mine if next_f[s] < m and (s == 0 or ready(("F", s - 1, next_f[s])))]
+        forwards = [
+            (next_f[s], -s)
+            for s in mine
+            if next_f[s] < m and (s == 0 or ready(("F", s - 1, next_f[s])))
+        ]
     for kind, cands in (("F", forwards), ("I", backwards)):
         if cands:
             mb, s = min(cands)

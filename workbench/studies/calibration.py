@@ -34,9 +34,16 @@ from workbench.predict.estimator import Hardware
 FILE = "calibration.json"
 
 
-def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: int = 10, backend: str = "auto",
-              worlds: tuple[int, ...] = (2, 4, 8), out: str | None = None, reuse: bool = False,
-              repeats: int = 3) -> Hardware:
+def calibrate(
+    model: str | ModelConfig = "tiny",
+    global_batch: int = 16,
+    steps: int = 10,
+    backend: str = "auto",
+    worlds: tuple[int, ...] = (2, 4, 8),
+    out: str | None = None,
+    reuse: bool = False,
+    repeats: int = 3,
+) -> Hardware:
     """This machine's figures on `backend` ('auto': what a two-rank launch would run on here), for runs of
     up to max(worlds) ranks; each figure from real runs is the median over `repeats` of them, interleaved
     (a shared machine's slow minute falls on one); with `out`, also written to out/calibration.json — and
@@ -44,22 +51,36 @@ def calibrate(model: str | ModelConfig = "tiny", global_batch: int = 16, steps: 
     from workbench.launching.launcher import choose_backend
     from workbench.studies.run_calibration import calibrate_in_runs
 
-    backend = choose_backend(RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend))
+    backend = choose_backend(
+        RunConfig(model=model, dp=2, global_batch=global_batch, backend=backend)
+    )
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
-    made_for = {"format": 3, "model": asdict(cfg), "global_batch": global_batch, "backend": backend,
-                "worlds": list(worlds), "repeats": repeats}  # format 3: with the measured spread
+    made_for = {
+        "format": 3,
+        "model": asdict(cfg),
+        "global_batch": global_batch,
+        "backend": backend,
+        "worlds": list(worlds),
+        "repeats": repeats,
+    }  # format 3: with the measured spread
     if reuse and out is not None and os.path.exists(os.path.join(out, FILE)):
         with open(os.path.join(out, FILE)) as f:
             if json.load(f).get("calibrated_for") == made_for:
                 return load_calibration(out)
     hw = calibrate_compute(cfg, global_batch, backend)
     worlds = tuple(n for n in worlds if n >= 2 and n % 2 == 0 and (device == "cpu" or n <= _gpus()))
-    base = {"model": model if isinstance(model, str) else asdict(model), "global_batch": global_batch,
-            "steps": steps, "backend": backend}
+    base = {
+        "model": model if isinstance(model, str) else asdict(model),
+        "global_batch": global_batch,
+        "steps": steps,
+        "backend": backend,
+    }
     with tempfile.TemporaryDirectory() as d:
         hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw, repeats))
-        hw = calibrate_in_runs(cfg, hw, worlds, base, os.path.join(out, "runs") if out else d, repeats)
+        hw = calibrate_in_runs(
+            cfg, hw, worlds, base, os.path.join(out, "runs") if out else d, repeats
+        )
     if out is not None:
         save_calibration(hw, out, made_for)
     return hw
@@ -78,11 +99,19 @@ def calibrate_compute(cfg: ModelConfig, global_batch: int = 16, backend: str = "
     compute.pop("device")
     alpha, beta = allreduce_fit(backend)
     cores = os.cpu_count() or 1
-    return Hardware(f"this machine (calibrated on {backend}, {device})", peak_flops=compute["matmul_flops"],
-                    memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
-                    intra_node_bw=beta, inter_node_bw=beta, latency_s=alpha,
-                    devices_per_node=cores if device == "cpu" else _gpus(), efficiency=1.0, usable_memory=1.0,
-                    cores=cores if device == "cpu" else None, **compute)
+    return Hardware(
+        f"this machine (calibrated on {backend}, {device})",
+        peak_flops=compute["matmul_flops"],
+        memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
+        intra_node_bw=beta,
+        inter_node_bw=beta,
+        latency_s=alpha,
+        devices_per_node=cores if device == "cpu" else _gpus(),
+        efficiency=1.0,
+        usable_memory=1.0,
+        cores=cores if device == "cpu" else None,
+        **compute,
+    )
 
 
 def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats: int = 1) -> float:
@@ -93,8 +122,18 @@ def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats
     from workbench.predict.step_time import predict_step
 
     measured = statistics.median(
-        float(wb.launch(RunConfig.from_dict(base), out=os.path.join(out, f"one_process_{k}"), progress=False,
-                        force=True).metrics.step_time_s.iloc[1:].median()) for k in range(repeats))
+        float(
+            wb.launch(
+                RunConfig.from_dict(base),
+                out=os.path.join(out, f"one_process_{k}"),
+                progress=False,
+                force=True,
+            )
+            .metrics.step_time_s.iloc[1:]
+            .median()
+        )
+        for k in range(repeats)
+    )
     return max(measured - predict_step(Layout(cfg, micro=base["global_batch"]), hw).total_s, 0.0)
 
 

@@ -26,8 +26,13 @@ def _init(rank: int, world: int, store_path: str, backend: str) -> str:
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        backend,
+        store=dist.FileStore(store_path, world),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     return device
 
 
@@ -36,13 +41,26 @@ def _spawn(fn, world: int, *args) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result")
-        mp.start_processes(fn, args=(world, os.path.join(d, "store"), out, *args), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            fn,
+            args=(world, os.path.join(d, "store"), out, *args),
+            nprocs=world,
+            start_method="spawn",
+        )
         with open(out) as f:
             return ast.literal_eval(f.read())
 
 
-def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend: str,
-                      sizes: tuple[int, ...] = (1 << 10, 1 << 22), repeats: int = 12, stat: str = "median") -> None:
+def _allreduce_worker(
+    rank: int,
+    world: int,
+    store_path: str,
+    out: str,
+    backend: str,
+    sizes: tuple[int, ...] = (1 << 10, 1 << 22),
+    repeats: int = 12,
+    stat: str = "median",
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -66,8 +84,13 @@ def _allreduce_worker(rank: int, world: int, store_path: str, out: str, backend:
     dist.destroy_process_group()
 
 
-def allreduce_times(sizes: tuple[int, ...], world: int = 2, backend: str = "gloo",
-                    repeats: int = 12, stat: str = "median") -> dict[int, float]:
+def allreduce_times(
+    sizes: tuple[int, ...],
+    world: int = 2,
+    backend: str = "gloo",
+    repeats: int = 12,
+    stat: str = "median",
+) -> dict[int, float]:
     """Seconds of a `world`-rank all-reduce of each size in bytes (fp32 values, `repeats` times each after a
     barrier, the first two dropped): {bytes: seconds}, measured by the clock — the median (what a step
     typically pays), or with stat='min' the fastest (what the link and the algorithm cost when nothing else
@@ -85,11 +108,15 @@ def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
     pts = [(factor * s, t, 1 / t**2) for s, t in times.items()]
     sw = sum(w for _, _, w in pts)
     mx, my = (sum(w * x for x, _, w in pts) / sw), (sum(w * y for _, y, w in pts) / sw)
-    slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sum(w * (x - mx) ** 2 for x, _, w in pts)
+    slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sum(
+        w * (x - mx) ** 2 for x, _, w in pts
+    )
     return max(my - slope * mx, 1e-7), 1 / max(slope, 1e-15)
 
 
 def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
     """α and β from a two-rank all-reduce at 1 KB and 4 MB: t = α + S·2(n−1)/n / β (the factor is 1)."""
-    alpha, beta = alpha_beta(_spawn(_allreduce_worker, 2, backend), 2)  # two sizes: the line through both
+    alpha, beta = alpha_beta(
+        _spawn(_allreduce_worker, 2, backend), 2
+    )  # two sizes: the line through both
     return max(alpha, 1e-6), beta

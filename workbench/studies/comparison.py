@@ -33,7 +33,9 @@ from workbench.viz.timeline import span_kinds
 
 
 def strategy_name(c: RunConfig) -> str:
-    parts = [f"{axis}{getattr(c, axis)}" for axis in ("dp", "tp", "pp") if getattr(c, axis) > 1] or ["1 process"]
+    parts = [
+        f"{axis}{getattr(c, axis)}" for axis in ("dp", "tp", "pp") if getattr(c, axis) > 1
+    ] or ["1 process"]
     if c.zero:
         parts.append(f"zero{c.zero}")
     if c.pp > 1:
@@ -63,18 +65,36 @@ class Comparison:
 
         def err(col: str) -> dict:
             return {"type": "data", "array": list(1e3 * t[col].fillna(0.0)), "visible": True}
-        fig = go.Figure([go.Bar(x=t.strategy, y=1e3 * t.step_time_s, name="measured",
-                                error_y=err("step_time_spread_s")),
-                         go.Bar(x=t.strategy, y=1e3 * t.predicted_step_time_s, name="estimated",
-                                error_y=err("predicted_step_time_spread_s"))])
-        fig.update_layout(barmode="group", yaxis_title="median step time (ms), ± spread",
-                          title="step time per strategy, each ± its spread")
+
+        fig = go.Figure(
+            [
+                go.Bar(
+                    x=t.strategy,
+                    y=1e3 * t.step_time_s,
+                    name="measured",
+                    error_y=err("step_time_spread_s"),
+                ),
+                go.Bar(
+                    x=t.strategy,
+                    y=1e3 * t.predicted_step_time_s,
+                    name="estimated",
+                    error_y=err("predicted_step_time_spread_s"),
+                ),
+            ]
+        )
+        fig.update_layout(
+            barmode="group",
+            yaxis_title="median step time (ms), ± spread",
+            title="step time per strategy, each ± its spread",
+        )
         return fig
 
     def timelines(self) -> go.Figure:
         """Each run's last step, rank 0's compute and communication, on one time axis."""
         names, shown = list(self.runs), set()
-        fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05)
+        fig = make_subplots(
+            rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.05
+        )
         for i, name in enumerate(names, start=1):
             ev = self.runs[name].events
             step = ev.step.max()
@@ -82,11 +102,26 @@ class Comparison:
             t0 = ev.start_us.min()
             ev = ev.assign(cat=span_kinds(ev))
             for cat, g in ev.groupby("cat"):
-                fig.add_trace(go.Bar(y=g.lane, x=g.dur_us / 1e3, base=(g.start_us - t0) / 1e3, orientation="h",
-                                     name=cat, legendgroup=cat, showlegend=cat not in shown,
-                                     marker_color=span_color(cat)), row=i, col=1)
+                fig.add_trace(
+                    go.Bar(
+                        y=g.lane,
+                        x=g.dur_us / 1e3,
+                        base=(g.start_us - t0) / 1e3,
+                        orientation="h",
+                        name=cat,
+                        legendgroup=cat,
+                        showlegend=cat not in shown,
+                        marker_color=span_color(cat),
+                    ),
+                    row=i,
+                    col=1,
+                )
                 shown.add(cat)
-        fig.update_layout(barmode="overlay", height=200 * len(names), title="rank 0, last step, one time axis (ms)")
+        fig.update_layout(
+            barmode="overlay",
+            height=200 * len(names),
+            title="rank 0, last step, one time axis (ms)",
+        )
         return fig
 
     def memory(self) -> go.Figure:
@@ -97,12 +132,28 @@ class Comparison:
         for cat in CATEGORIES:
             col = f"at_peak_{cat}_bytes"
             if self.table[col].any():
-                fig.add_trace(go.Bar(x=self.table.strategy, y=self.table[col] / 1e6, name=cat,
-                                     marker_color=MEMORY_COLORS[cat]))
-        fig.add_trace(go.Scatter(x=self.table.strategy, y=self.table.predicted_memory_bytes / 1e6, mode="markers",
-                                 marker={"symbol": "x", "size": 12, "color": "black"}, name="estimated total"))
-        fig.update_layout(barmode="stack", yaxis_title="MB, rank 0, at its simultaneous peak",
-                          title="memory per rank: each category at the moment their total peaked")
+                fig.add_trace(
+                    go.Bar(
+                        x=self.table.strategy,
+                        y=self.table[col] / 1e6,
+                        name=cat,
+                        marker_color=MEMORY_COLORS[cat],
+                    )
+                )
+        fig.add_trace(
+            go.Scatter(
+                x=self.table.strategy,
+                y=self.table.predicted_memory_bytes / 1e6,
+                mode="markers",
+                marker={"symbol": "x", "size": 12, "color": "black"},
+                name="estimated total",
+            )
+        )
+        fig.update_layout(
+            barmode="stack",
+            yaxis_title="MB, rank 0, at its simultaneous peak",
+            title="memory per rank: each category at the moment their total peaked",
+        )
         return fig
 
     def report(self, out_dir: str) -> str:
@@ -114,9 +165,17 @@ class Comparison:
         self.table.to_csv(os.path.join(out_dir, "table.csv"), index=False)
         path = os.path.join(out_dir, "report.html")
         with open(path, "w") as f:
-            f.write(html_page("Strategies side by side", [
-                ("measured beside estimated", self.table), ("step time", self.bars()),
-                ("memory per rank", self.memory()), ("timelines", self.timelines())]))
+            f.write(
+                html_page(
+                    "Strategies side by side",
+                    [
+                        ("measured beside estimated", self.table),
+                        ("step time", self.bars()),
+                        ("memory per rank", self.memory()),
+                        ("timelines", self.timelines()),
+                    ],
+                )
+            )
         return path
 
 
@@ -124,27 +183,43 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
     c = RunConfig.from_dict(_request(run))
     s = run.summary
     r0 = s["ranks"][0]
-    step = float(run.metrics.step_time_s.iloc[1:].median()) if len(run.metrics) > 1 else s["step_time_s"]
+    step = (
+        float(run.metrics.step_time_s.iloc[1:].median())
+        if len(run.metrics) > 1
+        else s["step_time_s"]
+    )
     steps = list(run.metrics.step_time_s.iloc[1:]) if len(run.metrics) > 1 else [step]
     tokens = c.global_batch * c.model_config.seq_len
     flops = formulas.model_flops_per_token(c.model_config) * tokens
-    est = estimate(c, hardware=with_emulated_links(hw, c) if hw else None,
-                   backend_copies=run.config.get("backend") == "gloo")
-    measured_mem = r0["peak_total_bytes"]  # the simultaneous peak of every category: what the rank pays
-    row = {"strategy": name, "world_size": c.world_size, "step_time_s": step, "tokens_per_s": tokens / step,
-           "achieved_flops": flops / step,
-           "utilisation": flops / step / (hw.peak_flops * c.world_size) if hw else None,
-           **{f"peak_{k}_bytes": r0["peak_bytes"].get(k, 0) for k in CATEGORIES}, "peak_total_bytes": measured_mem,
-           **{f"at_peak_{k}_bytes": r0.get("bytes_at_peak_total", {}).get(k, 0) for k in CATEGORIES},
-           "bytes_moved_per_step": r0["bytes_moved_per_step"],
-           "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
-           "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),
-           "step_time_spread_s": step * step_spread(steps),
-           "predicted_step_time_s": est.step_time_s, "step_time_dominant_term": est.dominant_term,
-           "predicted_step_time_spread_s": est.step_time_spread_s,
-           "step_time_error": (est.step_time_s - step) / step if est.step_time_s else None,
-           "predicted_memory_bytes": est.memory_bytes_per_rank,
-           "memory_error": (est.memory_bytes_per_rank - measured_mem) / measured_mem}
+    est = estimate(
+        c,
+        hardware=with_emulated_links(hw, c) if hw else None,
+        backend_copies=run.config.get("backend") == "gloo",
+    )
+    measured_mem = r0[
+        "peak_total_bytes"
+    ]  # the simultaneous peak of every category: what the rank pays
+    row = {
+        "strategy": name,
+        "world_size": c.world_size,
+        "step_time_s": step,
+        "tokens_per_s": tokens / step,
+        "achieved_flops": flops / step,
+        "utilisation": flops / step / (hw.peak_flops * c.world_size) if hw else None,
+        **{f"peak_{k}_bytes": r0["peak_bytes"].get(k, 0) for k in CATEGORIES},
+        "peak_total_bytes": measured_mem,
+        **{f"at_peak_{k}_bytes": r0.get("bytes_at_peak_total", {}).get(k, 0) for k in CATEGORIES},
+        "bytes_moved_per_step": r0["bytes_moved_per_step"],
+        "bubble_fraction": (s.get("bubble_fraction") or {}).get("measured"),
+        "loss_diff_vs_baseline": float((run.metrics.loss - base.metrics.loss).abs().max()),
+        "step_time_spread_s": step * step_spread(steps),
+        "predicted_step_time_s": est.step_time_s,
+        "step_time_dominant_term": est.dominant_term,
+        "predicted_step_time_spread_s": est.step_time_spread_s,
+        "step_time_error": (est.step_time_s - step) / step if est.step_time_s else None,
+        "predicted_memory_bytes": est.memory_bytes_per_rank,
+        "memory_error": (est.memory_bytes_per_rank - measured_mem) / measured_mem,
+    }
     return row
 
 
@@ -156,15 +231,41 @@ def _request(run: Run) -> dict:
 def baseline_config(c: RunConfig) -> RunConfig:
     """The single process that `c` must equal: the same model, data, seed, global batch, optimizer settings
     and steps, in fp32, with no parallelism, compression, offload, emulated link, fault or checkpoint."""
-    return c.replace(dp=1, tp=1, pp=1, zero=0, microbatches=1, virtual_stages=1, sequence_parallel=False,
-                     precision="fp32", grad_reduce_dtype="fp32", recompute="none", grad_compression="none",
-                     optimizer="adamw", allreduce="backend", offload_optimizer=False, emulate_link=None,
-                     ranks_per_node=0, node_placement="block", fault=None, checkpoint_every=0, checkpoint_dir=None,
-                     resume=None, max_restarts=0, elastic=False, name=None)
+    return c.replace(
+        dp=1,
+        tp=1,
+        pp=1,
+        zero=0,
+        microbatches=1,
+        virtual_stages=1,
+        sequence_parallel=False,
+        precision="fp32",
+        grad_reduce_dtype="fp32",
+        recompute="none",
+        grad_compression="none",
+        optimizer="adamw",
+        allreduce="backend",
+        offload_optimizer=False,
+        emulate_link=None,
+        ranks_per_node=0,
+        node_placement="block",
+        fault=None,
+        checkpoint_every=0,
+        checkpoint_dir=None,
+        resume=None,
+        max_restarts=0,
+        elastic=False,
+        name=None,
+    )
 
 
-def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "compare"),
-            hardware: Hardware | None = None, progress: bool = True, force: bool = False) -> Comparison:
+def compare(
+    configs: list[RunConfig],
+    out_dir: str = os.path.join("traces", "compare"),
+    hardware: Hardware | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> Comparison:
     """Launch each configuration, and one single-process baseline per distinct model, batch and seed among
     them (`baseline_config`), so that each row's `loss_diff_vs_baseline` is its distance from one process
     training the same model (runs already in `out_dir` are replaced only with `force`)."""
@@ -177,15 +278,21 @@ def compare(configs: list[RunConfig], out_dir: str = os.path.join("traces", "com
         keys.append(key := json.dumps(base_cfg.to_dict(), sort_keys=True, default=str))
         if key not in baselines:
             where = "baseline" if not baselines else f"baseline{len(baselines)}"
-            baselines[key] = launch(base_cfg, os.path.join(out_dir, where), progress=progress, force=force)
+            baselines[key] = launch(
+                base_cfg, os.path.join(out_dir, where), progress=progress, force=force
+            )
     runs: dict[str, Run] = {}
     for i, c in enumerate(configs):
         name = strategy_name(c)
         if name in runs:
             name = f"{name} ({i})"
         runs[name] = launch(c, os.path.join(out_dir, f"run{i}"), progress=progress, force=force)
-    table = pd.DataFrame([_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)])
-    if hardware is not None:  # what the estimates were made with, beside the runs (calibrate(out=) wrote it)
+    table = pd.DataFrame(
+        [_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)]
+    )
+    if (
+        hardware is not None
+    ):  # what the estimates were made with, beside the runs (calibrate(out=) wrote it)
         from workbench.studies.calibration import FILE, load_calibration, save_calibration
 
         path = os.path.join(out_dir, FILE)

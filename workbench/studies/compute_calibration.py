@@ -61,8 +61,13 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return max(my - slope * mx, 0.0), slope
 
 
-def _fwd_bwd(module: Callable[[object], object], make_input: Callable[[], object], device: str,
-             counting: Callable[[], object], repeats: int = 9) -> tuple[float, float]:
+def _fwd_bwd(
+    module: Callable[[object], object],
+    make_input: Callable[[], object],
+    device: str,
+    counting: Callable[[], object],
+    repeats: int = 9,
+) -> tuple[float, float]:
     """Median forward and backward times, each timed on its own, with the engine's counting of saved
     activations on (`counting`: MemoryTracker.count_saved_activations)."""
     sync = _sync(device)
@@ -94,7 +99,9 @@ def _counting(device: str) -> Callable[[], object]:
     return tracker.count_saved_activations
 
 
-def measure_compute(cfg: ModelConfig, micro_sizes: tuple[int, ...] = (1, 4, 16), device: str = "cpu") -> dict:
+def measure_compute(
+    cfg: ModelConfig, micro_sizes: tuple[int, ...] = (1, 4, 16), device: str = "cpu"
+) -> dict:
     import torch
 
     from workbench.model.gpt import GPT, Block
@@ -118,15 +125,25 @@ def measure_compute(cfg: ModelConfig, micro_sizes: tuple[int, ...] = (1, 4, 16),
         ids = torch.randint(cfg.vocab_size, (b, s), device=device)
         f, bw = _fwd_bwd(first, lambda ids=ids: ids, device, counting)
         rows["ff"].append(f), rows["fb"].append(bw)
-        f, bw = _fwd_bwd(lambda x, ids=ids: last(x, ids), lambda x=x: x.detach().requires_grad_(), device,
-                         counting)
+        f, bw = _fwd_bwd(
+            lambda x, ids=ids: last(x, ids),
+            lambda x=x: x.detach().requires_grad_(),
+            device,
+            counting,
+        )
         rows["hf"].append(f), rows["hb"].append(bw)
     return _fitted(cfg, micro_sizes, rows, device) | _optimizer(cfg, device, timed)
 
 
-def _fitted(cfg: ModelConfig, sizes: tuple[int, ...], rows: dict[str, list[float]], device: str) -> dict:
+def _fitted(
+    cfg: ModelConfig, sizes: tuple[int, ...], rows: dict[str, list[float]], device: str
+) -> dict:
     """The rates and fixed costs from the timings at each micro-batch size."""
-    from workbench.predict.action_costs import attention_flops, elementwise_bytes, layer_matmul_flops
+    from workbench.predict.action_costs import (
+        attention_flops,
+        elementwise_bytes,
+        layer_matmul_flops,
+    )
 
     s, h, bs = cfg.seq_len, cfg.hidden, [float(b) for b in sizes]
     _, per_flop_mm = fit_line([2 * b * s * h * cfg.inner for b in sizes], rows["mm"])
@@ -135,12 +152,21 @@ def _fitted(cfg: ModelConfig, sizes: tuple[int, ...], rows: dict[str, list[float
     layer_fwd, per_b_fwd = fit_line(bs, rows["lf"])
     layer_bwd, per_b_bwd = fit_line(bs, rows["lb"])
     # what a sample's layer costs beyond its matmuls and attention is its element-wise traffic
-    rest = per_b_fwd - layer_matmul_flops(cfg, 1, 1) / mm_rate - attention_flops(cfg, 1, 1) / at_rate
+    rest = (
+        per_b_fwd - layer_matmul_flops(cfg, 1, 1) / mm_rate - attention_flops(cfg, 1, 1) / at_rate
+    )
     memory_bw = elementwise_bytes(cfg, 1, 1, False, 4) / rest if rest > 0 else 1e15
     ends = [x for key in ("ff", "fb", "hf", "hb") for x in fit_line(bs, rows[key])]
-    return {"device": device, "matmul_flops": mm_rate, "attention_flops": at_rate, "memory_bw": memory_bw,
-            "backward_ratio": per_b_bwd / per_b_fwd if per_b_fwd > 0 else 2.0,
-            "layer_fwd_s": layer_fwd, "layer_bwd_s": layer_bwd, "stage_ends": tuple(ends)}
+    return {
+        "device": device,
+        "matmul_flops": mm_rate,
+        "attention_flops": at_rate,
+        "memory_bw": memory_bw,
+        "backward_ratio": per_b_bwd / per_b_fwd if per_b_fwd > 0 else 2.0,
+        "layer_fwd_s": layer_fwd,
+        "layer_bwd_s": layer_bwd,
+        "stage_ends": tuple(ends),
+    }
 
 
 def _optimizer(cfg: ModelConfig, device: str, timed) -> dict:
@@ -162,6 +188,7 @@ def _optimizer(cfg: ModelConfig, device: str, timed) -> dict:
         def run() -> None:
             torch.nn.utils.clip_grad_norm_(ps, 1.0)
             opt.step()
+
         return run
 
     many, one = timed(step(params)), timed(step(flat))

@@ -41,14 +41,18 @@ def _spans(run: Any) -> tuple[float, float]:
 def _launch(base: dict, out: str, name: str, **change: Any) -> Any:
     import workbench as wb
 
-    return wb.launch(RunConfig.from_dict({**base, **change}), out=os.path.join(out, name), progress=False,
-                     force=True)
+    return wb.launch(
+        RunConfig.from_dict({**base, **change}),
+        out=os.path.join(out, name),
+        progress=False,
+        force=True,
+    )
 
 
 def trimmed_mean(values: list[float], keep: float = 0.95) -> float:
     """The mean of the smallest `keep` share of the values (at least one)."""
     values = sorted(values)
-    return statistics.mean(values[:max(1, int(len(values) * keep))])
+    return statistics.mean(values[: max(1, int(len(values) * keep))])
 
 
 def _pair_alpha(run: Any, beta: float) -> tuple[float, float]:
@@ -68,7 +72,7 @@ def _pair_alpha(run: Any, beta: float) -> tuple[float, float]:
             if not ends.isna()[i]:
                 gaps.append((rank.start_us[i] - ends[i]) / 1e6)
                 costs.append(max(rank.dur_us[i] / 1e6 - (rank.bytes[i] or 0) / beta, 0.0))
-    keep = sorted(range(len(costs)), key=costs.__getitem__)[:max(2, int(0.95 * len(costs)))]
+    keep = sorted(range(len(costs)), key=costs.__getitem__)[: max(2, int(0.95 * len(costs)))]
     return fit_line([gaps[i] for i in keep], [costs[i] for i in keep])
 
 
@@ -82,8 +86,11 @@ def _p2p_alpha(run: Any) -> float:
 def _runs(base: dict, out: str, worlds: tuple[int, ...], repeats: int) -> dict[str, list[Any]]:
     """The calibration runs, each `repeats` times round-robin (a slow minute of a shared machine then
     falls on one repeat of each, and the medians below leave it out)."""
-    plan = {**{f"tp2dp{w // 2}": {"tp": 2, "dp": w // 2} for w in worlds}, "pp2": {"pp": 2, "microbatches": 2},
-            **{f"dp{w}": {"dp": w} for w in worlds}}
+    plan = {
+        **{f"tp2dp{w // 2}": {"tp": 2, "dp": w // 2} for w in worlds},
+        "pp2": {"pp": 2, "microbatches": 2},
+        **{f"dp{w}": {"dp": w} for w in worlds},
+    }
     runs: dict[str, list[Any]] = {name: [] for name in plan}
     for k in range(repeats):
         for name, change in plan.items():
@@ -95,8 +102,9 @@ def _median_pair(fits: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits)
 
 
-def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str,
-                      repeats: int = 3) -> Any:
+def calibrate_in_runs(
+    cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str, repeats: int = 3
+) -> Any:
     """`hw` (compute and bandwidth measured) completed from real runs of `base` (a RunConfig dict of the
     calibration model), each figure the median over `repeats` runs; their directories under `out`. Sets
     `contention` (n, stretch, α, α_p2p, step's fixed cost) and `skew` (n, κ) for each n in `worlds`,
@@ -105,23 +113,41 @@ def calibrate_in_runs(cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: 
     from workbench.predict.step_time import predict_step, stage_costs
 
     runs = _runs(base, out, worlds, repeats)
-    fits = {w: _median_pair([_pair_alpha(r, hw.intra_node_bw) for r in runs[f"tp2dp{w // 2}"]]) for w in worlds}
+    fits = {
+        w: _median_pair([_pair_alpha(r, hw.intra_node_bw) for r in runs[f"tp2dp{w // 2}"]])
+        for w in worlds
+    }
     p2p = statistics.median(_p2p_alpha(r) for r in runs["pp2"]) / fits[worlds[0]][0]
-    hw = replace(hw, skew=tuple((float(w), fits[w][1]) for w in worlds),
-                 launch_s=statistics.median(_launch_cost(r) for r in runs[f"dp{worlds[0]}"]))
+    hw = replace(
+        hw,
+        skew=tuple((float(w), fits[w][1]) for w in worlds),
+        launch_s=statistics.median(_launch_cost(r) for r in runs[f"dp{worlds[0]}"]),
+    )
     full = []
     for w in worlds:
         a = fits[w][0]
         L = Layout(cfg, dp=w, micro=base["global_batch"] // w)
         at_one = replace(hw, contention=((w, 1.0, a, p2p * a, 0.0),))
         st = stage_costs(L, at_one, _ctx(L, at_one))[0]
-        stretch = max(1.0, statistics.median(sum(_spans(r)) for r in runs[f"dp{w}"]) /
-                      sum(v[0] + v[1] for v in st.values()))
+        stretch = max(
+            1.0,
+            statistics.median(sum(_spans(r)) for r in runs[f"dp{w}"])
+            / sum(v[0] + v[1] for v in st.values()),
+        )
         trial = replace(hw, contention=((w, stretch, a, p2p * a, 0.0),))
-        measured = statistics.median(float(r.metrics.step_time_s.iloc[1:].median()) for r in runs[f"dp{w}"])
-        full.append((float(w), stretch, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0)))
-    hw = replace(hw, contention=tuple(full), spread=measured_spread([r for group in runs.values() for r in group],
-                                                                    [group for group in runs.values()]))
+        measured = statistics.median(
+            float(r.metrics.step_time_s.iloc[1:].median()) for r in runs[f"dp{w}"]
+        )
+        full.append(
+            (float(w), stretch, a, p2p * a, max(measured - predict_step(L, trial).total_s, 0.0))
+        )
+    hw = replace(
+        hw,
+        contention=tuple(full),
+        spread=measured_spread(
+            [r for group in runs.values() for r in group], [group for group in runs.values()]
+        ),
+    )
     return _pipeline_actions(cfg, hw, base, runs["pp2"])
 
 
@@ -130,8 +156,14 @@ def measured_spread(runs: list[Any], groups: list[list[Any]]) -> float:
     the median, over the runs repeated, of the half-range of their median steps over their median — what
     every predicted step time carries as ± (Estimate.step_time_spread_s)."""
     within = statistics.median(step_spread(list(r.metrics.step_time_s.iloc[1:])) for r in runs)
-    medians = [[float(r.metrics.step_time_s.iloc[1:].median()) for r in g] for g in groups if len(g) > 1]
-    between = statistics.median((max(m) - min(m)) / 2 / statistics.median(m) for m in medians) if medians else 0.0
+    medians = [
+        [float(r.metrics.step_time_s.iloc[1:].median()) for r in g] for g in groups if len(g) > 1
+    ]
+    between = (
+        statistics.median((max(m) - min(m)) / 2 / statistics.median(m) for m in medians)
+        if medians
+        else 0.0
+    )
     return max(within, between)
 
 
@@ -150,11 +182,18 @@ def _post_gap(run: Any, stretch: float) -> float:
 
     sched = run_schedule(run.config)
     # per rank: gaps between its actions (actions − 1 of them) per batch it posts
-    share = {r: (sum(isinstance(i, Action) for i in sched.program(r)) - 1) /
-             sum(not isinstance(i, Action) for i in sched.program(r)) for r in range(sched.p)}
-    per_batch = [gap * share[r] / 1e6 / stretch for replica in pipelines(run.traces, sched.p)
-                 for step, inputs in step_inputs(sched, replica).items() if step >= 1
-                 for r, gap in inputs["gap"].items()]
+    share = {
+        r: (sum(isinstance(i, Action) for i in sched.program(r)) - 1)
+        / sum(not isinstance(i, Action) for i in sched.program(r))
+        for r in range(sched.p)
+    }
+    per_batch = [
+        gap * share[r] / 1e6 / stretch
+        for replica in pipelines(run.traces, sched.p)
+        for step, inputs in step_inputs(sched, replica).items()
+        if step >= 1
+        for r, gap in inputs["gap"].items()
+    ]
     return statistics.mean(per_batch) if per_batch else 0.0
 
 
@@ -170,5 +209,9 @@ def _pipeline_actions(cfg: ModelConfig, hw: Any, base: dict, runs: list[Any]) ->
     pred_b = statistics.mean(sum(v[1] for v in st.values()) for st in costs)
     fwd = statistics.median(_spans(r)[0] for r in runs)
     bwd = statistics.median(_spans(r)[1] for r in runs)
-    return replace(hw, action_fwd_s=max(fwd - pred_f, 0.0), action_bwd_s=max(bwd - pred_b, 0.0),
-                   post_gap_s=statistics.median(_post_gap(r, _ctx(L, hw).stretch) for r in runs))
+    return replace(
+        hw,
+        action_fwd_s=max(fwd - pred_f, 0.0),
+        action_bwd_s=max(bwd - pred_b, 0.0),
+        post_gap_s=statistics.median(_post_gap(r, _ctx(L, hw).stretch) for r in runs),
+    )

@@ -26,8 +26,10 @@ def bus_factor(op: str, n: int) -> float:
         return (n - 1) / n
     if op in ("broadcast", "send", "recv"):
         return 1.0
-    raise ValueError(f"op={op!r}: no bus-bandwidth factor; valid ops: all_reduce, all_gather, "
-                     f"reduce_scatter, all_to_all, broadcast, send, recv")
+    raise ValueError(
+        f"op={op!r}: no bus-bandwidth factor; valid ops: all_reduce, all_gather, "
+        f"reduce_scatter, all_to_all, broadcast, send, recv"
+    )
 
 
 def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
@@ -41,7 +43,14 @@ def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, floa
 def bytes_sent(args: dict[str, Any]) -> float:
     """Bytes this rank sends for one recorded operation (its trace args: op, bytes, group_ranks)."""
     op = args.get("op")
-    if op == "recv" or op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send"):
+    if op == "recv" or op not in (
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+        "send",
+    ):
         return 0.0
     return float(args.get("bytes", 0)) * bus_factor(op, len(args.get("group_ranks", ())) or 1)
 
@@ -51,8 +60,16 @@ def nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
-def record(rec: Any, name: str, cat: str, args: dict[str, Any], n: int, start: float, end: float,
-           blocking: bool) -> None:
+def record(
+    rec: Any,
+    name: str,
+    cat: str,
+    args: dict[str, Any],
+    n: int,
+    start: float,
+    end: float,
+    blocking: bool,
+) -> None:
     """An operation's record from its start to its completion (host clock, µs) with its bandwidth: a
     complete span for a blocking call, an async begin/end pair for one that ran beside other work."""
     algbw, busbw = bandwidth(args["op"], args["bytes"], (end - start) / 1e6, n)

@@ -45,7 +45,11 @@ def full(e: BaseException, path: str | None = None) -> bool:
     seen, err = set(), e
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC or "No space left on device" in str(err):
+        if (
+            isinstance(err, OSError)
+            and err.errno == errno.ENOSPC
+            or "No space left on device" in str(err)
+        ):
             return True
         err = err.__cause__ or err.__context__
     if path is None:
@@ -64,8 +68,11 @@ def _existing(path: str) -> str:
 
 
 def disk_full(path: str, what: str) -> DiskFull:
-    return DiskFull(errno.ENOSPC, f"no space left on the device holding {path}: {what} was not written "
-                                  f"({_free(path)}); free space there, or choose another out=")
+    return DiskFull(
+        errno.ENOSPC,
+        f"no space left on the device holding {path}: {what} was not written "
+        f"({_free(path)}); free space there, or choose another out=",
+    )
 
 
 @contextmanager
@@ -96,10 +103,15 @@ def write_error_file(path: str, reserved: str | None, record: dict[str, Any]) ->
     """`record` as JSON at `path`: into the reserved placeholder (cut to fit: the traceback and the flight
     recorder shortened first), then renamed; a plain write where there is no placeholder."""
     data = json.dumps(record, indent=2).encode()
-    for cut in ({"last_collectives": (record.get("last_collectives") or [])[-8:]},
-                {"traceback": str(record.get("traceback", ""))[-4000:]},
-                {"last_collectives": [], "traceback": str(record.get("traceback", ""))[-1000:],
-                 "message": str(record.get("message", ""))[:4000]}):
+    for cut in (
+        {"last_collectives": (record.get("last_collectives") or [])[-8:]},
+        {"traceback": str(record.get("traceback", ""))[-4000:]},
+        {
+            "last_collectives": [],
+            "traceback": str(record.get("traceback", ""))[-1000:],
+            "message": str(record.get("message", ""))[:4000],
+        },
+    ):
         if len(data) <= RESERVED:
             break
         record = {**record, **cut}

@@ -55,11 +55,17 @@ def merge_traces(traces: list[dict[str, Any]]) -> dict[str, Any]:
     first = traces[0]
     return {
         "schemaVersion": SCHEMA_VERSION,
-        "distributedInfo": {"backend": first["distributedInfo"]["backend"], "rank": 0,
-                            "world_size": first["distributedInfo"]["world_size"]},
+        "distributedInfo": {
+            "backend": first["distributedInfo"]["backend"],
+            "rank": 0,
+            "world_size": first["distributedInfo"]["world_size"],
+        },
         "displayTimeUnit": "ms",
-        "workbench": {"run": first["workbench"]["run"], "merged": True,
-                      "ranks": [t["workbench"] for t in traces]},
+        "workbench": {
+            "run": first["workbench"]["run"],
+            "merged": True,
+            "ranks": [t["workbench"] for t in traces],
+        },
         "traceEvents": [e for t in traces for e in t["traceEvents"]],
     }
 
@@ -82,19 +88,27 @@ def damage(path: str, data: bytes, e: ValueError) -> str:
     """What is wrong with the file and what to do about it."""
     pos = getattr(e, "pos", getattr(e, "start", 0))
     cut = not data.rstrip().endswith(b"}")  # a whole trace ends its object
-    where = f"at byte {pos:,} of {len(data):,}" + (f" (line {e.lineno}, column {e.colno})"
-                                                   if isinstance(e, json.JSONDecodeError) else "")
-    why = (f"it ends at byte {len(data):,}, cut short (the process writing it was killed, or the disk filled)"
-           if cut else f"not JSON there ({getattr(e, 'msg', e)})")
+    where = f"at byte {pos:,} of {len(data):,}" + (
+        f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+    )
+    why = (
+        f"it ends at byte {len(data):,}, cut short (the process writing it was killed, or the disk filled)"
+        if cut
+        else f"not JSON there ({getattr(e, 'msg', e)})"
+    )
     run_dir, name = os.path.split(os.path.abspath(path))
     if name == "trace.json":
-        fix = (f"the per-rank traces it merges are still there: rebuild it with `workbench merge {run_dir}` "
-               f"(or wb.load(...), which reads the per-rank files)")
+        fix = (
+            f"the per-rank traces it merges are still there: rebuild it with `workbench merge {run_dir}` "
+            f"(or wb.load(...), which reads the per-rank files)"
+        )
     elif os.path.exists(stream := os.path.join(run_dir, f"{name[:-5]}.partial.jsonl")):
         fix = f"`workbench merge {run_dir}` rebuilds it from its stream, {os.path.basename(stream)}"
     else:
-        fix = (f"its stream ({os.path.basename(stream)}) is gone (removed once the rank's trace was written): this "
-               f"rank's events are lost; the other ranks' files hold theirs")
+        fix = (
+            f"its stream ({os.path.basename(stream)}) is gone (removed once the rank's trace was written): this "
+            f"rank's events are lost; the other ranks' files hold theirs"
+        )
     return f"{path} is damaged {where}: {why}; {fix}"
 
 
@@ -104,8 +118,9 @@ def load_traces(run_dir: str) -> list[dict[str, Any]]:
 
 def damaged_traces(run_dir: str) -> list[str]:
     """What is wrong with each trace file of the run (the per-rank ones and trace.json): empty when all are whole."""
-    paths = list(rank_trace_paths(run_dir).values()) + [p for p in [os.path.join(run_dir, "trace.json")]
-                                                         if os.path.exists(p)]
+    paths = list(rank_trace_paths(run_dir).values()) + [
+        p for p in [os.path.join(run_dir, "trace.json")] if os.path.exists(p)
+    ]
     problems = []
     for path in paths:
         try:
@@ -119,7 +134,9 @@ def rebuild(run_dir: str) -> tuple[list[int], str | None]:
     """Every rank trace its stream can still give (`recover_partials`), then trace.json merged again from the
     per-rank files; returns the ranks recovered and the merged file's path."""
     rebuilt = []
-    for rank, path in rank_trace_paths(run_dir).items():  # a damaged rank file whose stream is still there
+    for rank, path in rank_trace_paths(
+        run_dir
+    ).items():  # a damaged rank file whose stream is still there
         stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
         if not os.path.exists(stream):
             continue
@@ -129,7 +146,9 @@ def rebuild(run_dir: str) -> tuple[list[int], str | None]:
             if stream_to_trace(stream, path):  # replaced only by a stream that reads whole
                 rebuilt.append(rank)
     recovered = sorted(rebuilt + recover_partials(run_dir))
-    return recovered, write_merged(run_dir)  # a rank file still damaged stops it, named (DamagedTrace)
+    return recovered, write_merged(
+        run_dir
+    )  # a rank file still damaged stops it, named (DamagedTrace)
 
 
 def write_merged(run_dir: str) -> str | None:
@@ -147,8 +166,12 @@ def merge_attempts(attempts: list[list[dict[str, Any]]]) -> dict[str, Any]:
     wall-clock start (`epoch_unix_us`) against the first attempt's, an instant `restart <n>` where
     attempt n begins. Async ids get the attempt as a prefix; only the last attempt keeps its flows (the
     same step's transfers would otherwise join across attempts)."""
-    epochs = [t["workbench"]["epoch_unix_us"] for traces in attempts for t in traces
-              if "epoch_unix_us" in t["workbench"]]
+    epochs = [
+        t["workbench"]["epoch_unix_us"]
+        for traces in attempts
+        for t in traces
+        if "epoch_unix_us" in t["workbench"]
+    ]
     base = min(epochs, default=0.0)
     events: list[dict[str, Any]] = []
     for n, traces in enumerate(attempts):
@@ -165,8 +188,18 @@ def merge_attempts(attempts: list[list[dict[str, Any]]]) -> dict[str, Any]:
                     e["id2"] = {"local": f"a{n}:{e['id2']['local']}"}
                 events.append(e)
         if n > 0:
-            events.append({"ph": "i", "s": "g", "name": f"restart {n}", "cat": "step", "pid": 0, "tid": 0,
-                           "ts": round(min(starts), 3), "args": {"attempt": n}})
+            events.append(
+                {
+                    "ph": "i",
+                    "s": "g",
+                    "name": f"restart {n}",
+                    "cat": "step",
+                    "pid": 0,
+                    "tid": 0,
+                    "ts": round(min(starts), 3),
+                    "args": {"attempt": n},
+                }
+            )
     merged = merge_traces(attempts[-1])
     merged["workbench"]["attempts"] = len(attempts)
     merged["traceEvents"] = events

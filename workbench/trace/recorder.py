@@ -38,16 +38,47 @@ from workbench.trace.disk import writing
 SCHEMA_VERSION = 3
 
 #: lane name -> tid, in display order
-LANES: dict[str, int] = {"compute": 0, "comm": 1, "wait": 2, "schedule": 3, "ring": 4, "launch": 5, "offload": 6,
-                         "data": 7}
+LANES: dict[str, int] = {
+    "compute": 0,
+    "comm": 1,
+    "wait": 2,
+    "schedule": 3,
+    "ring": 4,
+    "launch": 5,
+    "offload": 6,
+    "data": 7,
+}
 
 #: memory categories of the `memory` counter (torch.profiler's, extended): the one list every reader uses
-MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "loss", "wgrad_stash", "comm_buffer",
-                     "temporary", "other")
+MEMORY_CATEGORIES = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "loss",
+    "wgrad_stash",
+    "comm_buffer",
+    "temporary",
+    "other",
+)
 
 CATEGORIES = (
-    "step", "forward", "backward", "recompute", "optimizer", "collective", "p2p",
-    "ring_step", "cp_ring", "wait", "schedule", "checkpoint", "emulated", "launch", "offload", "data",
+    "step",
+    "forward",
+    "backward",
+    "recompute",
+    "optimizer",
+    "collective",
+    "p2p",
+    "ring_step",
+    "cp_ring",
+    "wait",
+    "schedule",
+    "checkpoint",
+    "emulated",
+    "launch",
+    "offload",
+    "data",
 )
 
 
@@ -79,7 +110,9 @@ class TraceRecorder:
         self.clock_offset_us = 0.0
         self._async_ids = 0
         self._lock = threading.Lock()
-        self.info: dict[str, Any] = {}  # extra facts for the `workbench` block (parameter shapes ...)
+        self.info: dict[
+            str, Any
+        ] = {}  # extra facts for the `workbench` block (parameter shapes ...)
         self._partial_path: str | None = None
         self._flushed = 0
         #: (push, pop) of NVTX ranges on CUDA runs: every span is also a range Nsight Systems shows
@@ -105,7 +138,9 @@ class TraceRecorder:
             self.events.append(event)  # list.append is atomic: callbacks from comm threads are safe
 
     @contextmanager
-    def span(self, name: str, cat: str, lane: str = "compute", **args: Any) -> Iterator[dict[str, Any]]:
+    def span(
+        self, name: str, cat: str, lane: str = "compute", **args: Any
+    ) -> Iterator[dict[str, Any]]:
         """A complete ("X") event around the block. The yielded dict is the span's args: the block
         may add to it (bytes measured inside, for instance). In a fast step on CUDA its times are the
         device's, from two events, written at the step's end."""
@@ -121,10 +156,14 @@ class TraceRecorder:
             if clock is None:
                 self.complete(name, cat, lane, start, self.now_us() - start, args)
             else:
-                clock.defer_span(start, lambda ts, end: self.complete(name, cat, lane, ts, end - ts, args))
+                clock.defer_span(
+                    start, lambda ts, end: self.complete(name, cat, lane, ts, end - ts, args)
+                )
 
     @contextmanager
-    def host_span(self, name: str, cat: str, lane: str = "compute", **args: Any) -> Iterator[dict[str, Any]]:
+    def host_span(
+        self, name: str, cat: str, lane: str = "compute", **args: Any
+    ) -> Iterator[dict[str, Any]]:
         """A span timed on the host's clock in every step (a whole step: it ends after the step's host
         synchronisation, so the host's time is the device's)."""
         start = self.now_us()
@@ -140,55 +179,127 @@ class TraceRecorder:
         if self.measured and self.device_clock is not None:
             self.device_clock.sync_compute()
 
-    def complete(self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]) -> None:
-        self._emit({"ph": "X", "name": name, "cat": cat, "ts": round(ts, 3), "dur": round(max(dur, 0.0), 3),
-                    "tid": LANES[lane], "args": args})
+    def complete(
+        self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]
+    ) -> None:
+        self._emit(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": cat,
+                "ts": round(ts, 3),
+                "dur": round(max(dur, 0.0), 3),
+                "tid": LANES[lane],
+                "args": args,
+            }
+        )
 
     def new_async_id(self) -> int:
         with self._lock:
             self._async_ids += 1
             return self._async_ids
 
-    def async_span(self, name: str, cat: str, lane: str, ts: float, end: float, args: dict[str, Any],
-                   local_id: int) -> None:
+    def async_span(
+        self,
+        name: str,
+        cat: str,
+        lane: str,
+        ts: float,
+        end: float,
+        args: dict[str, Any],
+        local_id: int,
+    ) -> None:
         """An async begin/end pair (work in flight that may overlap other work on the lane)."""
-        base = {"name": name, "cat": cat, "tid": LANES[lane], "id2": {"local": f"{self.rank}:{local_id}"}}
+        base = {
+            "name": name,
+            "cat": cat,
+            "tid": LANES[lane],
+            "id2": {"local": f"{self.rank}:{local_id}"},
+        }
         self._emit({**base, "ph": "b", "ts": round(ts, 3), "args": args})
         self._emit({**base, "ph": "e", "ts": round(max(end, ts), 3)})
 
     def flow(self, phase: str, fid: int, lane: str, ts: float, cat: str) -> None:
         """phase 's' inside the sending span, 'f' inside the receiving span (bound to its end)."""
-        event = {"ph": phase, "id": fid, "name": cat, "cat": cat, "tid": LANES[lane], "ts": round(ts, 3)}
+        event = {
+            "ph": phase,
+            "id": fid,
+            "name": cat,
+            "cat": cat,
+            "tid": LANES[lane],
+            "ts": round(ts, 3),
+        }
         if phase == "f":
             event["bp"] = "e"
         self._emit(event)
 
     def counter(self, name: str, values: dict[str, float], ts: float | None = None) -> None:
-        self._emit({"ph": "C", "name": name, "ts": round(self.now_us() if ts is None else ts, 3),
-                    "tid": 0, "args": dict(values)})
+        self._emit(
+            {
+                "ph": "C",
+                "name": name,
+                "ts": round(self.now_us() if ts is None else ts, 3),
+                "tid": 0,
+                "args": dict(values),
+            }
+        )
 
     # ---- output ------------------------------------------------------------------------------
     def metadata_events(self) -> list[dict[str, Any]]:
         c = self.coords
         meta = [
-            {"ph": "M", "name": "process_name", "pid": self.rank, "tid": 0,
-             "args": {"name": f"rank {self.rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']})"}},
-            {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0,
-             "args": {"sort_index": self.rank}},
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": self.rank,
+                "tid": 0,
+                "args": {"name": f"rank {self.rank} (dp {c['dp']}, tp {c['tp']}, pp {c['pp']})"},
+            },
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": self.rank,
+                "tid": 0,
+                "args": {"sort_index": self.rank},
+            },
         ]
         for lane, tid in LANES.items():
-            meta.append({"ph": "M", "name": "thread_name", "pid": self.rank, "tid": tid, "args": {"name": lane}})
-            meta.append({"ph": "M", "name": "thread_sort_index", "pid": self.rank, "tid": tid,
-                         "args": {"sort_index": tid}})
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": self.rank,
+                    "tid": tid,
+                    "args": {"name": lane},
+                }
+            )
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": self.rank,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
         return meta
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schemaVersion": SCHEMA_VERSION,
-            "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size},
+            "distributedInfo": {
+                "backend": self.backend,
+                "rank": self.rank,
+                "world_size": self.world_size,
+            },
             "displayTimeUnit": "ms",
-            "workbench": {"run": self.run_name, "rank": self.rank, **self.coords,
-                          "clock_offset_us": self.clock_offset_us, **self.info},
+            "workbench": {
+                "run": self.run_name,
+                "rank": self.rank,
+                **self.coords,
+                "clock_offset_us": self.clock_offset_us,
+                **self.info,
+            },
             "traceEvents": self.metadata_events() + list(self.events),
         }
 
@@ -204,9 +315,11 @@ class TraceRecorder:
         if self._partial_path is None or not self.enabled:
             return
         end = len(self.events)
-        with writing(self._partial_path, f"rank {self.rank}'s trace events since its last step"), \
-                open(self._partial_path, "a") as f:
-            for e in self.events[self._flushed:end]:
+        with (
+            writing(self._partial_path, f"rank {self.rank}'s trace events since its last step"),
+            open(self._partial_path, "a") as f,
+        ):
+            for e in self.events[self._flushed : end]:
                 f.write(json.dumps(e) + "\n")
         self._flushed = end
 
@@ -214,8 +327,12 @@ class TraceRecorder:
         """Write atomically (a reader never sees half a file, even if the rank is killed mid-write)."""
         tmp = f"{path}.tmp{os.getpid()}"
         try:
-            with writing(path, f"rank {self.rank}'s trace (its events stay in the stream beside it)"), \
-                    open(tmp, "w") as f:
+            with (
+                writing(
+                    path, f"rank {self.rank}'s trace (its events stay in the stream beside it)"
+                ),
+                open(tmp, "w") as f,
+            ):
                 json.dump(self.to_dict(), f)
         except OSError:
             if os.path.exists(tmp):
@@ -240,10 +357,19 @@ def recover_partial(path: str) -> dict[str, Any]:
         except json.JSONDecodeError:  # the rank died mid-line
             break
     info, coords = header["distributedInfo"], header["workbench"]
-    rec = TraceRecorder(info["rank"], info["world_size"], info["backend"],
-                        {k: coords[k] for k in ("dp", "tp", "pp")}, coords["run"])
+    rec = TraceRecorder(
+        info["rank"],
+        info["world_size"],
+        info["backend"],
+        {k: coords[k] for k in ("dp", "tp", "pp")},
+        coords["run"],
+    )
     rec.clock_offset_us = coords.get("clock_offset_us", 0.0)
-    rec.info = {k: v for k, v in coords.items() if k not in ("run", "rank", "dp", "tp", "pp", "clock_offset_us")}
+    rec.info = {
+        k: v
+        for k, v in coords.items()
+        if k not in ("run", "rank", "dp", "tp", "pp", "clock_offset_us")
+    }
     rec.events = events
     out = rec.to_dict()
     out["workbench"]["recovered"] = True

@@ -69,15 +69,23 @@ def comm_intervals(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], f
     category `launch`, are not operations)."""
     out = []
     for e, start, dur, kind in spans(events):
-        if kind == "async" or (e.get("cat") in ("collective", "p2p") and not e.get("args", {}).get("async")):
+        if kind == "async" or (
+            e.get("cat") in ("collective", "p2p") and not e.get("args", {}).get("async")
+        ):
             out.append((e["args"], start, start + dur))
     return out
 
 
-def compute_intervals(events: list[dict[str, Any]], since: float = 0.0) -> list[tuple[float, float]]:
+def compute_intervals(
+    events: list[dict[str, Any]], since: float = 0.0
+) -> list[tuple[float, float]]:
     """(start_us, end_us) of the forward / backward / recompute / optimizer spans on the compute lane that
     start at or after `since`."""
-    return [(e["ts"], e["ts"] + e["dur"]) for e in events
-            if e.get("ph") == "X" and e["cat"] in COMPUTE_CATS and e["tid"] == LANES["compute"] and e["ts"] >= since]
-
-
+    return [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X"
+        and e["cat"] in COMPUTE_CATS
+        and e["tid"] == LANES["compute"]
+        and e["ts"] >= since
+    ]

@@ -23,7 +23,15 @@ def load_ops(run_dir: str, info: dict[str, Any]) -> list[dict[str, Any]]:
     with open(path) as f:
         events = json.load(f).get("traceEvents", [])
     shift = float(meta["offset_us"])
-    return [{"name": e["name"], "cat": e.get("cat", ""), "start_us": float(e["ts"]) + shift,
-             "dur_us": float(e.get("dur", 0.0))}
-            for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "kernel", "gpu_memcpy")
-            and e.get("name") != MARKER]
+    return [
+        {
+            "name": e["name"],
+            "cat": e.get("cat", ""),
+            "start_us": float(e["ts"]) + shift,
+            "dur_us": float(e.get("dur", 0.0)),
+        }
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cpu_op", "kernel", "gpu_memcpy")
+        and e.get("name") != MARKER
+    ]

@@ -39,7 +39,9 @@ def validate_trace(trace: dict[str, Any]) -> list[str]:
         if "pid" not in e or (not merged and e["pid"] != rank):
             errors.append(f"{where}: pid {e.get('pid')} is not the rank {rank}")
         elif e.get("ph") == "M":
-            seen.names[e["pid"]].add(e["name"] if e["name"] != "thread_name" else f"thread:{e['args']['name']}")
+            seen.names[e["pid"]].add(
+                e["name"] if e["name"] != "thread_name" else f"thread:{e['args']['name']}"
+            )
         elif not isinstance(e.get("ts"), (int, float)):
             errors.append(f"{where}: no numeric ts")
         else:
@@ -50,7 +52,9 @@ def validate_trace(trace: dict[str, Any]) -> list[str]:
     for (pid, tid), lane_spans in seen.spans.items():
         errors += _check_nesting(pid, tid, lane_spans)
     for pid in {e["pid"] for e in events if "pid" in e}:
-        want = {"process_name", "process_sort_index", "thread_sort_index"} | {f"thread:{n}" for n in LANES}
+        want = {"process_name", "process_sort_index", "thread_sort_index"} | {
+            f"thread:{n}" for n in LANES
+        }
         if not want <= seen.names[pid]:
             errors.append(f"pid {pid}: metadata lacks {sorted(want - seen.names[pid])}")
     if seen.steps == 0 and not trace["workbench"].get("recovered"):
@@ -63,7 +67,9 @@ class _Seen:
     """What the walk over one file's events collects for the checks that need all of them."""
 
     names: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
-    spans: dict[tuple[int, int], list[tuple[float, float, str]]] = field(default_factory=lambda: defaultdict(list))
+    spans: dict[tuple[int, int], list[tuple[float, float, str]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     async_open: Counter = field(default_factory=Counter)
     steps: int = 0
 
@@ -74,13 +80,19 @@ def _check_header(trace: dict[str, Any]) -> list[str]:
     errors = []
     if not isinstance(trace["schemaVersion"], int):
         errors.append("schemaVersion is not an integer")
-    errors += [f"distributedInfo lacks {key!r}" for key in ("backend", "rank", "world_size")
-               if key not in trace["distributedInfo"]]
+    errors += [
+        f"distributedInfo lacks {key!r}"
+        for key in ("backend", "rank", "world_size")
+        if key not in trace["distributedInfo"]
+    ]
     if trace["displayTimeUnit"] != "ms":
         errors.append("displayTimeUnit is not 'ms'")
     if not trace["workbench"].get("merged"):
-        errors += [f"workbench block lacks {key!r}" for key in ("run", "dp", "tp", "pp", "clock_offset_us")
-                   if key not in trace["workbench"]]
+        errors += [
+            f"workbench block lacks {key!r}"
+            for key in ("run", "dp", "tp", "pp", "clock_offset_us")
+            if key not in trace["workbench"]
+        ]
     return errors
 
 
@@ -99,7 +111,9 @@ def _check_event(e: dict[str, Any], where: str, seen: _Seen) -> list[str]:
     elif ph == "C":
         got = set(e.get("args", {}))
         if e["name"] == "memory" and got != MEMORY_CATEGORIES:
-            errors.append(f"{where}: memory categories {sorted(got)} != {sorted(MEMORY_CATEGORIES)}")
+            errors.append(
+                f"{where}: memory categories {sorted(got)} != {sorted(MEMORY_CATEGORIES)}"
+            )
     elif ph in ("s", "f"):
         if "id" not in e:
             errors.append(f"{where}: flow without id")
@@ -144,8 +158,10 @@ def _check_nesting(pid: int, tid: int, spans: list[tuple[float, float, str]]) ->
         while stack and start >= stack[-1][1] - EPS_US:
             stack.pop()
         if stack and end > stack[-1][1] + EPS_US:
-            errors.append(f"pid {pid} tid {tid}: span {name!r} [{start}, {end}] overlaps "
-                          f"{stack[-1][2]!r} [{stack[-1][0]}, {stack[-1][1]}] without nesting")
+            errors.append(
+                f"pid {pid} tid {tid}: span {name!r} [{start}, {end}] overlaps "
+                f"{stack[-1][2]!r} [{stack[-1][0]}, {stack[-1][1]}] without nesting"
+            )
             if len(errors) > 5:
                 break
         stack.append((start, end, name))
@@ -175,11 +191,15 @@ def validate_run(run_dir: str) -> list[str]:
             if e.get("cat") == "collective" and e.get("ph") in ("X", "b") and not args.get("async"):
                 key = (args.get("group"), tuple(args.get("group_ranks", ())), args.get("seq"))
                 # a variable all-to-all (expert parallelism's dropless dispatch) sends what each rank has
-                seqs[key].add((args.get("op"), None if "send_splits" in args else args.get("bytes")))
+                seqs[key].add(
+                    (args.get("op"), None if "send_splits" in args else args.get("bytes"))
+                )
     for fid, c in flows.items():
         if c["s"] != 1 or c["f"] != 1:
             errors.append(f"flow {fid}: {c['s']} start(s) and {c['f']} end(s); want one of each")
     for key, variants in seqs.items():
         if len(variants) > 1:
-            errors.append(f"collective seq {key[2]} on group {key[0]} {list(key[1])} differs across ranks: {variants}")
+            errors.append(
+                f"collective seq {key[2]} on group {key[0]} {list(key[1])} differs across ranks: {variants}"
+            )
     return errors

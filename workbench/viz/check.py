@@ -40,9 +40,29 @@ import numpy as np
 CLAIM_MIME = "application/vnd.workbench.claim+json"
 
 # What a condition may call besides its numbers (and numpy as np): enough to say "every", "at most", "in".
-_SAFE = {name: getattr(builtins, name) for name in
-         ("abs", "all", "any", "len", "list", "max", "min", "range", "round", "set", "sorted", "sum", "tuple",
-          "zip", "float", "int", "bool", "str")}
+_SAFE = {
+    name: getattr(builtins, name)
+    for name in (
+        "abs",
+        "all",
+        "any",
+        "len",
+        "list",
+        "max",
+        "min",
+        "range",
+        "round",
+        "set",
+        "sorted",
+        "sum",
+        "tuple",
+        "zip",
+        "float",
+        "int",
+        "bool",
+        "str",
+    )
+}
 
 
 class CheckFailed(AssertionError):
@@ -154,8 +174,15 @@ def fails_on(holds: str, values: dict[str, Any]) -> str | None:
     return None
 
 
-def check(claim: str, holds: str, *, timing: str | None = None, margin: float | None = None,
-          regime: str | None = None, **numbers: Any) -> bool:
+def check(
+    claim: str,
+    holds: str,
+    *,
+    timing: str | None = None,
+    margin: float | None = None,
+    regime: str | None = None,
+    **numbers: Any,
+) -> bool:
     """Print `✓ claim (numbers)` or `✗ claim (numbers)`; return whether it held.
 
     `holds` is the condition, an expression over `numbers` (and numpy as np). Under test
@@ -164,9 +191,11 @@ def check(claim: str, holds: str, *, timing: str | None = None, margin: float | 
     can move) never raises for its outcome. `margin`: how far the claim clears its limit (see `headroom`);
     `regime`: where it was measured (ranks, model, link)."""
     if not isinstance(holds, str):
-        raise TypeError(f"check({claim!r}): state the condition as an expression over its numbers, e.g. "
-                        f"'measured == predicted', not the value {holds!r}, so that a wrong value can be shown "
-                        "to fail it")
+        raise TypeError(
+            f"check({claim!r}): state the condition as an expression over its numbers, e.g. "
+            f"'measured == predicted', not the value {holds!r}, so that a wrong value can be shown "
+            "to fail it"
+        )
     values = {k: _operand(v) for k, v in numbers.items()}
     held = evaluate(holds, values)
     counter = fails_on(holds, values) if held else "the measured values themselves"
@@ -176,14 +205,24 @@ def check(claim: str, holds: str, *, timing: str | None = None, margin: float | 
         line += f"  [margin {margin:+.0%}]"
     if timing is not None:
         line += f"  [timing claim, shown not asserted: {timing}]"
-    record = {"claim": claim, "held": held, "holds": holds, "fails_on": counter, "timing": timing,
-              "margin": None if margin is None else float(margin), "regime": regime, "cores": os.cpu_count(),
-              "numbers": {k: _plain(v) for k, v in numbers.items()}}
+    record = {
+        "claim": claim,
+        "held": held,
+        "holds": holds,
+        "fails_on": counter,
+        "timing": timing,
+        "margin": None if margin is None else float(margin),
+        "regime": regime,
+        "cores": os.cpu_count(),
+        "numbers": {k: _plain(v) for k, v in numbers.items()},
+    }
     _show(line, record)
     if os.environ.get("WORKBENCH_CHECKS") == "raise":
         if counter is None:
-            raise CheckFailed(f"{line}\nthis check cannot fail: no wrong value of its numbers makes `{holds}` "
-                              "false; state the condition over the numbers that decide it")
+            raise CheckFailed(
+                f"{line}\nthis check cannot fail: no wrong value of its numbers makes `{holds}` "
+                "false; state the condition over the numbers that decide it"
+            )
         if not held and timing is None:
             raise CheckFailed(line)
     return held

@@ -33,8 +33,16 @@ def ring_blocks(run: Run) -> pd.DataFrame:
     n = 2 * cp if balance == "head-tail" else cp
     owner = {c: r for r in range(cp) for c in owned_chunks(r, cp, balance)}
     ev = run.events
-    spans = ev[(ev.cat == "cp_ring") & (ev.phase == "forward")] if "cp_ring" in set(ev.cat) else ev.iloc[:0]
-    first = spans[(spans.step == spans.step.min()) & (spans.layer == spans.layer.iloc[0])] if len(spans) else spans
+    spans = (
+        ev[(ev.cat == "cp_ring") & (ev.phase == "forward")]
+        if "cp_ring" in set(ev.cat)
+        else ev.iloc[:0]
+    )
+    first = (
+        spans[(spans.step == spans.step.min()) & (spans.layer == spans.layer.iloc[0])]
+        if len(spans)
+        else spans
+    )
     step_of = {(int(s["rank"]), int(s.block_of)): int(s.ring_step) for _, s in first.iterrows()}
     # not recorded: the ring's last block, computed after its last hop; all-gathered K/V all arrive at once
     last = cp if run.config.get("cp_rotate", "ring") == "ring" else 1
@@ -43,7 +51,15 @@ def ring_blocks(run: Run) -> pd.DataFrame:
         for k in range(q + 1):
             rank, kv = owner[q], owner[k]
             step = step_of.get((rank, kv), last)
-            rows.append({"query chunk": q, "key chunk": k, "rank": rank, "kv of rank": kv, "ring step": step})
+            rows.append(
+                {
+                    "query chunk": q,
+                    "key chunk": k,
+                    "rank": rank,
+                    "kv of rank": kv,
+                    "ring step": step,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -55,17 +71,41 @@ def ring_replay(run: Run, height: int = 420) -> go.Figure:
     fig = go.Figure()
     for rank in range(cp):
         mine = blocks[blocks["rank"] == rank]
-        fig.add_trace(go.Scatter(
-            x=mine["key chunk"], y=mine["query chunk"], mode="markers+text", name=f"rank {rank}",
-            text=[f"step {s}" for s in mine["ring step"]], textfont={"color": "white", "size": 10},
-            marker={"symbol": "square", "size": max(18, 300 // n), "color": SERIES_COLORS[rank % len(SERIES_COLORS)]},
-            hovertext=[f"queries of chunk {q} (rank {rank}) × keys of chunk {k} (rank {kv}): ring step {s}"
-                       for q, k, kv, s in zip(mine["query chunk"], mine["key chunk"], mine["kv of rank"],
-                                              mine["ring step"], strict=True)], hoverinfo="text"))
-    fig.update_xaxes(title_text=f"key chunk ({seq // n} tokens each)", dtick=1, range=[-0.6, n - 0.4])
+        fig.add_trace(
+            go.Scatter(
+                x=mine["key chunk"],
+                y=mine["query chunk"],
+                mode="markers+text",
+                name=f"rank {rank}",
+                text=[f"step {s}" for s in mine["ring step"]],
+                textfont={"color": "white", "size": 10},
+                marker={
+                    "symbol": "square",
+                    "size": max(18, 300 // n),
+                    "color": SERIES_COLORS[rank % len(SERIES_COLORS)],
+                },
+                hovertext=[
+                    f"queries of chunk {q} (rank {rank}) × keys of chunk {k} (rank {kv}): ring step {s}"
+                    for q, k, kv, s in zip(
+                        mine["query chunk"],
+                        mine["key chunk"],
+                        mine["kv of rank"],
+                        mine["ring step"],
+                        strict=True,
+                    )
+                ],
+                hoverinfo="text",
+            )
+        )
+    fig.update_xaxes(
+        title_text=f"key chunk ({seq // n} tokens each)", dtick=1, range=[-0.6, n - 0.4]
+    )
     fig.update_yaxes(title_text="query chunk", dtick=1, range=[n - 0.4, -0.6])
-    fig.update_layout(height=height, title=f"ring attention, cp = {cp}, balance '{balance}': the causal blocks "
-                      "and who computes them (diagonal blocks are half masked)")
+    fig.update_layout(
+        height=height,
+        title=f"ring attention, cp = {cp}, balance '{balance}': the causal blocks "
+        "and who computes them (diagonal blocks are half masked)",
+    )
     return fig
 
 
@@ -78,10 +118,22 @@ def attention_work(runs: dict[str, Run]) -> pd.DataFrame:
         for trace in run.traces:
             info = trace["workbench"]
             pairs = next(iter(info["cp_pairs"].values()))
-            rows.append({"run": name, "rank": info["cp"], "balance": balance, "pairs per layer (recorded)": pairs,
-                         "pairs per layer (formula)": predicted[info["cp"]],
-                         "share of the work": pairs / (seq * (seq + 1) / 2)})
-    return pd.DataFrame(rows).drop_duplicates(["run", "rank"]).sort_values(["run", "rank"]).reset_index(drop=True)
+            rows.append(
+                {
+                    "run": name,
+                    "rank": info["cp"],
+                    "balance": balance,
+                    "pairs per layer (recorded)": pairs,
+                    "pairs per layer (formula)": predicted[info["cp"]],
+                    "share of the work": pairs / (seq * (seq + 1) / 2),
+                }
+            )
+    return (
+        pd.DataFrame(rows)
+        .drop_duplicates(["run", "rank"])
+        .sort_values(["run", "rank"])
+        .reset_index(drop=True)
+    )
 
 
 def activations_vs_cp(runs: dict[str, Run]) -> pd.DataFrame:
@@ -89,6 +141,12 @@ def activations_vs_cp(runs: dict[str, Run]) -> pd.DataFrame:
     rows = []
     for name, run in runs.items():
         r0 = run.summary["ranks"][0]
-        rows.append({"run": name, "cp": run.config.get("cp", 1), "measured (kB)": r0["peak_bytes"]["activation"] / 1e3,
-                     "predicted (kB)": r0["predicted_bytes"]["activation"] / 1e3})
+        rows.append(
+            {
+                "run": name,
+                "cp": run.config.get("cp", 1),
+                "measured (kB)": r0["peak_bytes"]["activation"] / 1e3,
+                "predicted (kB)": r0["predicted_bytes"]["activation"] / 1e3,
+            }
+        )
     return pd.DataFrame(rows).sort_values("cp").reset_index(drop=True)

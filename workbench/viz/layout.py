@@ -21,8 +21,11 @@ def layout_table(grid: RankGrid) -> pd.DataFrame:
     rows = []
     for r in range(grid.world_size):
         c = grid.coords(r)
-        groups = {f"{axis} group": grid.group_ranks(axis, r) for axis in ("tp", "cp", "dp", "pp")
-                  if getattr(grid, axis) > 1}
+        groups = {
+            f"{axis} group": grid.group_ranks(axis, r)
+            for axis in ("tp", "cp", "dp", "pp")
+            if getattr(grid, axis) > 1
+        }
         if grid.cp > 1:
             groups["dp_cp group (gradients)"] = grid.group_ranks("dp_cp", r)
         rows.append({"rank": r, **c, **groups})
@@ -36,18 +39,41 @@ def rank_layout(grid: RankGrid, height: int = 380) -> go.Figure:
     rows = []
     for r in range(grid.world_size):
         c = grid.coords(r)
-        where = (f"cp {c['cp']} · tp {c['tp']}" if grid.cp > 1 and grid.tp > 1 else
-                 f"cp {c['cp']}" if grid.cp > 1 else f"tp {c['tp']}")
-        rows.append({"rank": r, "pipeline stage": f"stage {c['pp']}", "data replica": f"replica {c['dp']}",
-                     "place": where, "order": c["cp"] * grid.tp + c["tp"],
-                     "group": f"{inner} group {grid.group_ranks(inner, r)}"})
+        where = (
+            f"cp {c['cp']} · tp {c['tp']}"
+            if grid.cp > 1 and grid.tp > 1
+            else f"cp {c['cp']}"
+            if grid.cp > 1
+            else f"tp {c['tp']}"
+        )
+        rows.append(
+            {
+                "rank": r,
+                "pipeline stage": f"stage {c['pp']}",
+                "data replica": f"replica {c['dp']}",
+                "place": where,
+                "order": c["cp"] * grid.tp + c["tp"],
+                "group": f"{inner} group {grid.group_ranks(inner, r)}",
+            }
+        )
     df = pd.DataFrame(rows).sort_values(["order", "rank"])
     what = "a tp group" if inner == "tp" else "a cp group (the sequence's ring)"
-    fig = px.scatter(df, x="place", y="data replica", facet_col="pipeline stage", text="rank", color="group",
-                     title=f"one colour per {what}; a column a dp group; the same cell across stages a pp group"
-                     + (" — gradients reduce over dp × cp" if grid.cp > 1 else ""))
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))  # "stage 0", not "pipeline stage=…"
+    fig = px.scatter(
+        df,
+        x="place",
+        y="data replica",
+        facet_col="pipeline stage",
+        text="rank",
+        color="group",
+        title=f"one colour per {what}; a column a dp group; the same cell across stages a pp group"
+        + (" — gradients reduce over dp × cp" if grid.cp > 1 else ""),
+    )
+    fig.for_each_annotation(
+        lambda a: a.update(text=a.text.split("=")[-1])
+    )  # "stage 0", not "pipeline stage=…"
     fig.update_traces(marker_size=40, textfont_color="white")
-    fig.update_xaxes(categoryorder="array", categoryarray=list(dict.fromkeys(df.place)), title_text="")
+    fig.update_xaxes(
+        categoryorder="array", categoryarray=list(dict.fromkeys(df.place)), title_text=""
+    )
     fig.update_layout(height=height, legend_title_text="")
     return fig

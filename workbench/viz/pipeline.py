@@ -20,36 +20,77 @@ from workbench.schedules.build import build_schedule, simulate
 
 PALETTE = qualitative.Plotly + qualitative.D3
 #: per kind of compute action: its name and the pattern its bars carry (forward solid)
-KINDS = {"F": ("forward", ""), "B": ("backward", "/"), "I": ("input gradient (I)", "x"),
-         "W": ("weight gradient (W)", ".")}
+KINDS = {
+    "F": ("forward", ""),
+    "B": ("backward", "/"),
+    "I": ("input gradient (I)", "x"),
+    "W": ("weight gradient (W)", "."),
+}
 SPAN_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
 
 
-def _bars(fig: go.Figure, rows: list[tuple[int, str, int, int, float, float]], row: int | None = None,
-          legend: bool = True) -> None:
+def _bars(
+    fig: go.Figure,
+    rows: list[tuple[int, str, int, int, float, float]],
+    row: int | None = None,
+    legend: bool = True,
+) -> None:
     """rows: (rank, kind F/B/I/W, stage, microbatch, start, end). Forward solid, the backwards patterned."""
     ranks = sorted({r[0] for r in rows})
     end = max((r[5] for r in rows), default=0.0)
     # idle: the whole span in grey underneath
-    fig.add_trace(go.Bar(y=[f"rank {r}" for r in ranks], x=[end] * len(ranks), base=[0] * len(ranks), orientation="h",
-                         marker_color="#E8E8E8", name="idle (bubble)", showlegend=legend, hoverinfo="skip"),
-                  row=row, col=1 if row else None)
+    fig.add_trace(
+        go.Bar(
+            y=[f"rank {r}" for r in ranks],
+            x=[end] * len(ranks),
+            base=[0] * len(ranks),
+            orientation="h",
+            marker_color="#E8E8E8",
+            name="idle (bubble)",
+            showlegend=legend,
+            hoverinfo="skip",
+        ),
+        row=row,
+        col=1 if row else None,
+    )
     shown = set()
     for rank, kind, stage, mb, start, stop in rows:
         key = (kind, mb)
-        fig.add_trace(go.Bar(
-            y=[f"rank {rank}"], x=[stop - start], base=[start], orientation="h",
-            marker={"color": PALETTE[mb % len(PALETTE)], "pattern": {"shape": KINDS[kind][1]},
-                    "line": {"color": "white", "width": 1}},
-            name=f"{KINDS[kind][0]} mb {mb}", legendgroup=f"mb{mb}",
-            showlegend=legend and key not in shown, text=f"{stage}{kind}{mb}", textposition="inside",
-            hovertemplate=f"stage {stage} {KINDS[kind][0]} microbatch {mb}<br>"
-                          f"{start:.3f} → {stop:.3f}<extra></extra>"), row=row, col=1 if row else None)
+        fig.add_trace(
+            go.Bar(
+                y=[f"rank {rank}"],
+                x=[stop - start],
+                base=[start],
+                orientation="h",
+                marker={
+                    "color": PALETTE[mb % len(PALETTE)],
+                    "pattern": {"shape": KINDS[kind][1]},
+                    "line": {"color": "white", "width": 1},
+                },
+                name=f"{KINDS[kind][0]} mb {mb}",
+                legendgroup=f"mb{mb}",
+                showlegend=legend and key not in shown,
+                text=f"{stage}{kind}{mb}",
+                textposition="inside",
+                hovertemplate=f"stage {stage} {KINDS[kind][0]} microbatch {mb}<br>"
+                f"{start:.3f} → {stop:.3f}<extra></extra>",
+            ),
+            row=row,
+            col=1 if row else None,
+        )
         shown.add(key)
 
 
-def planned(name: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
-            t_comm: float = 0.0, t_w: float | None = None) -> go.Figure:
+def planned(
+    name: str,
+    p: int,
+    m: int,
+    v: int = 1,
+    t_f: float = 1.0,
+    t_b: float = 2.0,
+    t_comm: float = 0.0,
+    t_w: float | None = None,
+) -> go.Figure:
     """The simulated timeline of a schedule (each transfer between stages taking t_comm; a split
     backward's W taking t_w of t_b, half by default); the title carries its bubble beside the formula
     (which assumes free transfers, and for the zero-bubble schedules T_F = T_I = T_W) and the paper's bubble
@@ -59,18 +100,31 @@ def planned(name: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float 
     held = peak_in_flight(s)
     v = s.v
     fig = go.Figure()
-    _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans])
-    fig.update_layout(barmode="overlay", xaxis_title="time (one forward = 1)",
-                      yaxis={"autorange": "reversed", "title": "rank (most micro-batches' activations held)",
-                             "tickvals": [f"rank {r}" for r in range(p)],
-                             "ticktext": [f"rank {r} · {held[r]}" for r in range(p)]},
-                      uniformtext={"minsize": 9, "mode": "hide"},
-                      title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} of the step "
-                            f"(formula {formulas.schedule_bubble_fraction(s):.3f}"
-                            + (f", free transfers; here each takes {t_comm:g})" if t_comm else ")")
-                            + f"<br>bubble rate {tl.bubble_rate():.3f} (idle ÷ work; at T_F = T_I = T_W the paper's "
-                              f"{formulas.RATES.get(name, '?')} = {_rate(name, p, m, v)})",
-                      height=140 + 45 * p)
+    _bars(
+        fig,
+        [
+            (r, a.kind, a.stage, a.microbatch, b, e)
+            for r, spans in enumerate(tl.spans)
+            for a, b, e in spans
+        ],
+    )
+    fig.update_layout(
+        barmode="overlay",
+        xaxis_title="time (one forward = 1)",
+        yaxis={
+            "autorange": "reversed",
+            "title": "rank (most micro-batches' activations held)",
+            "tickvals": [f"rank {r}" for r in range(p)],
+            "ticktext": [f"rank {r} · {held[r]}" for r in range(p)],
+        },
+        uniformtext={"minsize": 9, "mode": "hide"},
+        title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} of the step "
+        f"(formula {formulas.schedule_bubble_fraction(s):.3f}"
+        + (f", free transfers; here each takes {t_comm:g})" if t_comm else ")")
+        + f"<br>bubble rate {tl.bubble_rate():.3f} (idle ÷ work; at T_F = T_I = T_W the paper's "
+        f"{formulas.RATES.get(name, '?')} = {_rate(name, p, m, v)})",
+        height=140 + 45 * p,
+    )
     return fig
 
 
@@ -85,8 +139,17 @@ def measured_rows(run: Run, step: int) -> list[tuple[int, str, int, int, float, 
     ev = run.events
     ev = ev[(ev.lane == "compute") & ev.name.isin(list(SPAN_KIND)) & (ev.step == step)]
     t0 = ev.start_us.min()
-    return [(int(e["rank"]), SPAN_KIND[e["name"]], int(e["stage"]), int(e["microbatch"]),
-             (e.start_us - t0) / 1e3, (e.end_us - t0) / 1e3) for _, e in ev.iterrows()]
+    return [
+        (
+            int(e["rank"]),
+            SPAN_KIND[e["name"]],
+            int(e["stage"]),
+            int(e["microbatch"]),
+            (e.start_us - t0) / 1e3,
+            (e.end_us - t0) / 1e3,
+        )
+        for _, e in ev.iterrows()
+    ]
 
 
 def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
@@ -96,22 +159,50 @@ def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
     ev = run.events
     step = int(ev.step.max()) if step is None else step
     rows = measured_rows(run, step)
-    mean = {k: statistics.mean([e - b for _, kind, _, _, b, e in rows if kind == k] or [0.0]) for k in KINDS}
+    mean = {
+        k: statistics.mean([e - b for _, kind, _, _, b, e in rows if kind == k] or [0.0])
+        for k in KINDS
+    }
     v = c.get("virtual_stages", 1)
     s = build_schedule(c["schedule"] if c["pp"] > 1 else "1f1b", c["pp"], c["microbatches"], v)
-    tl = simulate(s, cost=lambda r, item: (mean[item.kind], mean[item.kind]) if item.kind in KINDS else (0.0, 0.0))
+    tl = simulate(
+        s,
+        cost=lambda r, item: (
+            (mean[item.kind], mean[item.kind]) if item.kind in KINDS else (0.0, 0.0)
+        ),
+    )
     bubble = run.summary.get("bubble_fraction", {})
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.2, subplot_titles=[
-        f"planned (simulated with measured costs): bubble {tl.bubble_fraction():.3f}",
-        f"measured, step {step}: bubble {bubble.get('measured') or 0:.3f} "
-        f"(formula {formulas.schedule_bubble_fraction(s):.3f})"])
-    _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans],
-          row=1)
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.2,
+        subplot_titles=[
+            f"planned (simulated with measured costs): bubble {tl.bubble_fraction():.3f}",
+            f"measured, step {step}: bubble {bubble.get('measured') or 0:.3f} "
+            f"(formula {formulas.schedule_bubble_fraction(s):.3f})",
+        ],
+    )
+    _bars(
+        fig,
+        [
+            (r, a.kind, a.stage, a.microbatch, b, e)
+            for r, spans in enumerate(tl.spans)
+            for a, b, e in spans
+        ],
+        row=1,
+    )
     _bars(fig, rows, row=2, legend=False)
-    fig.update_layout(barmode="overlay", height=260 + 90 * s.p, title=f"{c['schedule']} p={s.p} m={s.m} v={s.v}",
-                      uniformtext={"minsize": 9, "mode": "hide"})
+    fig.update_layout(
+        barmode="overlay",
+        height=260 + 90 * s.p,
+        title=f"{c['schedule']} p={s.p} m={s.m} v={s.v}",
+        uniformtext={"minsize": 9, "mode": "hide"},
+    )
     fig.update_yaxes(autorange="reversed", title_text="rank")
-    fig.update_xaxes(title_text="ms (simulated from the measured mean time of each kind of action)", row=1, col=1)
+    fig.update_xaxes(
+        title_text="ms (simulated from the measured mean time of each kind of action)", row=1, col=1
+    )
     fig.update_xaxes(title_text="ms (recorded)", row=2, col=1, showticklabels=True)
     return fig
 
@@ -123,16 +214,32 @@ def bubble_vs_m(runs: list[Run]) -> go.Figure:
     for r in runs:
         c = r.config
         key = (c["schedule"], c["pp"], c.get("virtual_stages", 1))
-        by_schedule.setdefault(key, []).append((c["microbatches"], r.summary["bubble_fraction"]["measured"]))
+        by_schedule.setdefault(key, []).append(
+            (c["microbatches"], r.summary["bubble_fraction"]["measured"])
+        )
     for (name, p, v), points in by_schedule.items():
         points.sort()
         ms = [m for m, _ in points]
-        fig.add_trace(go.Scatter(x=ms, y=[b for _, b in points], mode="markers+lines", name=f"{name} p={p} measured"))
+        fig.add_trace(
+            go.Scatter(
+                x=ms, y=[b for _, b in points], mode="markers+lines", name=f"{name} p={p} measured"
+            )
+        )
         grid = list(range(1, max(ms) * 2 + 1))
-        fig.add_trace(go.Scatter(x=grid, y=[formulas.bubble_fraction(p, m, v) for m in grid], mode="lines",
-                                 line={"dash": "dash"}, name=f"(p−1)/(v·m+p−1), p={p}, v={v}"))
-    fig.update_layout(xaxis_title="microbatches m", yaxis_title="bubble fraction of the step",
-                      title="pipeline bubble against m: measured beside the formula")
+        fig.add_trace(
+            go.Scatter(
+                x=grid,
+                y=[formulas.bubble_fraction(p, m, v) for m in grid],
+                mode="lines",
+                line={"dash": "dash"},
+                name=f"(p−1)/(v·m+p−1), p={p}, v={v}",
+            )
+        )
+    fig.update_layout(
+        xaxis_title="microbatches m",
+        yaxis_title="bubble fraction of the step",
+        title="pipeline bubble against m: measured beside the formula",
+    )
     return fig
 
 
@@ -146,14 +253,24 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
 
     out = widgets.Output(layout={"width": "100%"})
     wide = {"style": {"description_width": "initial"}, "layout": {"width": "32%"}}
-    schedule = widgets.Dropdown(options=["gpipe", "1f1b", "interleaved", "zbh1", "zbv"], value="1f1b",
-                                description="schedule", **wide)
+    schedule = widgets.Dropdown(
+        options=["gpipe", "1f1b", "interleaved", "zbh1", "zbv"],
+        value="1f1b",
+        description="schedule",
+        **wide,
+    )
     p = widgets.IntSlider(value=4, min=2, max=8, description="p (stages)", **wide)
     m = widgets.IntSlider(value=8, min=1, max=32, description="m (microbatches)", **wide)
     v = widgets.IntSlider(value=2, min=1, max=4, description="v (chunks per rank)", **wide)
-    ratio = widgets.FloatSlider(value=2.0, min=0.5, max=4.0, step=0.5, description="t_b / t_f", **wide)
-    comm = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.1, description="t_comm / t_f", **wide)
-    w_share = widgets.FloatSlider(value=0.5, min=0.1, max=0.9, step=0.05, description="T_W / T_B", **wide)
+    ratio = widgets.FloatSlider(
+        value=2.0, min=0.5, max=4.0, step=0.5, description="t_b / t_f", **wide
+    )
+    comm = widgets.FloatSlider(
+        value=0.0, min=0.0, max=1.0, step=0.1, description="t_comm / t_f", **wide
+    )
+    w_share = widgets.FloatSlider(
+        value=0.5, min=0.1, max=0.9, step=0.05, description="T_W / T_B", **wide
+    )
 
     def draw(_: object = None) -> None:
         interleaved = schedule.value == "interleaved"
@@ -161,16 +278,33 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
         v.disabled = not interleaved
         v.description = "v (chunks per rank)" if interleaved else "v (interleaved only)"
         step = p.value if interleaved else 1
-        if m.step != step:  # interleaving needs m to be a multiple of p: the slider moves in steps of p
+        if (
+            m.step != step
+        ):  # interleaving needs m to be a multiple of p: the slider moves in steps of p
             m.value = max(step, m.value - m.value % step)
             m.min, m.step = step, step
         out.clear_output(wait=True)
         with out:
-            planned(schedule.value, p.value, m.value, v.value if interleaved else 1, 1.0, ratio.value,
-                    comm.value, t_w=w_share.value * ratio.value).show()
+            planned(
+                schedule.value,
+                p.value,
+                m.value,
+                v.value if interleaved else 1,
+                1.0,
+                ratio.value,
+                comm.value,
+                t_w=w_share.value * ratio.value,
+            ).show()
 
     for w in (schedule, p, m, v, ratio, comm, w_share):
         w.observe(draw, names="value")
     draw()
-    return widgets.VBox([widgets.HBox([schedule, ratio, comm]), widgets.HBox([p, m, v]), widgets.HBox([w_share]),
-                         out], layout={"width": "100%"})
+    return widgets.VBox(
+        [
+            widgets.HBox([schedule, ratio, comm]),
+            widgets.HBox([p, m, v]),
+            widgets.HBox([w_share]),
+            out,
+        ],
+        layout={"width": "100%"},
+    )

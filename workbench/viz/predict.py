@@ -43,8 +43,11 @@ class Prediction:
 
     def __init__(self, question: str, unit: str = "") -> None:
         self.question, self.unit = question, unit
-        self.box = widgets.Text(placeholder="your prediction (a number)", description="predict:",
-                                layout={"width": "40%"})
+        self.box = widgets.Text(
+            placeholder="your prediction (a number)",
+            description="predict:",
+            layout={"width": "40%"},
+        )
 
     @property
     def value(self) -> float | None:
@@ -57,18 +60,28 @@ class Prediction:
         """What the learner is told against `measured`."""
         guess = self.value
         if guess is None:
-            return ("Type your prediction in the box above, then run this cell again: it says how far off you "
-                    "were.")
-        return (f"You said {guess:.4g}{self.unit}; measured {measured:.4g}{self.unit}: "
-                f"{how_far_off(guess, measured)}.")
+            return (
+                "Type your prediction in the box above, then run this cell again: it says how far off you "
+                "were."
+            )
+        return (
+            f"You said {guess:.4g}{self.unit}; measured {measured:.4g}{self.unit}: "
+            f"{how_far_off(guess, measured)}."
+        )
 
     def reveal(self, measured: float, why: str = "") -> None:
         """The learner's error against `measured` (from what the box holds when this runs), and the measured
         answer in a closed fold. Plain HTML, no widget: a reopened notebook shows it as it was, and JupyterLab
         restores one widget fewer (each restore races its 2 s wait for the model on a busy machine)."""
-        answer = f"measured: <b>{measured:.4g}{html.escape(self.unit)}</b>" + (f". {html.escape(why)}" if why else "")
-        display(HTML(f"<p>{html.escape(self.verdict(measured))}</p><details><summary>The answer (open it after you "
-                     f"predict)</summary><p>{answer}</p></details>"))
+        answer = f"measured: <b>{measured:.4g}{html.escape(self.unit)}</b>" + (
+            f". {html.escape(why)}" if why else ""
+        )
+        display(
+            HTML(
+                f"<p>{html.escape(self.verdict(measured))}</p><details><summary>The answer (open it after you "
+                f"predict)</summary><p>{answer}</p></details>"
+            )
+        )
 
 
 def predict(question: str, unit: str = "") -> Prediction:

@@ -23,17 +23,28 @@ def html_page(title: str, sections: list[tuple[str, go.Figure | pd.DataFrame | s
         parts.append(f"<h2>{html.escape(heading)}</h2>")
         if isinstance(body, go.Figure):
             height = body.layout.height or 450
-            parts.append(body.to_html(full_html=False, include_plotlyjs=first, default_height=f"{height}px",
-                                      default_width="100%", config={"responsive": True}))
+            parts.append(
+                body.to_html(
+                    full_html=False,
+                    include_plotlyjs=first,
+                    default_height=f"{height}px",
+                    default_width="100%",
+                    config={"responsive": True},
+                )
+            )
             first = False
         elif isinstance(body, pd.DataFrame):
             parts.append(body.to_html(index=False, float_format="%.4g", border=0))
         else:
             parts.append(f"<p>{html.escape(body)}</p>")
-    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
-             "table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>")
+    style = (
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+        "table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>"
+    )
 
 
 def run_sections(run: Run) -> list[tuple[str, go.Figure | pd.DataFrame | str]]:
@@ -41,10 +52,26 @@ def run_sections(run: Run) -> list[tuple[str, go.Figure | pd.DataFrame | str]]:
     from workbench import viz
 
     s = run.summary
-    rows = [{k: r.get(k) for k in ("rank", "step_time_s", "compute_s", "comm_s", "overlap_s", "idle_s",
-                                   "peak_total_bytes")} for r in s.get("ranks", [])]
+    rows = [
+        {
+            k: r.get(k)
+            for k in (
+                "rank",
+                "step_time_s",
+                "compute_s",
+                "comm_s",
+                "overlap_s",
+                "idle_s",
+                "peak_total_bytes",
+            )
+        }
+        for r in s.get("ranks", [])
+    ]
     out: list[tuple[str, go.Figure | pd.DataFrame | str]] = [
-        ("configuration", pd.DataFrame([{k: v for k, v in run.config.items() if not isinstance(v, dict | list)}])),
+        (
+            "configuration",
+            pd.DataFrame([{k: v for k, v in run.config.items() if not isinstance(v, dict | list)}]),
+        ),
         ("per rank (measured)", pd.DataFrame(rows)),
     ]
     if len(run.metrics):
@@ -52,8 +79,10 @@ def run_sections(run: Run) -> list[tuple[str, go.Figure | pd.DataFrame | str]]:
     if not run.events.empty:
         out.append(("timeline (the last two steps)", viz.timeline(run)))
     if not run.memory.empty:
-        out += [("memory by category, measured beside predicted", viz.memory_breakdown(run)),
-                ("memory over time, rank 0", viz.memory_over_time(run))]
+        out += [
+            ("memory by category, measured beside predicted", viz.memory_breakdown(run)),
+            ("memory over time, rank 0", viz.memory_over_time(run)),
+        ]
     return out
 
 
@@ -62,5 +91,9 @@ def write_run_report(run_dir: str, path: str | None = None) -> str:
     run = load(run_dir)
     path = path or os.path.join(run_dir, "report.html")
     with open(path, "w") as f:
-        f.write(html_page(f"workbench run {os.path.basename(os.path.abspath(run_dir))}", run_sections(run)))
+        f.write(
+            html_page(
+                f"workbench run {os.path.basename(os.path.abspath(run_dir))}", run_sections(run)
+            )
+        )
     return path

@@ -18,8 +18,12 @@ import plotly.graph_objects as go
 from workbench.analysis.run import Run
 
 #: the bytes each rank sends for a ring collective of S bytes over n ranks (the bus-bandwidth factor)
-SENT = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-        "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+SENT = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
 
 
 def ring_collectives(run: Run) -> pd.DataFrame:
@@ -34,9 +38,13 @@ def ring_collectives(run: Run) -> pd.DataFrame:
     # the steps of the whole collective, over every rank (a pipelined broadcast's source sends in fewer
     # of them than the chain takes): what ring_steps() draws
     counts = ring.groupby(["step", "group", "seq"]).ring_step.nunique().rename("ring_steps")
-    out = first[["step", "group", "seq", "op", "bytes"]].merge(counts.reset_index(), on=["step", "group", "seq"])
-    out["ranks"] = [ops[(ops.step == r.step) & (ops.group == r.group) & (ops.seq == r.seq)]["rank"].nunique()
-                    for r in out.itertuples()]
+    out = first[["step", "group", "seq", "op", "bytes"]].merge(
+        counts.reset_index(), on=["step", "group", "seq"]
+    )
+    out["ranks"] = [
+        ops[(ops.step == r.step) & (ops.group == r.group) & (ops.seq == r.seq)]["rank"].nunique()
+        for r in out.itertuples()
+    ]
     return out[cols].astype({"step": int, "seq": int, "bytes": int}).reset_index(drop=True)
 
 
@@ -51,11 +59,16 @@ def initial_state(op: str, n: int, source: int = 0) -> list[list[frozenset]]:
     if op == "all_gather":
         return [[frozenset({r}) if c == r else frozenset() for c in range(n)] for r in range(n)]
     if op == "broadcast":
-        return [[frozenset({source}) if r == source else frozenset() for _ in range(n)] for r in range(n)]
+        return [
+            [frozenset({source}) if r == source else frozenset() for _ in range(n)]
+            for r in range(n)
+        ]
     return [[frozenset({r}) for _ in range(n)] for r in range(n)]
 
 
-def replay(steps: pd.DataFrame, n: int, op: str = "all_reduce", source: int = 0) -> list[list[list[frozenset]]]:
+def replay(
+    steps: pd.DataFrame, n: int, op: str = "all_reduce", source: int = 0
+) -> list[list[list[frozenset]]]:
     """`states[k][rank][chunk]` after ring step k (k=0: before the first step), replayed from the recorded
     spans of one collective: a reduce-scatter step adds what arrives, every other step copies it."""
     state = initial_state(op, n, source)
@@ -64,66 +77,136 @@ def replay(steps: pd.DataFrame, n: int, op: str = "all_reduce", source: int = 0)
         new = [row[:] for row in state]
         for _, s in steps[(steps.ring_step == k) & steps.recv_chunk.notna()].iterrows():
             r, c, src = int(s["rank"]), int(s.recv_chunk), int(s.recv_peer)
-            new[r][c] = state[r][c] | state[src][c] if s.phase == "reduce_scatter" else state[src][c]
+            new[r][c] = (
+                state[r][c] | state[src][c] if s.phase == "reduce_scatter" else state[src][c]
+            )
         state = new
         states.append(state)
     return states
 
 
-def ring_steps(run: Run, step: int | None = None, seq: int | None = None, op: str | None = None) -> go.Figure:
+def ring_steps(
+    run: Run, step: int | None = None, seq: int | None = None, op: str | None = None
+) -> go.Figure:
     """The slider chart of one ring collective (default: the first of `op`, or of any op, in the last step)."""
     table = ring_collectives(run)
     if op is not None:
         table = table[table.op == op]
     if table.empty:
-        return go.Figure(layout={"title": "no ring collective in this run (allreduce='ring'; ZeRO-1 for "
-                                          "reduce-scatter and all-gather)"})
+        return go.Figure(
+            layout={
+                "title": "no ring collective in this run (allreduce='ring'; ZeRO-1 for "
+                "reduce-scatter and all-gather)"
+            }
+        )
     step = int(table.step.max()) if step is None else step
     row = table[(table.step == step) & ((table.seq == seq) if seq is not None else True)].iloc[0]
     ev = run.events
-    one = ev[(ev.cat == "ring_step") & (ev.step == step) & (ev.group == row.group) & (ev.seq == row.seq)]
+    one = ev[
+        (ev.cat == "ring_step") & (ev.step == step) & (ev.group == row.group) & (ev.seq == row.seq)
+    ]
     ranks = sorted(int(r) for r in one["rank"].unique())
     index = {r: i for i, r in enumerate(ranks)}
     one = one.assign(rank=one["rank"].map(index), recv_peer=one.recv_peer.map(index))
     n, kind = len(ranks), str(row.op)
-    record = ev[(ev.cat == "collective") & (ev.step == step) & (ev.group == row.group) & (ev.seq == row.seq)]
-    source = index.get(int(record.peer.dropna().iloc[0]), 0) if kind == "broadcast" and record.peer.notna().any() else 0
+    record = ev[
+        (ev.cat == "collective") & (ev.step == step) & (ev.group == row.group) & (ev.seq == row.seq)
+    ]
+    source = (
+        index.get(int(record.peer.dropna().iloc[0]), 0)
+        if kind == "broadcast" and record.peer.notna().any()
+        else 0
+    )
     states = replay(one, n, kind, source)
     return _figure(one, states, ranks, kind, int(row.bytes), f"step {step}, seq {int(row.seq)}")
 
 
-def _figure(one: pd.DataFrame, states: list, ranks: list[int], op: str, size: int, where: str) -> go.Figure:
+def _figure(
+    one: pd.DataFrame, states: list, ranks: list[int], op: str, size: int, where: str
+) -> go.Figure:
     n, reducing = len(ranks), op in ("all_reduce", "reduce_scatter")
     fig, slider_steps, sent = go.Figure(), [], pd.Series(0, index=range(n))
     ring_ks = sorted(one.ring_step.unique())
     name = f"ring {op.replace('_', '-')} ({where}, {n} ranks, S = {size} B)"
     formula = SENT[op](n) * size
     for k, state in enumerate(states):
-        z = [[(len(state[r][c]) / n if reducing else float(bool(state[r][c]))) for c in range(n)] for r in range(n)]
-        text = [[(f"{len(state[r][c])}/{n}" if reducing else ("✓" if state[r][c] else "")) for c in range(n)]
-                for r in range(n)]
-        fig.add_trace(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=0, zmax=1, colorscale="Blues",
-                                 x=[f"chunk {c}" for c in range(n)], y=[f"rank {r}" for r in ranks],
-                                 showscale=False, visible=(k == 0), hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
+        z = [
+            [(len(state[r][c]) / n if reducing else float(bool(state[r][c]))) for c in range(n)]
+            for r in range(n)
+        ]
+        text = [
+            [
+                (f"{len(state[r][c])}/{n}" if reducing else ("✓" if state[r][c] else ""))
+                for c in range(n)
+            ]
+            for r in range(n)
+        ]
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                text=text,
+                texttemplate="%{text}",
+                zmin=0,
+                zmax=1,
+                colorscale="Blues",
+                x=[f"chunk {c}" for c in range(n)],
+                y=[f"rank {r}" for r in ranks],
+                showscale=False,
+                visible=(k == 0),
+                hovertemplate="%{y}, %{x}: %{text}<extra></extra>",
+            )
+        )
         notes, label = [], "start"
         if k:
             moved = one[(one.ring_step == ring_ks[k - 1]) & one.recv_chunk.notna()]
-            sent = sent.add(one[one.ring_step == ring_ks[k - 1]].groupby("rank").bytes.sum(), fill_value=0)
+            sent = sent.add(
+                one[one.ring_step == ring_ks[k - 1]].groupby("rank").bytes.sum(), fill_value=0
+            )
             label = f"{k}: {moved.phase.iloc[0].replace('_', '-')}" if len(moved) else str(k)
-            notes = [{"x": f"chunk {int(s.recv_chunk)}", "y": f"rank {ranks[int(s['rank'])]}",
-                      "ax": f"chunk {int(s.recv_chunk)}", "ay": f"rank {ranks[int(s.recv_peer)]}", "xref": "x",
-                      "yref": "y", "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowwidth": 2,
-                      "standoff": 14, "startstandoff": 14,  # from cell edge to cell edge: the labels stay readable
-                      "arrowcolor": "#E45756" if s.phase == "reduce_scatter" else "#54A24B", "text": ""}
-                     for _, s in moved.iterrows()]
+            notes = [
+                {
+                    "x": f"chunk {int(s.recv_chunk)}",
+                    "y": f"rank {ranks[int(s['rank'])]}",
+                    "ax": f"chunk {int(s.recv_chunk)}",
+                    "ay": f"rank {ranks[int(s.recv_peer)]}",
+                    "xref": "x",
+                    "yref": "y",
+                    "axref": "x",
+                    "ayref": "y",
+                    "showarrow": True,
+                    "arrowhead": 3,
+                    "arrowwidth": 2,
+                    "standoff": 14,
+                    "startstandoff": 14,  # from cell edge to cell edge: the labels stay readable
+                    "arrowcolor": "#E45756" if s.phase == "reduce_scatter" else "#54A24B",
+                    "text": "",
+                }
+                for _, s in moved.iterrows()
+            ]
         # two lines: one ran past a notebook's width and was clipped
-        title = (f"{name}<br>after {label}: the busiest rank has sent {int(sent.max())} B; the whole operation: "
-                 f"{formula:.0f} B each (formula)" if k else f"{name}<br>before the first step")
-        slider_steps.append({"label": label, "method": "update",
-                             "args": [{"visible": [i == k for i in range(len(states))]},
-                                      {"annotations": notes, "title": {"text": title}}]})
+        title = (
+            f"{name}<br>after {label}: the busiest rank has sent {int(sent.max())} B; the whole operation: "
+            f"{formula:.0f} B each (formula)"
+            if k
+            else f"{name}<br>before the first step"
+        )
+        slider_steps.append(
+            {
+                "label": label,
+                "method": "update",
+                "args": [
+                    {"visible": [i == k for i in range(len(states))]},
+                    {"annotations": notes, "title": {"text": title}},
+                ],
+            }
+        )
     # the slider sets {"title": {"text": …}}: plotly.js no longer accepts a bare string there (the title vanished)
-    fig.update_layout(title=slider_steps[0]["args"][1]["title"], height=280 + 40 * n, margin={"t": 90},
-                      yaxis={"autorange": "reversed", "title": "rank"}, xaxis_title="chunk of the buffer",
-                      sliders=[{"active": 0, "steps": slider_steps, "currentvalue": {"prefix": "ring step "}}])
+    fig.update_layout(
+        title=slider_steps[0]["args"][1]["title"],
+        height=280 + 40 * n,
+        margin={"t": 90},
+        yaxis={"autorange": "reversed", "title": "rank"},
+        xaxis_title="chunk of the buffer",
+        sliders=[{"active": 0, "steps": slider_steps, "currentvalue": {"prefix": "ring step "}}],
+    )
     return fig

@@ -35,8 +35,15 @@ def shard_table(run: Run) -> pd.DataFrame:
     for t in run.traces:
         info = t["workbench"]
         for name, shape in info.get("param_shapes", {}).items():
-            rows.append({"rank": info["rank"], "tp": info["tp"], "parameter": name, "shape": tuple(shape),
-                         "numel": int(pd.Series(shape).prod()) if shape else 1})
+            rows.append(
+                {
+                    "rank": info["rank"],
+                    "tp": info["tp"],
+                    "parameter": name,
+                    "shape": tuple(shape),
+                    "numel": int(pd.Series(shape).prod()) if shape else 1,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -45,17 +52,29 @@ def tp_shards(run: Run) -> go.Figure:
     tp_size = int(run.config.get("tp", 1))
     model = run_model(run.config)
     h, v, f = model.hidden, model.vocab_size, model.inner
-    full = {"wte.weight": (v, h), "blocks.0.attn.qkv.weight": (model.qkv_width, h), "blocks.0.attn.proj.weight": (h, h),
-            "blocks.0.mlp.fc.weight": (model.mlp_in_width, h), "blocks.0.mlp.proj.weight": (h, f),
-            "head.weight": (v, h)}
+    full = {
+        "wte.weight": (v, h),
+        "blocks.0.attn.qkv.weight": (model.qkv_width, h),
+        "blocks.0.attn.proj.weight": (h, h),
+        "blocks.0.mlp.fc.weight": (model.mlp_in_width, h),
+        "blocks.0.mlp.proj.weight": (h, f),
+        "head.weight": (v, h),
+    }
     # the fused projections' parts, each split by tp: q | k | v (k, v narrower with grouped queries), gate | up
-    sections = {"blocks.0.attn.qkv.weight": (h, model.kv_dim, model.kv_dim),
-                "blocks.0.mlp.fc.weight": (f, f) if model.mlp == "swiglu" else (f,)}
+    sections = {
+        "blocks.0.attn.qkv.weight": (h, model.kv_dim, model.kv_dim),
+        "blocks.0.mlp.fc.weight": (f, f) if model.mlp == "swiglu" else (f,),
+    }
     # one rank per tp index (dp replicas hold the same shards)
     reps = table[table["rank"].isin(table.groupby("tp")["rank"].min())]
     # two rows of three: six titles side by side overlapped at a notebook's width
-    fig = make_subplots(rows=2, cols=3, subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.08,
-                        vertical_spacing=0.2)
+    fig = make_subplots(
+        rows=2,
+        cols=3,
+        subplot_titles=[p[1] for p in PANELS],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.2,
+    )
     for i, (name, _, kind) in enumerate(PANELS):
         at = {"row": i // 3 + 1, "col": i % 3 + 1}
         out_f, in_f = full[name]
@@ -63,24 +82,48 @@ def tp_shards(run: Run) -> go.Figure:
             j = int(row.tp)
             color = RANK_COLORS[j % len(RANK_COLORS)]
             for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f, sections.get(name)):
-                fig.add_shape(type="rect", x0=x0, x1=x1, y0=y0, y1=y1, fillcolor=color, opacity=0.75,
-                              line={"color": "white", "width": 1}, **at)
+                fig.add_shape(
+                    type="rect",
+                    x0=x0,
+                    x1=x1,
+                    y0=y0,
+                    y1=y1,
+                    fillcolor=color,
+                    opacity=0.75,
+                    line={"color": "white", "width": 1},
+                    **at,
+                )
             label = f"tp {j}<br>{row['shape'][0]}×{row['shape'][1]}"
             x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f, sections.get(name))[0]
             # qkv stripes are too thin to write in: its labels show on hover only
-            fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="markers" if kind == "qkv" else "text",
-                                     text=[label], marker={"size": 1, "color": color}, showlegend=False,
-                                     textfont={"color": "white"},  # the trace's colour would be the fill's
-                                     hovertemplate=f"{name}: {label}<extra></extra>"), **at)
+            fig.add_trace(
+                go.Scatter(
+                    x=[(x0 + x1) / 2],
+                    y=[(y0 + y1) / 2],
+                    mode="markers" if kind == "qkv" else "text",
+                    text=[label],
+                    marker={"size": 1, "color": color},
+                    showlegend=False,
+                    textfont={"color": "white"},  # the trace's colour would be the fill's
+                    hovertemplate=f"{name}: {label}<extra></extra>",
+                ),
+                **at,
+            )
         fig.update_xaxes(range=[0, in_f], title_text=f"in features ({in_f})", showgrid=False, **at)
-        fig.update_yaxes(range=[out_f, 0], title_text=f"out features ({out_f})", showgrid=False, **at)
-    fig.update_layout(title=f"weight shards on tp={tp_size} ranks (block 0, embedding, head), from the recorded "
-                            f"shapes", height=700)
+        fig.update_yaxes(
+            range=[out_f, 0], title_text=f"out features ({out_f})", showgrid=False, **at
+        )
+    fig.update_layout(
+        title=f"weight shards on tp={tp_size} ranks (block 0, embedding, head), from the recorded "
+        f"shapes",
+        height=700,
+    )
     return fig
 
 
-def _regions(kind: str, j: int, t: int, out_f: int, in_f: int,
-             sections: tuple[int, ...] | None = None) -> list[tuple[float, float, float, float]]:
+def _regions(
+    kind: str, j: int, t: int, out_f: int, in_f: int, sections: tuple[int, ...] | None = None
+) -> list[tuple[float, float, float, float]]:
     """(x0, x1, y0, y1) rectangles that tp rank j owns in an (out × in) matrix: its t-th of the input columns
     (row-parallel), or of each of the output `sections` (column-parallel; one section: all the rows)."""
     if kind == "cols":

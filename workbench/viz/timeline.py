@@ -17,7 +17,17 @@ from workbench.viz.palette import span_color
 
 #: `launch`: the host queueing an operation (on CUDA every operation; on gloo the asynchronous ones);
 #: `offload`: ZeRO-Offload's copies between device and host
-LANE_ORDER = ["compute", "torch ops", "launch", "comm", "comm in flight", "wait", "offload", "schedule", "ring"]
+LANE_ORDER = [
+    "compute",
+    "torch ops",
+    "launch",
+    "comm",
+    "comm in flight",
+    "wait",
+    "offload",
+    "schedule",
+    "ring",
+]
 
 
 def _rows(events: pd.DataFrame) -> pd.DataFrame:
@@ -29,8 +39,13 @@ def _rows(events: pd.DataFrame) -> pd.DataFrame:
     return ev
 
 
-def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None = None,
-             title: str | None = None, torch_ops: bool = False) -> go.Figure:
+def timeline(
+    run: Run,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    title: str | None = None,
+    torch_ops: bool = False,
+) -> go.Figure:
     """Gantt of the given steps (default: the last two) on the given ranks (default: all). torch_ops: a
     `torch ops` row per rank from its torch.profiler trace (--profile-steps), placed on our clock."""
     ev = run.events
@@ -45,24 +60,50 @@ def timeline(run: Run, steps: list[int] | None = None, ranks: list[int] | None =
         ev = pd.concat([ev, _torch_ops(run, ev)], ignore_index=True)
     ev = _rows(ev)
     t0 = ev.start_us.min()
-    order = [f"rank {r} · {lane}" for r in sorted(ev["rank"].unique()) for lane in LANE_ORDER
-             if f"rank {r} · {lane}" in set(ev.row)]
+    order = [
+        f"rank {r} · {lane}"
+        for r in sorted(ev["rank"].unique())
+        for lane in LANE_ORDER
+        if f"rank {r} · {lane}" in set(ev.row)
+    ]
     height = max(300, 28 * len(order) + 120)
     fig = go.Figure()
     for cat, group in ev.groupby("cat", sort=False):
-        fig.add_trace(go.Bar(
-            y=group.row, x=group.dur_us / 1e3, base=(group.start_us - t0) / 1e3, orientation="h",
-            name=cat, marker_color=span_color(cat), marker_line_width=0.5, marker_line_color="white",
-            customdata=_hover(group), hovertemplate="%{customdata}<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Bar(
+                y=group.row,
+                x=group.dur_us / 1e3,
+                base=(group.start_us - t0) / 1e3,
+                orientation="h",
+                name=cat,
+                marker_color=span_color(cat),
+                marker_line_width=0.5,
+                marker_line_color="white",
+                customdata=_hover(group),
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )
     fig.update_layout(
-        barmode="overlay", title=title or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, "
-                                          f"steps {steps}",
-        xaxis_title="time (ms)", height=height + 60,
-        yaxis={"categoryorder": "array", "categoryarray": list(reversed(order)), "title": "rank · lane"},
+        barmode="overlay",
+        title=title
+        or f"timeline — {run.config.get('name') or run.path.rsplit('/', 1)[-1]}, steps {steps}",
+        xaxis_title="time (ms)",
+        height=height + 60,
+        yaxis={
+            "categoryorder": "array",
+            "categoryarray": list(reversed(order)),
+            "title": "rank · lane",
+        },
         # below the chart, in rows: at the side a long legend scrolled and hid its last kinds
-        legend={"title": {"text": "span"}, "orientation": "h", "yanchor": "top", "xanchor": "left", "x": 0,
-                "y": -60 / height}, margin={"l": 150, "b": 110},
+        legend={
+            "title": {"text": "span"},
+            "orientation": "h",
+            "yanchor": "top",
+            "xanchor": "left",
+            "x": 0,
+            "y": -60 / height,
+        },
+        margin={"l": 150, "b": 110},
     )
     return fig
 
@@ -80,7 +121,9 @@ def _in_steps(ev: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
     tagged = ev[ev.step.isin(steps)]
     window = tagged.groupby("rank").agg(lo=("start_us", "min"), hi=("end_us", "max"))
     loose = ev[ev.step.isna()].join(window, on="rank")
-    loose = loose[(loose.start_us >= loose.lo) & (loose.end_us <= loose.hi)].drop(columns=["lo", "hi"])
+    loose = loose[(loose.start_us >= loose.lo) & (loose.end_us <= loose.hi)].drop(
+        columns=["lo", "hi"]
+    )
     return pd.concat([tagged, loose], ignore_index=True) if len(loose) else tagged
 
 
@@ -96,9 +139,18 @@ def _torch_ops(run: Run, ev: pd.DataFrame) -> pd.DataFrame:
             continue
         for op in load_ops(run.path, info):
             if lo <= op["start_us"] <= hi:
-                rows.append({"rank": info["rank"], "lane": "torch ops", "kind": "span", "cat": "torch op",
-                             "name": op["name"], "start_us": op["start_us"], "dur_us": op["dur_us"],
-                             "end_us": op["start_us"] + op["dur_us"]})
+                rows.append(
+                    {
+                        "rank": info["rank"],
+                        "lane": "torch ops",
+                        "kind": "span",
+                        "cat": "torch op",
+                        "name": op["name"],
+                        "start_us": op["start_us"],
+                        "dur_us": op["dur_us"],
+                        "end_us": op["start_us"] + op["dur_us"],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -106,7 +158,17 @@ def _hover(group: pd.DataFrame) -> list[str]:
     out = []
     for _, e in group.iterrows():
         parts = [f"<b>{e['name']}</b>", f"{e.dur_us / 1e3:.3f} ms from {e.start_us / 1e3:.3f} ms"]
-        for key in ("step", "microbatch", "op", "group", "seq", "bytes", "peer", "phase", "busbw_GBps"):
+        for key in (
+            "step",
+            "microbatch",
+            "op",
+            "group",
+            "seq",
+            "bytes",
+            "peer",
+            "phase",
+            "busbw_GBps",
+        ):
             value: Any = e.get(key)
             if value is not None and not (isinstance(value, float) and pd.isna(value)):
                 parts.append(f"{key}: {value}")
@@ -117,4 +179,6 @@ def _hover(group: pd.DataFrame) -> list[str]:
 def overlap_table(run: Run) -> pd.DataFrame:
     """Per rank: compute, communication, the part of it hidden under compute, and idle time (s)."""
     cols = ["rank", "step_time_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_s"]
-    return pd.DataFrame([{k: r[k] for k in cols} for r in run.summary.get("ranks", [])], columns=cols)
+    return pd.DataFrame(
+        [{k: r[k] for k in cols} for r in run.summary.get("ranks", [])], columns=cols
+    )

@@ -17,8 +17,11 @@ def timeline_explorer(run: Run) -> widgets.VBox:
     busy machine that took longer than JupyterLab's widget manager waits for a model (2 s), and the output
     read "Error displaying widget: model not found". An Output widget saves only the chart it shows."""
     steps = sorted(int(s) for s in run.events.step.dropna().unique())
-    slider = widgets.IntSlider(value=steps[-1], min=steps[0], max=steps[-1], description="step",
-                               layout={"width": "60%"})
-    chart = widgets.interactive_output(lambda step: timeline(run, steps=[step]).show(), {"step": slider})
+    slider = widgets.IntSlider(
+        value=steps[-1], min=steps[0], max=steps[-1], description="step", layout={"width": "60%"}
+    )
+    chart = widgets.interactive_output(
+        lambda step: timeline(run, steps=[step]).show(), {"step": slider}
+    )
     chart.layout.width = "100%"
     return widgets.VBox([slider, chart], layout={"width": "100%"})

@@ -32,8 +32,15 @@ def w_deferral(s: Schedule, t_w: float = 1.0) -> go.Figure:
     moved furthest filled the cool-down's bubble."""
     tl = simulate(s, t_f=1.0, t_b=1.0 + t_w, t_w=t_w)
     fig = go.Figure()
-    _bars(fig, [(r, a.kind, a.stage, a.microbatch, b, e) for r, spans in enumerate(tl.spans) for a, b, e in spans],
-          legend=False)
+    _bars(
+        fig,
+        [
+            (r, a.kind, a.stage, a.microbatch, b, e)
+            for r, spans in enumerate(tl.spans)
+            for a, b, e in spans
+        ],
+        legend=False,
+    )
     ends: dict[tuple[int, int], tuple[int, float]] = {}
     gaps = []
     for r, spans in enumerate(tl.spans):
@@ -43,14 +50,27 @@ def w_deferral(s: Schedule, t_w: float = 1.0) -> go.Figure:
             elif a.kind == "W":
                 _, done = ends[(a.stage, a.microbatch)]
                 gaps.append(b - done)
-                fig.add_trace(go.Scatter(x=[done, b], y=[f"rank {r}", f"rank {r}"], mode="lines+markers",
-                                         line={"color": "black", "width": 1}, marker={"size": 4}, showlegend=False,
-                                         hovertemplate=f"{a}: {b - done:.1f} after its I<extra></extra>"))
-    fig.update_layout(barmode="overlay", height=160 + 45 * s.p, uniformtext={"minsize": 8, "mode": "hide"},
-                      yaxis={"autorange": "reversed"}, xaxis_title="time (one forward = 1)",
-                      title=f"{s.name}, p={s.p} m={s.m}: each W joined to its I — deferred by "
-                            f"{sum(gaps) / max(len(gaps), 1):.1f} on average, at most {max(gaps, default=0):.0f} "
-                            f"(B: I and W adjacent); bubble rate {tl.bubble_rate():.3f}")
+                fig.add_trace(
+                    go.Scatter(
+                        x=[done, b],
+                        y=[f"rank {r}", f"rank {r}"],
+                        mode="lines+markers",
+                        line={"color": "black", "width": 1},
+                        marker={"size": 4},
+                        showlegend=False,
+                        hovertemplate=f"{a}: {b - done:.1f} after its I<extra></extra>",
+                    )
+                )
+    fig.update_layout(
+        barmode="overlay",
+        height=160 + 45 * s.p,
+        uniformtext={"minsize": 8, "mode": "hide"},
+        yaxis={"autorange": "reversed"},
+        xaxis_title="time (one forward = 1)",
+        title=f"{s.name}, p={s.p} m={s.m}: each W joined to its I — deferred by "
+        f"{sum(gaps) / max(len(gaps), 1):.1f} on average, at most {max(gaps, default=0):.0f} "
+        f"(B: I and W adjacent); bubble rate {tl.bubble_rate():.3f}",
+    )
     return fig
 
 
@@ -63,17 +83,39 @@ def stash_over_time(runs: dict[str, Run], rank: int = 0, step: int | None = None
         st = int(ev.step.max()) if step is None else step
         spans = ev[(ev["rank"] == rank) & (ev.step == st) & (ev.lane == "compute")]
         mem = run.memory
-        mem = mem[(mem["rank"] == rank) & (mem.ts_us >= spans.start_us.min()) & (mem.ts_us <= spans.end_us.max())]
+        mem = mem[
+            (mem["rank"] == rank)
+            & (mem.ts_us >= spans.start_us.min())
+            & (mem.ts_us <= spans.end_us.max())
+        ]
         t = (mem.ts_us - spans.start_us.min()) / 1e3
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
-        fig.add_trace(go.Scatter(x=t, y=mem.activation / 1e6, mode="lines", line={"color": color, "shape": "hv"},
-                                 name=f"{label}: activation"))
+        fig.add_trace(
+            go.Scatter(
+                x=t,
+                y=mem.activation / 1e6,
+                mode="lines",
+                line={"color": color, "shape": "hv"},
+                name=f"{label}: activation",
+            )
+        )
         if mem.get("wgrad_stash", pd.Series(dtype=float)).any():
-            fig.add_trace(go.Scatter(x=t, y=mem.wgrad_stash / 1e6, mode="lines",
-                                     line={"color": color, "dash": "dot", "shape": "hv"}, name=f"{label}: W stash"))
-    fig.update_layout(xaxis_title=f"ms into the step (rank {rank})", yaxis_title="MB (measured)",
-                      title="what deferring W costs: activations (solid) and the weight-gradient stash (dotted)",
-                      legend={"orientation": "h", "y": -0.25}, height=380)
+            fig.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=mem.wgrad_stash / 1e6,
+                    mode="lines",
+                    line={"color": color, "dash": "dot", "shape": "hv"},
+                    name=f"{label}: W stash",
+                )
+            )
+    fig.update_layout(
+        xaxis_title=f"ms into the step (rank {rank})",
+        yaxis_title="MB (measured)",
+        title="what deferring W costs: activations (solid) and the weight-gradient stash (dotted)",
+        legend={"orientation": "h", "y": -0.25},
+        height=380,
+    )
     return fig
 
 
@@ -87,13 +129,18 @@ def side_by_side(runs: dict[str, Run]) -> pd.DataFrame:
         s = formulas.run_schedule(c)
         tl = simulate(s, t_f=1.0, t_b=2.0, t_w=1.0)
         peak = run.summary["ranks"][0]["peak_bytes"]
-        rows.append({"run": label, "planned bubble rate": tl.bubble_rate(),
-                     "planned bubble fraction": tl.bubble_fraction(),
-                     "measured bubble fraction": run.summary["bubble_fraction"]["measured"],
-                     "in-flight activations (rank 0, chunks)": peak_in_flight(s)[0],
-                     "W stashes (rank 0)": peak_pending_w(s)[0],
-                     "activation MB measured": peak["activation"] / 1e6,
-                     "W stash MB measured": peak.get("wgrad_stash", 0) / 1e6})
+        rows.append(
+            {
+                "run": label,
+                "planned bubble rate": tl.bubble_rate(),
+                "planned bubble fraction": tl.bubble_fraction(),
+                "measured bubble fraction": run.summary["bubble_fraction"]["measured"],
+                "in-flight activations (rank 0, chunks)": peak_in_flight(s)[0],
+                "W stashes (rank 0)": peak_pending_w(s)[0],
+                "activation MB measured": peak["activation"] / 1e6,
+                "W stash MB measured": peak.get("wgrad_stash", 0) / 1e6,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -108,5 +155,7 @@ def torch_grid(s: Schedule) -> pd.DataFrame:
     with contextlib.redirect_stdout(io.StringIO()):
         spaced = add_schedule_op_spacing(actions)
     width = max(len(r) for r in spaced)
-    return pd.DataFrame([[str(a) if a is not None else "" for a in r] + [""] * (width - len(r)) for r in spaced],
-                        index=[f"rank {r}" for r in range(len(spaced))])
+    return pd.DataFrame(
+        [[str(a) if a is not None else "" for a in r] + [""] * (width - len(r)) for r in spaced],
+        index=[f"rank {r}" for r in range(len(spaced))],
+    )

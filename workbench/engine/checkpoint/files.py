@@ -29,7 +29,17 @@ from workbench.config import RunConfig
 
 MARKER = "workbench.json"
 #: the layout a checkpoint was saved under (recorded; another layout loads it: engine/checkpoint/layout.py)
-LAYOUT_KEYS = ("dp", "cp", "tp", "pp", "zero", "virtual_stages", "schedule", "precision", "grad_reduce_dtype")
+LAYOUT_KEYS = (
+    "dp",
+    "cp",
+    "tp",
+    "pp",
+    "zero",
+    "virtual_stages",
+    "schedule",
+    "precision",
+    "grad_reduce_dtype",
+)
 #: what must be equal between the run that saved and the run that loads: the tensors' dtypes and roles
 SAME = ("precision",)
 
@@ -40,7 +50,11 @@ class CheckpointError(RuntimeError):
 
 def run_shape(cfg: RunConfig) -> dict[str, Any]:
     """What a checkpoint is compared with: the config as config.json resolves it (model dims, world size)."""
-    return {**cfg.to_dict(), "model": dataclasses.asdict(cfg.model_config), "world_size": cfg.world_size}
+    return {
+        **cfg.to_dict(),
+        "model": dataclasses.asdict(cfg.model_config),
+        "world_size": cfg.world_size,
+    }
 
 
 def checkpoint_root(cfg: RunConfig, run_dir: str) -> str:
@@ -60,15 +74,28 @@ def file_crc32(path: str, chunk: int = 1 << 22) -> str:
     return f"{crc:08x}"
 
 
-def write_marker(path: str, step: int, config: dict[str, Any], tensor_bytes: int,
-                 checksums: dict[str, str] | None = None) -> dict[str, Any]:
+def write_marker(
+    path: str,
+    step: int,
+    config: dict[str, Any],
+    tensor_bytes: int,
+    checksums: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Rank 0, after every rank's shards and DCP's metadata are written: the marker, last. `bytes` is
     what the files hold, `tensor_bytes` the tensors in them (the rest: DCP's index and its framing of
     each tensor, about 1.5 kB apiece), `checksums` each file's CRC32."""
-    files = {f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path)) if f != MARKER}
-    marker = {"step": step, "model": config["model"], "layout": {k: config.get(k) for k in LAYOUT_KEYS},
-              "world_size": config.get("world_size"), "files": files, "bytes": sum(files.values()),
-              "tensor_bytes": tensor_bytes}
+    files = {
+        f: os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path)) if f != MARKER
+    }
+    marker = {
+        "step": step,
+        "model": config["model"],
+        "layout": {k: config.get(k) for k in LAYOUT_KEYS},
+        "world_size": config.get("world_size"),
+        "files": files,
+        "bytes": sum(files.values()),
+        "tensor_bytes": tensor_bytes,
+    }
     if checksums is not None:
         marker["checksums"] = {"crc32": dict(sorted(checksums.items()))}
     tmp = os.path.join(path, MARKER + ".tmp")
@@ -80,7 +107,9 @@ def write_marker(path: str, step: int, config: dict[str, Any], tensor_bytes: int
     return marker
 
 
-def verify(path: str, config: dict[str, Any] | None = None, checksums: bool = False) -> dict[str, Any]:
+def verify(
+    path: str, config: dict[str, Any] | None = None, checksums: bool = False
+) -> dict[str, Any]:
     """The checkpoint's marker, or CheckpointError naming the file and what is wrong with it. `checksums`:
     also read every file and compare its CRC32 with the marker's (the ranks check sizes only: the launcher
     has read the files once before any of them started)."""
@@ -92,14 +121,18 @@ def verify(path: str, config: dict[str, Any] | None = None, checksums: bool = Fa
     with open(marker_path) as f:
         marker = json.load(f)
     if ".metadata" not in marker["files"] or not os.path.exists(os.path.join(path, ".metadata")):
-        raise CheckpointError(f"{os.path.join(path, '.metadata')} is missing: DCP cannot index the shards")
+        raise CheckpointError(
+            f"{os.path.join(path, '.metadata')} is missing: DCP cannot index the shards"
+        )
     for name, size in marker["files"].items():
         file = os.path.join(path, name)
         if not os.path.exists(file):
             raise CheckpointError(f"{file} is missing (the marker lists it with {size} bytes)")
         if os.path.getsize(file) != size:
-            raise CheckpointError(f"{file} has {os.path.getsize(file)} bytes, the marker recorded {size}: "
-                                  f"truncated or changed after the checkpoint was written")
+            raise CheckpointError(
+                f"{file} has {os.path.getsize(file)} bytes, the marker recorded {size}: "
+                f"truncated or changed after the checkpoint was written"
+            )
     if checksums:
         _same_checksums(path, marker)
     if config is not None:
@@ -114,9 +147,11 @@ def _same_checksums(path: str, marker: dict[str, Any]) -> None:
     for name, crc in recorded.items():
         now = file_crc32(os.path.join(path, name))
         if now != crc:
-            raise CheckpointError(f"{os.path.join(path, name)}: CRC32 {now}, the marker recorded {crc} — its bytes "
-                                  f"changed after the checkpoint was written (a flipped bit, a bad disk, an edit); "
-                                  f"resume from another checkpoint")
+            raise CheckpointError(
+                f"{os.path.join(path, name)}: CRC32 {now}, the marker recorded {crc} — its bytes "
+                f"changed after the checkpoint was written (a flipped bit, a bad disk, an edit); "
+                f"resume from another checkpoint"
+            )
 
 
 def has_checksums(marker: dict[str, Any]) -> bool:
@@ -124,26 +159,33 @@ def has_checksums(marker: dict[str, Any]) -> bool:
 
 
 def _same_run_shape(path: str, marker: dict[str, Any], config: dict[str, Any]) -> None:
-    dims = {k: config["model"].get(k) for k in marker["model"]}  # config.json adds the preset's name
+    dims = {
+        k: config["model"].get(k) for k in marker["model"]
+    }  # config.json adds the preset's name
     if marker["model"] != dims:
         diff = {k: (v, dims[k]) for k, v in marker["model"].items() if dims[k] != v}
         raise CheckpointError(f"{path} holds a different model: (saved, this run) {diff}")
     for k in SAME:
         if marker["layout"].get(k) != config.get(k):
-            raise CheckpointError(f"{path} was saved with {k}={marker['layout'].get(k)!r}, this run has "
-                                  f"{k}={config.get(k)!r}: the saved tensors do not fit")
+            raise CheckpointError(
+                f"{path} was saved with {k}={marker['layout'].get(k)!r}, this run has "
+                f"{k}={config.get(k)!r}: the saved tensors do not fit"
+            )
 
 
 def complete_steps(root: str) -> list[str]:
     """The complete checkpoint directories under `root`, oldest first (partial ones are not listed)."""
     if not os.path.isdir(root):
         return []
-    names = sorted(n for n in os.listdir(root) if n.startswith("step_") and not n.endswith(".partial"))
+    names = sorted(
+        n for n in os.listdir(root) if n.startswith("step_") and not n.endswith(".partial")
+    )
     return [os.path.join(root, n) for n in names if os.path.exists(os.path.join(root, n, MARKER))]
 
 
-def latest_good(root: str, config: dict[str, Any] | None = None,
-                checksums: bool = False) -> tuple[str | None, list[str]]:
+def latest_good(
+    root: str, config: dict[str, Any] | None = None, checksums: bool = False
+) -> tuple[str | None, list[str]]:
     """The newest checkpoint under `root` that verifies, and why each newer one was passed over."""
     skipped = []
     for path in reversed(complete_steps(root)):
@@ -155,8 +197,9 @@ def latest_good(root: str, config: dict[str, Any] | None = None,
     return None, skipped
 
 
-def resolve_resume(resume: str, root: str, config: dict[str, Any] | None = None,
-                   checksums: bool = False) -> tuple[str | None, list[str]]:
+def resolve_resume(
+    resume: str, root: str, config: dict[str, Any] | None = None, checksums: bool = False
+) -> tuple[str | None, list[str]]:
     """`auto`: the newest good checkpoint under the run's checkpoint directory (None: start afresh).
     A path: that checkpoint, or the newest good one under it when it is a directory of checkpoints."""
     if resume == "auto":
@@ -183,17 +226,31 @@ def prune(root: str, keep: int) -> list[str]:
 def verify_all(path: str) -> list[tuple[str, str | None]]:
     """`workbench checkpoint verify PATH`: every checkpoint at PATH (one, a directory of them, or a run's
     directory) checked with its checksums — (checkpoint, None when good else why); an unfinished one is bad."""
-    root = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-    if os.path.exists(os.path.join(path, MARKER)) or os.path.basename(path.rstrip("/")).startswith("step_"):
+    root = (
+        os.path.join(path, "checkpoints")
+        if os.path.isdir(os.path.join(path, "checkpoints"))
+        else path
+    )
+    if os.path.exists(os.path.join(path, MARKER)) or os.path.basename(path.rstrip("/")).startswith(
+        "step_"
+    ):
         found = [path]
     else:
-        found = sorted(os.path.join(root, n) for n in os.listdir(root) if n.startswith("step_")) \
-            if os.path.isdir(root) else []
+        found = (
+            sorted(os.path.join(root, n) for n in os.listdir(root) if n.startswith("step_"))
+            if os.path.isdir(root)
+            else []
+        )
     out: list[tuple[str, str | None]] = []
     for ckpt in found:
         try:
             marker = verify(ckpt, checksums=True)
-            out.append((ckpt, None if has_checksums(marker) else "good by sizes (written without checksums)"))
+            out.append(
+                (
+                    ckpt,
+                    None if has_checksums(marker) else "good by sizes (written without checksums)",
+                )
+            )
         except CheckpointError as e:
             out.append((ckpt, f"BAD: {e}"))
     return out
@@ -208,7 +265,9 @@ def check_resume(cfg: RunConfig, run_dir: str) -> tuple[str | None, int]:
     if not cfg.resume:
         return None, 0
     try:
-        path, _ = resolve_resume(cfg.resume, checkpoint_root(cfg, run_dir), run_shape(cfg), checksums=True)
+        path, _ = resolve_resume(
+            cfg.resume, checkpoint_root(cfg, run_dir), run_shape(cfg), checksums=True
+        )
     except CheckpointError as e:
         raise ConfigError(f"resume={cfg.resume!r}: {e}") from e
     if path is None:
@@ -217,11 +276,17 @@ def check_resume(cfg: RunConfig, run_dir: str) -> tuple[str | None, int]:
         marker = json.load(f)
     step = marker["step"]
     if not has_checksums(marker):
-        print(f"[workbench] note: {path} was written before checkpoints recorded checksums: its files' sizes "
-              f"are checked, not their bytes", file=sys.stderr, flush=True)
+        print(
+            f"[workbench] note: {path} was written before checkpoints recorded checksums: its files' sizes "
+            f"are checked, not their bytes",
+            file=sys.stderr,
+            flush=True,
+        )
     if step >= cfg.steps:
-        raise ConfigError(f"resume={cfg.resume!r}: {path} is at step {step}, and steps={cfg.steps}: nothing left "
-                          f"to train; raise steps above {step}")
+        raise ConfigError(
+            f"resume={cfg.resume!r}: {path} is at step {step}, and steps={cfg.steps}: nothing left "
+            f"to train; raise steps above {step}"
+        )
     return path, step
 
 

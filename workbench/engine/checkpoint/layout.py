@@ -69,14 +69,25 @@ def _module_runs(model: nn.Module) -> dict[str, list[tuple[int, int, int]]]:
     return out
 
 
-def _flat_pieces(prefix: str, names: Sequence[str], params: Sequence[nn.Parameter], per: int, r: int,
-                 local: torch.Tensor) -> Iterator[Piece]:
+def _flat_pieces(
+    prefix: str,
+    names: Sequence[str],
+    params: Sequence[nn.Parameter],
+    per: int,
+    r: int,
+    local: torch.Tensor,
+) -> Iterator[Piece]:
     """ZeRO: the rank's slice [r·per, (r+1)·per) of a flat buffer of `params`, end to end, held in `local`."""
     offset, lo, hi = 0, r * per, (r + 1) * per
     for name, p in zip(names, params, strict=True):
         a, b = max(offset, lo), min(offset + p.numel(), hi)
         if a < b:
-            yield Piece(f"{prefix}/{global_name(name)}", a - offset, local.reshape(-1)[a - lo:b - lo], True)
+            yield Piece(
+                f"{prefix}/{global_name(name)}",
+                a - offset,
+                local.reshape(-1)[a - lo : b - lo],
+                True,
+            )
         offset += p.numel()
 
 
@@ -84,9 +95,17 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     """Every piece of this rank's training state: parameters, and from the updater's `state`
     (`checkpoint_state()`) Adam's moments and the fp32 masters."""
     ctx, sync = strategy.ctx, strategy.grad_sync
-    dp_rank, tp_rank, cp_rank = ctx.groups.index("dp"), ctx.groups.index("tp"), ctx.groups.index("cp")
+    dp_rank, tp_rank, cp_rank = (
+        ctx.groups.index("dp"),
+        ctx.groups.index("tp"),
+        ctx.groups.index("cp"),
+    )
     names = {p: n for n, p in strategy.model.named_parameters()}
-    zeros = [s for s in getattr(sync, "parts", [sync]) if isinstance(s, ZeroDataParallel | Zero3DataParallel)]
+    zeros = [
+        s
+        for s in getattr(sync, "parts", [sync])
+        if isinstance(s, ZeroDataParallel | Zero3DataParallel)
+    ]
     zero = zeros[0] if zeros else None
     out: list[Piece] = []
     if isinstance(zero, Zero3DataParallel):
@@ -109,13 +128,17 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
             if f"master.{i}" in state:
                 tensors["master"] = state[f"master.{i}"]
         for prefix, t in tensors.items():
-            out += [Piece(f"{prefix}/{global_name(name)}", start, t.reshape(-1)[lo:lo + n], owned)
-                    for lo, start, n in located[name]]
+            out += [
+                Piece(f"{prefix}/{global_name(name)}", start, t.reshape(-1)[lo : lo + n], owned)
+                for lo, start, n in located[name]
+            ]
     b = 0  # the updater's slices in order: each ZeRO sync's buckets (expert parallelism: dense, then experts)
     for part in (z for z in zeros if isinstance(z, ZeroDataParallel)):
         for bucket in part.buckets:
             bn = [names[p] for p in bucket.params]
             for kind in ("exp_avg", "exp_avg_sq"):
-                out += _flat_pieces(kind, bn, bucket.params, bucket.shard.numel(), part.r, state[f"{b}.{kind}"])
+                out += _flat_pieces(
+                    kind, bn, bucket.params, bucket.shard.numel(), part.r, state[f"{b}.{kind}"]
+                )
             b += 1
     return out

@@ -95,17 +95,25 @@ def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
     state = strategy.updater.checkpoint_state()
     owned = {p.key: p.view for p in pieces(strategy, state) if p.owned}
     scalars = _scalars(strategy, state)
-    return owned | {k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")}
+    return owned | {
+        k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")
+    }
 
 
 def tensor_bytes(metadata: Metadata) -> int:
     """The bytes of every tensor chunk DCP's index lists (each written once)."""
-    return sum(math.prod(c.sizes) * m.properties.dtype.itemsize
-               for m in metadata.state_dict_metadata.values() if hasattr(m, "chunks") for c in m.chunks)
+    return sum(
+        math.prod(c.sizes) * m.properties.dtype.itemsize
+        for m in metadata.state_dict_metadata.values()
+        if hasattr(m, "chunks")
+        for c in m.chunks
+    )
 
 
 def _own_files(path: str, rank: int) -> list[str]:
-    return sorted(f for f in os.listdir(path) if f.startswith(f"__{rank}_") and f.endswith(".distcp"))
+    return sorted(
+        f for f in os.listdir(path) if f.startswith(f"__{rank}_") and f.endswith(".distcp")
+    )
 
 
 def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
@@ -119,7 +127,9 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
         shutil.rmtree(partial, ignore_errors=True)  # an abandoned attempt
         os.makedirs(partial)
     ctx.comm.barrier()
-    with ctx.recorder.span(f"checkpoint save step {step}", "checkpoint", "compute", step=step) as args:
+    with ctx.recorder.span(
+        f"checkpoint save step {step}", "checkpoint", "compute", step=step
+    ) as args:
         with writing(partial, f"checkpoint step {step} (left .partial: never resumed from)"):
             metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
         # this rank's files, written when its save returns: their sizes, and their CRC32s read back while the
@@ -131,7 +141,9 @@ def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
         if ctx.rank == 0:
             checksums = {f: c for part in sums for f, c in part.items()}
             checksums[".metadata"] = file_crc32(os.path.join(partial, ".metadata"))
-            args["total_bytes"] = write_marker(partial, step, config, tensor_bytes(metadata), checksums)["bytes"]
+            args["total_bytes"] = write_marker(
+                partial, step, config, tensor_bytes(metadata), checksums
+            )["bytes"]
             os.rename(partial, final)
             args["pruned"] = [os.path.basename(p) for p in prune(root, ctx.config.keep_checkpoints)]
         ctx.comm.barrier()
@@ -153,10 +165,17 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
             if start < p.start + p.view.numel() and p.start < start + n and key not in wanted:
                 wanted[key] = torch.empty(n, dtype=dtype, device=p.view.device)
     scalars = {k: v for k, v in _scalars(strategy, state).items() if k in meta.state_dict_metadata}
-    with ctx.recorder.span(f"checkpoint load step {marker['step']}", "checkpoint", "compute",
-                           step=marker["step"], path=path) as args:
+    with ctx.recorder.span(
+        f"checkpoint load step {marker['step']}",
+        "checkpoint",
+        "compute",
+        step=marker["step"],
+        path=path,
+    ) as args:
         staged = sum(t.numel() * t.element_size() for t in wanted.values())
-        ctx.memory.add("temporary", staged)  # the saved pieces, read before their overlaps are copied in
+        ctx.memory.add(
+            "temporary", staged
+        )  # the saved pieces, read before their overlaps are copied in
         _dcp().load(wanted | scalars, checkpoint_id=path)
         ctx.memory.snapshot()
         missing = _copy_overlaps(mine, saved, wanted)
@@ -192,14 +211,16 @@ def _copy_overlaps(mine: list, saved: dict, loaded: dict[str, torch.Tensor]) -> 
         for start, n, key, _ in saved.get(p.name, []):
             a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                p.view[a - lo:b - lo].copy_(loaded[key][a - start:b - start])
+                p.view[a - lo : b - lo].copy_(loaded[key][a - start : b - start])
                 covered += b - a
         if covered != hi - lo:
             missing.append(p.key)
     return missing
 
 
-def _restore_scalars(strategy: Strategy, state: dict[str, torch.Tensor], scalars: dict[str, torch.Tensor]) -> None:
+def _restore_scalars(
+    strategy: Strategy, state: dict[str, torch.Tensor], scalars: dict[str, torch.Tensor]
+) -> None:
     for k, v in state.items():
         if k.endswith(".step"):
             v.copy_(scalars["optim/step"])
@@ -217,14 +238,18 @@ def describe(path: str) -> str:
     meta = _dcp().FileSystemReader(path).read_metadata()
     files = {idx.fqn: info.relative_path for idx, info in meta.storage_data.items()}
     lay = marker["layout"]
-    lines = [f"{path}: the state before step {marker['step']}; dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
-             f"zero={lay['zero']} {lay['precision']}; world size {marker['world_size']}; "
-             f"{marker['bytes']:,} bytes in {len(marker['files'])} files "
-             f"({marker.get('tensor_bytes', 0):,} of tensors)",
-             f"{'key':<48} {'shape':<14} {'dtype':<9} {'bytes':>9}  file"]
+    lines = [
+        f"{path}: the state before step {marker['step']}; dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+        f"zero={lay['zero']} {lay['precision']}; world size {marker['world_size']}; "
+        f"{marker['bytes']:,} bytes in {len(marker['files'])} files "
+        f"({marker.get('tensor_bytes', 0):,} of tensors)",
+        f"{'key':<48} {'shape':<14} {'dtype':<9} {'bytes':>9}  file",
+    ]
     for key, m in sorted(meta.state_dict_metadata.items()):
         if hasattr(m, "chunks"):
             n = math.prod(m.size) * m.properties.dtype.itemsize
             dtype = str(m.properties.dtype).replace("torch.", "")
-            lines.append(f"{key:<48} {str(list(m.size)):<14} {dtype:<9} {n:>9,}  {files.get(key, '?')}")
+            lines.append(
+                f"{key:<48} {str(list(m.size)):<14} {dtype:<9} {n:>9,}  {files.get(key, '?')}"
+            )
     return "\n".join(lines)

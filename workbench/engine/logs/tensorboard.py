@@ -51,7 +51,7 @@ class StepLogs:
 
     def write(self, row: dict[str, Any], since_us: float) -> None:
         end = len(self.recorder.events)
-        events, self.scanned = self.recorder.events[self.scanned:end], end
+        events, self.scanned = self.recorder.events[self.scanned : end], end
         scalars = step_scalars(row, events, since_us, self.memory)
         for logger in self.loggers:
             logger.write(int(row["step"]), scalars)
@@ -61,11 +61,15 @@ class StepLogs:
             logger.close(summary_path)
 
 
-def step_scalars(row: dict[str, Any], events: list[dict[str, Any]], since_us: float, memory: Any) -> dict[str, float]:
+def step_scalars(
+    row: dict[str, Any], events: list[dict[str, Any]], since_us: float, memory: Any
+) -> dict[str, float]:
     """What is logged for a step (TensorBoard's and W&B's points): metrics.jsonl's row, rank 0's time by span
     category and the compute/communication split of the step's events, the memory categories' peaks so far."""
     out = {f"train/{key}": float(row[key]) for key in TRAIN_KEYS if row.get(key) is not None}
-    if row.get("val_loss") is not None:  # the steps the held-out loss was computed at (engine/evaluate.py)
+    if (
+        row.get("val_loss") is not None
+    ):  # the steps the held-out loss was computed at (engine/evaluate.py)
         out["val/loss"] = float(row["val_loss"])
     for cat, ms in _time_by_category(events, since_us).items():
         out[f"time_ms/{cat}"] = ms

@@ -17,8 +17,18 @@ import os
 from typing import Any
 
 #: summary.json's per-rank figures that make the table's columns
-RANK_COLUMNS = ("rank", "dp", "tp", "pp", "step_time_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
-                "peak_total_bytes")
+RANK_COLUMNS = (
+    "rank",
+    "dp",
+    "tp",
+    "pp",
+    "step_time_s",
+    "compute_s",
+    "comm_s",
+    "exposed_comm_s",
+    "idle_s",
+    "peak_total_bytes",
+)
 
 
 def logged_in() -> bool:
@@ -40,8 +50,14 @@ def start(project: str, name: str, out_dir: str, **kwargs: Any) -> Any:
     """A W&B run written under out_dir/wandb, in `mode()`, W&B's console capture off."""
     import wandb
 
-    return wandb.init(project=project, name=name, dir=out_dir, mode=mode(),
-                      settings=wandb.Settings(console="off", silent=True), **kwargs)
+    return wandb.init(
+        project=project,
+        name=name,
+        dir=out_dir,
+        mode=mode(),
+        settings=wandb.Settings(console="off", silent=True),
+        **kwargs,
+    )
 
 
 def log_table(project: str, out_dir: str, name: str, table: Any) -> None:
@@ -60,7 +76,9 @@ class WandB:
         import wandb
 
         self.wandb = wandb
-        self.run = start(project, os.path.basename(os.path.abspath(run_dir)), run_dir, config=config)
+        self.run = start(
+            project, os.path.basename(os.path.abspath(run_dir)), run_dir, config=config
+        )
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)
@@ -70,8 +88,15 @@ class WandB:
         if summary_path is not None and os.path.exists(summary_path):
             with open(summary_path) as f:
                 summary = json.load(f)
-            self.run.summary.update({f"workbench/{k}": v for k, v in summary.items()
-                                     if isinstance(v, int | float | str) and not isinstance(v, bool)})
+            self.run.summary.update(
+                {
+                    f"workbench/{k}": v
+                    for k, v in summary.items()
+                    if isinstance(v, int | float | str) and not isinstance(v, bool)
+                }
+            )
             rows = [[r.get(c) for c in RANK_COLUMNS] for r in summary.get("ranks", [])]
-            self.run.log({"workbench/ranks": self.wandb.Table(columns=list(RANK_COLUMNS), data=rows)})
+            self.run.log(
+                {"workbench/ranks": self.wandb.Table(columns=list(RANK_COLUMNS), data=rows)}
+            )
         self.run.finish()

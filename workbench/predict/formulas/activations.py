@@ -6,8 +6,15 @@ from __future__ import annotations
 from workbench.config import ModelConfig
 
 
-def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                               sequence_parallel: bool = False, device: str = "cpu", core: str = "eager") -> float:
+def activation_bytes_per_layer(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    device: str = "cpu",
+    core: str = "eager",
+) -> float:
     """Bytes one transformer block of *our* model saves for backward, counted from its code the way
     Korthikanti et al. 2022 count Megatron's (34·sbh + 5·as²b for 16-bit activations with dropout):
 
@@ -32,8 +39,11 @@ def activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, bytes_per_val
     if sequence_parallel:
         replicated = replicated / t
     sharded = (qkv_saved_values(cfg, core) + h + mlp_saved_values(cfg)) * s * b / t
-    return w * (replicated + sharded) + core_saved_bytes(cfg, micro_batch, w, tp, device, core) + \
-        norm_stats_bytes(cfg, micro_batch, w, tp, sequence_parallel, device, norms=2)
+    return (
+        w * (replicated + sharded)
+        + core_saved_bytes(cfg, micro_batch, w, tp, device, core)
+        + norm_stats_bytes(cfg, micro_batch, w, tp, sequence_parallel, device, norms=2)
+    )
 
 
 def mlp_saved_values(cfg: ModelConfig) -> int:
@@ -43,8 +53,15 @@ def mlp_saved_values(cfg: ModelConfig) -> int:
     return 4 * cfg.inner if cfg.mlp == "swiglu" else 2 * cfg.inner
 
 
-def norm_stats_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int, sequence_parallel: bool,
-                     device: str, norms: int) -> float:
+def norm_stats_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int,
+    tp: int,
+    sequence_parallel: bool,
+    device: str,
+    norms: int,
+) -> float:
     """The statistics `norms` norms keep a token: LayerNorm mean and 1/σ (`stats_width` each), RMSNorm 1/rms
     (fp32 on every device: model/llama.RMSNormFunction) — split t ways with sequence parallelism."""
     per = 4 if cfg.norm == "rmsnorm" else 2 * stats_width(bytes_per_value, device)
@@ -81,8 +98,14 @@ def qkv_saved_values(cfg: ModelConfig, core: str) -> int:
     return sum(qkv_tensors(cfg, core.split(":")[0]).values())
 
 
-def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1, device: str = "cpu",
-                     core: str = "eager") -> float:
+def core_saved_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    device: str = "cpu",
+    core: str = "eager",
+) -> float:
     """What the attention core saves for backward besides q, k and v (`qkv_tensors`), per layer:
     eager: the softmax probabilities, a·s²·b/t values; fused (sdpa, flash attention): its log-sum-exp
     (`lse_values`, fp32; its output, laid out (b, s, heads, d), is the projection's input itself), and on CUDA
@@ -95,7 +118,9 @@ def core_saved_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 
     if core == "eager":
         return w * a * s * s * b / t
     if core == "fused":
-        return 4 * lse_values(cfg, micro_batch, w, t, device) + (CUDA_RNG_STATE_BYTES if device == "cuda" else 0)
+        return 4 * lse_values(cfg, micro_batch, w, t, device) + (
+            CUDA_RNG_STATE_BYTES if device == "cuda" else 0
+        )
     ring = 4 * a * s * b / t + w * s * b * h / t
     if core.startswith("allgather:"):
         return ring + w * 2 * int(core.split(":")[1]) * s * b * cfg.kv_dim / t
@@ -114,7 +139,9 @@ def stats_width(bytes_per_value: int, device: str) -> int:
     return 4 if device == "cuda" else bytes_per_value
 
 
-def lse_values(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int, device: str) -> float:
+def lse_values(
+    cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int, device: str
+) -> float:
     """Values of the log-sum-exp the fused attention kernel keeps (fp32), per layer: a·s·b/t — flash
     attention's (CPU, and CUDA in 16 bits); CUDA's memory-efficient kernel (what fp32 gets there) pads the
     sequence to a multiple of 32."""
@@ -124,9 +151,16 @@ def lse_values(cfg: ModelConfig, micro_batch: int, bytes_per_value: int, tp: int
     return cfg.heads * s * micro_batch / tp
 
 
-def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none",
-                               device: str = "cpu", core: str = "eager") -> tuple[float, float]:
+def recompute_activation_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    device: str = "cpu",
+    core: str = "eager",
+) -> tuple[float, float]:
     """(bytes a block keeps after forward, bytes held on top while one block is recomputed in backward).
 
     full:       keeps only its input, s·b·h values (÷t with sequence parallelism) — Korthikanti's 2·sbh
@@ -143,8 +177,12 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
     """
     s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
     if recompute == "fused":
-        return activation_bytes_per_layer(cfg, micro_batch, w, tp, sequence_parallel, device, "fused"), 0.0
-    whole = activation_bytes_per_layer(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device, core)
+        return activation_bytes_per_layer(
+            cfg, micro_batch, w, tp, sequence_parallel, device, "fused"
+        ), 0.0
+    whole = activation_bytes_per_layer(
+        cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device, core
+    )
     if recompute == "full":
         kept = w * s * b * h / (t if sequence_parallel else 1)
         return kept, whole - kept
@@ -152,13 +190,16 @@ def recompute_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_val
         core_qkv, node_qkv = qkv_tensors(cfg, core.split(":")[0]), qkv_tensors(cfg, "node")
         saved = core_saved_bytes(cfg, micro_batch, w, tp, device, core)
         dropped = saved + w * s * b * (sum(core_qkv.values()) - sum(node_qkv.values())) / t
-        rebuilt = saved + w * s * b * sum(v for name, v in core_qkv.items() if name not in node_qkv) / t
+        rebuilt = (
+            saved + w * s * b * sum(v for name, v in core_qkv.items() if name not in node_qkv) / t
+        )
         return whole - dropped, rebuilt
     return whole, 0.0
 
 
-def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
-                               sequence_parallel: bool = False) -> float:
+def embedding_activation_bytes(
+    cfg: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False
+) -> float:
     """What the first stage saves besides its blocks: token ids (int64) for the embedding lookup,
     positions (learned positions only: rotary ones are tables, not activations), and under tensor
     parallelism the mask of tokens outside this rank's vocabulary slice."""
@@ -169,14 +210,22 @@ def embedding_activation_bytes(cfg: ModelConfig, micro_batch: int, tp: int = 1,
     return 8 * s * b + s * b + positions / (tp if sequence_parallel else 1)
 
 
-def head_activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                          sequence_parallel: bool = False, device: str = "cpu") -> float:
+def head_activation_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    device: str = "cpu",
+) -> float:
     """What the last stage saves besides its blocks: the final layer norm's input, output (the head's
     input) and statistics, and the loss's saved tensors (model/cross_entropy.py) — the logits in the
     activations' dtype, the targets and the fp32 log-sum-exp of each row; or under tensor parallelism this
     rank's vocabulary slice of the logits, the local targets, their mask and the log-sum-exp."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
-    ln_f = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)  # in, out; stats
+    ln_f = w * 2 * s * b * h + norm_stats_bytes(
+        cfg, micro_batch, w, 1, False, device, norms=1
+    )  # in, out; stats
     if t == 1:
         return ln_f + w * s * b * v + 8 * s * b + 4 * s * b
     split = t if sequence_parallel else 1
@@ -199,23 +248,43 @@ def loss_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp:
     return 2 * w * rows * v + (2 if w < 4 else 1) * 4 * block_rows * v
 
 
-def stage_activation_bytes(cfg: ModelConfig, micro_batch: int, stage: int, stages: int, bytes_per_value: int = 4,
-                           tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-                           device: str = "cpu", core: str = "eager") -> float:
+def stage_activation_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    stage: int,
+    stages: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    device: str = "cpu",
+    core: str = "eager",
+) -> float:
     """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
-    kept, _ = recompute_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device,
-                                         core)
+    kept, _ = recompute_activation_bytes(
+        cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device, core
+    )
     out = cfg.layers // stages * kept
     if stage == 0:
         out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
     if stage == stages - 1:
-        out += head_activation_bytes(cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device)
+        out += head_activation_bytes(
+            cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device
+        )
     return out
 
 
-def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_per_value: int = 4, tp: int = 1,
-                         sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu",
-                         core: str = "eager") -> float:
+def backward_extra_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    last: bool,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    device: str = "cpu",
+    core: str = "eager",
+) -> float:
     """How far a stage's activations rise, during its backward, above what its forward left saved (0
     without recomputation: backward only releases). Backward releases each tensor once it has used it,
     so the rise happens at the stage's last block, after the head's tensors (last stage) are gone:
@@ -229,31 +298,46 @@ def backward_extra_bytes(cfg: ModelConfig, micro_batch: int, last: bool, bytes_p
     if recompute in ("none", "fused"):
         return 0.0
     s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
-    kept, rise = recompute_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, recompute, device, core)
+    kept, rise = recompute_activation_bytes(
+        cfg, micro_batch, w, tp, sequence_parallel, recompute, device, core
+    )
     if recompute == "full":
         during = rise
     else:  # ln_1's tensors, and the core's rerun: what it saves and the copies it makes
         split = t if sequence_parallel else 1
         ln_1 = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)
         during = ln_1 / split + rise - kept
-    head = head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
+    head = (
+        head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
+    )
     return max(0.0, during - head)
 
 
-def activation_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp: int = 1,
-                     sequence_parallel: bool = False, recompute: str = "none", device: str = "cpu",
-                     core: str = "eager") -> float:
+def activation_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    device: str = "cpu",
+    core: str = "eager",
+) -> float:
     """Peak bytes saved for backward by one micro-batch through the whole model on one rank: what the
     forward keeps, or — with recomputation — more while the last block reruns (`backward_extra_bytes`).
     `device`: 'cuda' counts the CUDA kernels' own saves (fp32 layer-norm statistics, sdpa's padded
     log-sum-exp)."""
-    kept = stage_activation_bytes(cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device,
-                                  core)
-    return kept + backward_extra_bytes(cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute,
-                                       device, core)
+    kept = stage_activation_bytes(
+        cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device, core
+    )
+    return kept + backward_extra_bytes(
+        cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute, device, core
+    )
 
 
-def korthikanti_activation_bytes_per_layer(cfg: ModelConfig, micro_batch: int, tp: int = 1) -> float:
+def korthikanti_activation_bytes_per_layer(
+    cfg: ModelConfig, micro_batch: int, tp: int = 1
+) -> float:
     """Megatron's 16-bit figure for comparison: s·b·h·(10 + 24/t + 5·a·s/(h·t))."""
     s, b, h, a = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads
     return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))

@@ -17,10 +17,20 @@ def dp_bytes_per_step(params: float, dp: int, zero: int = 0, grad_bytes: int = 4
     return factor * (dp - 1) / dp * params * grad_bytes if dp > 1 else 0.0
 
 
-def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool = False,
-                           microbatches: int = 1, layers: int | None = None, first: bool = True, last: bool = True,
-                           bytes_per_value: int = 4, recompute: str = "none", grad_bytes: int = 4,
-                           positions: int | None = None) -> dict[str, float]:
+def tp_comm_bytes_per_step(
+    cfg: ModelConfig,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    microbatches: int = 1,
+    layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+    bytes_per_value: int = 4,
+    recompute: str = "none",
+    grad_bytes: int = 4,
+    positions: int | None = None,
+) -> dict[str, float]:
     """Bytes (S, the full buffer, as nccl-tests counts) of the tensor-parallel collectives of one
     training step on one rank holding `layers` blocks (all by default), the embedding if `first`, the
     head and loss if `last` — from the operators our layers use:
@@ -45,9 +55,11 @@ def tp_comm_bytes_per_step(cfg: ModelConfig, micro_batch: int, tp: int, sequence
     if not sequence_parallel:
         return {"all_reduce": m * ((4 * L + again + first + last) * full + loss) + 4}
     partial = L * 6 * h + ((positions or s) * h if first else 0) + (2 * h if last else 0)
-    return {"all_gather": m * (6 * L + again + first + 2 * last) * full,
-            "reduce_scatter": m * (4 * L + again + first + last) * full,
-            "all_reduce": m * loss + grad_bytes * partial + 4}
+    return {
+        "all_gather": m * (6 * L + again + first + 2 * last) * full,
+        "reduce_scatter": m * (4 * L + again + first + last) * full,
+        "all_reduce": m * loss + grad_bytes * partial + 4,
+    }
 
 
 # ---- a run's predictions, from its resolved config (what summary.json puts beside the measurement) ----
@@ -60,7 +72,9 @@ def onebit_bytes_per_step(params: float, dp: int) -> float:
     return 2 * (dp - 1) / dp * (params / 8 + 4 * dp) if dp > 1 else 0.0
 
 
-def dp_link_bytes(nbytes: float, dp: int, ranks_per_node: int, hierarchical: bool) -> dict[str, float]:
+def dp_link_bytes(
+    nbytes: float, dp: int, ranks_per_node: int, hierarchical: bool
+) -> dict[str, float]:
     """Bytes each rank sends per link class for an all-reduce of `nbytes` over dp ranks packed on machines
     of `ranks_per_node` (K) — m = dp/K machines. A flat ring that spans machines waits, at every one of
     its steps, on the pair that crosses: all its 2(n−1)/n · S go at the inter-machine pace. Hierarchical:

@@ -11,15 +11,24 @@ t tensor-parallel degree, cp the context-parallel degree, w bytes per activation
 from __future__ import annotations
 
 
-def kv_block_bytes(seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4) -> float:
+def kv_block_bytes(
+    seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4
+) -> float:
     """One rank's K and V for one layer: 2·b·(s/cp)·(kv_width/t) values of the activations' width — kv_width
     the model's `kv_dim`: h, or with grouped-query attention kv_heads·head_dim (the ring carries the K/V
     heads, not the query heads they serve)."""
     return 2 * micro_batch * seq_len / cp * kv_width / tp * width
 
 
-def ring_bytes_per_layer(seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4,
-                         recompute: bool = False) -> dict[str, float]:
+def ring_bytes_per_layer(
+    seq_len: int,
+    micro_batch: int,
+    kv_width: int,
+    cp: int,
+    tp: int = 1,
+    width: int = 4,
+    recompute: bool = False,
+) -> dict[str, float]:
     """Bytes one rank sends (and receives) per attention layer and microbatch, rotating K/V round the ring:
 
         forward   (cp − 1) K/V blocks: 2·(cp − 1)/cp·s·b·kv_width/t values — twice with recomputation (the rerun
@@ -34,9 +43,18 @@ def ring_bytes_per_layer(seq_len: int, micro_batch: int, kv_width: int, cp: int,
     return {"forward": forward, "backward": (cp - 1) * (kv + dkv) + dkv}
 
 
-def cp_comm_bytes_per_step(seq_len: int, micro_batch: int, kv_width: int, cp: int, layers: int, microbatches: int = 1,
-                           tp: int = 1, width: int = 4, rotate: str = "ring",
-                           recompute: bool = False) -> dict[str, float]:
+def cp_comm_bytes_per_step(
+    seq_len: int,
+    micro_batch: int,
+    kv_width: int,
+    cp: int,
+    layers: int,
+    microbatches: int = 1,
+    tp: int = 1,
+    width: int = 4,
+    rotate: str = "ring",
+    recompute: bool = False,
+) -> dict[str, float]:
     """Bytes per step by operation on the `cp` group for a rank holding `layers` blocks, as the trace counts
     them (`send` and `recv` for the ring; the all-gather's whole output and the reduce-scatter's whole input
     — S as nccl-tests counts it — for rotate='allgather')."""
@@ -49,7 +67,10 @@ def cp_comm_bytes_per_step(seq_len: int, micro_batch: int, kv_width: int, cp: in
         return {"send": moved, "recv": moved}
     kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, width)
     dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, 4)
-    return {"all_gather": calls * cp * kv * (2 if recompute else 1), "reduce_scatter": calls * cp * dkv}
+    return {
+        "all_gather": calls * cp * kv * (2 if recompute else 1),
+        "reduce_scatter": calls * cp * dkv,
+    }
 
 
 def unmasked_pairs_per_rank(seq_len: int, cp: int, balance: str = "head-tail") -> list[int]:
@@ -65,7 +86,10 @@ def unmasked_pairs_per_rank(seq_len: int, cp: int, balance: str = "head-tail") -
             return size * size
         return size * (size + 1) // 2 if k == q else 0
 
-    return [sum(chunk_pairs(q, k) for q in owned_chunks(r, cp, balance) for k in range(n)) for r in range(cp)]
+    return [
+        sum(chunk_pairs(q, k) for q in owned_chunks(r, cp, balance) for k in range(n))
+        for r in range(cp)
+    ]
 
 
 def owned_chunks(rank: int, cp: int, balance: str = "head-tail") -> list[int]:

@@ -63,15 +63,24 @@ def tp_ratio(hidden: float, t: int, flops: float, bw: float, g: int = 2) -> floa
     return tp_crossover(t, flops, bw, g) / hidden
 
 
-def pp_ratio(tokens: float, hidden: float, layers_per_stage: int, flops: float, bw: float, alpha: float,
-             g: int = 2) -> float:
+def pp_ratio(
+    tokens: float,
+    hidden: float,
+    layers_per_stage: int,
+    flops: float,
+    bw: float,
+    alpha: float,
+    g: int = 2,
+) -> float:
     """A micro-batch's send to the next stage (α + T·h·g/BW) over its stage's forward (24·T·h²·ℓ FLOPs)."""
-    return (alpha + tokens * hidden * g / bw) * flops / (24 * tokens * hidden ** 2 * layers_per_stage)
+    return (alpha + tokens * hidden * g / bw) * flops / (24 * tokens * hidden**2 * layers_per_stage)
 
 
-def pp_crossover(hidden: float, layers_per_stage: int, flops: float, bw: float, alpha: float, g: int = 2) -> float:
+def pp_crossover(
+    hidden: float, layers_per_stage: int, flops: float, bw: float, alpha: float, g: int = 2
+) -> float:
     """Tokens a micro-batch below which the pipeline's transfers outlast its compute (inf: never above)."""
-    per_token = 24 * hidden ** 2 * layers_per_stage / flops - hidden * g / bw
+    per_token = 24 * hidden**2 * layers_per_stage / flops - hidden * g / bw
     return alpha / per_token if per_token > 0 else math.inf
 
 

@@ -26,8 +26,14 @@ def expert_params_per_layer(cfg: ModelConfig) -> int:
     return cfg.experts * cfg.mlp_params()
 
 
-def dispatch_bytes_per_layer(tokens: int, cfg: ModelConfig, ep: int, width: int = 4, dispatch: str = "dropless",
-                             factor: float = 1.25) -> dict[str, float]:
+def dispatch_bytes_per_layer(
+    tokens: int,
+    cfg: ModelConfig,
+    ep: int,
+    width: int = 4,
+    dispatch: str = "dropless",
+    factor: float = 1.25,
+) -> dict[str, float]:
     """Bytes (each all-to-all's input, S as nccl-tests counts it) of one MoE layer and microbatch on one rank:
     four all-to-alls of rows of h values — dispatch and combine in forward, the same two carrying gradients in
     backward. capacity: each carries E·C rows (padded). dropless: the dispatch sends the T·k assignments, the
@@ -37,12 +43,20 @@ def dispatch_bytes_per_layer(tokens: int, cfg: ModelConfig, ep: int, width: int 
         return {}
     row = cfg.hidden * width
     if dispatch == "capacity":
-        return {"all_to_all": 4 * cfg.experts * capacity(tokens, cfg.top_k, cfg.experts, factor) * row}
+        return {
+            "all_to_all": 4 * cfg.experts * capacity(tokens, cfg.top_k, cfg.experts, factor) * row
+        }
     return {"all_to_all": 4 * tokens * cfg.top_k * row + 8 * cfg.experts}
 
 
-def moe_comm_bytes(out: dict[str, dict[str, float]], config: dict[str, Any], model: ModelConfig, micro: int,
-                   layers: int, wire: int) -> None:
+def moe_comm_bytes(
+    out: dict[str, dict[str, float]],
+    config: dict[str, Any],
+    model: ModelConfig,
+    micro: int,
+    layers: int,
+    wire: int,
+) -> None:
     """Into `out` (formulas.predicted_comm_bytes's dict): the gradient all-reduce split — dense parameters
     over dp, experts over edp (the ranks holding the same ones, dp/ep of them) —, the expert gradient norm's
     sum over ep, the counts all-reduced over dp (E per layer and microbatch, fp32), and the dispatch."""
@@ -57,9 +71,14 @@ def moe_comm_bytes(out: dict[str, dict[str, float]], config: dict[str, Any], mod
         out["all_reduce"]["edp"] = wire * experts_local
     out["all_reduce"]["ep"] = 4
     tokens = micro * model.seq_len
-    for op, nbytes in dispatch_bytes_per_layer(tokens, model, ep, 4 if config.get("precision", "fp32") == "fp32"
-                                               else 2, config.get("moe_dispatch", "dropless"),
-                                               config.get("capacity_factor", 1.25)).items():
+    for op, nbytes in dispatch_bytes_per_layer(
+        tokens,
+        model,
+        ep,
+        4 if config.get("precision", "fp32") == "fp32" else 2,
+        config.get("moe_dispatch", "dropless"),
+        config.get("capacity_factor", 1.25),
+    ).items():
         out.setdefault(op, {})["ep"] = nbytes * layers * m
 
 
@@ -68,6 +87,6 @@ def expert_imbalance(counts: list[float], ep: int) -> float:
     rank's — how much longer the experts' compute (and the combine's wait) takes than under perfect balance.
     Rank i holds experts [i·E/ep, (i+1)·E/ep)."""
     per = len(counts) // ep
-    loads = [sum(counts[i * per:(i + 1) * per]) for i in range(ep)]
+    loads = [sum(counts[i * per : (i + 1) * per]) for i in range(ep)]
     mean = sum(loads) / ep
     return max(loads) / mean if mean else 1.0

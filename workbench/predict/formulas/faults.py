@@ -24,6 +24,8 @@ def young_daly_interval(checkpoint_s: float, mtbf_s: float, daly: bool = True) -
     return max(tau - checkpoint_s, checkpoint_s) if daly else tau
 
 
-def checkpoint_overhead(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+def checkpoint_overhead(
+    interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0
+) -> float:
     """The fraction of time lost to writing checkpoints and redoing work after failures (first order)."""
     return checkpoint_s / interval_s + interval_s / (2 * mtbf_s) + restart_s / mtbf_s

@@ -10,8 +10,14 @@ from workbench.config import ModelConfig
 STATE_BYTES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 
-def model_state_bytes(params: float, dp: int = 1, zero: int = 0, precision: str = "fp32",
-                      grad_bytes: int | None = None, offload: bool = False) -> dict[str, float]:
+def model_state_bytes(
+    params: float,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "fp32",
+    grad_bytes: int | None = None,
+    offload: bool = False,
+) -> dict[str, float]:
     """Bytes per rank of parameters, gradients and optimizer states (Rajbhandari et al. 2020) on the device.
 
     Stage 0 keeps everything on every rank (16Ψ); stage 1 divides the optimizer states by N, stage 2
@@ -34,10 +40,16 @@ def offload_host_bytes(params: float, dp: int = 1) -> dict[str, float]:
     """ZeRO-Offload's host memory per rank: its 1/N slice of the fp32 master weights (4Ψ/N), of the fp32
     gradient the update reads (4Ψ/N) and of Adam's two moments (8Ψ/N) — 16Ψ/N in all, whatever the
     device's precision."""
-    return {"parameter": 4 * params / dp, "gradient": 4 * params / dp, "optimizer_state": 8 * params / dp}
+    return {
+        "parameter": 4 * params / dp,
+        "gradient": 4 * params / dp,
+        "optimizer_state": 8 * params / dp,
+    }
 
 
-def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1, ep: int = 1) -> int:
+def stage_params(
+    cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1, ep: int = 1
+) -> int:
     """Parameters a tensor-parallel rank holds of pipeline stage `stage`: the split ones divided by t (q, k, v
     and the MLP's first projection with their biases, the output projections' weights, the token table and
     the head), the replicated ones whole (norms, learned positions, row-parallel biases); with experts, E/ep
@@ -56,8 +68,15 @@ def stage_params(cfg: ModelConfig, stage: int = 0, stages: int = 1, tp: int = 1,
     return out
 
 
-def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: int = 1, pp_rank: int = 0,
-                    placement: str = "loop", ep: int = 1) -> int:
+def params_per_rank(
+    cfg: ModelConfig,
+    tp: int = 1,
+    pp: int = 1,
+    virtual_stages: int = 1,
+    pp_rank: int = 0,
+    placement: str = "loop",
+    ep: int = 1,
+) -> int:
     """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, … in a loop; pp_rank and 2p − 1 −
     pp_rank in ZBV's V) share under tensor parallelism."""
     stages = pp * virtual_stages
@@ -69,8 +88,16 @@ def params_per_rank(cfg: ModelConfig, tp: int = 1, pp: int = 1, virtual_stages: 
 ZERO_IN_FLIGHT = 2
 
 
-def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, bucket_mb: float = 25.0,
-                 width: int = 4, prefetch: bool = True, backend_copies: bool = False) -> dict[str, float]:
+def buffer_bytes(
+    cfg: ModelConfig,
+    local_params: float,
+    dp: int,
+    zero: int,
+    bucket_mb: float = 25.0,
+    width: int = 4,
+    prefetch: bool = True,
+    backend_copies: bool = False,
+) -> dict[str, float]:
     """What a rank holds beside model states and activations, at the peak, by category:
 
     comm_buffer   ZeRO-2: the full-size gradient copies of ZERO_IN_FLIGHT buckets being reduce-scattered,
@@ -83,10 +110,18 @@ def buffer_bytes(cfg: ModelConfig, local_params: float, dp: int, zero: int, buck
         return {"comm_buffer": 0.0, "temporary": 0.0}
     h, v = cfg.hidden, cfg.vocab_size
     unit = max(cfg.layer_params(), cfg.head_params(), v * h)  # a block, the head, the token table
-    copies = 1 + 1 / dp + (1 if backend_copies else 0)  # staging, the slice it lands in, gloo's copy
+    copies = (
+        1 + 1 / dp + (1 if backend_copies else 0)
+    )  # staging, the slice it lands in, gloo's copy
     if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
-        staged = min(max(bucket_mb * 2**20, max(v * h, cfg.mlp_in_width * h) * width), local_params * width)
-        in_flight = min(ZERO_IN_FLIGHT, -(-local_params * width // staged))  # a model in one bucket: one
+        staged = min(
+            max(bucket_mb * 2**20, max(v * h, cfg.mlp_in_width * h) * width), local_params * width
+        )
+        in_flight = min(
+            ZERO_IN_FLIGHT, -(-local_params * width // staged)
+        )  # a model in one bucket: one
         return {"comm_buffer": in_flight * staged * copies, "temporary": 0.0}
-    return {"comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,
-            "temporary": (2 if prefetch else 1) * unit * width}
+    return {
+        "comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,
+        "temporary": (2 if prefetch else 1) * unit * width,
+    }

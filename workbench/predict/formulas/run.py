@@ -19,7 +19,12 @@ from workbench.predict.formulas.activations import (
 from workbench.predict.formulas.comm import tp_comm_bytes_per_step
 from workbench.predict.formulas.context_parallel import cp_comm_bytes_per_step
 from workbench.predict.formulas.expert_parallel import moe_comm_bytes
-from workbench.predict.formulas.memory import buffer_bytes, model_state_bytes, offload_host_bytes, params_per_rank
+from workbench.predict.formulas.memory import (
+    buffer_bytes,
+    model_state_bytes,
+    offload_host_bytes,
+    params_per_rank,
+)
 from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
 from workbench.schedules.build import Schedule, build_schedule
 
@@ -61,14 +66,18 @@ def predicted_total(config: dict[str, Any], pp_rank: int = 0) -> tuple[dict[str,
     states = categories["parameter"] + categories["gradient"] + categories["optimizer_state"]
     # at the loss's backward nothing else is in flight: no gradient yet, and ZeRO-3 gathers the head again only
     # once the logits' gradient exists (its output's hook), after the loss has let its bytes go
-    elsewhere = max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+    elsewhere = (
+        max(together, categories["comm_buffer"], masters) + categories["temporary"] - masters
+    )
     return categories, states + max(elsewhere, at_loss) + data_bytes(config)
 
 
 def data_bytes(config: dict[str, Any]) -> float:
     """What the data source keeps for the run (under `other`): the synthetic chain's successor table, V × 4 int64
     (engine/batches.py), in host memory — a CPU rank's; a data file is memory-mapped, outside the allocator."""
-    synthetic = config.get("data", "synthetic") == "synthetic" and config.get("device", "cpu") == "cpu"
+    synthetic = (
+        config.get("data", "synthetic") == "synthetic" and config.get("device", "cpu") == "cpu"
+    )
     return 8 * 4 * run_model(config).vocab_size if synthetic else 0.0
 
 
@@ -80,7 +89,9 @@ def predicted_peak(config: dict[str, Any]) -> tuple[float, dict[str, float], int
     return total, categories, rank
 
 
-def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float], float, float, float]:
+def _categories(
+    config: dict[str, Any], pp_rank: int
+) -> tuple[dict[str, float], float, float, float]:
     """`predicted_bytes`; the fp32 copies of 16-bit gradients the update makes (inside `temporary`); the
     most activations and W stash held at once (the two peak at different actions of a zero-bubble
     schedule); and what activations, stash and the loss hold at the loss's peak (0 off the last stage)."""
@@ -89,39 +100,72 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
     acts, core = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
     precision = config.get("precision", "fp32")
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
-    params = params_per_rank(model, tp, config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
-                             placement(config), config.get("ep", 1))
+    params = params_per_rank(
+        model,
+        tp,
+        config.get("pp", 1),
+        config.get("virtual_stages", 1),
+        pp_rank,
+        placement(config),
+        config.get("ep", 1),
+    )
     width = 4 if precision == "fp32" else 2
-    states = {**zero_states(config, model, params, shards, pp_rank),
-              **buffer_bytes(model, params, shards, config.get("zero", 0), config.get("bucket_mb", 25.0),
-                             width, config.get("prefetch", True), config.get("backend") == "gloo")}
+    states = {
+        **zero_states(config, model, params, shards, pp_rank),
+        **buffer_bytes(
+            model,
+            params,
+            shards,
+            config.get("zero", 0),
+            config.get("bucket_mb", 25.0),
+            width,
+            config.get("prefetch", True),
+            config.get("backend") == "gloo",
+        ),
+    }
     masters = 4 * params if grad_width(config) < 4 else 0.0
     states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
-    if config.get("grad_compression", "none") != "none" and shards > 1:  # every bucket's 16-bit copy,
+    if (
+        config.get("grad_compression", "none") != "none" and shards > 1
+    ):  # every bucket's 16-bit copy,
         states["comm_buffer"] += 2 * params  # in flight until wait() after backward
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
     rc = config.get("recompute", "none")
-    if config.get("attention", "eager") == "sdpa":  # the fused kernel keeps no probabilities (validated: rc none)
+    if (
+        config.get("attention", "eager") == "sdpa"
+    ):  # the fused kernel keeps no probabilities (validated: rc none)
         rc = "fused"
-    device = config.get("device", "cpu")  # config.json's resolved device: CUDA's kernels save other extras
+    device = config.get(
+        "device", "cpu"
+    )  # config.json's resolved device: CUDA's kernels save other extras
     loss = loss_bytes(acts, micro, width, tp)
-    logits = width * acts.seq_len * micro * (acts.vocab_size // tp)  # saved until the loss's backward unpacks them
+    logits = (
+        width * acts.seq_len * micro * (acts.vocab_size // tp)
+    )  # saved until the loss's backward unpacks them
     if config.get("pp", 1) == 1 and m == 1:
         act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
-        kept = stage_activation_bytes(acts, micro, 0, 1, width, tp, sp, rc, device, core)  # a rerun's rise comes later
+        kept = stage_activation_bytes(
+            acts, micro, 0, 1, width, tp, sp, rc, device, core
+        )  # a rerun's rise comes later
         return {**states, "activation": act, "loss": loss}, masters, act, kept - logits + loss
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
     sched = run_schedule(config)
-    stage_bytes = {k: stage_activation_bytes(acts, micro, k, sched.stages, width, tp, sp, rc, device, core)
-                   for k in range(sched.stages)}
-    extra = {k: backward_extra_bytes(acts, micro, k == sched.stages - 1, width, tp, sp, rc, device, core)
-             for k in range(sched.stages)}
+    stage_bytes = {
+        k: stage_activation_bytes(acts, micro, k, sched.stages, width, tp, sp, rc, device, core)
+        for k in range(sched.stages)
+    }
+    extra = {
+        k: backward_extra_bytes(acts, micro, k == sched.stages - 1, width, tp, sp, rc, device, core)
+        for k in range(sched.stages)
+    }
     layers = model.layers // sched.stages
-    stash = {k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
-             for k in range(sched.stages)}
+    stash = {
+        k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
+        for k in range(sched.stages)
+    }
     live = peak = stashed = peak_stash = together = at_loss = 0.0
     last = sched.stages - 1
     for a in sched.actions[pp_rank]:
@@ -129,32 +173,61 @@ def _categories(config: dict[str, Any], pp_rank: int) -> tuple[dict[str, float],
             live += stage_bytes[a.stage]
             peak = max(peak, live)
         elif a.kind in ("B", "I"):
-            if a.stage == last:  # the loss's backward starts this one: its logits unpacked, its bytes held
+            if (
+                a.stage == last
+            ):  # the loss's backward starts this one: its logits unpacked, its bytes held
                 at_loss = max(at_loss, live + stashed - logits + loss)
             peak = max(peak, live + extra[a.stage])
             together = max(together, live + extra[a.stage] + stashed)
             live -= stage_bytes[a.stage]
-        if a.kind in ("I", "W"):  # the zero-bubble split: I stashes each Linear's input and output gradient
+        if a.kind in (
+            "I",
+            "W",
+        ):  # the zero-bubble split: I stashes each Linear's input and output gradient
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
         together = max(together, live + stashed)
     holds_loss = any(a.stage == last for a in sched.actions[pp_rank])
-    return ({**states, "activation": peak, "loss": loss if holds_loss else 0.0, "wgrad_stash": peak_stash}, masters,
-            together, at_loss)
+    return (
+        {
+            **states,
+            "activation": peak,
+            "loss": loss if holds_loss else 0.0,
+            "wgrad_stash": peak_stash,
+        },
+        masters,
+        together,
+        at_loss,
+    )
 
 
-def zero_states(config: dict[str, Any], model: ModelConfig, params: float, shards: int,
-                pp_rank: int) -> dict[str, float]:
+def zero_states(
+    config: dict[str, Any], model: ModelConfig, params: float, shards: int, pp_rank: int
+) -> dict[str, float]:
     """Model states per rank: `model_state_bytes` over the ranks holding the same parameters; under expert
     parallelism with ZeRO the dense slices over dp, the experts' over edp (dp/ep ranks)."""
-    ep, zero, precision = config.get("ep", 1), config.get("zero", 0), config.get("precision", "fp32")
+    ep, zero, precision = (
+        config.get("ep", 1),
+        config.get("zero", 0),
+        config.get("precision", "fp32"),
+    )
     offload = bool(config.get("offload_optimizer")) and zero > 0
     if ep == 1 or not zero:
         return model_state_bytes(params, shards, zero, precision, grad_width(config), offload)
-    whole = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
-                            placement(config))
-    experts = (whole - params) / (ep - 1)  # this rank's E/ep experts: the whole model's experts less theirs
-    dense = model_state_bytes(params - experts, shards, zero, precision, grad_width(config), offload)
+    whole = params_per_rank(
+        model,
+        config.get("tp", 1),
+        config.get("pp", 1),
+        config.get("virtual_stages", 1),
+        pp_rank,
+        placement(config),
+    )
+    experts = (whole - params) / (
+        ep - 1
+    )  # this rank's E/ep experts: the whole model's experts less theirs
+    dense = model_state_bytes(
+        params - experts, shards, zero, precision, grad_width(config), offload
+    )
     sharded = model_state_bytes(experts, shards // ep, zero, precision, grad_width(config), offload)
     return {k: dense[k] + sharded[k] for k in dense}
 
@@ -165,8 +238,14 @@ def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     if not config.get("offload_optimizer") or not config.get("zero", 0):
         return {}
     model = run_model(config)
-    params = params_per_rank(model, config.get("tp", 1), config.get("pp", 1), config.get("virtual_stages", 1), pp_rank,
-                             placement(config))
+    params = params_per_rank(
+        model,
+        config.get("tp", 1),
+        config.get("pp", 1),
+        config.get("virtual_stages", 1),
+        pp_rank,
+        placement(config),
+    )
     return offload_host_bytes(params, config["dp"] * config.get("cp", 1))
 
 
@@ -175,21 +254,29 @@ def cp_local(model: ModelConfig, cp: int, rotate: str = "ring") -> tuple[ModelCo
     core that saves them ("ring", "allgather:CP"; "eager" without context parallelism)."""
     if cp == 1:
         return model, "eager"
-    return replace(model, seq_len=model.seq_len // cp), ("ring" if rotate == "ring" else f"allgather:{cp}")
+    return replace(model, seq_len=model.seq_len // cp), (
+        "ring" if rotate == "ring" else f"allgather:{cp}"
+    )
 
 
 def placement(config: dict[str, Any]) -> str:
     """Which rank holds which stage: "v" for ZBV (and a CSV schedule in a V), else "loop"."""
     if config.get("pp", 1) == 1:
         return "loop"
-    return run_schedule(config).placement if str(config.get("schedule", "")).startswith("csv:") else \
-        ("v" if config.get("schedule") == "zbv" else "loop")
+    return (
+        run_schedule(config).placement
+        if str(config.get("schedule", "")).startswith("csv:")
+        else ("v" if config.get("schedule") == "zbv" else "loop")
+    )
 
 
 def grad_width(config: dict[str, Any]) -> int:
     """Bytes per gradient value: 4 for fp32 runs and for 16-bit ones with fp32 main gradients (the
     default), 2 when a 16-bit run reduces in 16 bits."""
-    if config.get("precision", "fp32") == "fp32" or config.get("grad_reduce_dtype", "fp32") == "fp32":
+    if (
+        config.get("precision", "fp32") == "fp32"
+        or config.get("grad_reduce_dtype", "fp32") == "fp32"
+    ):
         return 4
     return 2
 
@@ -216,16 +303,24 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     boundary), the loss brought to every stage and the gradient norm's share."""
     model = run_model(config)
     dp, tp, pp, cp = config["dp"], config.get("tp", 1), config.get("pp", 1), config.get("cp", 1)
-    v, m, sp = config.get("virtual_stages", 1), config.get("microbatches", 1), config.get("sequence_parallel", False)
+    v, m, sp = (
+        config.get("virtual_stages", 1),
+        config.get("microbatches", 1),
+        config.get("sequence_parallel", False),
+    )
     local = params_per_rank(model, tp, pp, v, pp_rank, placement(config), config.get("ep", 1))
     zero, group = config.get("zero", 0), replica_group(cp)
     wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
-    if zero and dp * cp > 1:  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+    if (
+        zero and dp * cp > 1
+    ):  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
         scatters = m if zero == 2 else 1
-        out: dict[str, dict[str, float]] = {"all_reduce": {group: 4 + 4},
-                                            "reduce_scatter": {group: 4 * local * scatters},
-                                            "all_gather": {group: 4 * local * (2 if zero == 3 else 1)}}
+        out: dict[str, dict[str, float]] = {
+            "all_reduce": {group: 4 + 4},
+            "reduce_scatter": {group: 4 * local * scatters},
+            "all_gather": {group: 4 * local * (2 if zero == 3 else 1)},
+        }
     elif dp * cp > 1:
         out = {"all_reduce": {group: 4 + wire * local}}
     else:  # one replica: no gradient to average and no loss to sum (a group of one rank is not called)
@@ -237,17 +332,42 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     layers = model.layers // stages * len(mine)
     width = 4 if config.get("precision", "fp32") == "fp32" else 2
     acts, _ = cp_local(model, cp)
-    tp_bytes = tp_comm_bytes_per_step(acts, micro, tp, sp, m, layers, 0 in mine, stages - 1 in mine, width,
-                                      config.get("recompute", "none"), grad_width(config), model.seq_len)
+    tp_bytes = tp_comm_bytes_per_step(
+        acts,
+        micro,
+        tp,
+        sp,
+        m,
+        layers,
+        0 in mine,
+        stages - 1 in mine,
+        width,
+        config.get("recompute", "none"),
+        grad_width(config),
+        model.seq_len,
+    )
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
-    if model.experts:  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
+    if (
+        model.experts
+    ):  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
         moe_comm_bytes(out, config, model, micro, layers, wire)
-    for op, nbytes in cp_comm_bytes_per_step(model.seq_len, micro, model.kv_dim, cp, layers, m, tp, width,
-                                             config.get("cp_rotate", "ring"),
-                                             config.get("recompute", "none") != "none").items():
+    for op, nbytes in cp_comm_bytes_per_step(
+        model.seq_len,
+        micro,
+        model.kv_dim,
+        cp,
+        layers,
+        m,
+        tp,
+        width,
+        config.get("cp_rotate", "ring"),
+        config.get("recompute", "none") != "none",
+    ).items():
         out.setdefault(op, {})["cp"] = nbytes
-    if config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1:  # the overflow flag, max: world
+    if (
+        config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1
+    ):  # the overflow flag, max: world
         out.setdefault("all_reduce", {})["world"] = 4
     if pp > 1:
         buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width

@@ -33,8 +33,13 @@ from workbench.predict.formulas.comm import bubble_fraction
 from workbench.schedules.actions import Schedule
 from workbench.schedules.simulator import simulate
 
-RATES = {"gpipe": "(p − 1)/m", "1f1b": "(p − 1)/m", "interleaved": "(p − 1)/(v·m)", "zbh1": "(p − 1)/3m",
-         "zbv": "0"}
+RATES = {
+    "gpipe": "(p − 1)/m",
+    "1f1b": "(p − 1)/m",
+    "interleaved": "(p − 1)/(v·m)",
+    "zbh1": "(p − 1)/3m",
+    "zbv": "0",
+}
 
 
 def bubble_rate(schedule: str, p: int, m: int, v: int = 1) -> float:
@@ -70,8 +75,15 @@ def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
     return schedule_bubble_fraction(build_schedule(schedule, p, m, v))
 
 
-def wgrad_stash_bytes(cfg: ModelConfig, micro_batch: int, layers: int, last: bool, bytes_per_value: int = 4,
-                      tp: int = 1, sequence_parallel: bool = False) -> float:
+def wgrad_stash_bytes(
+    cfg: ModelConfig,
+    micro_batch: int,
+    layers: int,
+    last: bool,
+    bytes_per_value: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
     """Bytes one microbatch's I leaves stashed for its W on a stage of `layers` blocks (`last`: with the
     head)."""
     h, f, t, tokens = cfg.hidden, cfg.inner, tp, cfg.seq_len * micro_batch
