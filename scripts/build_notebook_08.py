@@ -306,13 +306,17 @@ def hosting():  # an agent has opened the rendezvous store at the endpoint
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))) == 0
 
-first = machine()
+first = machine()      # it hosts the rendezvous store, so it is the machine that stays
 wait_for("the first machine's agent to host the rendezvous store", hosting)
 second = machine()
 wait_for("steps on two machines", lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in rows()))
+before = max(r["attempt"] for r in rows())
 second.kill()          # the machine goes: its agent, then (parent-death signals) its torchrun and rank
 second.wait()
-wait_for("the run to go on with one machine", lambda: any(r["world_size"] == 1 for r in rows()))
+# three steps of the survivors' own attempt: one of them ends on a checkpoint (every 2 steps), so the rejoined
+# run resumes after it and keeps them (rows of an earlier attempt on one machine would not show they went on)
+wait_for("the run to go on with one machine",
+         lambda: sum(r["world_size"] == 1 and r["attempt"] > before for r in rows()) >= 3)
 second = machine()     # it comes back
 for agent in (first, second):
     out, _ = agent.communicate(timeout=240)
@@ -320,7 +324,9 @@ for agent in (first, second):
 elastic = pd.DataFrame(rows())[["step", "world_size", "attempt", "loss"]]
 worlds = list(elastic.world_size)
 phases = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
-viz.check("two machines, then one, then two again", "list(world_sizes) == [2, 1, 2]", world_sizes=phases)
+# (the first round closes 2 s after the first agent joins: a second machine slower to start than that joins the
+# next round, and the chart then begins with one machine)
+viz.check("two machines, then one, then two again", "list(world_sizes)[-3:] == [2, 1, 2]", world_sizes=phases)
 viz.check("every step once, redone steps replacing the lost ones", "list(steps) == list(range(24))",
           steps=list(elastic.step))
 # the same request without the machine lost: the same global batch each step, split over the ranks there are
