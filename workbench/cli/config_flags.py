@@ -17,16 +17,18 @@ import typing
 from workbench.config import RunConfig
 
 #: the field types a flag here parses (argparse converts the text with them)
-FLAG_TYPES = (int, float, str)
+FLAG_TYPES: tuple[type, ...] = (int, float, str)
 
 
 @functools.cache
 def field_help() -> dict[str, str]:
-    """Each documented RunConfig field's comment: the `#:` lines just above it, joined."""
+    """Each documented RunConfig field's comment: the `#:` lines just above it, joined (read from the source of
+    RunConfig and of any dataclass it extends)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
+    classes = [c for c in reversed(RunConfig.__mro__) if dataclasses.is_dataclass(c)]
     helps: dict[str, str] = {}
     comment: list[str] = []
-    for line in inspect.getsource(RunConfig).splitlines():
+    for line in "\n".join(inspect.getsource(c) for c in classes).splitlines():
         text = line.strip()
         if text.startswith("#:"):
             comment.append(text[2:].strip())
@@ -41,15 +43,14 @@ def field_help() -> dict[str, str]:
 def field_type(name: str) -> type:
     """The type a flag for field `name` parses: the field's annotation, less None (`str | None` → str)."""
     hint = typing.get_type_hints(RunConfig)[name]
-    kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
-    if len(kinds) != 1 or kinds[0] not in FLAG_TYPES:
-        raise TypeError(
-            f"RunConfig.{name}: {hint} is not one of {FLAG_TYPES} (or one of them | None)"
-        )
-    return kinds[0]
+    for kind in FLAG_TYPES:
+        if hint in (kind, kind | None):
+            return kind
+    raise TypeError(f"RunConfig.{name}: {hint} is not one of {FLAG_TYPES} (or one of them | None)")
 
 
 def field_default(name: str) -> object:
+    """The field's default (RunConfig's fields that become flags here have plain ones)."""
     (field,) = [f for f in dataclasses.fields(RunConfig) if f.name == name]
     return field.default
 
