@@ -1,8 +1,8 @@
-"""What the `workbench` subcommands do (cli/parser.py parses): run, compare, show, report.
+"""The subcommands that launch runs: run (its flags parsed by cli/run_command.py) and compare.
 
-Exit codes: 0 done, 1 a run failed (or `show` found an unfinished run), 2 bad input (a configuration, a
-directory that is not a run, an earlier run that --force would replace), 130 interrupted (Ctrl-C,
-SIGTERM or SIGHUP: torchrun and its ranks are stopped, and what they wrote stays).
+Exit codes: 0 done, 1 a run failed, 2 bad input (a configuration, an earlier run that --force would
+replace), 130 interrupted (Ctrl-C, SIGTERM or SIGHUP: torchrun and its ranks are stopped, and what they
+wrote stays).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from workbench.cli.run_command import parse_run
+from workbench.cli.run_dir_commands import print_summary
 from workbench.config import ConfigError, ModelConfig, RunConfig
 
 
@@ -28,53 +29,6 @@ def shown_config(config: RunConfig) -> dict[str, Any]:
 def absolute_csv(schedule: str) -> str:
     """csv:FILE with FILE made absolute: every rank (and every later reader of config.json) finds it."""
     return f"csv:{os.path.abspath(schedule[4:])}" if schedule.startswith("csv:") else schedule
-
-
-def cmd_schedule(a: argparse.Namespace) -> int:
-    """`workbench schedule show|export`: the schedule as data, validated, without starting a process."""
-    from workbench.schedules.build import (
-        build_schedule,
-        peak_in_flight,
-        peak_pending_w,
-        simulate,
-        validate,
-    )
-    from workbench.schedules.torch_csv import write_csv
-
-    try:
-        s = build_schedule(a.schedule, a.pp, a.microbatches, a.virtual_stages)
-    except ValueError as e:
-        print(f"workbench: {e}", file=sys.stderr)
-        return 2
-    if errors := validate(s):
-        print("workbench: invalid schedule: " + "; ".join(errors), file=sys.stderr)
-        return 1
-    if a.action == "show":
-        t = simulate(s, 1.0, 2.0, t_w=1.0)
-        print(s.grid())
-        print(
-            f"bubble rate at T_F = T_I = T_W: {t.bubble_rate():.4f}; activations in flight per rank "
-            f"{peak_in_flight(s)}; weight-gradient stashes per rank {peak_pending_w(s)}"
-        )
-        return 0
-    if a.format == "json":
-        text = json.dumps(s.to_dict(), indent=1)
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
-        else:
-            print(text)
-        return 0
-    if a.out:
-        write_csv(s, a.out)
-    else:
-        print(
-            "\n".join(
-                ",".join(str(x) for x in acts if x.kind in ("F", "B", "I", "W"))
-                for acts in s.actions
-            )
-        )
-    return 0
 
 
 class Stopped(KeyboardInterrupt):
@@ -143,6 +97,33 @@ def cmd_run(argv: list[str]) -> int:
     return 0
 
 
+def add_compare_arguments(cmp: argparse.ArgumentParser) -> None:
+    cmp.add_argument(
+        "configs",
+        nargs="+",
+        help='each a JSON object of RunConfig fields, e.g. \'{"dp": 2, "zero": 3}\', or a .json file',
+    )
+    cmp.add_argument(
+        "--out", default="traces/compare", help="where the runs, table.csv and report.html go"
+    )
+    cmp.add_argument(
+        "--force", action="store_true", help="replace the runs of an earlier comparison in --out"
+    )
+    cmp.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip measuring this machine (no time estimates)",
+    )
+    cmp.add_argument(
+        "--wandb",
+        nargs="?",
+        const="workbench",
+        default=None,
+        metavar="PROJECT",
+        help="also log the table to W&B as a run of its own (offline under OUT/wandb/ without a login)",
+    )
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     from workbench.studies.comparison import compare
 
@@ -194,103 +175,3 @@ def cmd_compare(a: argparse.Namespace) -> int:
             f"W&B: the table logged to project {a.wandb!r} (offline runs: wandb sync {a.out}/wandb/offline-run-*)"
         )
     return 0
-
-
-def cmd_merge(run_dir: str) -> int:
-    """Rebuild trace.json (and any rank trace its stream still holds): 0, or 1 naming a file that stays damaged."""
-    from workbench.trace.merge import DamagedTrace, rebuild
-
-    if not os.path.isdir(run_dir):
-        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
-        return 2
-    try:
-        recovered, merged = rebuild(run_dir)
-    except DamagedTrace as e:
-        print(f"workbench: {e}", file=sys.stderr)
-        return 1
-    if recovered:
-        print(
-            f"rank trace(s) rebuilt from their streams: {', '.join(f'rank {r}' for r in recovered)}"
-        )
-    print(f"merged: {merged}" if merged else f"{run_dir} holds no rank traces to merge")
-    return 0
-
-
-def cmd_show(run_dir: str) -> int:
-    """A finished run's summary (0); an unfinished one's steps, errors and files (1); no run (2)."""
-    from workbench.analysis.run import load
-
-    if not os.path.isdir(run_dir):
-        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
-        return 2
-    if not any(os.path.exists(os.path.join(run_dir, n)) for n in ("request.json", "config.json")):
-        print(f"workbench: {run_dir} is not a workbench run (no request.json)", file=sys.stderr)
-        return 2
-    from workbench.trace.merge import damaged_traces
-
-    damaged = damaged_traces(run_dir)
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
-        print_summary(run_dir)
-        for problem in damaged:
-            print(f"damaged: {problem}")
-        return 1 if damaged else 0
-    for problem in damaged:
-        print(f"damaged: {problem}")
-    run = load(run_dir)
-    m = run.metrics
-    print(
-        f"{run_dir}: this run did not finish (no summary.json); {len(m)} step(s) recorded"
-        + (f", loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}" if len(m) else "")
-    )
-    for e in sorted(run.errors, key=lambda e: (e.get("secondary", False), e.get("time", 0)))[:3]:
-        print(f"  rank {e['rank']}: {e['type']}: {e['message'][:300]}")
-    print("files: " + ", ".join(sorted(os.listdir(run_dir))))
-    print(f"why it stopped: workbench doctor {run_dir}")
-    return 1
-
-
-def cmd_report(run_dir: str, out: str | None) -> int:
-    if not os.path.isdir(run_dir):
-        print(f"workbench: no run directory at {run_dir}", file=sys.stderr)
-        return 2
-    from workbench.viz.report import write_run_report
-
-    print(f"report: {write_run_report(run_dir, out)}  (one file, opens in any browser)")
-    return 0
-
-
-def print_summary(run_dir: str) -> None:
-    from workbench.analysis.run import load
-
-    run = load(run_dir)
-    m = run.metrics
-    if len(m):
-        print(
-            f"steps {len(m)}: loss {m.loss.iloc[0]:.4f} → {m.loss.iloc[-1]:.4f}; "
-            f"median step {m.step_time_s.median() * 1e3:.1f} ms"
-        )
-    excluded = max((r.get("steps_excluded", 0) for r in run.summary.get("ranks", [])), default=0)
-    if excluded:
-        print(
-            f"(times below leave out the first {excluded} step(s): warm-up — --warmup-steps-excluded)"
-        )
-    for r in run.summary.get("ranks", []):
-        pk, pr = r["peak_bytes"], r["predicted_bytes"]
-        mem = ", ".join(f"{k} {pk.get(k, 0) / 1e6:.3f}/{pr[k] / 1e6:.3f} MB" for k in pr)
-        print(
-            f"rank {r['rank']}: compute {r['compute_s']:.3f}s, comm {r['comm_s']:.3f}s "
-            f"({r['overlap_s']:.3f}s under compute), idle {r['idle_s']:.3f}s; measured/predicted: {mem}"
-        )
-    files = [
-        f
-        for f in ("metrics.jsonl", "summary.json", "trace.json")
-        if os.path.exists(os.path.join(run_dir, f))
-    ]
-    files += (
-        ["trace_rank*.json"] if any(f.startswith("trace_rank") for f in os.listdir(run_dir)) else []
-    )
-    print(f"\nresults in {run_dir}/ : {', '.join(files)}")
-    print("open trace.json at https://ui.perfetto.dev (Open trace file), or in Jupyter:")
-    print(
-        f"  import workbench as wb; run = wb.load({run_dir!r}); from workbench import viz; viz.timeline(run)"
-    )

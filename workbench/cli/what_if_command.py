@@ -16,29 +16,33 @@ from __future__ import annotations
 import argparse
 import sys
 
+from workbench.cli.config_flags import add_config_flag
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "what-if", help="predict a run in another configuration by replaying its edited trace"
-    )
+#: the what-if's changes that are RunConfig fields, each a flag of the field's (cli/config_flags.py), in the
+#: order `workbench what-if --help` lists them; the straggler (a rank and its sleep) is the what-if's own
+CONFIG_CHANGES = (
+    "dp",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "bucket_mb",
+    "emulate_link",
+    "ranks_per_node",
+)
+#: what a flag means to a what-if, beside the field's comment
+NOTES = {
+    "dp": "a what-if keeps the global batch",
+    "microbatches": "a what-if edits it on a pipeline run (pp > 1) only",
+    "schedule": "a what-if edits it on a pipeline run (pp > 1) only",
+    "virtual_stages": "a what-if edits it on a pipeline run (pp > 1) only",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """RUN, a flag for each change (default None: as the run was), --straggler, --no-calibrate."""
     p.add_argument("run_dir")
-    p.add_argument(
-        "--dp", type=int, default=None, help="data-parallel replicas (the global batch kept)"
-    )
-    p.add_argument("--microbatches", type=int, default=None, help="a pipeline run's micro-batches")
-    p.add_argument(
-        "--schedule",
-        default=None,
-        help="a pipeline run's schedule: gpipe, 1f1b, interleaved, zbh1, zbv",
-    )
-    p.add_argument("--virtual-stages", type=int, default=None, help="interleaved: chunks per rank")
-    p.add_argument(
-        "--bucket-mb", type=float, default=None, help="data-parallel gradient bucket size, MB"
-    )
-    p.add_argument(
-        "--emulate-link", default=None, help="emulated links, as `workbench run --emulate-link`"
-    )
-    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per emulated machine")
+    for name in CONFIG_CHANGES:
+        add_config_flag(p, name, default=None, note=NOTES.get(name))
     p.add_argument(
         "--straggler",
         nargs=2,
@@ -54,23 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    """`workbench what-if`: the changes asked for, replayed (after a calibration on a CPU run); 2 on bad input."""
     import workbench as wb
     from workbench.analysis.run import Run
     from workbench.config import ConfigError
 
-    changes = {
-        k: v
-        for k, v in {
-            "dp": a.dp,
-            "microbatches": a.microbatches,
-            "schedule": a.schedule,
-            "virtual_stages": a.virtual_stages,
-            "bucket_mb": a.bucket_mb,
-            "emulate_link": a.emulate_link,
-            "ranks_per_node": a.ranks_per_node,
-        }.items()
-        if v is not None
-    }
+    changes = {k: getattr(a, k) for k in CONFIG_CHANGES if getattr(a, k) is not None}
     if a.straggler:
         changes["straggler"] = (int(a.straggler[0]), float(a.straggler[1]))
     try:
