@@ -69,7 +69,7 @@ class OpNode:
     step: int
     cost_us: float
     queue: tuple[Any, ...] | None  # operations on one queue complete one after another, in `order`
-    order: int = 0
+    order: float = 0.0  # place in its queue: a split operation slots its parts between two others
     label: str = ""
     emulated_s: float = 0.0
     extra_us: dict[int, float] = field(
