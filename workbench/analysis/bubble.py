@@ -152,9 +152,11 @@ def action_costs(cost: dict[tuple[int, str], float], gap: dict[int, float]) -> A
     return f
 
 
-def _levels(sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str) -> list[float]:
-    """The simulated bubble with the measured costs added one at a time: compute, transfers, host gaps,
-    entry skew."""
+def _levels(
+    sched: Schedule, inputs: dict[str, Any], t_comm: float, rule: str
+) -> list[tuple[float, float]]:
+    """The simulated bubble, as (idle fraction, idle rate), with the measured costs added one at a time:
+    compute, transfers, host gaps, entry skew."""
     cost, gap = inputs["cost"], inputs["gap"]
 
     def bubble_of(with_gaps: bool, t: float, start: list[float] | None) -> tuple[float, float]:

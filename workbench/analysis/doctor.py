@@ -22,10 +22,13 @@ from workbench.measure.gpu_health import HARMFUL
 
 
 def _errors(run_dir: str) -> dict[int, dict[str, Any]]:
-    out = {}
+    out: dict[int, dict[str, Any]] = {}
     for path in glob.glob(os.path.join(run_dir, "error_rank*.json")):
+        m = re.search(r"error_rank(\d+)", path)
+        if m is None:  # the glob's * matched something other than a rank's number
+            continue
         with open(path) as f:
-            out[int(re.search(r"error_rank(\d+)", path).group(1))] = json.load(f)
+            out[int(m.group(1))] = json.load(f)
     return out
 
 
@@ -42,8 +45,8 @@ def behind(errors: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     for rank, err in errors.items():
         for entry in err.get("last_collectives", []):
             key = (entry["group"], tuple(entry["group_ranks"] or ()))
-            newest = groups.setdefault(key, {}).get(rank)
-            if newest is None or (entry["seq"] or 0) >= (newest["seq"] or 0):
+            held = groups.setdefault(key, {}).get(rank)
+            if held is None or (entry["seq"] or 0) >= (held["seq"] or 0):
                 groups[key][rank] = entry
     report = []
     for (name, members), newest in sorted(groups.items()):
@@ -95,7 +98,7 @@ def balance(run_dir: str) -> list[str]:
         steps = max(1, json.load(f)["steps"] - timed[0].get("steps_excluded", 0))
     own = {r["rank"]: (r["compute_s"] + r["idle_s"]) / steps for r in timed}
     waits = {r["rank"]: r["exposed_comm_s"] / steps for r in timed}
-    slow = max(own, key=own.get)
+    slow = max(own, key=own.__getitem__)
     others = [r for r in own if r != slow]
     excess = own[slow] - sorted(own[r] for r in others)[len(others) // 2]
     step_s = timed[0]["step_time_s"]

@@ -64,6 +64,7 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
             node = graph.ops.get(k)
             if node is None:
                 return None
+            key: tuple[Any, ...]
             if k[0] == "p2p":
                 key = ("p2p", k[1], c1["dp"])
                 if key not in ops:
@@ -130,7 +131,7 @@ def _scaled(
     for it in program:
         it = dataclasses.replace(it, meta=dict(it.meta))
         if it.kind == "busy":
-            kind = it.meta.get("kind")
+            kind = it.meta.get("kind", "")
             scale = {"forward": forward, "recompute": forward, "backward": backward}.get(kind, 1.0)
             scale = tokens if kind == "optimizer" and zero else scale
             it.us *= scale * (ratio if kind != "straggler" else 1.0)

@@ -69,7 +69,7 @@ class OpNode:
     step: int
     cost_us: float
     queue: tuple[Any, ...] | None  # operations on one queue complete one after another, in `order`
-    order: int = 0
+    order: float = 0.0  # place in its queue: a split operation slots its parts between two others
     label: str = ""
     emulated_s: float = 0.0
     extra_us: dict[int, float] = field(
@@ -138,9 +138,8 @@ class _Rank:
         }
         #: key → (issue µs, completion µs or None, args)
         self.issued: dict[tuple[Any, ...], tuple[float, float | None, dict[str, Any]]] = {}
-        self.blocks: list[
-            tuple[float, float, tuple[Any, ...], dict[str, Any]]
-        ] = []  # (start, end, keys, args)
+        # (start, end, keys, args)
+        self.blocks: list[tuple[float, float, tuple[Any, ...], dict[str, Any]]] = []
         self.blocking: set[tuple[Any, ...]] = set()
         by_launch: dict[float, list[tuple[Any, ...]]] = {}
         by_seq: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -156,17 +155,16 @@ class _Rank:
             if e.get("ph") != "X":
                 continue
             a = e.get("args", {})
-            if (
-                e.get("tid") == LANES["comm"] and e.get("cat") == "collective" and "seq" in a
-            ):  # blocking
+            # blocking
+            if e.get("tid") == LANES["comm"] and e.get("cat") == "collective" and "seq" in a:
                 k = _key(a)
                 self.issued[k] = (e["ts"], e["ts"] + e["dur"], a)
                 self.blocking.add(k)
                 self.blocks.append((e["ts"], e["ts"] + e["dur"], (k,), a))
             elif e.get("tid") == LANES["wait"] and e.get("cat") == "wait" and "op" in a:
-                k = by_seq.get((a["op"], a["group"], a.get("seq"), a.get("step")))
-                if k is not None:  # the batch: every operation posted with it
-                    batch = tuple(by_launch[round(self.issued[k][0], 1)])
+                posted = by_seq.get((a["op"], a["group"], a.get("seq"), a.get("step")))
+                if posted is not None:  # the batch: every operation posted with it
+                    batch = tuple(by_launch[round(self.issued[posted][0], 1)])
                     self.blocks.append((e["ts"], e["ts"] + e["dur"], batch, a))
         self.tagged = sorted(
             [
@@ -185,9 +183,8 @@ class _Rank:
     def pieces(self, a: float, b: float) -> list[tuple[float, str, dict[str, Any]]]:
         """[a, b) cut by the tagged spans: (length, tag, args); the innermost span wins, untagged is 'host'."""
         cuts = {a, b}
-        lo = max(
-            0, bisect.bisect_left(self.tag_starts, a) - 64
-        )  # spans starting earlier may still cover a
+        # spans starting earlier may still cover a
+        lo = max(0, bisect.bisect_left(self.tag_starts, a) - 64)
         hi = bisect.bisect_right(self.tag_starts, b)
         near = [t for t in self.tagged[lo:hi] if t[1] > a and t[0] < b]
         for s, e, _, _ in near:
@@ -208,15 +205,14 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
     """The rank's items from the start of its first step in `steps` to the end of its last, and per step
     the measured compute / blocked / host time."""
     lo, hi = r.steps[steps[0]][0], r.steps[steps[-1]][1]
-    points: list[
-        tuple[float, int, Item, float]
-    ] = []  # (time, order at a tie, item, end of a block)
+    # (time, order at a tie, item, end of a block)
+    points: list[tuple[float, int, Item, float]] = []
     for k in steps:
         points.append((r.steps[k][0], 0, Item("mark", tag="start", step=k), 0.0))
         points.append((r.steps[k][1], 3, Item("mark", tag="end", step=k), 0.0))
-    for k, (t, _, a) in r.issued.items():
+    for key, (t, _, a) in r.issued.items():
         if lo <= t <= hi:
-            points.append((t, 1, Item("issue", keys=(k,), step=a.get("step", -1)), 0.0))
+            points.append((t, 1, Item("issue", keys=(key,), step=a.get("step", -1)), 0.0))
     for s, e, keys, a in r.blocks:
         if lo <= s <= hi:
             points.append(
@@ -406,7 +402,8 @@ def _operations(
             start, slot = workers.start(node.queue, m, last) if node.queue else (last, 0)
             c = measured.get((node.key, m))
             if c is None:  # not recorded on this member: the earliest any member recorded
-                c = earliest[node.key] if earliest[node.key] is not None else start
+                first = earliest[node.key]
+                c = first if first is not None else start
             costs[m] = max(0.0, c - start)
             if node.queue:
                 workers.done(node.queue, m, slot, start + costs[m])
@@ -454,19 +451,20 @@ class Completions:
                 )
             return
         for m in _completing(node):
-            self._advance((node.queue, m), m)
+            self._advance(node.queue, m)
 
-    def _advance(self, q: tuple[Any, ...], m: int) -> None:
-        """Complete the queue's head, in order, as far as its members have issued."""
-        queue = self.queues[q]
-        while self.head[q] < len(queue):
-            node = queue[self.head[q]]
+    def _advance(self, queue: tuple[Any, ...], m: int) -> None:
+        """Complete the head of member m's queue, in order, as far as its members have issued."""
+        q = (queue, m)
+        nodes = self.queues[q]
+        while self.head[q] < len(nodes):
+            node = nodes[self.head[q]]
             times = self.issued.get(node.key, {})
             if set(times) < set(node.members):
                 return
-            start, slot = self.workers.start(node.queue, m, max(times.values()))
+            start, slot = self.workers.start(queue, m, max(times.values()))
             self.done[(node.key, m)] = start + node.cost_us + node.extra_us.get(m, 0.0)
-            self.workers.done(node.queue, m, slot, self.done[(node.key, m)])
+            self.workers.done(queue, m, slot, self.done[(node.key, m)])
             self.head[q] += 1
 
 

@@ -75,7 +75,10 @@ def unreported_ranks(run_dir: str, world_size: int, since: float = 0.0) -> list[
     shrank) or an earlier launch's reservation is not this launch's rank."""
     ranks = []
     for path in glob.glob(os.path.join(run_dir, ".error_rank*.reserved")):
-        rank = int(re.search(r"error_rank(\d+)\.reserved", path).group(1))
+        m = re.search(r"error_rank(\d+)\.reserved", path)
+        if m is None:  # the glob's * matched something other than a rank's number
+            continue
+        rank = int(m.group(1))
         if rank >= world_size or os.path.getmtime(path) < since:
             continue
         if not os.path.exists(os.path.join(run_dir, f"error_rank{rank}.json")):

@@ -193,8 +193,8 @@ def memory_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
             if ts in totals and a > 0
         }
         if matched:
-            at_peak = max(matched.values())
-            out["unattributed_bytes"] = at_peak[0] - at_peak[1]
+            allocated_bytes, tracked_bytes = max(matched.values())
+            out["unattributed_bytes"] = allocated_bytes - tracked_bytes
             out["attributed_share_min"] = min(t / a for a, t in matched.values())
     if true_peak is not None:
         out["true_peak"] = at_true_peak(events, true_peak)

@@ -133,7 +133,7 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         graph = resize_dp(graph, int(changes["dp"]), stretch_of, hardware, notes)
     edited = replay(graph)
     predicted = edited.step_us
-    pipeline = {
+    pipeline: dict[str, Any] = {
         k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes
     }
     if pipeline:

@@ -23,9 +23,9 @@ class TokenFile:
     from the held-out generator stream, so evaluating never moves the training batches."""
 
     def __init__(self, spec: str, val_data: str | None = None, part: str = "train") -> None:
-        kind, path = parse_data(spec)
+        kind, path = _file(spec)
         where, start, end = split(spec, val_data, len(token_array(kind, path)), part)
-        self.kind, self.path = parse_data(where)
+        self.kind, self.path = _file(where)
         self.part = part
         tokens = token_array(self.kind, self.path)
         self.tokens = tokens[start : len(tokens) if end < 0 else end]  # a view of the memory map
@@ -39,8 +39,16 @@ class TokenFile:
         offsets = torch.randint(0, len(self.tokens) - seq_len - 1, (batch,), generator=g).tolist()
         if rows is not None:
             offsets = offsets[rows[0] : rows[1]]
-        rows = np.stack(
+        windows = np.stack(
             [np.asarray(self.tokens[o : o + seq_len + 1], dtype=np.int64) for o in offsets]
         )
-        window = torch.from_numpy(rows)
+        window = torch.from_numpy(windows)
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+def _file(spec: str) -> tuple[str, str]:
+    """(kind, path) of a data file's spec: 'bin' or 'text' (synthetic data has no file: data/synthetic.py)."""
+    kind, path = parse_data(spec)
+    if path is None:
+        raise ValueError(f"--data {spec}: no file to open (synthetic data is made, not read)")
+    return kind, path

@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ def matmul_sweep(
     for m, n, k in shapes:
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(k, n, dtype=dtype, device=device)
-        seconds = timed(lambda a=a, b=b: a @ b, repeats=repeats, warmup=1)
+        seconds = timed(partial(torch.matmul, a, b), repeats=repeats, warmup=1)
         out.append(
             {"m": m, "n": n, "k": k, "seconds": seconds, "flops_per_s": 2 * m * n * k / seconds}
         )
@@ -113,8 +114,11 @@ def step_ops(
     b, s, h, a, V = micro, cfg.seq_len, cfg.hidden, cfg.heads, cfg.vocab_size
     f, T, L = cfg.inner, micro * cfg.seq_len, cfg.layers
     w = torch.tensor([], dtype=dtype).element_size()
-    kw = {"dtype": dtype, "device": device}
-    x, ff = torch.randn(T, h, **kw), torch.randn(T, f, **kw)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, dtype=dtype, device=device)
+
+    x, ff = randn(T, h), randn(T, f)
     ops = []
     for name, i, o in (
         ("qkv matmul", h, 3 * h),
@@ -122,19 +126,19 @@ def step_ops(
         ("MLP up matmul", h, f),
         ("MLP down matmul", f, h),
     ):
-        inp, weight = (x if i == h else ff), torch.randn(i, o, **kw)
+        inp, weight = (x if i == h else ff), randn(i, o)
         ops.append(
             _op(
                 name,
                 "matmul",
                 2 * T * i * o,
                 (T * i + i * o + T * o) * w,
-                timed(lambda inp=inp, weight=weight: inp @ weight, repeats),
+                timed(partial(torch.matmul, inp, weight), repeats),
                 L,
             )
         )
-    q = torch.randn(b, a, s, h // a, **kw)
-    scores = torch.randn(b, a, s, s, **kw)
+    q = randn(b, a, s, h // a)
+    scores = randn(b, a, s, s)
     ops.append(
         _op(
             "attention core (q·kᵀ, p·v)",
@@ -155,7 +159,7 @@ def step_ops(
             L,
         )
     )
-    norm = torch.nn.LayerNorm(h, **kw)
+    norm = torch.nn.LayerNorm(h, dtype=dtype, device=device)
     with torch.no_grad():
         ops.append(
             _op(
@@ -177,7 +181,7 @@ def step_ops(
             L,
         )
     )
-    logits, target = torch.randn(T, V, **kw), torch.randint(V, (T,), device=device)
+    logits, target = randn(T, V), torch.randint(V, (T,), device=device)
     ops.append(
         _op(
             "cross-entropy",

@@ -32,12 +32,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 COMPUTE = ("F", "B", "I", "W")
-BACKWARD = (
-    "B",
-    "I",
-)  # what needs the gradient of the stage's output, and sends the input's gradient back
+# what needs the gradient of the stage's output, and sends the input's gradient back
+BACKWARD = ("B", "I")
 KINDS = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
 PLACEMENTS = ("loop", "v")
+
+# a transfer as both its sides name it: (F or B, from stage, to stage, microbatch)
+Transfer = tuple[str, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,8 @@ class Action:
     stage: int
     microbatch: int
     peer: int | None = None  # the other stage of a send or receive
-    batch: int | None = (
-        None  # transfers: the round they are posted in (one P2PBatch per round and rank)
-    )
+    # transfers: the round they are posted in (one P2PBatch per round and rank)
+    batch: int | None = None
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
@@ -67,10 +67,17 @@ class Action:
     def is_recv(self) -> bool:
         return self.kind.startswith("RECV")
 
-    def transfer(self) -> tuple[str, int, int, int]:
+    @property
+    def peer_stage(self) -> int:
+        """The other stage of a send or receive (a compute action has none)."""
+        if self.peer is None:
+            raise ValueError(f"{self.kind} of stage {self.stage} names no peer: it is no transfer")
+        return self.peer
+
+    def transfer(self) -> Transfer:
         """The transfer a send or receive takes part in: (F or B, from stage, to stage, microbatch) — the
         same on both sides."""
-        src, dst = (self.stage, self.peer) if self.is_send else (self.peer, self.stage)
+        src, dst = (self.stage, self.peer_stage) if self.is_send else (self.peer_stage, self.stage)
         return (self.kind[-1], src, dst, self.microbatch)
 
 

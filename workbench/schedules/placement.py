@@ -8,7 +8,7 @@ Two stages on one rank (a V's turn) get no transfer: the executor hands the tens
 
 from __future__ import annotations
 
-from workbench.schedules.actions import Action, Schedule
+from workbench.schedules.actions import Action, Schedule, Transfer
 
 
 def schedule_from_orders(
@@ -44,7 +44,7 @@ def _adjacent(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
     return actions
 
 
-def _transfer_in(s: Schedule, kind: str, stage: int, mb: int) -> tuple[str, int, int, int] | None:
+def _transfer_in(s: Schedule, kind: str, stage: int, mb: int) -> Transfer | None:
     """What a compute action needs from another rank: the activation into a forward, the gradient into
     a backward (B or I) — (F or B, from stage, to stage, microbatch); None at the pipeline's ends, for W,
     and from a stage on the same rank (handed over in memory)."""
@@ -54,7 +54,7 @@ def _transfer_in(s: Schedule, kind: str, stage: int, mb: int) -> tuple[str, int,
     return ("F" if kind == "F" else "B", src, stage, mb)
 
 
-def _transfer_out(s: Schedule, kind: str, stage: int, mb: int) -> tuple[str, int, int, int] | None:
+def _transfer_out(s: Schedule, kind: str, stage: int, mb: int) -> Transfer | None:
     """What a compute action sends to another rank (the mirror of `_transfer_in`)."""
     dst = stage + 1 if kind == "F" else stage - 1
     if kind == "W" or not 0 <= dst < s.stages or s.local(stage, dst):
@@ -70,11 +70,11 @@ def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
     and both ranks of a pair list their common transfers in the same (sorted) order: no tags needed. A
     rank with nothing to run in a round merges that round's transfers into its next batch."""
     pos = [0] * s.p
-    arrived: set[tuple[str, int, int, int]] = set()
+    arrived: set[Transfer] = set()
     actions: list[list[Action]] = [[] for _ in range(s.p)]
     rounds = 0
     while any(pos[r] < len(orders[r]) for r in range(s.p)):
-        sent: list[tuple[str, int, int, int]] = []
+        sent: list[Transfer] = []
         before = list(pos)
         for r in range(s.p):
             if pos[r] == len(orders[r]):

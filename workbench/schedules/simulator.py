@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from workbench.schedules.actions import Action, Item, P2PBatch, Schedule
+from workbench.schedules.actions import Action, Item, P2PBatch, Schedule, Transfer
 
 RULES = ("nccl", "gloo")
-Transfer = tuple[str, int, int, int]
 
 
 class ScheduleError(ValueError):
@@ -126,9 +125,10 @@ class _Streams:
             self.side.get(("recv" if a.is_send else "send", a.transfer())) for a in b.batch.actions
         ]
         starts = [None if o is None else self._started(o) for o in others]
-        if any(t is None for t in starts):
+        known = [t for t in starts if t is not None]
+        if len(known) < len(starts):
             return False
-        begin = max([b.started, *starts])
+        begin = max([b.started, *known])
         b.done = begin + self.t_comm + self.cost(b.rank, b.batch)[0]
         b.done_of = {a.transfer(): b.done for a in b.batch.actions}
         return True

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workbench.schedules.actions import BACKWARD, COMPUTE, KINDS, Action, Schedule
+from workbench.schedules.actions import BACKWARD, COMPUTE, KINDS, Action, Schedule, Transfer
 from workbench.schedules.simulator import ScheduleError, simulate
 
 
@@ -28,7 +28,8 @@ def validate(s: Schedule, rule: str = "nccl", batched: bool = True) -> list[str]
     if len(s.actions) != s.p:
         return [f"{len(s.actions)} action lists for {s.p} ranks"]
     errors = coverage(s)
-    sends, recvs = defaultdict(int), defaultdict(int)
+    sends: defaultdict[Transfer, int] = defaultdict(int)
+    recvs: defaultdict[Transfer, int] = defaultdict(int)
     for acts in s.actions:
         for a in acts:
             if a.is_send:
@@ -125,14 +126,14 @@ def _order_on_rank(s: Schedule, rank: int, a: Action, done: set[tuple[str, int, 
 def pair_order(s: Schedule) -> list[str]:
     """Transfers between two ranks posted in different orders by the sender and the receiver (NCCL,
     without tags, would match them by position)."""
-    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)
-    received: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    sent: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+    received: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
     for rank, acts in enumerate(s.actions):
         for a in acts:
             if a.is_send:
-                sent[(rank, s.rank_of(a.peer))].append(a.transfer())
+                sent[(rank, s.rank_of(a.peer_stage))].append(a.transfer())
             elif a.is_recv:
-                received[(s.rank_of(a.peer), rank)].append(a.transfer())
+                received[(s.rank_of(a.peer_stage), rank)].append(a.transfer())
     errors = []
     for (src, dst), order in sorted(sent.items()):
         theirs = received.get((src, dst), [])
@@ -146,6 +147,6 @@ def pair_order(s: Schedule) -> list[str]:
     return errors
 
 
-def _name(t: tuple[str, int, int, int]) -> str:
+def _name(t: Transfer) -> str:
     kind, src, dst, mb = t
     return f"{'activation' if kind == 'F' else 'gradient'} {src}→{dst} mb{mb}"

@@ -42,7 +42,8 @@ NEARLY_FULL = 1 << 20
 def full(e: BaseException, path: str | None = None) -> bool:
     """Whether `e` (or what caused it: DCP wraps its writers' errors) is a full disk — ENOSPC, or any failure
     while `path`'s filesystem has next to nothing free."""
-    seen, err = set(), e
+    seen: set[int] = set()
+    err: BaseException | None = e
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if (

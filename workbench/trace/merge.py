@@ -28,7 +28,10 @@ def recover_partials(run_dir: str) -> list[int]:
     """Turn every rank's crash sidecar that has no final trace into trace_rank{r}.json; return ranks."""
     recovered = []
     for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.partial.jsonl"))):
-        rank = int(re.search(r"trace_rank(\d+)\.partial", path).group(1))
+        m = re.search(r"trace_rank(\d+)\.partial", path)
+        if m is None:  # the glob's * matched something other than a rank's number
+            continue
+        rank = int(m.group(1))
         final = os.path.join(run_dir, f"trace_rank{rank}.json")
         if os.path.exists(final):
             os.remove(path)

@@ -34,7 +34,7 @@ def html_page(title: str, sections: list[tuple[str, go.Figure | pd.DataFrame | s
             )
             first = False
         elif isinstance(body, pd.DataFrame):
-            parts.append(body.to_html(index=False, float_format="%.4g", border=0))
+            parts.append(body.to_html(index=False, float_format="{:.4g}".format, border=0))
         else:
             parts.append(f"<p>{html.escape(body)}</p>")
     style = (

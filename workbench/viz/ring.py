@@ -12,6 +12,8 @@ recv_chunk, peer, recv_peer, bytes) and the collective's own record (op, bytes, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -125,7 +127,9 @@ def _figure(
     one: pd.DataFrame, states: list, ranks: list[int], op: str, size: int, where: str
 ) -> go.Figure:
     n, reducing = len(ranks), op in ("all_reduce", "reduce_scatter")
-    fig, slider_steps, sent = go.Figure(), [], pd.Series(0, index=range(n))
+    fig = go.Figure()
+    slider_steps: list[dict[str, Any]] = []
+    sent = pd.Series(0, index=range(n))
     ring_ks = sorted(one.ring_step.unique())
     name = f"ring {op.replace('_', '-')} ({where}, {n} ranks, S = {size} B)"
     formula = SENT[op](n) * size

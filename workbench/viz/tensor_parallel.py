@@ -129,7 +129,8 @@ def _regions(
     if kind == "cols":
         per = in_f / t
         return [(j * per, (j + 1) * per, 0, out_f)]
-    out, start = [], 0.0
+    out: list[tuple[float, float, float, float]] = []
+    start = 0.0
     for size in sections or (out_f,):
         per = size / t
         out.append((0, in_f, start + j * per, start + (j + 1) * per))

@@ -76,7 +76,7 @@ def timeline(
                 base=(group.start_us - t0) / 1e3,
                 orientation="h",
                 name=cat,
-                marker_color=span_color(cat),
+                marker_color=span_color(str(cat)),
                 marker_line_width=0.5,
                 marker_line_color="white",
                 customdata=_hover(group),
