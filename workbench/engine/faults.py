@@ -40,7 +40,7 @@ from workbench.model.moe import start_step as moe_start
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:
-    """One injected fault: its kind, the rank it strikes, the step it strikes at (from which on, for a
+    """The fault this rank (`rank`) suffers: its kind, the step it strikes at (from which on, for a
     straggler), a straggler's delay and the process groups' timeout (a hang outlasts it ten times)."""
 
     kind: str
@@ -50,29 +50,30 @@ class Fault:
     timeout_s: float
 
     @classmethod
-    def asked(cls, config: RunConfig, *, attempt: int) -> Fault | None:
-        """The run's fault in attempt `attempt`, or None: none asked, or a kill in a restarted attempt (it
-        fires in the first only, so the restarted group can finish)."""
-        if config.fault is None or (config.fault == "kill" and attempt > 0):
+    def asked(cls, config: RunConfig, *, rank: int, attempt: int) -> Fault | None:
+        """Rank `rank`'s fault in attempt `attempt`, or None: none asked, another rank's, or a kill in a
+        restarted attempt (it fires in the first only, so the restarted group can finish)."""
+        if config.fault is None or rank != config.fault_rank:
+            return None
+        if config.fault == "kill" and attempt > 0:
             return None
         return cls(
             kind=config.fault,
-            rank=config.fault_rank,
+            rank=rank,
             step=config.fault_step,
             delay_s=config.fault_delay_s,
             timeout_s=config.timeout_s,
         )
 
-    def strikes(self, rank: int, step: int) -> bool:
-        return rank == self.rank and step == self.step
+    def strikes(self, step: int) -> bool:
+        return step == self.step
 
 
-def with_fault(strategy: Strategy, fault: Fault, *, rank: int, microbatches: int) -> Strategy:
-    """`strategy` with `fault` injected on `rank`: the same parts, its forward and backward decorated."""
+def with_fault(strategy: Strategy, fault: Fault, *, microbatches: int) -> Strategy:
+    """`strategy` with `fault` injected: the same parts, its forward and backward decorated."""
     faulty = FaultyForwardBackward(
         strategy.forward_backward,
         fault=fault,
-        rank=rank,
         params=strategy.state_params,
         moe=strategy.moe,
         microbatches=microbatches,
@@ -81,8 +82,8 @@ def with_fault(strategy: Strategy, fault: Fault, *, rank: int, microbatches: int
 
 
 class FaultyForwardBackward:
-    """A ForwardBackward (engine/forward_backward.py) with a fault injected: the real one (`inner`) runs
-    every step; on the fault's rank and step it first does what the fault does. Handed the rank's
+    """A ForwardBackward (engine/forward_backward.py) with the rank's fault injected: the real one
+    (`inner`) runs every step; at the fault's step it first does what the fault does. Handed the rank's
     parameters (nan-params fills them), and where the model has experts their shared state and the
     microbatch count: the aux loss's gradient takes the faulted loss scale too (model/moe.py)."""
 
@@ -91,21 +92,20 @@ class FaultyForwardBackward:
         inner: ForwardBackward,
         *,
         fault: Fault,
-        rank: int,
         params: list[torch.Tensor],
         moe: MoEState | None,
         microbatches: int,
     ) -> None:
-        self.inner, self.fault, self.rank = inner, fault, rank
+        self.inner, self.fault = inner, fault
         self.params, self.moe, self.microbatches = params, moe, microbatches
 
     def run(
         self, x: torch.Tensor, y: torch.Tensor, step: int, loss_scale: float = 1.0
     ) -> torch.Tensor:
-        inject_fault(self.fault, self.rank, step)
-        corrupt_parameters(self.fault, self.rank, step, self.params)
-        spike = spike_factor(self.fault, self.rank, step)
-        scale = faulted_scale(self.fault, self.rank, step, loss_scale) * spike
+        inject_fault(self.fault, step)
+        corrupt_parameters(self.fault, step, self.params)
+        spike = spike_factor(self.fault, step)
+        scale = faulted_scale(self.fault, step, loss_scale) * spike
         if self.moe is not None and scale != loss_scale:
             moe_start(self.moe, scale / self.microbatches)
         loss = self.inner.run(x, y, step, scale)
@@ -115,38 +115,37 @@ class FaultyForwardBackward:
         return self.inner.evaluate(x, y, step)
 
 
-def spike_factor(fault: Fault, rank: int, step: int) -> float:
-    """10 on the rank and step of an injected loss spike (its loss and gradients ×10), else 1."""
-    return 10.0 if fault.kind == "loss-spike" and fault.strikes(rank, step) else 1.0
+def spike_factor(fault: Fault, step: int) -> float:
+    """10 at the step of an injected loss spike (the rank's loss and gradients ×10), else 1."""
+    return 10.0 if fault.kind == "loss-spike" and fault.strikes(step) else 1.0
 
 
-def faulted_scale(fault: Fault, rank: int, step: int, scale: float) -> float:
-    """The loss scale `scale`, or inf (NaN) on the rank and step of an injected overflow (nan-grad)."""
-    if fault.kind in ("overflow", "nan-grad") and fault.strikes(rank, step):
+def faulted_scale(fault: Fault, step: int, scale: float) -> float:
+    """The loss scale `scale`, or inf (NaN) at the step of an injected overflow (nan-grad)."""
+    if fault.kind in ("overflow", "nan-grad") and fault.strikes(step):
         # this rank's gradients become inf/NaN: every rank must skip the step
         return float("inf") if fault.kind == "overflow" else float("nan")
     return scale
 
 
-def inject_fault(fault: Fault, rank: int, step: int) -> None:
+def inject_fault(fault: Fault, step: int) -> None:
     """The faults that strike before the step's forward: a straggler's sleep, raise, hang, kill."""
-    if fault.kind == "straggle" and rank == fault.rank and step >= fault.step:
-        time.sleep(
-            fault.delay_s
-        )  # a slow rank: every other one waits for it at the next collective
-    if not fault.strikes(rank, step):
+    if fault.kind == "straggle" and step >= fault.step:
+        # a slow rank: every other one waits for it at the next collective
+        time.sleep(fault.delay_s)
+    if not fault.strikes(step):
         return
     if fault.kind == "raise":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+        raise RuntimeError(f"injected fault on rank {fault.rank} at step {step}")
     if fault.kind == "hang":
         time.sleep(10 * fault.timeout_s)  # the other ranks must time out, not wait forever
     if fault.kind == "kill":  # no handler runs: what a lost machine does
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def corrupt_parameters(fault: Fault, rank: int, step: int, params: Iterable[torch.Tensor]) -> None:
+def corrupt_parameters(fault: Fault, step: int, params: Iterable[torch.Tensor]) -> None:
     """'nan-params': every parameter of this rank NaN, before the step's forward."""
-    if fault.kind == "nan-params" and fault.strikes(rank, step):
+    if fault.kind == "nan-params" and fault.strikes(step):
         with torch.no_grad():
             for p in params:
                 p.fill_(float("nan"))

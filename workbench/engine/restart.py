@@ -2,8 +2,8 @@
 
 With `max_restarts` R, torchrun (`--max-restarts R`) stops every rank when one fails and starts the
 whole group again, up to R times, telling each new process its attempt in TORCHELASTIC_RESTART_COUNT.
-Once the new group is formed, its ranks agree on the attempt number n (`begin_attempt` returns it; the
-worker passes it on explicitly — to the trace, the metrics and fault injection — and no global holds it) and
+Once the new group is formed, its ranks agree on the attempt number n (`begin_attempt` returns it;
+the worker passes it on — to the trace, the metrics and fault injection —, no global holds it) and
 
     1. what the failed attempt left (traces, partial traces, error files) moves to attempts/restart-<n-1>/ —
        nothing is lost, and the run directory reads as one run again;
@@ -75,8 +75,8 @@ def elastic_world(cfg: RunConfig) -> RunConfig:
 def begin_attempt(run_dir: str, device: torch.device) -> int:
     """Every rank of a newly formed group, before it traces anything: agree on the attempt number (the
     attempts/restart-* directories any host has, plus one if any host holds an earlier attempt's rank
-    files), move those files there (one rank per host), and return the number: 0 for the first attempt,
-    n for the n-th group formed after it. The worker (launching/worker.py) passes it on to whoever needs it."""
+    files), move those files there (one rank per host), and return the number: 0 for the first
+    attempt, n for the n-th group formed after it. The worker (launching/worker.py) passes it on."""
 
     def leftovers() -> list[str]:
         return [p for pattern in RANK_FILES for p in glob.glob(os.path.join(run_dir, pattern))]

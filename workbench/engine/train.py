@@ -47,9 +47,11 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
         profile  # started before the model exists: the allocator's total is the rank's
     )
     strategy = parallelize(cfg, ctx)
-    fault = Fault.asked(cfg, attempt=attempt)
-    if fault is not None:  # injection wraps the step; a run without a fault has none
-        strategy = with_fault(strategy, fault, rank=ctx.rank, microbatches=cfg.microbatches)
+    fault = Fault.asked(cfg, rank=ctx.rank, attempt=attempt)
+    if (
+        fault is not None
+    ):  # injection wraps the step, on the fault's rank only; elsewhere there is none
+        strategy = with_fault(strategy, fault, microbatches=cfg.microbatches)
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
     results: list[StepResult] = []
