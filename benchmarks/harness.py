@@ -183,7 +183,14 @@ def join(axis: str, backend: str = "gloo") -> tuple[int, int, Callable[[bool], o
     device = rank_device()
 
     def make_comm(trace: bool) -> Communicator:
-        rec = TraceRecorder(rank, world, backend, grid.coords(rank), "bench", enabled=trace)
+        rec = TraceRecorder(
+            rank=rank,
+            world_size=world,
+            backend=backend,
+            coords=grid.coords(rank),
+            run_name="bench",
+            enabled=trace,
+        )
         clock = DeviceClock(rec.now_us) if backend == "nccl" else None
         return Communicator(groups, rec, clock=clock, device=device, timeout_s=120)
 

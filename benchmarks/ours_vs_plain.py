@@ -73,7 +73,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def run_ours(measured: bool) -> float:
         step["ours"] += 1
-        return train_step(ours, batches, step["ours"], measured).loss
+        return train_step(ours, batches, step["ours"], config=cfg, measured=measured).loss
 
     rtol = 1e-5 if cfg.precision == "fp32" else 3e-2
     if (

@@ -47,4 +47,9 @@ def make_comm(rank: int, world: int, dp: int = 1, tp: int = 1, name: str = "test
 
     grid = RankGrid(dp=dp, tp=tp)
     groups = ProcessGroups.create(grid, rank, 30)
-    return Communicator(groups, TraceRecorder(rank, world, "gloo", grid.coords(rank), name))
+    return Communicator(
+        groups,
+        TraceRecorder(
+            rank=rank, world_size=world, backend="gloo", coords=grid.coords(rank), run_name=name
+        ),
+    )

@@ -138,14 +138,14 @@ def _evaluate_through_the_cuda_batch_path(rank: int, world: int, run_dir: str) -
     ).validate()
     ctx = setup(cfg, run_dir)
     strategy = parallelize(cfg, ctx)
-    train_step(strategy, Batches(cfg, ctx.device, 0, 1), 0, measured=False)
-    on_cpu = evaluate(strategy, Batches(cfg, ctx.device, 0, 1, part="val"), 0)
+    train_step(strategy, Batches(cfg, ctx.device, 0, 1), 0, config=cfg, measured=False)
+    on_cpu = evaluate(strategy, Batches(cfg, ctx.device, 0, 1, part="val"), 0, config=cfg)
     moved = []
     batch_module.to_device = lambda batch, device: (
         moved.append((device.type, batch[0][0, :4].tolist())) or batch
     )
     faked = Batches(cfg, torch.device("cuda"), 0, 1, part="val")
-    on_cuda = evaluate(strategy, faked, 0)
+    on_cuda = evaluate(strategy, faked, 0, config=cfg)
     assert on_cuda == on_cpu, (on_cuda, on_cpu)  # the same batches, the same model: the same number
     cpu_rows = [
         Batches(cfg, ctx.device, 0, 1, part="val").host(k)[0][0, :4].tolist() for k in range(3)

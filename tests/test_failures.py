@@ -117,3 +117,39 @@ def test_a_stuck_rank_times_out_naming_the_operation(tmp_path):
         "torch's flight recorder (2 dump(s)" in report
         and "group dp [0, 1]: blocked at seq" in report
     ), report
+
+
+def test_a_fault_wraps_the_step_only_on_its_rank_and_attempt():
+    """Injection is a decorator, asked only where the fault strikes: no other rank, and no restarted
+    attempt of a kill, has any fault code in its step; the decorated forward and backward run the real
+    one at the faulted loss scale."""
+    import torch
+
+    from workbench.engine.faults import Fault, FaultyForwardBackward
+
+    kill = wb.RunConfig(dp=2, fault="kill", fault_rank=1, fault_step=3)
+    assert Fault.asked(wb.RunConfig(dp=2), rank=1, attempt=0) is None
+    assert Fault.asked(kill, rank=0, attempt=0) is None
+    assert Fault.asked(kill, rank=1, attempt=1) is None
+    asked = Fault.asked(kill, rank=1, attempt=0)
+    assert asked is not None and (asked.kind, asked.step) == ("kill", 3)
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.scales: list[float] = []
+
+        def run(self, x, y, step, loss_scale=1.0):
+            self.scales.append(loss_scale)
+            return torch.tensor(2.0)
+
+        def evaluate(self, x, y, step):
+            return torch.tensor(2.0)
+
+    spike = Fault.asked(
+        wb.RunConfig(dp=2, fault="loss-spike", fault_rank=1, fault_step=1), rank=1, attempt=0
+    )
+    assert spike is not None
+    inner = Recorded()
+    faulty = FaultyForwardBackward(inner, fault=spike, params=[], moe=None, microbatches=1)
+    losses = [float(faulty.run(torch.zeros(1), torch.zeros(1), step, 1.0)) for step in range(3)]
+    assert inner.scales == [1.0, 10.0, 1.0] and losses == [2.0, 20.0, 2.0]

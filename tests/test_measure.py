@@ -126,7 +126,7 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
     per_step = []
     for step in range(4):
         counts.clear()
-        result = train_step(strategy, batches, step, measured=step == 0)
+        result = train_step(strategy, batches, step, config=cfg, measured=step == 0)
         per_step.append(dict(counts))
         assert result.grad_norm is not None and result.grad_norm > 0
     measured, fast = per_step[0], per_step[1:]
@@ -181,7 +181,7 @@ def _final_evaluation_is_written(rank: int, world: int, run_dir: str) -> None:
         event=lambda: FakeEvent(rec.now_us),
         measured=lambda: rec.measured,
     )
-    train(ctx)
+    train(ctx, attempt=0)
     evaluations = [
         e["args"]["step"] for e in rec.events if e.get("ph") == "X" and e["name"] == "evaluate"
     ]

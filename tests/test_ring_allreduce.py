@@ -30,7 +30,9 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     )
     grid = RankGrid(dp=world)
     groups = ProcessGroups.create(grid, rank, 30)
-    rec = TraceRecorder(rank, world, "gloo", grid.coords(rank), "ring-test")
+    rec = TraceRecorder(
+        rank=rank, world_size=world, backend="gloo", coords=grid.coords(rank), run_name="ring-test"
+    )
     comm = Communicator(groups, rec)
     for size in SIZES:
         g = torch.Generator().manual_seed(1000 * rank + size)

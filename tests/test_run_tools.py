@@ -99,7 +99,9 @@ def test_gpu_health_names_heat_throttling_ecc_and_xid_and_doctor_reports_them(tm
     nvml = StandInNVML()
     health = GpuHealth(nvml, "GPU-1234")
     assert nvml.uuid == "GPU-1234", "found by UUID, not by NVML's numbering"
-    recorder = TraceRecorder(0, 1, "nccl", {"dp": 0, "tp": 0, "pp": 0}, "t")
+    recorder = TraceRecorder(
+        rank=0, world_size=1, backend="nccl", coords={"dp": 0, "tp": 0, "pp": 0}, run_name="t"
+    )
     ok = record(health, recorder, str(tmp_path), 0, step=0)
     assert ok.pop("read_ms") >= 0
     assert ok == {

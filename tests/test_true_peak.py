@@ -88,7 +88,7 @@ def _peak_with_an_unnamed_temporary(rank: int, world: int, run_dir: str, extra: 
     ctx = setup(
         RunConfig(**{**PROFILED, "global_batch": 4}, backend="gloo").validate(), run_dir
     )  # dp2 rank's step
-    train(ctx)
+    train(ctx, attempt=0)
     peak = memory_figures(ctx.recorder.events)["true_peak"]
     found = explained({"true_peak": peak}, 0.01)
     assert found == (extra == 0), (extra, peak)

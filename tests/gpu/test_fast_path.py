@@ -107,7 +107,8 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
     strategy = parallelize(cfg, ctx)
     batches = Batches(cfg, ctx.device, 0, 1)
     counts = [
-        syncs(lambda s=step: train_step(strategy, batches, s, measured=s == 0)) for step in range(5)
+        syncs(lambda s=step: train_step(strategy, batches, s, config=cfg, measured=s == 0))
+        for step in range(5)
     ]
     model = GPT(cfg.model_config, seed=0).to(
         ctx.device, torch.bfloat16 if precision == "bf16" else torch.float32

@@ -21,7 +21,10 @@ from typing import Any
 
 
 class LossSpike:
-    def __init__(self, factor: float, window: int = 10, warmup: int = 3) -> None:
+    """Skips a step whose loss jumps above `factor` × the median of the last `window` accepted ones (after
+    `warmup` of them); built by `parallelize` where loss_spike_factor is set."""
+
+    def __init__(self, factor: float, *, window: int = 10, warmup: int = 3) -> None:
         self.factor, self.warmup = factor, warmup
         self.history: deque[float] = deque(maxlen=window)
 
@@ -40,7 +43,7 @@ class TrainingStopped(RuntimeError):
     raises it on every rank at the same step — each holds the same global facts)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Divergence:
     """When to give up (`RunConfig.max_skipped_steps`): K skipped updates in a row — a non-finite gradient norm,
     or a loss spike —, parameters that are no longer finite, or fp16's loss scale fallen below 1 (overflowing
@@ -51,9 +54,8 @@ class Divergence:
 
     max_skipped: int
     lr: float
-    run: list[tuple[int, str]] = field(
-        default_factory=list
-    )  # (step, what it showed) of the skips in a row
+    #: (step, what it showed) of the skips in a row
+    run: list[tuple[int, str]] = field(default_factory=list)
 
     def observe(
         self, step: int, loss: float, facts: dict[str, Any], params_finite: bool | None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.comm import torch_flight_recorder
+from workbench.comm import strict, torch_flight_recorder
 from workbench.comm.device_timing import DeviceClock, enable_nccl_timing
 from workbench.comm.emulated_link import EmulatedNetwork, parse_links
 from workbench.comm.groups import ProcessGroups
@@ -29,6 +29,7 @@ from workbench.measure.memory import MemoryTracker
 from workbench.trace import strict_json
 from workbench.trace.disk import writing
 from workbench.trace.recorder import TraceRecorder
+from workbench.trace.step_clock import StepClock
 
 
 @dataclass
@@ -105,32 +106,35 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     if backend == "nccl":
         warm_up(groups, device)
     name = config.name or os.path.basename(os.path.abspath(run_dir))
+    step_clock = StepClock()
+    clock = None
+    if device.type == "cuda":  # communication and fast steps' spans on device time
+        clock = DeviceClock(step_clock.now_us, measured=lambda: step_clock.measured)
     recorder = TraceRecorder(
-        rank, world_size, backend, grid.coords(rank), name, enabled=config.trace
+        rank=rank,
+        world_size=world_size,
+        backend=backend,
+        coords=grid.coords(rank),
+        run_name=name,
+        enabled=config.trace,
+        clock=step_clock,
+        device_clock=clock,
+        # CUDA: every span an NVTX range
+        nvtx=(torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop) if clock is not None else None,
+        info={
+            "strict_comm": strict.enabled()
+        },  # every tensor checked as NCCL would (comm/strict.py)
     )
     memory = MemoryTracker(recorder, device)
-    clock = None
-    if (
-        device.type == "cuda"
-    ):  # communication and fast steps' spans on device time; every span an NVTX range
-        clock = DeviceClock(recorder.now_us, measured=lambda: recorder.measured)
-        recorder.device_clock = clock
-        recorder.nvtx = (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
     comm = Communicator(
         groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s
     )
-    recorder.info["strict_comm"] = (
-        comm.strict
-    )  # every tensor checked as NCCL would (comm/strict.py)
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
     recorder.set_epoch()
-    recorder.info["epoch_unix_us"] = (
-        time.time_ns() / 1000.0
-    )  # where t = 0 is on the wall clock (restarts)
     walls: list[Any] = [None] * world_size
     dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
-    recorder.clock_offset_us = (walls[rank][0] - walls[0][0]) / 1000.0
+    recorder.set_clock_offset((walls[rank][0] - walls[0][0]) / 1000.0)
     return RankContext(
         config,
         run_dir,

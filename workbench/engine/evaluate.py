@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.config import RunConfig
+from workbench.config.grid import replica_group
 from workbench.engine.batches import Batches
 from workbench.engine.parallelize import Strategy
 from workbench.engine.train_step import global_loss, read
@@ -30,19 +32,20 @@ def due(step: int, every: int, steps: int) -> bool:
     return every > 0 and ((step + 1) % every == 0 or step == steps - 1)
 
 
-def evaluate(strategy: Strategy, held_out: Batches, step: int) -> float:
-    """The mean loss over the run's held-out batches, the same number on every rank."""
-    ctx, cfg = strategy.ctx, strategy.ctx.config
+def evaluate(strategy: Strategy, held_out: Batches, step: int, *, config: RunConfig) -> float:
+    """The mean loss over the run's held-out batches (`config.eval_batches` of them), the same number on
+    every rank."""
+    ctx = strategy.ctx
     total = torch.zeros((), device=ctx.device)
     with (
-        ctx.recorder.span("evaluate", "forward", "compute", step=step, batches=cfg.eval_batches),
+        ctx.recorder.span("evaluate", "forward", "compute", step=step, batches=config.eval_batches),
         torch.no_grad(),
     ):
-        for k in range(cfg.eval_batches):
+        for k in range(config.eval_batches):
             x, y = held_out.get(k)
             total = total + strategy.forward_backward.evaluate(x, y, step).detach().float()
-            held_out.prepare(
-                k + 1
-            )  # CUDA: the next held-out batch made while the GPU runs this one's forward
-        summed = global_loss(ctx, total)
-    return read(summed, ctx.groups, cfg)[0] / cfg.eval_batches
+            # CUDA: the next held-out batch made while the GPU runs this one's forward
+            held_out.prepare(k + 1)
+        summed = global_loss(total, comm=ctx.comm, groups=ctx.groups, config=config)
+    replicas = ctx.groups.size(replica_group(config.cp))
+    return read(summed, replicas=replicas)[0] / config.eval_batches

@@ -2,7 +2,8 @@
 
 With `max_restarts` R, torchrun (`--max-restarts R`) stops every rank when one fails and starts the
 whole group again, up to R times, telling each new process its attempt in TORCHELASTIC_RESTART_COUNT.
-Once the new group is formed, its ranks agree on the attempt number n (`begin_attempt`) and
+Once the new group is formed, its ranks agree on the attempt number n (`begin_attempt` returns it;
+the worker passes it on — to the trace, the metrics and fault injection —, no global holds it) and
 
     1. what the failed attempt left (traces, partial traces, error files) moves to attempts/restart-<n-1>/ —
        nothing is lost, and the run directory reads as one run again;
@@ -58,12 +59,6 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def attempt() -> int:
-    """0 for the first attempt, n for the n-th group formed after it: the number the group agreed on
-    (`begin_attempt`), or before that torchrun's restart count."""
-    return int(os.environ.get("WORKBENCH_ATTEMPT", restart_count()))
-
-
 def elastic_world(cfg: RunConfig) -> RunConfig:
     """An elastic run's config for the world torchrun formed: dp = WORLD_SIZE / (cp·tp·pp)."""
     world = int(os.environ.get("WORLD_SIZE", cfg.world_size))
@@ -80,7 +75,8 @@ def elastic_world(cfg: RunConfig) -> RunConfig:
 def begin_attempt(run_dir: str, device: torch.device) -> int:
     """Every rank of a newly formed group, before it traces anything: agree on the attempt number (the
     attempts/restart-* directories any host has, plus one if any host holds an earlier attempt's rank
-    files), move those files there (one rank per host), and return the number."""
+    files), move those files there (one rank per host), and return the number: 0 for the first
+    attempt, n for the n-th group formed after it. The worker (launching/worker.py) passes it on."""
 
     def leftovers() -> list[str]:
         return [p for pattern in RANK_FILES for p in glob.glob(os.path.join(run_dir, pattern))]
@@ -98,7 +94,6 @@ def begin_attempt(run_dir: str, device: torch.device) -> int:
             except FileNotFoundError:  # a shared file system: another host moved it first
                 pass
     dist.barrier()
-    os.environ["WORKBENCH_ATTEMPT"] = str(done + left)
     return done + left
 
 
@@ -118,22 +113,23 @@ def write_all_attempts(run_dir: str, current: list[dict[str, Any]]) -> str | Non
     return path
 
 
-def restarted_config(cfg: RunConfig, run_dir: str) -> RunConfig:
+def restarted_config(cfg: RunConfig, run_dir: str, *, restarts: int) -> RunConfig:
     """A restarted attempt (any group of an elastic run: a late joiner cannot tell) resumes from the newest
-    good checkpoint, else as the run was asked to."""
-    if attempt() == 0 and not cfg.elastic:
+    good checkpoint, else as the run was asked to. `restarts`: torchrun's count (`restart_count`), all a
+    process knows before its group has agreed on the attempt."""
+    if restarts == 0 and not cfg.elastic:
         return cfg
     path, _ = latest_good(checkpoint_root(cfg, run_dir), run_shape(cfg))
     return cfg.replace(resume="auto") if path is not None else cfg
 
 
-def trim_metrics(run_dir: str, step: int) -> None:
-    """Rank 0 of a restarted attempt: the failed attempt's rows from `step` on are redone; keep the
-    earlier ones (the full file goes to attempts/restart-<n>/)."""
+def trim_metrics(run_dir: str, step: int, *, attempt: int) -> None:
+    """Rank 0 of a restarted attempt (`attempt` > 0): the failed attempt's rows from `step` on are redone;
+    keep the earlier ones (the full file goes to attempts/restart-<attempt − 1>/)."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if attempt() == 0 or not os.path.exists(path):
+    if attempt == 0 or not os.path.exists(path):
         return
-    dest = os.path.join(run_dir, "attempts", f"restart-{attempt() - 1}")
+    dest = os.path.join(run_dir, "attempts", f"restart-{attempt - 1}")
     os.makedirs(dest, exist_ok=True)
     kept = os.path.join(dest, "metrics.jsonl")
     shutil.copy(path, kept)

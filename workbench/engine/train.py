@@ -1,8 +1,10 @@
 """The training loop that runs on every rank: config → rank grid (context.py) → parallelize → steps.
 
-`parallelize` builds the rank's Strategy once; each step is `train_step`. Rank 0 appends one line per
-step to metrics.jsonl; every rank streams its trace after each step and writes it at the end (and on
-failure, by the worker's handlers).
+`parallelize` builds the rank's Strategy once (decorated with the run's fault where one is asked:
+engine/faults.py); each step is `train_step`, handed the config and whether it is measured. Rank 0
+appends one line per step to metrics.jsonl; every rank streams its trace after each step and writes it at
+the end (and on failure, by the worker's handlers). The attempt number comes from the worker
+(launching/worker.py: the number the group agreed on).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from workbench.engine.batches import Batches
 from workbench.engine.checkpoint.save_load import maybe_save, resume_step
 from workbench.engine.context import RankContext, write_json, write_resolved_config
 from workbench.engine.evaluate import due, evaluate
+from workbench.engine.faults import Fault, with_fault
 from workbench.engine.logs.tensorboard import StepLogs, TensorBoard
 from workbench.engine.logs.wandb_log import WandB
 from workbench.engine.parallelize import Strategy, parallelize
-from workbench.engine.restart import attempt, trim_metrics
+from workbench.engine.restart import trim_metrics
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.gpu_health import GpuHealth, record
 from workbench.measure.memory_profile import MemoryProfile
@@ -33,8 +36,9 @@ from workbench.trace import strict_json
 from workbench.trace.disk import writing
 
 
-def train(ctx: RankContext) -> dict[str, Any]:
-    """Run the configured steps; return rank-local results (median step time, final loss)."""
+def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
+    """Run the configured steps of attempt `attempt` (0: the first; engine/restart.py); return rank-local
+    results (median step time, final loss)."""
     cfg, mcfg = ctx.config, ctx.config.model_config
     profile = (
         MemoryProfile(ctx.device, ctx.run_dir, ctx.rank).start() if cfg.profile_memory else None
@@ -43,12 +47,17 @@ def train(ctx: RankContext) -> dict[str, Any]:
         profile  # started before the model exists: the allocator's total is the rank's
     )
     strategy = parallelize(cfg, ctx)
+    fault = Fault.asked(cfg, rank=ctx.rank, attempt=attempt)
+    if (
+        fault is not None
+    ):  # injection wraps the step, on the fault's rank only; elsewhere there is none
+        strategy = with_fault(strategy, fault, microbatches=cfg.microbatches)
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
     results: list[StepResult] = []
     start = resume_step(strategy)
     if ctx.rank == 0:
-        trim_metrics(ctx.run_dir, start)
+        trim_metrics(ctx.run_dir, start, attempt=attempt)
     source = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
     if (
         ctx.device.type == "cpu"
@@ -64,7 +73,7 @@ def train(ctx: RankContext) -> dict[str, Any]:
         else None
     )
     health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
-    divergence = Divergence(cfg.max_skipped_steps, cfg.lr)
+    divergence = Divergence(max_skipped=cfg.max_skipped_steps, lr=cfg.lr)
     held_out = (
         Batches(cfg, ctx.device, dp_index, dp_size, strategy.context, part="val")
         if cfg.eval_every
@@ -74,7 +83,8 @@ def train(ctx: RankContext) -> dict[str, Any]:
         step_start = ctx.recorder.now_us()
         if kineto is not None:
             kineto.before(step)
-        results.append(train_step(strategy, source, step, schedule.measured(step)))
+        measured = schedule.measured(step)
+        results.append(train_step(strategy, source, step, config=cfg, measured=measured))
         if (
             strategy.context is not None
         ):  # each rank's attention work, per layer: the balance, measured
@@ -88,9 +98,9 @@ def train(ctx: RankContext) -> dict[str, Any]:
         if held_out is not None and due(
             step, cfg.eval_every, cfg.steps
         ):  # forward only, every rank
-            results[-1].extra["val_loss"] = evaluate(strategy, held_out, step)
+            results[-1].extra["val_loss"] = evaluate(strategy, held_out, step, config=cfg)
         if ctx.rank == 0:
-            row = append_metrics(ctx, results[-1])
+            row = append_metrics(ctx, results[-1], attempt=attempt)
             if logs is not None:
                 logs.write(row, since_us=step_start)
         ctx.recorder.flush()
@@ -168,9 +178,9 @@ def describe(strategy: Strategy) -> None:
     ctx.memory.snapshot()
 
 
-def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
+def append_metrics(ctx: RankContext, r: StepResult, *, attempt: int) -> dict[str, Any]:
     tokens = ctx.config.global_batch * ctx.config.model_config.seq_len
-    row = {
+    row: dict[str, Any] = {
         "step": r.step,
         "loss": r.loss,
         "lr": r.lr,
@@ -178,7 +188,7 @@ def append_metrics(ctx: RankContext, r: StepResult) -> dict[str, Any]:
         "step_time_s": r.step_time_s,
         "tokens": tokens,
         "tokens_per_s": tokens / r.step_time_s,
-        "attempt": attempt(),
+        "attempt": attempt,
         "world_size": ctx.world_size,
         "measured": r.measured,
     }

@@ -37,6 +37,7 @@ from workbench.engine.context import RankContext, setup
 from workbench.engine.restart import (
     begin_attempt,
     elastic_world,
+    restart_count,
     restarted_config,
     write_all_attempts,
 )
@@ -103,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         )  # small and first: its blocks outlive a full disk
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config = RunConfig.from_dict(json.load(f)).validate()
-        config = restarted_config(elastic_world(config), args.run_dir)
+        restarts = restart_count()  # torchrun's: all this process knows before its group agrees
+        config = restarted_config(elastic_world(config), args.run_dir, restarts=restarts)
         ctx = setup(config, args.run_dir)
-        # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume
-        ctx.recorder.info["attempt"] = begin_attempt(args.run_dir, ctx.device)
+        # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume;
+        # the number the group agreed on is passed on from here, to the trace and to training
+        attempt = begin_attempt(args.run_dir, ctx.device)
+        ctx.recorder.info["attempt"] = attempt
         ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
-        logs = train(ctx)["logs"]
+        logs = train(ctx, attempt=attempt)["logs"]
         finish(ctx)
         if logs is not None:  # rank 0's TensorBoard and W&B, closed once summary.json exists
             logs.close(os.path.join(args.run_dir, "summary.json"))

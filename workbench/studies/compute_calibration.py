@@ -94,7 +94,13 @@ def _counting(device: str) -> Callable[[], object]:
     from workbench.measure.memory import MemoryTracker
     from workbench.trace.recorder import TraceRecorder
 
-    recorder = TraceRecorder(0, 1, "calibration", {"dp": 0, "tp": 0, "pp": 0}, "calibration")
+    recorder = TraceRecorder(
+        rank=0,
+        world_size=1,
+        backend="calibration",
+        coords={"dp": 0, "tp": 0, "pp": 0},
+        run_name="calibration",
+    )
     tracker = MemoryTracker(recorder, torch.device(device))
     return tracker.count_saved_activations
 

@@ -1,12 +1,14 @@
 """Per-rank timeline recorder that writes Chrome Trace Event JSON (opens in Perfetto).
 
 Every rank owns one `TraceRecorder`. Times are microseconds from an epoch that all ranks agree on at
-start-up: right after a barrier each rank takes its own monotonic clock as zero (`set_epoch`), so the
-barrier exit is t = 0 everywhere; the wall-clock difference to rank 0 at that moment is recorded as
-`clock_offset_us`. The file layout is the contract in docs/run-format.md.
+start-up: right after a barrier each rank takes its own monotonic clock as zero (`set_epoch`, on the
+rank's StepClock: trace/step_clock.py), so the barrier exit is t = 0 everywhere; the wall-clock difference
+to rank 0 at that moment is recorded as `clock_offset_us`. The file layout is the contract in
+docs/run-format.md.
 
-Measured and fast steps (measure/schedule.py): `measured` says which the current step is. On a CUDA rank
-a `device_clock` is attached (comm/device_timing.DeviceClock): in a measured step `sync_compute()` waits for
+Measured and fast steps (measure/schedule.py): `measured` says which the current step is — the StepClock's
+mode, which the training step sets from its own argument (`start_step`). On a CUDA rank the recorder is
+built with a `device_clock` (comm/device_timing.DeviceClock): in a measured step `sync_compute()` waits for
 the compute stream at the end of each compute span, so spans are what the GPU did; in a fast step nothing
 waits — each span records a CUDA event at its start and end, and its event is written once the step's one
 host synchronisation has passed (`DeviceClock.end_step`). On the CPU spans are host-timed either way.
@@ -25,11 +27,12 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.trace.disk import writing
+from workbench.trace.step_clock import StepClock
 
 #: 2: host launch spans moved from `comm` to their own lane `launch` (category `launch`, no bytes), so that
 #: each operation has exactly one record with bytes; `host_memory` counter (ZeRO-Offload)
@@ -89,15 +92,43 @@ def flow_id(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 11
 
 
+class DeviceSpans(Protocol):
+    """What the recorder asks of a device clock (comm/device_timing.DeviceClock on CUDA): an event now, a fast
+    span's times once the step has synchronised, a wait for the compute stream."""
+
+    def mark(self) -> Any: ...
+
+    def defer_span(self, start: Any, emit: Callable[[float, float], None]) -> None: ...
+
+    def sync_compute(self) -> None: ...
+
+
+#: NVTX's (push, pop): every span is also a range Nsight Systems shows
+Nvtx = tuple[Callable[[str], object], Callable[[], object]]
+
+
 class TraceRecorder:
+    """One rank's timeline and the facts of its `workbench` block. Owns its events; handed, by keyword when
+    it is built (`setup`, engine/context.py), the rank's StepClock (time, and whether the step is measured),
+    and on CUDA the device clock that times fast steps' spans and NVTX's push and pop. `info` holds extra
+    facts (parameter shapes, the attempt ...) that the run adds as it learns them; `clock_offset_us` and
+    `events` are given when a trace is rebuilt from its stream (`recover_partial`)."""
+
     def __init__(
         self,
+        *,
         rank: int,
         world_size: int,
         backend: str,
         coords: dict[str, int],
         run_name: str,
         enabled: bool = True,
+        clock: StepClock | None = None,
+        device_clock: DeviceSpans | None = None,
+        nvtx: Nvtx | None = None,
+        info: dict[str, Any] | None = None,
+        clock_offset_us: float = 0.0,
+        events: list[dict[str, Any]] | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -105,31 +136,40 @@ class TraceRecorder:
         self.coords = coords
         self.run_name = run_name
         self.enabled = enabled
-        self.events: list[dict[str, Any]] = []
-        self._anchor_ns = time.perf_counter_ns()
-        self.clock_offset_us = 0.0
+        self.clock = clock or StepClock()
+        #: CUDA: times a fast step's spans by events and synchronises a measured one's
+        self.device_clock = device_clock
+        self.nvtx = nvtx
+        self.info: dict[str, Any] = dict(info or {})  # extra facts for the `workbench` block
+        self.clock_offset_us = clock_offset_us
+        self.events: list[dict[str, Any]] = list(events or [])
         self._async_ids = 0
         self._lock = threading.Lock()
-        self.info: dict[
-            str, Any
-        ] = {}  # extra facts for the `workbench` block (parameter shapes ...)
         self._partial_path: str | None = None
         self._flushed = 0
-        #: (push, pop) of NVTX ranges on CUDA runs: every span is also a range Nsight Systems shows
-        self.nvtx: tuple[Any, Any] | None = None
-        #: whether this step is measured (set by the training loop from measure/schedule.py)
-        self.measured = True
-        #: CUDA: the DeviceClock that times a fast step's spans by events and synchronises a measured one's
-        self.device_clock: Any = None
 
     # ---- clock -------------------------------------------------------------------------------
-    def set_epoch(self, clock_offset_us: float = 0.0) -> None:
-        """Call right after a barrier on every rank: now becomes t = 0."""
-        self._anchor_ns = time.perf_counter_ns()
-        self.clock_offset_us = clock_offset_us
+    def set_epoch(self) -> None:
+        """Call right after a barrier on every rank: now becomes t = 0; where that is on the wall clock goes
+        into the trace (`epoch_unix_us`: a restarted run's attempts are placed by it)."""
+        self.clock.set_epoch()
+        self.info["epoch_unix_us"] = time.time_ns() / 1000.0
+
+    def set_clock_offset(self, offset_us: float) -> None:
+        """The wall-clock difference to rank 0 at the epoch (gathered after it)."""
+        self.clock_offset_us = offset_us
 
     def now_us(self) -> float:
-        return (time.perf_counter_ns() - self._anchor_ns) / 1000.0
+        return self.clock.now_us()
+
+    @property
+    def measured(self) -> bool:
+        """Whether the current step is measured (the StepClock's mode)."""
+        return self.clock.measured
+
+    def start_step(self, *, measured: bool) -> None:
+        """The training step, as it starts (engine/train_step.py): measured or fast."""
+        self.clock.start_step(measured=measured)
 
     # ---- events ------------------------------------------------------------------------------
     def _emit(self, event: dict[str, Any]) -> None:
@@ -358,19 +398,19 @@ def recover_partial(path: str) -> dict[str, Any]:
             break
     info, coords = header["distributedInfo"], header["workbench"]
     rec = TraceRecorder(
-        info["rank"],
-        info["world_size"],
-        info["backend"],
-        {k: coords[k] for k in ("dp", "tp", "pp")},
-        coords["run"],
+        rank=info["rank"],
+        world_size=info["world_size"],
+        backend=info["backend"],
+        coords={k: coords[k] for k in ("dp", "tp", "pp")},
+        run_name=coords["run"],
+        clock_offset_us=coords.get("clock_offset_us", 0.0),
+        info={
+            k: v
+            for k, v in coords.items()
+            if k not in ("run", "rank", "dp", "tp", "pp", "clock_offset_us")
+        },
+        events=events,
     )
-    rec.clock_offset_us = coords.get("clock_offset_us", 0.0)
-    rec.info = {
-        k: v
-        for k, v in coords.items()
-        if k not in ("run", "rank", "dp", "tp", "pp", "clock_offset_us")
-    }
-    rec.events = events
     out = rec.to_dict()
     out["workbench"]["recovered"] = True
     return out
