@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             args.run_dir, rank
         )  # small and first: its blocks outlive a full disk
         with open(os.path.join(args.run_dir, "request.json")) as f:
-            config = RunConfig.from_dict(json.load(f)).validate()
+            config: RunConfig = RunConfig.from_dict(json.load(f)).validate()  # the rank's door
         config = restarted_config(elastic_world(config), args.run_dir)
         ctx = setup(config, args.run_dir)
         # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume
