@@ -164,7 +164,16 @@ def launch(
             lock.release()
             raise
     try:
-        return _run(config, run_dir, backend, nodes, progress, echo, launcher, ray_address)
+        return _run(
+            config,
+            run_dir,
+            backend=backend,
+            nodes=nodes,
+            progress=progress,
+            echo=echo,
+            launcher=launcher,
+            ray_address=ray_address,
+        )
     finally:
         for reserved in glob.glob(
             os.path.join(run_dir, ".error_rank*.reserved")
@@ -177,6 +186,7 @@ def launch(
 def _run(
     config: ValidConfig,
     run_dir: str,
+    *,
     backend: str,
     nodes: Nodes,
     progress: bool,
@@ -202,7 +212,7 @@ def _run(
             log.write(" ".join(cmd) + "\n")
             log.flush()
             proc = _start_torchrun(
-                cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys
+                cmd, env, log, log_path, echo=echo, fork_ranks=backend == "gloo" and not config.nsys
             )
             rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
@@ -236,6 +246,7 @@ def _start_torchrun(
     env: dict[str, str],
     log,
     log_path: str,
+    *,
     echo: bool = False,
     fork_ranks: bool = False,
 ) -> subprocess.Popen | WarmTorchrun:

@@ -263,6 +263,7 @@ def baseline_config(c: RunConfig) -> RunConfig:
 def compare(
     configs: Sequence[RunConfig],
     out_dir: str = os.path.join("traces", "compare"),
+    *,
     hardware: Hardware | None = None,
     progress: bool = True,
     force: bool = False,
