@@ -139,7 +139,7 @@ def estimate(
         )
     )
     out = _model_states(layout, params, local)
-    _dp_traffic(out, layout.traffic, local, layout.grad_bytes or layout.width)
+    _dp_traffic(out, layout.traffic, local, layout.gradient_width)
     if model is None or layout.global_batch is None:
         return _timed(out, hardware, layout, None)
     if activations == "megatron":
@@ -230,8 +230,7 @@ def _megatron_memory(
         prefetch=layout.prefetch,
         backend_copies=backend_copies,
     )
-    grad_bytes = layout.grad_bytes or layout.width
-    masters = 4 * local if grad_bytes == 2 and not layout.offload else 0
+    masters = 4 * local if layout.gradient_width == 2 and not layout.offload else 0
     out.memory_bytes_per_rank = (
         out.model_state_bytes_per_rank
         + max(act, out.buffer_bytes["comm_buffer"], masters)
@@ -278,7 +277,7 @@ def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) ->
         last=pp == 1,
         bytes_per_value=w,
         recompute=layout.recompute,
-        grad_bytes=layout.grad_bytes or w,
+        grad_bytes=layout.gradient_width,
         positions=model.seq_len,
     )
     out.comm_bytes_per_step["tp"] = sum(bus_factor(op, tp) * b for op, b in tp_bytes.items())
@@ -340,7 +339,7 @@ def _timed(
             recompute=layout.recompute,
             schedule=layout.schedule,
             width=layout.width,
-            grad_bytes=layout.grad_bytes or layout.width,
+            grad_bytes=layout.gradient_width,
             bucket_mb=layout.bucket_mb,
             rule=layout.rule or ("gloo" if hw.cores else "nccl"),
             ranks_per_node=out.ranks_per_node,

@@ -114,6 +114,11 @@ class RunLayout:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def gradient_width(self) -> int:
+        """Bytes of a gradient value: `grad_bytes`, else the precision's own."""
+        return self.grad_bytes or self.width
+
+    @property
     def micro(self) -> int:
         """Sequences a micro-batch (global_batch given)."""
         assert self.global_batch is not None
@@ -189,7 +194,7 @@ class RunLayout:
             "offload_optimizer": self.offload,
             "model": asdict(model),
             "backend": "gloo" if backend_copies else "nccl",
-            "grad_reduce_dtype": "fp32" if (self.grad_bytes or self.width) == 4 else "bf16",
+            "grad_reduce_dtype": "fp32" if self.gradient_width == 4 else "bf16",
             "grad_compression": self.traffic.grad_compression,
             "device": device,
         }
