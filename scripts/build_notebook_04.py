@@ -334,7 +334,7 @@ pd.DataFrame({"ZeRO-2 (device)": {c: base["peak_bytes"][c] / 1e6 for c in STATES
               "host, formula 16Ψ/N": {c: v / 1e6 for c, v in s["predicted_host_bytes"].items()}}).round(3)
 """),
         code("""
-e = wb.estimate(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True)
+e = wb.estimate(wb.RunLayout(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True))
 print(f"the paper's 7.5 B on 64 GPUs, ZeRO-2 + offload: {e.model_state_bytes_per_rank / 1e9:.1f} GB per GPU "
       f"(= (2 + 2/64)Ψ), {sum(e.host_bytes.values()) / 1e9:.2f} GB per rank in host memory")
 """),

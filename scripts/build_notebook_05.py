@@ -230,8 +230,9 @@ no fp32 main gradients) and no sequence parallelism, so each tensor-parallel ran
 activations whole (4·sbh a layer, replicated on all 8 ranks). Both, from the same estimator:
 """),
         code("""
-planner_setting = wb.estimate(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microbatches=192,
-                              precision="mixed", recompute="selective", activations="megatron", hardware=A100_80GB)
+planner_layout = wb.RunLayout(model=GPT3_175B, tp=8, pp=12, dp=8, global_batch=1536, microbatches=192,
+                              precision="mixed", recompute="selective")
+planner_setting = wb.estimate(planner_layout, activations="megatron", hardware=A100_80GB)
 both = {"here: bf16 + fp32 main gradients, sequence parallel": e,
         "notebook 07's planner: mixed, 16-bit gradients, no sequence parallel": planner_setting}
 pd.DataFrame({name: {"model states GB": sum(x.model_state_bytes.values()) / 1e9,

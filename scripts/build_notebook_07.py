@@ -349,8 +349,9 @@ nodes — with Megatron's setting (mixed precision, selective recomputation, no 
 classic layout: tensor parallelism 8 inside each node, 12 pipeline stages, 8 data-parallel replicas.
 """),
         code("""
-pd.DataFrame([{"ZeRO stage": z, "GB per GPU": wb.estimate(params=7.5e9, dp=64, zero=z, precision="mixed")
-               .model_state_bytes_per_rank / 1e9} for z in range(4)])
+zero_paper = [wb.RunLayout(params=7.5e9, dp=64, zero=z, precision="mixed") for z in range(4)]
+pd.DataFrame([{"ZeRO stage": layout.zero, "GB per GPU": wb.estimate(layout).model_state_bytes_per_rank / 1e9}
+              for layout in zero_paper])
 """),
         code("""
 p = wb.plan(GPT3_175B, wb.Cluster(96, A100_80GB), global_batch=1536, zero_stages=(0,))

@@ -32,7 +32,7 @@ import workbench as wb
 from workbench import viz
 from workbench.config.grid import RankGrid
 from workbench.predict import formulas
-from workbench.predict.estimator import estimate, A100_80GB
+from workbench.predict.estimator import RunLayout, estimate, A100_80GB
 
 OUT = os.path.join("..", "traces", "nb10")
 STEPS = 4
@@ -173,8 +173,9 @@ guess
 LONG = wb.ModelConfig(vocab_size=51200, seq_len=65536, hidden=4096, heads=32, layers=32)   # a 6.7B at 64k
 rows = []
 for cp in (1, 2, 4, 8):
-    e = estimate(model=LONG, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed", global_batch=16,
-                 microbatches=16 // (8 // cp), recompute="selective", activations="ours", hardware=A100_80GB)
+    layout = RunLayout(model=LONG, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed", global_batch=16,
+                       microbatches=16 // (8 // cp), recompute="selective")
+    e = estimate(layout, activations="ours", hardware=A100_80GB)
     rows.append({"cp": cp, "dp": 8 // cp, "GPUs": 8 * cp * (8 // cp),
                  "activations per GPU (GB)": e.activation_bytes_per_rank / 1e9,
                  "memory per GPU (GB)": e.memory_bytes_per_rank / 1e9, "fits": e.fits,
@@ -215,8 +216,9 @@ def memory_against_cp(seq_len=65536):
     model = wb.ModelConfig(vocab_size=51200, seq_len=seq_len, hidden=4096, heads=32, layers=32)
     gb = []
     for cp in (1, 2, 4, 8):
-        e = estimate(model=model, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed", global_batch=16,
-                     microbatches=16 // (8 // cp), recompute="selective", activations="ours", hardware=A100_80GB)
+        layout = RunLayout(model=model, dp=8 // cp, tp=8, pp=1, cp=cp, zero=1, precision="mixed",
+                           global_batch=16, microbatches=16 // (8 // cp), recompute="selective")
+        e = estimate(layout, activations="ours", hardware=A100_80GB)
         gb.append(e.memory_bytes_per_rank / 1e9)
     fig = go.Figure(go.Bar(x=[f"cp {cp}" for cp in (1, 2, 4, 8)], y=gb, name="memory per GPU (estimated)",
                            marker_color=["#E45756" if g > USABLE else "#4C78A8" for g in gb]))

@@ -144,11 +144,13 @@ def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_
 
 
 def test_elastic_ranges_are_checked_before_launch():
-    base = RunConfig(dp=4, global_batch=8, checkpoint_every=2, max_restarts=1)
+    base = RunConfig(dp=4, global_batch=8, checkpoint_every=2, max_restarts=1).validate()
     with pytest.raises(ConfigError, match=r"with 3 machine\(s\) \(dp=3\)"):
         elastic_config(base, Nodes(nnodes="2:4", rdzv_endpoint="h:1"))
     with pytest.raises(ConfigError, match="needs checkpoint_every"):
-        elastic_config(base.replace(checkpoint_every=0), Nodes(nnodes="1:2", rdzv_endpoint="h:1"))
+        elastic_config(
+            base.replace(checkpoint_every=0).validate(), Nodes(nnodes="1:2", rdzv_endpoint="h:1")
+        )
     with pytest.raises(ConfigError, match="nnodes='2:1'"):
         torchrun_command(base, "run", Nodes(nnodes="2:1", rdzv_endpoint="h:1"))
     cmd = torchrun_command(

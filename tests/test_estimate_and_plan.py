@@ -3,17 +3,22 @@
 import pytest
 
 import workbench as wb
-from workbench.predict.estimator import A100_80GB, GPT3_175B, estimate
+from workbench.predict.estimator import A100_80GB, GPT3_175B, RunLayout, estimate
 from workbench.predict.planner import Cluster, plan
 
 
 def test_the_zero_papers_example():
     assert (
-        estimate(params=7.5e9, dp=64, zero=3, precision="mixed").model_state_bytes_per_rank
+        estimate(
+            RunLayout(params=7.5e9, dp=64, zero=3, precision="mixed")
+        ).model_state_bytes_per_rank
         == 1.875e9
     )
     gb = [
-        estimate(params=7.5e9, dp=64, zero=z, precision="mixed").model_state_bytes_per_rank / 1e9
+        estimate(
+            RunLayout(params=7.5e9, dp=64, zero=z, precision="mixed")
+        ).model_state_bytes_per_rank
+        / 1e9
         for z in (0, 1, 2)
     ]
     assert gb == [120.0, pytest.approx(31.4, abs=0.05), pytest.approx(16.6, abs=0.05)]
@@ -41,6 +46,8 @@ LLAMA3_TRAINING = dict(
     recompute="none",
     uneven_stages=True,
 )
+#: the same as an estimate's layout (which activations are counted is the estimate's own argument)
+LLAMA3_LAYOUT = {k: v for k, v in LLAMA3_TRAINING.items() if k != "activations"}
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama3-405b"])
@@ -50,14 +57,17 @@ def test_the_estimator_takes_llama3(name):
 
     m = PRESETS[name]
     e = estimate(
-        model=m,
-        dp=8,
-        tp=8,
-        zero=1,
-        global_batch=64,
-        microbatches=8,
+        RunLayout(
+            model=m,
+            dp=8,
+            tp=8,
+            zero=1,
+            global_batch=64,
+            microbatches=8,
+            **{k: v for k, v in LLAMA3_LAYOUT.items() if k != "uneven_stages"},
+        ),
         hardware=H100_80GB,
-        **{k: v for k, v in LLAMA3_TRAINING.items() if k != "uneven_stages"},
+        activations=LLAMA3_TRAINING["activations"],
     )
     assert e.params == m.param_count() and e.step_time_s > 0
     # FLOPs: 6 per parameter and token over the matrices (the SwiGLU's three included, GQA's narrower K/V),
@@ -81,15 +91,18 @@ def test_the_planner_sets_llama3_405b_beside_metas_layout():
 
     m = PRESETS["llama3-405b"]
     meta = estimate(
-        model=m,
-        dp=128,
-        tp=8,
-        pp=16,
-        zero=1,
-        global_batch=2048,
-        microbatches=16,
+        RunLayout(
+            model=m,
+            dp=128,
+            tp=8,
+            pp=16,
+            zero=1,
+            global_batch=2048,
+            microbatches=16,
+            **LLAMA3_LAYOUT,
+        ),
         hardware=H100_80GB,
-        **LLAMA3_TRAINING,
+        activations=LLAMA3_TRAINING["activations"],
     )
     assert (
         meta.params == m.param_count()
@@ -112,9 +125,9 @@ def test_the_planner_sets_llama3_405b_beside_metas_layout():
     with pytest.raises(
         wb.ConfigError, match="uneven stages"
     ):  # 33 stages of 4 layers would leave 6 over
-        estimate(model=m, dp=64, tp=8, pp=33, uneven_stages=True)
+        estimate(RunLayout(model=m, dp=64, tp=8, pp=33, uneven_stages=True))
     with pytest.raises(wb.ConfigError, match="pp=16 does not divide model.layers=126"):
-        estimate(model=m, dp=128, tp=8, pp=16)  # equal stages only, unless asked
+        estimate(RunLayout(model=m, dp=128, tp=8, pp=16))  # equal stages only, unless asked
 
 
 def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():

@@ -171,9 +171,9 @@ def test_bad_input_to_the_cli_and_the_estimator(capsys):
     assert e.value.code == 2 and "not valid JSON" in capsys.readouterr().err
     assert main(["show", "/nonexistent/run"]) == 2
     with pytest.raises(ConfigError, match="precision='banana'"):
-        wb.estimate(params=1e9, precision="banana")
+        wb.estimate(wb.RunLayout(params=1e9, precision="banana"))
     with pytest.raises(ConfigError, match="tp=3 does not divide model.heads=40"):
-        wb.estimate(model=wb.ModelConfig(heads=40, hidden=2560), tp=3)
+        wb.estimate(wb.RunLayout(model=wb.ModelConfig(heads=40, hidden=2560), tp=3))
     from workbench.predict.estimator import A100_80GB
 
     assert str(wb.Cluster(64, A100_80GB)).startswith("64 nodes × 8 = 512")

@@ -72,11 +72,11 @@ def test_the_estimate_and_the_plan_say_what_offload_saves():
     import workbench as wb
     from workbench.predict.estimator import A100_80GB, GPT3_175B
 
-    e = wb.estimate(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True)
+    e = wb.estimate(wb.RunLayout(params=7.5e9, dp=64, zero=2, precision="mixed", offload=True))
     assert e.model_state_bytes_per_rank == pytest.approx((2 + 2 / 64) * 7.5e9)
     assert sum(e.host_bytes.values()) == pytest.approx(16 * 7.5e9 / 64)
     with pytest.raises(ConfigError, match="offload=True needs ZeRO"):
-        wb.estimate(params=1e9, dp=2, offload=True)
+        wb.estimate(wb.RunLayout(params=1e9, dp=2, offload=True))
     plan = wb.plan(
         GPT3_175B,
         wb.Cluster(96, A100_80GB),

@@ -27,7 +27,7 @@ import pytest
 
 from workbench.config import ModelConfig
 from workbench.config.model_config import PRESETS
-from workbench.predict.estimator import A100_80GB, H100_80GB, estimate
+from workbench.predict.estimator import A100_80GB, H100_80GB, RunLayout, estimate
 from workbench.predict.hardware import MAMF_TFLOPS, SHAPE_EFFICIENCY
 
 #: (parameters B, heads, hidden, layers, tp, pp, GPUs, global batch, published TFLOP/s per GPU)
@@ -55,14 +55,16 @@ def megatron_tflops(row: tuple, hardware=A100_80GB) -> tuple[float, float]:
     assert model.param_count() / 1e9 == pytest.approx(params, rel=0.03)  # the table's models
     dp = gpus // (tp * pp)
     e = estimate(
-        model=model,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        precision="mixed",
-        global_batch=batch,
-        microbatches=batch // dp,
-        recompute="full",
+        RunLayout(
+            model=model,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            precision="mixed",
+            global_batch=batch,
+            microbatches=batch // dp,
+            recompute="full",
+        ),
         activations="megatron",
         hardware=hardware,
     )
@@ -95,22 +97,24 @@ def test_the_fitted_constant_is_needed():
 def llama3_405b_mfu(schedule: str, virtual_stages: int) -> float:
     m = PRESETS["llama3-405b"]
     e = estimate(
-        model=m,
-        dp=128,
-        tp=8,
-        pp=16,
-        zero=1,
-        global_batch=2048,
-        microbatches=16,
+        RunLayout(
+            model=m,
+            dp=128,
+            tp=8,
+            pp=16,
+            zero=1,
+            global_batch=2048,
+            microbatches=16,
+            precision="mixed",
+            sequence_parallel=True,
+            attention="sdpa",
+            recompute="none",
+            uneven_stages=True,
+            schedule=schedule,
+            virtual_stages=virtual_stages,
+        ),
         hardware=H100_80GB,
-        precision="mixed",
-        sequence_parallel=True,
         activations="ours",
-        attention="sdpa",
-        recompute="none",
-        uneven_stages=True,
-        schedule=schedule,
-        virtual_stages=virtual_stages,
     )
     return e.flops_per_step / e.step_time_s / 16384 / 989e12
 

@@ -11,14 +11,14 @@ from workbench.launching.torchrun_command import NSYS_PROFILE, torchrun_command
 
 
 def test_nsys_wraps_each_rank_and_names_its_report(monkeypatch):
-    cmd = torchrun_command(RunConfig(dp=2, nsys=True), "/runs/r")
+    cmd = torchrun_command(RunConfig(dp=2, nsys=True).validate(), "/runs/r")
     i = cmd.index("--no-python")  # torchrun runs nsys, nsys runs the rank
     assert cmd[i + 1 : i + 1 + len(NSYS_PROFILE)] == NSYS_PROFILE
     assert "cuda,nvtx,osrt" in cmd and "/runs/r/nsys/rank%q{RANK}" in cmd, (
         "one report per rank, by its RANK"
     )
     assert cmd[-5:] == ["-u", "-m", "workbench.launching.worker", "--run-dir", "/runs/r"]
-    assert "--no-python" not in torchrun_command(RunConfig(dp=2), "/runs/r")
+    assert "--no-python" not in torchrun_command(RunConfig(dp=2).validate(), "/runs/r")
 
 
 def test_nsys_without_nsys_or_without_cuda_fails_before_launch(monkeypatch, tmp_path):

@@ -33,7 +33,7 @@ ROUND = Hardware(
 def test_a_pipeline_step_is_the_simulated_schedule_of_its_stage_costs():
     """With equal stages and free transfers, the simulated makespan gives the formula's bubble."""
     hw = dataclasses.replace(ROUND, latency_s=0.0, intra_node_bw=1e18, inter_node_bw=1e18)
-    L = Layout(dataclasses.replace(MODEL, vocab_size=8), pp=2, m=8, micro=1)
+    L = Layout(model=dataclasses.replace(MODEL, vocab_size=8), pp=2, m=8, micro=1)
     st = predict_step(L, hw)
     busy = st.terms["compute"] + st.terms["overhead"]
     assert st.terms["pipeline"] / (busy + st.terms["pipeline"]) == pytest.approx(1 / 9, rel=0.05)
@@ -50,7 +50,7 @@ def test_large_schedules_use_the_closed_form_close_to_the_simulator(monkeypatch)
     slow = dataclasses.replace(free, latency_s=1e-3)
     for hw, rel in ((free, 1e-9), (slow, 0.10)):
         for schedule in ("1f1b", "gpipe"):
-            L = Layout(MODEL, pp=4, m=32, micro=1, schedule=schedule)
+            L = Layout(model=MODEL, pp=4, m=32, micro=1, schedule=schedule)
             assert 2 * L.pp * L.m <= SIMULATE_UP_TO
             monkeypatch.setattr(step_time, "SIMULATE_UP_TO", SIMULATE_UP_TO)
             simulated = predict_step(L, hw).total_s
@@ -66,7 +66,7 @@ def test_large_schedules_use_the_closed_form_close_to_the_simulator(monkeypatch)
 def test_buckets_hide_the_gradient_all_reduce_behind_backward():
     """One bucket waits for the whole backward: all of it is exposed; small buckets overlap all but the
     last. ZeRO-1 reduce-scatters after backward: exposed whatever the buckets."""
-    L = Layout(MODEL, dp=4, micro=4)
+    L = Layout(model=MODEL, dp=4, micro=4)
     hw = dataclasses.replace(
         ROUND, latency_s=1e-5
     )  # each bucket pays α: 1 ms each would eat the overlap
@@ -79,7 +79,7 @@ def test_buckets_hide_the_gradient_all_reduce_behind_backward():
 def test_tensor_parallel_collectives_pay_alpha_each():
     """tp = 2 without SP: 4 all-reduces per block and micro-batch, plus the embedding's, the head's and
     the loss's three — α each (bytes at 1 GB/s on top)."""
-    L = Layout(MODEL, tp=2, micro=1)
+    L = Layout(model=MODEL, tp=2, micro=1)
     st = predict_step(L, dataclasses.replace(ROUND, intra_node_bw=1e18))
     assert st.terms["tp"] == pytest.approx((4 * 4 + 2 + 3) * 1e-3, rel=1e-6)
     assert st.dominant == "tp"
@@ -91,14 +91,16 @@ def test_gpu_presets_predict_the_planner_scale():
     from workbench.predict.estimator import GPT3_175B
 
     e = wb.estimate(
-        model=GPT3_175B,
-        dp=8,
-        tp=8,
-        pp=12,
-        precision="mixed",
-        global_batch=1536,
-        microbatches=192,
-        recompute="selective",
+        wb.RunLayout(
+            model=GPT3_175B,
+            dp=8,
+            tp=8,
+            pp=12,
+            precision="mixed",
+            global_batch=1536,
+            microbatches=192,
+            recompute="selective",
+        ),
         hardware=A100_80GB,
     )
     assert all(v >= 0 for v in e.step_terms.values()) and e.dominant_term == "compute"

@@ -21,6 +21,7 @@ from workbench.config import ConfigError, ModelConfig, RunConfig
 _LAZY = {
     "Estimate": "workbench.predict.estimator",
     "Hardware": "workbench.predict.estimator",
+    "RunLayout": "workbench.predict.run_layout",
     "estimate": "workbench.predict.estimator",
     "Cluster": "workbench.predict.planner",
     "plan": "workbench.predict.planner",
@@ -58,6 +59,7 @@ __all__ = [
     "Run",
     "RunConfig",
     "RunFailed",
+    "RunLayout",
     "calibrate",
     "compare",
     "estimate",

@@ -31,7 +31,7 @@ def compute_ratio(
     micro-batch is mostly fixed cost: Python, launches)."""
     if hardware is None or not getattr(hardware, "layer_fwd_s", 0.0):
         return micro_new / micro, micro_new / micro
-    from workbench.predict.action_costs import Layout, _ctx, _layer
+    from workbench.predict.action_costs import Layout, cost_context, layer_costs
     from workbench.predict.formulas import run_model
 
     model = run_model(config)
@@ -45,7 +45,7 @@ def compute_ratio(
             recompute=config.get("recompute", "none"),
             width=4 if config.get("precision") == "fp32" else 2,
         )
-        costs = _layer(L, hardware, _ctx(L, hardware))
+        costs = layer_costs(L, hardware, cost_context(L, hardware))
         return (
             costs["compute"][0] + costs["overhead"][0],
             costs["compute"][1] + costs["overhead"][1],

@@ -1,6 +1,7 @@
 """config: what a run is, as data — the first step of the flow, and the lowest layer (no torch).
 
-    run_config.py       RunConfig: every setting of a launch, validated once, written to the run directory
+    run_config.py       RunConfig: every setting of a launch; validate() → ValidConfig, checked once, written
+                        to the run directory
     model_config.py     ModelConfig: a GPT's dimensions, its presets, ConfigError
     rules.py            the rules that span several fields, by subject (communication, optimizer, ZeRO, data
                         and tools, context and expert parallelism, compile, limits, which steps are measured)
@@ -24,6 +25,8 @@ from workbench.config.run_config import (
     RESOLVED,
     SCHEDULES,
     RunConfig,
+    ValidConfig,
+    validated,
 )
 
 __all__ = [
@@ -39,4 +42,6 @@ __all__ = [
     "ConfigError",
     "ModelConfig",
     "RunConfig",
+    "ValidConfig",
+    "validated",
 ]

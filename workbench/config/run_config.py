@@ -1,9 +1,12 @@
 """The run configuration: one typed, validated object that every process and every reader shares.
 
-A `RunConfig` is built in the launcher (Python, Jupyter or CLI), validated there *before any process
-starts*, written to the run directory as JSON, and read back by every rank. It holds every grid
-dimension the project has — including the ones whose engines have not landed yet, which `validate()`
-rejects by name so that a user learns what is missing instead of getting a silent single-process run.
+A `RunConfig` is built in the launcher (Python, Jupyter or CLI) and validated once, at the door, *before
+any process starts*: `validate()` returns a `ValidConfig`, the same frozen fields with the proof that the
+rules held. The launcher, compare and the elastic command line take a ValidConfig as it is (`validated`
+validates only a plain RunConfig); it is written to the run directory as JSON and read back by every
+rank. It holds every grid dimension the project has — including the ones whose engines have not landed
+yet, which `validate()` rejects by name so that a user learns what is missing instead of getting a
+silent single-process run.
 
 This module imports no torch: the launcher, the CLI and the notebooks validate without it.
 """
@@ -44,9 +47,11 @@ DP_IMPLS = ("bucketed", "naive")
 FAULTS = ("raise", "hang", "overflow", "kill", "nan-grad", "nan-params", "loss-spike", "straggle")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything one launch needs. The world size is dp × cp × tp × pp.
+
+    Equal settings are equal configs, validated or not: `RunConfig(dp=2) == RunConfig(dp=2).validate()`.
 
     Grid axes follow Megatron-LM's order: tp is the fastest-varying axis of the global rank, then cp,
     then dp, then pp (see `workbench.config.grid`).
@@ -252,8 +257,16 @@ class RunConfig:
         return self.global_batch // self.dp
 
     # ---- validation --------------------------------------------------------------------------
-    def validate(self) -> RunConfig:
-        """Raise ConfigError naming the first bad value and what would be valid; return self."""
+    def validate(self) -> ValidConfig:
+        """Raise ConfigError naming the first bad value and what would be valid; return the same settings as
+        a ValidConfig, which the launcher, compare and the elastic command line take without checking
+        again."""
+        self._check()
+        return ValidConfig(**self._settings())
+
+    def _check(self) -> None:
+        """Every rule, in order: the grid's sizes, each field's range and choices, then the rules that span
+        several fields (config/rules.py, config/pipeline_rules.py)."""
         for name in (
             "dp",
             "tp",
@@ -335,7 +348,6 @@ class RunConfig:
             raise ConfigError(
                 f"allreduce={self.allreduce!r} runs on gradient buckets: use dp_impl='bucketed'"
             )
-        return self
 
     def _validate_tensor_parallel(self) -> None:
         m, t = self.model_config, self.tp
@@ -355,6 +367,18 @@ class RunConfig:
             )
 
     # ---- serialisation -----------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        """The fields as they are (a ModelConfig stays one): what equality compares and `replace` copies."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._settings().values()))
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["model"] = (
@@ -375,13 +399,30 @@ class RunConfig:
         if isinstance(model, dict):  # config.json names the preset beside its dims
             dims = {k: v for k, v in model.items() if k != "preset"}
             d["model"] = model.get("preset") or model_from_dict(dims)
-        return cls(**d)
+        return RunConfig(**d)  # settings read from a file are not yet validated
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def replace(self, **changes: Any) -> RunConfig:
-        return dataclasses.replace(self, **changes)
+        """These settings with `changes`: a plain RunConfig, to be validated (a ValidConfig's too)."""
+        return RunConfig(**{**self._settings(), **changes})
+
+
+class ValidConfig(RunConfig):
+    """A RunConfig that `RunConfig.validate()` checked: the same frozen fields, read the same way
+    (`cfg.dp`, `cfg.model_config`), equal to the RunConfig it came from.
+
+    Only `validate()` makes one; `replace` gives back a plain RunConfig, since a change must be checked.
+    The launcher, compare and the elastic command line take a ValidConfig and check nothing again; given
+    a plain RunConfig they validate it once (`validated`). The ranks validate what they read from
+    request.json: that is their own door (launching/worker.py)."""
+
+
+def validated(config: RunConfig) -> ValidConfig:
+    """`config` itself when it is a ValidConfig already, else `config.validate()`: each config is checked
+    once on its way to the ranks."""
+    return config if isinstance(config, ValidConfig) else config.validate()
 
 
 #: what config.json adds to the request: facts of the launch, not settings

@@ -1,11 +1,12 @@
 """`launch(config) -> Run`: start a real multi-process run with torchrun, from Python, Jupyter or the CLI.
 
-The launcher validates the configuration first (a bad one raises `ConfigError` before any process
-starts), writes the request into the run directory, and runs `python -m torch.distributed.run`
-(torchrun) as a subprocess: `--standalone` on one machine (torchrun picks a free port), or
-`--nnodes/--node-rank/--rdzv-endpoint` across machines. Each rank gets one thread. While it runs, a
-progress bar follows metrics.jsonl; when it fails, `RunFailed` carries the failing rank's traceback,
-and whatever the ranks wrote (metrics, traces) stays in the directory.
+The launcher validates the configuration first, once (a bad one raises `ConfigError` before any process
+starts; a ValidConfig, from `RunConfig.validate()`, is taken as it is), writes the request into the run
+directory, and runs `python -m torch.distributed.run` (torchrun) as a subprocess: `--standalone` on one
+machine (torchrun picks a free port), or `--nnodes/--node-rank/--rdzv-endpoint` across machines. Each
+rank gets one thread. While it runs, a progress bar follows metrics.jsonl; when it fails, `RunFailed`
+carries the failing rank's traceback, and whatever the ranks wrote (metrics, traces) stays in the
+directory.
 
 No torch is imported here: launching costs the notebook nothing.
 """
@@ -23,7 +24,7 @@ import warnings
 
 from workbench.analysis.killed_ranks import killed_ranks, record_killed
 from workbench.analysis.run import Run, load
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError, RunConfig, ValidConfig, validated
 from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_for
 from workbench.config.model_config import lr_warning
 from workbench.engine.checkpoint.files import archive_attempt, check_resume
@@ -131,14 +132,15 @@ def launch(
     check_disk: bool = True,
     check_memory: bool = True,
 ) -> Run:
-    """Validate, run with torchrun (or as Ray Train workers: launcher='ray', launching/ray_launch.py), and return the
-    loaded Run (or raise RunFailed / ConfigError). An earlier run in `out` is replaced only with
+    """Validate (a plain RunConfig, once; a ValidConfig is taken as it is), run with torchrun (or as Ray
+    Train workers: launcher='ray', launching/ray_launch.py), and return the loaded Run (or raise RunFailed /
+    ConfigError). An earlier run in `out` is replaced only with
     `force=True` (FileExistsError otherwise), and never while it is alive (launching/run_lock.py); a run whose
     files would not fit on out's filesystem is refused unless `check_disk=False` (launching/disk_space.py), and one
     whose predicted peak would not fit in this machine's free memory unless `check_memory=False`
     (launching/memory_fit.py)."""
     _warn_lr(config)
-    config.validate()
+    config = validated(config)
     backend = choose_backend(config, nodes, say=True)
     _check_launcher(launcher, config, backend, nodes, ray_address)
     if nodes.elastic:
@@ -162,7 +164,16 @@ def launch(
             lock.release()
             raise
     try:
-        return _run(config, run_dir, backend, nodes, progress, echo, launcher, ray_address)
+        return _run(
+            config,
+            run_dir,
+            backend=backend,
+            nodes=nodes,
+            progress=progress,
+            echo=echo,
+            launcher=launcher,
+            ray_address=ray_address,
+        )
     finally:
         for reserved in glob.glob(
             os.path.join(run_dir, ".error_rank*.reserved")
@@ -173,8 +184,9 @@ def launch(
 
 
 def _run(
-    config: RunConfig,
+    config: ValidConfig,
     run_dir: str,
+    *,
     backend: str,
     nodes: Nodes,
     progress: bool,
@@ -200,7 +212,7 @@ def _run(
             log.write(" ".join(cmd) + "\n")
             log.flush()
             proc = _start_torchrun(
-                cmd, env, log, log_path, echo, fork_ranks=backend == "gloo" and not config.nsys
+                cmd, env, log, log_path, echo=echo, fork_ranks=backend == "gloo" and not config.nsys
             )
             rc = _follow(proc, run_dir, config, progress)
     if rc != 0:
@@ -209,7 +221,7 @@ def _run(
 
 
 def _check_launcher(
-    launcher: str, config: RunConfig, backend: str, nodes: Nodes, ray_address: str | None
+    launcher: str, config: ValidConfig, backend: str, nodes: Nodes, ray_address: str | None
 ) -> None:
     """torchrun (with --nsys where asked) or Ray (ray_launch.check_ray): what each cannot do, before launch."""
     if launcher == "torchrun":
@@ -234,6 +246,7 @@ def _start_torchrun(
     env: dict[str, str],
     log,
     log_path: str,
+    *,
     echo: bool = False,
     fork_ranks: bool = False,
 ) -> subprocess.Popen | WarmTorchrun:
@@ -321,7 +334,7 @@ def ring_demo(
         lock.release()
 
 
-def _follow(proc: subprocess.Popen, run_dir: str, config: RunConfig, progress: bool) -> int:
+def _follow(proc: subprocess.Popen, run_dir: str, config: ValidConfig, progress: bool) -> int:
     """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: launching/progress.py), with
     tokens/s and, on GPUs, MFU."""
     metrics = os.path.join(run_dir, "metrics.jsonl")

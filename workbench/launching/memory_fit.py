@@ -18,9 +18,8 @@ No torch: the GPUs' free memory comes from nvidia-smi.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import replace
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError, RunConfig, ValidConfig
 from workbench.predict.formulas.run import predicted_peak
 
 #: a CPU rank's bytes before its model exists: measured ~0.23 GB resident after importing torch and workbench on
@@ -73,7 +72,7 @@ def gpu_free() -> float | None:
     return min(free) if done.returncode == 0 and free else None
 
 
-def alternatives(config: RunConfig) -> list[tuple[str, RunConfig]]:
+def alternatives(config: RunConfig) -> list[tuple[str, ValidConfig]]:
     """What the refusal suggests, each a valid variant of the run: ZeRO-3, a smaller micro-batch, full
     recomputation, half the data-parallel ranks."""
     out = []
@@ -86,13 +85,13 @@ def alternatives(config: RunConfig) -> list[tuple[str, RunConfig]]:
         if all(getattr(config, k) == v for k, v in change.items()):
             continue
         try:
-            out.append((text, replace(config, **change).validate()))
+            out.append((text, config.replace(**change).validate()))
         except (ConfigError, ValueError, ZeroDivisionError):
             continue
     return out
 
 
-def check_fits_memory(config: RunConfig, backend: str, ranks_here: int) -> None:
+def check_fits_memory(config: ValidConfig, backend: str, ranks_here: int) -> None:
     """ConfigError when the predicted peak of the `ranks_here` ranks this machine starts exceeds its free memory."""
     cuda = backend == "nccl"
     free = gpu_free() if cuda else host_available()

@@ -22,7 +22,7 @@ import signal
 import threading
 from typing import Any
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError, RunConfig, ValidConfig
 
 
 def check_ray(config: RunConfig, backend: str, address: str | None) -> None:
@@ -67,7 +67,7 @@ def rank_main(loop_config: dict[str, Any]) -> None:
 
 
 def run_on_ray(
-    config: RunConfig, run_dir: str, backend: str, env: dict[str, str], address: str | None
+    config: ValidConfig, run_dir: str, backend: str, env: dict[str, str], address: str | None
 ) -> int:
     """The ranks as Ray Train workers; 0 when every rank finished, 1 when one failed (its error file says
     why, as under torchrun). The local cluster Ray started is shut down whatever happens."""

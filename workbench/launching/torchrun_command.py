@@ -9,14 +9,14 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError, ValidConfig
 
 #: elastic rendezvous: a silent agent is dropped after 5 missed 1-second heartbeats, and a round closes 2 s
 #: after the minimum number of agents arrived (torchrun's defaults, 3 × 5 s and 30 s, suit large clusters)
 ELASTIC_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Nodes:
     """Multi-machine settings passed to torchrun; the defaults run everything on this machine.
 
@@ -51,28 +51,29 @@ class Nodes:
 ONE_MACHINE = Nodes()
 
 
-def elastic_config(config: RunConfig, nodes: Nodes) -> RunConfig:
+def elastic_config(config: ValidConfig, nodes: Nodes) -> ValidConfig:
     """An elastic launch: the config marked elastic, after checking that every world the machines can form
-    (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model."""
+    (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model. Each world
+    is its own config (its dp, elastic=True), validated once; the MAX machines' is the one launched."""
     low, high = nodes.range
     per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
+    world = config
     for n in range(low, high + 1):
         if (n * per_node) % cell:
             raise ConfigError(
                 f"nnodes={nodes.nnodes}: {n} machine(s) × {per_node} ranks is not a multiple of "
                 f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas"
             )
+        dp = config.dp if n == high else n * per_node // cell
         try:
-            config.replace(dp=n * per_node // cell, elastic=True).validate()
+            world = config.replace(dp=dp, elastic=True).validate()
         except ConfigError as e:
-            raise ConfigError(
-                f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={n * per_node // cell}): {e}"
-            ) from e
-    return config.replace(elastic=True)
+            raise ConfigError(f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={dp}): {e}") from e
+    return world
 
 
 def torchrun_command(
-    config: RunConfig,
+    config: ValidConfig,
     run_dir: str,
     nodes: Nodes = ONE_MACHINE,
     module: str = "workbench.launching.worker",
@@ -132,7 +133,7 @@ def torchrun_command(
 NSYS_PROFILE = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--force-overwrite", "true"]
 
 
-def check_nsys(config: RunConfig, backend: str) -> None:
+def check_nsys(config: ValidConfig, backend: str) -> None:
     """`nsys`: Nsight Systems must be on PATH and the ranks on CUDA (it profiles kernels) — a ConfigError
     naming which is missing, before any process starts."""
     if not config.nsys:

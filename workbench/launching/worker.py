@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             args.run_dir, rank
         )  # small and first: its blocks outlive a full disk
         with open(os.path.join(args.run_dir, "request.json")) as f:
-            config = RunConfig.from_dict(json.load(f)).validate()
+            config: RunConfig = RunConfig.from_dict(json.load(f)).validate()  # the rank's door
         restarts = restart_count()  # torchrun's: all this process knows before its group agrees
         config = restarted_config(elastic_world(config), args.run_dir, restarts=restarts)
         ctx = setup(config, args.run_dir)

@@ -25,7 +25,7 @@ from typing import Any
 from workbench.config import ModelConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """What the step-time model needs of a run."""
 
@@ -46,7 +46,7 @@ class Layout:
     rule: str = "gloo"  # the simulator's rule for pipeline transfers
     ranks_per_node: int = 0
     #: the step's data-parallel bytes each rank sends per link class (("intra", b), ("inter", b)): compression,
-    #: 1-bit Adam and the hierarchical all-reduce included (estimator.Traffic); () → the ring's
+    #: 1-bit Adam and the hierarchical all-reduce included (run_layout.Traffic); () → the ring's
     dp_link_bytes: tuple[tuple[str, float], ...] = ()
     cp: int = 1  # context parallelism: each rank's s/cp tokens, attention as a ring over cp ranks
     cp_rotate: str = "ring"
@@ -130,9 +130,11 @@ def contention(hw: Any, world: int) -> tuple[float, float, float, float]:
     return share, hw.latency_s, p2p, share * hw.step_overhead_s
 
 
-@dataclass
-class _Ctx:
-    """The figures every cost below shares: rates, the stretch of a shared core, α's, bandwidths."""
+@dataclass(frozen=True, kw_only=True)
+class CostContext:
+    """The figures every cost below shares: rates, the stretch of a shared core, α's, bandwidths — for one
+    layout on one hardware (`cost_context`); the step-time model, the scaling edit (analysis/scaling.py)
+    and calibration (studies/run_calibration.py) hand it to `layer_costs` and the stage costs."""
 
     mm: float
     at: float
@@ -151,12 +153,14 @@ class _Ctx:
     kappa: float  # a blocking collective's wait per second of work since the previous one (jitter)
 
 
-def _ctx(L: Layout, hw: Any) -> _Ctx:
+def cost_context(L: Layout, hw: Any) -> CostContext:
+    """The shared figures of layout `L` on `hw`: which links each group's collectives cross, and the
+    contention of `L.world` ranks."""
     stretch, alpha, p2p, step = contention(hw, L.world)
     mm = hw.matmul_flops or hw.peak_flops * hw.efficiency
     per_node = L.ranks_per_node or hw.devices_per_node
     intra, inter = hw.intra_node_bw, hw.inter_node_bw
-    return _Ctx(
+    return CostContext(
         mm=mm,
         at=hw.attention_flops or mm,
         bw_mem=hw.memory_bw,
@@ -175,12 +179,12 @@ def _ctx(L: Layout, hw: Any) -> _Ctx:
     )
 
 
-def _collective(c: _Ctx, nbytes: float, factor: float, beta: float) -> float:
+def _collective(c: CostContext, nbytes: float, factor: float, beta: float) -> float:
     """One collective moving `nbytes` · factor per rank (the bus factor)."""
     return c.alpha + c.stretch * nbytes * factor / beta
 
 
-def _layer(L: Layout, hw: Any, c: _Ctx) -> dict[str, tuple[float, float]]:
+def layer_costs(L: Layout, hw: Any, c: CostContext) -> dict[str, tuple[float, float]]:
     """One block, one micro-batch, one rank: (forward, backward) seconds of compute, fixed cost and tp
     collectives."""
     cfg, b, t = local_model(L), L.micro, L.tp
@@ -231,7 +235,7 @@ def local_model(L: Layout) -> ModelConfig:
     return replace(L.model, seq_len=L.model.seq_len // L.cp) if L.cp > 1 else L.model
 
 
-def _ring(L: Layout, c: _Ctx, block_s: float) -> tuple[float, float]:
+def _ring(L: Layout, c: CostContext, block_s: float) -> tuple[float, float]:
     """Context parallelism's exposed (forward, backward) seconds per layer and micro-batch: K/V blocks of
     2·b·(s/cp)·(h/t) values; forward's cp − 1 each hidden under a block's attention (`block_s`), backward's
     cp − 1 with fp32 dK/dV beside and one last dK/dV hop, not hidden; rotate='allgather': one all-gather
@@ -255,7 +259,9 @@ def _ring(L: Layout, c: _Ctx, block_s: float) -> tuple[float, float]:
     return (L.cp - 1) * max(hop - block_s, 0.0), back
 
 
-def _ends(L: Layout, hw: Any, c: _Ctx, first: bool, last: bool) -> dict[str, tuple[float, float]]:
+def _ends(
+    L: Layout, hw: Any, c: CostContext, *, first: bool, last: bool
+) -> dict[str, tuple[float, float]]:
     """The embeddings (first stage) and the head with its loss (last stage), one micro-batch."""
     cfg, b, t = local_model(L), L.micro, L.tp
     e = hw.stage_ends or (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -12,13 +12,15 @@ must fit `usable_memory` of the device (allocator and workspace headroom).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 
 from workbench.config import ConfigError, ModelConfig
 from workbench.config.model_config import tp_indivisible
-from workbench.predict.estimator import Estimate, Hardware, estimate, uneven
+from workbench.predict.estimator import Estimate, Hardware, estimate
+from workbench.predict.run_layout import RunLayout, uneven
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Cluster:
         return self.nodes * self.hardware.devices_per_node
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     candidates: pd.DataFrame  # every layout tried: sizes, memory, fit, estimated step time
     best: dict | None
@@ -75,6 +77,7 @@ def _terms(e: Estimate) -> dict[str, float]:
 def _layouts(
     model: ModelConfig,
     hw: Hardware,
+    *,
     world: int,
     global_batch: int,
     micro_batch: int,
@@ -83,7 +86,7 @@ def _layouts(
 ) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(tp, pp, cp, dp, ep, microbatches) of every grid the field's rules allow: tp inside a node and dividing
     the heads (and K/V heads), pp dividing the layers (or, `uneven_stages`, Llama 3's uneven split:
-    estimator.uneven), cp cutting the sequence into 2·cp equal chunks (head-tail), dp the rest of the world
+    run_layout.uneven), cp cutting the sequence into 2·cp equal chunks (head-tail), dp the rest of the world
     with a whole number of microbatches; with experts, every ep dividing dp and E."""
 
     def stages_ok(p: int) -> bool:
@@ -110,6 +113,7 @@ def _layouts(
 def plan(
     model: ModelConfig,
     cluster: Cluster,
+    *,
     global_batch: int,
     micro_batch: int = 1,
     precision: str = "mixed",
@@ -125,61 +129,73 @@ def plan(
     """Every layout of `_layouts` (context parallelism: the degrees in `cp`) with each ZeRO stage and offload
     choice, estimated; the table sorted by fit, then step time. `activations`: 'megatron' (Korthikanti et
     al.'s GPT formula) or 'ours' (what this engine's block saves — Llama's too — with `attention` 'sdpa' for
-    a flash kernel); `uneven_stages`: Llama 3's pipelines (estimator.uneven)."""
+    a flash kernel); `uneven_stages`: Llama 3's pipelines (run_layout.uneven)."""
     hw, world = cluster.hardware, cluster.gpus
+    every = RunLayout(  # what every layout tried shares
+        model=model,
+        precision=precision,
+        global_batch=global_batch,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        attention=attention,
+        uneven_stages=uneven_stages,
+    )
     rows = []
-    for tp, pp, c, dp, ep, m in _layouts(
-        model, hw, world, global_batch, micro_batch, cp, uneven_stages
-    ):
+    grids = _layouts(
+        model,
+        hw,
+        world=world,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        cps=cp,
+        uneven_stages=uneven_stages,
+    )
+    for tp, pp, c, dp, ep, m in grids:
         for zero, off in ((z, o) for z in zero_stages for o in offload if z or not o):
             if zero >= 2 and pp > 1 or zero and ep > 1:
                 continue  # partitioned gradients and parameters per microbatch: not with pipelines; ZeRO's
                 # slices of experts and dense weights over two groups: not built (config/rules.check_experts)
-            e: Estimate = estimate(
-                model=model,
-                dp=dp,
-                tp=tp,
-                pp=pp,
-                zero=zero,
-                precision=precision,
-                global_batch=global_batch,
-                microbatches=m,
-                recompute=recompute,
-                sequence_parallel=sequence_parallel,
-                activations=activations,
-                hardware=hw,
-                offload=off,
-                cp=c,
-                ep=ep,
-                attention=attention,
-                uneven_stages=uneven_stages,
+            layout = replace(
+                every, dp=dp, tp=tp, pp=pp, cp=c, ep=ep, zero=zero, offload=off, microbatches=m
             )
-            rows.append(
-                {
-                    "tp": tp,
-                    "pp": pp,
-                    "cp": c,
-                    "dp": dp,
-                    "ep": ep,
-                    "zero": zero,
-                    "offload": off,
-                    "microbatches": m,
-                    "host_GB": sum(e.host_bytes.values()) / 1e9,
-                    "model_states_GB": e.model_state_bytes_per_rank / 1e9,
-                    "activations_GB": e.activation_bytes_per_rank / 1e9,
-                    "memory_GB": e.memory_bytes_per_rank / 1e9,
-                    "fits": e.fits,
-                    "bubble": e.bubble_fraction,
-                    "step_time_s": e.step_time_s,
-                    **_terms(e),
-                }
-            )
+            rows.append(_row(layout, estimate(layout, hardware=hw, activations=activations)))
     table = pd.DataFrame(rows).sort_values(
         ["fits", "step_time_s", "memory_GB"], ascending=[False, True, True]
     )
     table = table.reset_index(drop=True)
     fitting = table[table.fits]
     best = fitting.iloc[0].to_dict() if len(fitting) else None
+    return Plan(candidates=table, best=best, explanation=_explain(model, cluster, table, best))
+
+
+def _row(layout: RunLayout, e: Estimate) -> dict[str, Any]:
+    """One layout tried, as the plan's table shows it: its sizes, memory (GB), fit, bubble and step time."""
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "cp": layout.cp,
+        "dp": layout.dp,
+        "ep": layout.ep,
+        "zero": layout.zero,
+        "offload": layout.offload,
+        "microbatches": layout.microbatches,
+        "host_GB": sum(e.host_bytes.values()) / 1e9,
+        "model_states_GB": e.model_state_bytes_per_rank / 1e9,
+        "activations_GB": e.activation_bytes_per_rank / 1e9,
+        "memory_GB": e.memory_bytes_per_rank / 1e9,
+        "fits": e.fits,
+        "bubble": e.bubble_fraction,
+        "step_time_s": e.step_time_s,
+        **_terms(e),
+    }
+
+
+def _explain(
+    model: ModelConfig, cluster: Cluster, table: pd.DataFrame, best: dict[Any, Any] | None
+) -> list[str]:
+    """Why the plan chose `best` of the `table` it sorted: what was tried, what fits, the best layout's
+    memory and step, why its tp and pp, and what fewer stages would have cost."""
+    hw, world, fitting = cluster.hardware, cluster.gpus, table[table.fits]
     usable = hw.usable_memory * hw.memory_bytes / 1e9
     why = [
         f"{model.param_count() / 1e9:.1f} B parameters on {cluster.nodes} × {hw.devices_per_node} {hw.name}; "
@@ -225,4 +241,4 @@ def plan(
             )
     else:
         why.append("no layout fits: add GPUs, recompute activations, or shard more (ZeRO).")
-    return Plan(table, best, why)
+    return why

@@ -26,7 +26,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.predict.action_costs import Layout, _collective, _Ctx, _ctx, _ends, _layer
+from workbench.predict.action_costs import (
+    CostContext,
+    Layout,
+    _collective,
+    _ends,
+    cost_context,
+    layer_costs,
+)
 from workbench.predict.formulas import params_per_rank
 from workbench.schedules.build import Action, build_schedule, simulate
 
@@ -46,14 +53,14 @@ class StepTime:
         return {"total_s": self.total_s, "terms": dict(self.terms), "dominant": self.dominant}
 
 
-def stage_costs(L: Layout, hw: Any, c: _Ctx) -> list[dict[str, tuple[float, float]]]:
+def stage_costs(L: Layout, hw: Any, c: CostContext) -> list[dict[str, tuple[float, float]]]:
     """Per stage (pp · v of them): each term's (forward, backward) seconds for one micro-batch."""
     stages = L.pp * L.v
     per_stage = L.model.layers // stages
-    layer = _layer(L, hw, c)
+    layer = layer_costs(L, hw, c)
     out = []
     for s in range(stages):
-        ends = _ends(L, hw, c, s == 0, s == stages - 1)
+        ends = _ends(L, hw, c, first=s == 0, last=s == stages - 1)
         cost = {
             k: (
                 per_stage * layer[k][0] + ends.get(k, (0.0, 0.0))[0],
@@ -86,7 +93,7 @@ def stage_costs(L: Layout, hw: Any, c: _Ctx) -> list[dict[str, tuple[float, floa
 SIMULATE_UP_TO = 2000
 
 
-def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: _Ctx) -> float:
+def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: CostContext) -> float:
     """The step's compute span of the pipeline: the simulator's makespan with these costs; for large
     schedules the fill-and-drain bound: every stage once, then m − 1 more of the slowest (v chunks per
     rank: a rank's chunks are its stage's cost), each with its two transfers (activation in, gradient
@@ -123,7 +130,7 @@ def _buckets(total_bytes: float, bucket_mb: float) -> list[float]:
     return [min(cap, total_bytes - i * cap) for i in range(n)]
 
 
-def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> float:
+def _data_parallel(L: Layout, hw: Any, c: CostContext, local: float, window: float) -> float:
     """Exposed seconds of the gradients' reduction and ZeRO-1/2's parameter all-gather: the step's dp
     bytes on each link class (L.dp_link_bytes, or the ring's 2(n−1)/n · S) at that link's β, spread over
     the buckets in proportion to their size, α each."""
@@ -159,7 +166,7 @@ def _data_parallel(L: Layout, hw: Any, c: _Ctx, local: float, window: float) -> 
     return exposed
 
 
-def _optimizer(L: Layout, hw: Any, c: _Ctx, local: float) -> float:
+def _optimizer(L: Layout, hw: Any, c: CostContext, local: float) -> float:
     values = local / (L.dp * L.cp if L.zero else 1)
     stages = L.pp * L.v
     tensors = (
@@ -177,7 +184,7 @@ def _optimizer(L: Layout, hw: Any, c: _Ctx, local: float) -> float:
 
 
 def predict_step(L: Layout, hw: Any) -> StepTime:
-    c = _ctx(L, hw)
+    c = cost_context(L, hw)
     stages = stage_costs(L, hw, c)
     fwd = [sum(v[0] for v in st.values()) for st in stages]
     bwd = [sum(v[1] for v in st.values()) for st in stages]

@@ -134,7 +134,9 @@ def _step_overhead(cfg: ModelConfig, base: dict, out: str, hw: Hardware, repeats
         )
         for k in range(repeats)
     )
-    return max(measured - predict_step(Layout(cfg, micro=base["global_batch"]), hw).total_s, 0.0)
+    return max(
+        measured - predict_step(Layout(model=cfg, micro=base["global_batch"]), hw).total_s, 0.0
+    )
 
 
 def save_calibration(hw: Hardware, out: str, made_for: dict | None = None) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -23,7 +24,7 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.intervals import step_spread
 from workbench.analysis.run import Run
-from workbench.config import RunConfig
+from workbench.config import RunConfig, ValidConfig, validated
 from workbench.launching.launcher import launch
 from workbench.predict import formulas
 from workbench.predict.estimator import Hardware, estimate, with_emulated_links
@@ -260,29 +261,31 @@ def baseline_config(c: RunConfig) -> RunConfig:
 
 
 def compare(
-    configs: list[RunConfig],
+    configs: Sequence[RunConfig],
     out_dir: str = os.path.join("traces", "compare"),
+    *,
     hardware: Hardware | None = None,
     progress: bool = True,
     force: bool = False,
 ) -> Comparison:
     """Launch each configuration, and one single-process baseline per distinct model, batch and seed among
     them (`baseline_config`), so that each row's `loss_diff_vs_baseline` is its distance from one process
-    training the same model (runs already in `out_dir` are replaced only with `force`)."""
-    for c in configs:
-        c.validate()
-    baselines: dict[str, Run] = {}
+    training the same model (runs already in `out_dir` are replaced only with `force`). Every config and
+    baseline is validated once, before the first launch (a ValidConfig is taken as it is)."""
+    valid = [validated(c) for c in configs]
+    base_of: dict[str, ValidConfig] = {}
     keys = []
-    for c in configs:
+    for c in valid:
         base_cfg = baseline_config(c)
         keys.append(key := json.dumps(base_cfg.to_dict(), sort_keys=True, default=str))
-        if key not in baselines:
-            where = "baseline" if not baselines else f"baseline{len(baselines)}"
-            baselines[key] = launch(
-                base_cfg, os.path.join(out_dir, where), progress=progress, force=force
-            )
+        if key not in base_of:  # a config that is its own baseline is not validated again
+            base_of[key] = c if base_cfg == c else base_cfg.validate()
+    baselines: dict[str, Run] = {}
+    for key, base in base_of.items():
+        where = "baseline" if not baselines else f"baseline{len(baselines)}"
+        baselines[key] = launch(base, os.path.join(out_dir, where), progress=progress, force=force)
     runs: dict[str, Run] = {}
-    for i, c in enumerate(configs):
+    for i, c in enumerate(valid):
         name = strategy_name(c)
         if name in runs:
             name = f"{name} ({i})"

@@ -109,7 +109,7 @@ def calibrate_in_runs(
     calibration model), each figure the median over `repeats` runs; their directories under `out`. Sets
     `contention` (n, stretch, α, α_p2p, step's fixed cost) and `skew` (n, κ) for each n in `worlds`,
     the launch cost and the pipeline actions' own cost."""
-    from workbench.predict.action_costs import Layout, _ctx
+    from workbench.predict.action_costs import Layout, cost_context
     from workbench.predict.step_time import predict_step, stage_costs
 
     runs = _runs(base, out, worlds, repeats)
@@ -126,9 +126,9 @@ def calibrate_in_runs(
     full = []
     for w in worlds:
         a = fits[w][0]
-        L = Layout(cfg, dp=w, micro=base["global_batch"] // w)
+        L = Layout(model=cfg, dp=w, micro=base["global_batch"] // w)
         at_one = replace(hw, contention=((w, 1.0, a, p2p * a, 0.0),))
-        st = stage_costs(L, at_one, _ctx(L, at_one))[0]
+        st = stage_costs(L, at_one, cost_context(L, at_one))[0]
         stretch = max(
             1.0,
             statistics.median(sum(_spans(r)) for r in runs[f"dp{w}"])
@@ -200,11 +200,11 @@ def _post_gap(run: Any, stretch: float) -> float:
 def _pipeline_actions(cfg: ModelConfig, hw: Any, base: dict, runs: list[Any]) -> Any:
     """The pipeline's own cost per action: the `pp=2` runs' spans less the model's stage costs (the two
     stages' mean), and the host's gap per posted batch; medians over the runs."""
-    from workbench.predict.action_costs import Layout, _ctx
+    from workbench.predict.action_costs import Layout, cost_context
     from workbench.predict.step_time import stage_costs
 
-    L = Layout(cfg, pp=2, m=2, micro=base["global_batch"] // 2)
-    costs = stage_costs(L, hw, _ctx(L, hw))
+    L = Layout(model=cfg, pp=2, m=2, micro=base["global_batch"] // 2)
+    costs = stage_costs(L, hw, cost_context(L, hw))
     pred_f = statistics.mean(sum(v[0] for v in st.values()) for st in costs)
     pred_b = statistics.mean(sum(v[1] for v in st.values()) for st in costs)
     fwd = statistics.median(_spans(r)[0] for r in runs)
@@ -213,5 +213,5 @@ def _pipeline_actions(cfg: ModelConfig, hw: Any, base: dict, runs: list[Any]) ->
         hw,
         action_fwd_s=max(fwd - pred_f, 0.0),
         action_bwd_s=max(bwd - pred_b, 0.0),
-        post_gap_s=statistics.median(_post_gap(r, _ctx(L, hw).stretch) for r in runs),
+        post_gap_s=statistics.median(_post_gap(r, cost_context(L, hw).stretch) for r in runs),
     )
