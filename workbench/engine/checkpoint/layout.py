@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from workbench.engine.parallelize import Strategy
+from workbench.model.gpt import ShardedModule
+from workbench.parallel.grad_sync import ChainedGradSync
 from workbench.parallel.zero import ZeroDataParallel
 from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.stages import global_name
@@ -61,9 +63,11 @@ def _module_runs(model: nn.Module) -> dict[str, list[tuple[int, int, int]]]:
     out = {}
     for mname, module in model.named_modules():
         for leaf, p in module.named_parameters(recurse=False):
-            shape = getattr(module, "full_shapes", {}).get(leaf, tuple(p.shape))
+            shape = (
+                module.full_shapes[leaf] if isinstance(module, ShardedModule) else tuple(p.shape)
+            )
             index = torch.arange(int(torch.tensor(shape).prod()) if shape else 1).view(shape)
-            if hasattr(module, "shard_param"):
+            if isinstance(module, ShardedModule):
                 index = module.shard_param(leaf, index)
             out[f"{mname}.{leaf}" if mname else leaf] = list(runs(index))
     return out
@@ -101,11 +105,8 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
         ctx.groups.index("cp"),
     )
     names = {p: n for n, p in strategy.model.named_parameters()}
-    zeros = [
-        s
-        for s in getattr(sync, "parts", [sync])
-        if isinstance(s, ZeroDataParallel | Zero3DataParallel)
-    ]
+    parts = sync.parts if isinstance(sync, ChainedGradSync) else [sync]
+    zeros = [s for s in parts if isinstance(s, ZeroDataParallel | Zero3DataParallel)]
     zero = zeros[0] if zeros else None
     out: list[Piece] = []
     if isinstance(zero, Zero3DataParallel):
@@ -120,8 +121,9 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     for i, p in enumerate(params):
         name = names[p]
         # an expert-parallel shard's first holder is the first of the ranks holding the same experts (edp)
-        first = (ctx.groups.index("edp") if getattr(p, "expert_sharded", False) else dp_rank) == 0
-        owned = first and cp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
+        facts = strategy.facts[p]
+        first = (ctx.groups.index("edp") if facts.expert_sharded else dp_rank) == 0
+        owned = first and cp_rank == 0 and (tp_rank == 0 or facts.tp_sharded)
         tensors = {"model": p.data}
         if zero is None:
             tensors |= {kind: state[f"{i}.{kind}"] for kind in ("exp_avg", "exp_avg_sq")}
