@@ -76,7 +76,7 @@ class Experts(nn.Module):
         return self.proj(swiglu(inner) if self.swiglu else F.gelu(inner), counts)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MoEState:
     """What the MoE layers of one rank share, built by engine/parallelize.py and handed to each layer:
     the aux loss's coefficient and gradient scale (the step's loss scale ÷ microbatches, set each step),

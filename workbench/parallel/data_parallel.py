@@ -89,7 +89,7 @@ class NaiveDataParallel(SyncToggle):
         return [self.main_grads.grad_of(p) for p in self.params]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Bucket:
     """A flat gradient buffer shared by consecutive parameters (in backward order)."""
 
@@ -148,7 +148,10 @@ class BucketedDataParallel(SyncToggle):
         for b, idxs in enumerate(plan):
             params = [named[i][1] for i in idxs]
             bucket = Bucket(
-                b, empty_flat(params, dtype=dtype), params, names=[named[i][0] for i in idxs]
+                index=b,
+                buffer=empty_flat(params, dtype=dtype),
+                params=params,
+                names=[named[i][0] for i in idxs],
             )
             # each gradient is a view of its bucket: no copy (16-bit model: the fp32 main gradient is)
             if self.main:

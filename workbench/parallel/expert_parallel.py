@@ -117,7 +117,8 @@ def expert_params(
 ) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
     """(dense, expert) named parameters — the experts' (their facts say `expert_sharded`) are reduced over
     edp, the rest over dp."""
-    dense, experts = [], []
+    dense: list[tuple[str, nn.Parameter]] = []
+    experts: list[tuple[str, nn.Parameter]] = []
     for name, p in model.named_parameters():
         (experts if facts[p].expert_sharded else dense).append((name, p))
     return dense, experts

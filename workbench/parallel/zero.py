@@ -55,7 +55,7 @@ OnReduced = Callable[[int, torch.Tensor], None]
 MAX_IN_FLIGHT = 2
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ZeroBucket:
     index: int
     params: list[nn.Parameter]
@@ -129,7 +129,14 @@ class ZeroDataParallel(SyncToggle):
         per = flat.numel() // self.n
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
-        bucket = ZeroBucket(index, params, flat, shard, mine, names=[n for n, _ in members])
+        bucket = ZeroBucket(
+            index=index,
+            params=params,
+            flat=flat,
+            shard=shard,
+            mine=mine,
+            names=[n for n, _ in members],
+        )
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)
             shard.grad = bucket.grad[mine]  # the reduce-scatter lands in place, in the full buffer

@@ -42,7 +42,7 @@ from workbench.parallel.param_facts import ParamFacts, ParamTable
 from workbench.parallel.zero import MAX_IN_FLIGHT, OnReduced, decay_runs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Unit:
     index: int
     name: str
@@ -56,7 +56,7 @@ class Unit:
     ready: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _ReduceScatter:
     """A unit's gradients in flight: the full-size staging copy and the slice it lands in."""
 
@@ -106,7 +106,13 @@ class Zero3DataParallel(SyncToggle):
             )
             shard.grad = torch.zeros_like(shard)
             unit = Unit(
-                i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size()
+                index=i,
+                name=name,
+                module=module,
+                params=params,
+                flat=flat,
+                shard=shard,
+                nbytes=flat.numel() * flat.element_size(),
             )
             self._free(unit)
             for p in params:
@@ -203,7 +209,7 @@ class Zero3DataParallel(SyncToggle):
             label=f"zero3 {unit.name} grads",
             meta={"layer": unit.name, "direction": "backward"},
         )
-        self._in_flight.append(_ReduceScatter(unit, h, out, staging))
+        self._in_flight.append(_ReduceScatter(unit=unit, handle=h, result=out, staging=staging))
         self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
         self.memory.snapshot()
 
@@ -212,9 +218,8 @@ class Zero3DataParallel(SyncToggle):
         rs = self._in_flight.popleft()
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
-        if (
-            self.on_reduced is not None
-        ):  # final: ZeRO-3 reduce-scatters once per step (no accumulation)
+        # final: ZeRO-3 reduce-scatters once per step (no accumulation)
+        if self.on_reduced is not None:
             self.on_reduced(rs.unit.index, rs.unit.shard.grad)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot

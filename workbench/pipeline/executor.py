@@ -92,7 +92,12 @@ class PipelineExecutor:
         microbatches whose last stage is here (zero elsewhere)."""
         # each microbatch a tensor of its own, so a forward keeps only its own ids alive
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
-        st = _StepState(inputs, targets, loss_scale, torch.zeros((), device=self.device))
+        st = _StepState(
+            inputs=inputs,
+            targets=targets,
+            loss_scale=loss_scale,
+            loss_sum=torch.zeros((), device=self.device),
+        )
         rec = self.recorder
         for i, item in enumerate(self.program):
             if isinstance(item, P2PBatch):
@@ -133,7 +138,12 @@ class PipelineExecutor:
         if self.forward_program is None:
             self.forward_program = self.schedule.forward_only().program(self.rank)
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
-        st = _StepState(inputs, targets, 1.0, torch.zeros((), device=self.device))
+        st = _StepState(
+            inputs=inputs,
+            targets=targets,
+            loss_scale=1.0,
+            loss_sum=torch.zeros((), device=self.device),
+        )
         rec = self.recorder
         for i, item in enumerate(self.forward_program):
             if isinstance(item, P2PBatch):
@@ -243,7 +253,7 @@ class PipelineExecutor:
         return self.grad_sync.no_sync() if hold else nullcontext()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _StepState:
     """What one step's program hands from item to item: stage inputs and outputs by (stage, microbatch),
     the gradients received, the batches that bring them, and every batch in flight."""

@@ -36,7 +36,7 @@ from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.stages import global_name
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Piece:
     name: str  # global tensor, e.g. "exp_avg/blocks.0.mlp.fc.weight"
     start: int  # flat offset in the global tensor
@@ -77,6 +77,7 @@ def _flat_pieces(
     prefix: str,
     names: Sequence[str],
     params: Sequence[nn.Parameter],
+    *,
     per: int,
     r: int,
     local: torch.Tensor,
@@ -87,10 +88,10 @@ def _flat_pieces(
         a, b = max(offset, lo), min(offset + p.numel(), hi)
         if a < b:
             yield Piece(
-                f"{prefix}/{global_name(name)}",
-                a - offset,
-                local.reshape(-1)[a - lo : b - lo],
-                True,
+                name=f"{prefix}/{global_name(name)}",
+                start=a - offset,
+                view=local.reshape(-1)[a - lo : b - lo],
+                owned=True,
             )
         offset += p.numel()
 
@@ -112,9 +113,11 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     if isinstance(zero, Zero3DataParallel):
         for i, u in enumerate(zero.units):
             un, per = [names[p] for p in u.params], u.shard.numel()
-            out += _flat_pieces("model", un, u.params, per, zero.r, u.shard.data)
+            out += _flat_pieces("model", un, u.params, per=per, r=zero.r, local=u.shard.data)
             for kind in ("exp_avg", "exp_avg_sq"):
-                out += _flat_pieces(kind, un, u.params, per, zero.r, state[f"{i}.{kind}"])
+                out += _flat_pieces(
+                    kind, un, u.params, per=per, r=zero.r, local=state[f"{i}.{kind}"]
+                )
         return out
     located = _module_runs(strategy.model)
     params = list(strategy.model.parameters())
@@ -131,7 +134,12 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
                 tensors["master"] = state[f"master.{i}"]
         for prefix, t in tensors.items():
             out += [
-                Piece(f"{prefix}/{global_name(name)}", start, t.reshape(-1)[lo : lo + n], owned)
+                Piece(
+                    name=f"{prefix}/{global_name(name)}",
+                    start=start,
+                    view=t.reshape(-1)[lo : lo + n],
+                    owned=owned,
+                )
                 for lo, start, n in located[name]
             ]
     b = 0  # the updater's slices in order: each ZeRO sync's buckets (expert parallelism: dense, then experts)
@@ -140,7 +148,12 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
             bn = [names[p] for p in bucket.params]
             for kind in ("exp_avg", "exp_avg_sq"):
                 out += _flat_pieces(
-                    kind, bn, bucket.params, bucket.shard.numel(), part.r, state[f"{b}.{kind}"]
+                    kind,
+                    bn,
+                    bucket.params,
+                    per=bucket.shard.numel(),
+                    r=part.r,
+                    local=state[f"{b}.{kind}"],
                 )
             b += 1
     return out
