@@ -1,11 +1,12 @@
 """Build, once, everything one rank needs to train: its `Strategy` (torchtitan's parallelize step).
 
-    dense GPT, on the meta device (nothing allocated)            model/gpt.py
+    dense GPT, on the meta device (nothing allocated), built with its wiring   model/gpt.py, ModelWiring
+      (the attention kernel; context parallelism's ring attention and this rank's positions,
+      parallel/context_parallel.ContextParallel; the MoE state and expert dispatcher, model/moe.py,
+      parallel/expert_parallel.py; activation recomputation, engine/recompute.Recompute)
       → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
-      → context parallelism: ring attention, this rank's positions parallel/context_parallel.ContextParallel
-      → expert parallelism: this ep rank's experts, the dispatcher   parallel/expert_parallel.py, model/moe.py
+      → expert parallelism: this ep rank's experts               parallel/expert_parallel.shard_experts
       → materialise on the device, initialise by parameter name  GPT.init_weights
-      → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
       → torch.compile of each transformer block (--compile)        engine/compiled.py
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
