@@ -53,7 +53,9 @@ __all__ = [
 
 
 class Updater(Protocol):
-    loss_scale: float
+    @property
+    def loss_scale(self) -> float:
+        """What backward multiplies the loss by (1 except for fp16)."""
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None: ...
 

@@ -41,7 +41,7 @@ class GradSync(Protocol):
     def zero_grad(self) -> None:
         """Clear the gradients for the next step (buffers are kept and zeroed where they are reused)."""
 
-    def grad_tensors(self) -> list[torch.Tensor | None]:
+    def grad_tensors(self) -> Sequence[torch.Tensor | None]:
         """What the `gradient` memory category holds."""
 
 

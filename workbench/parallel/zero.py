@@ -204,7 +204,7 @@ class ZeroDataParallel(SyncToggle):
                         f"arrived; every parameter must receive a gradient each step"
                     )
                 self._finish_bucket(bucket)
-            if self.on_reduced is not None:
+            if self.on_reduced is not None and bucket.shard.grad is not None:
                 self.on_reduced(bucket.index, bucket.shard.grad)
 
     def gather_params(self) -> None:

@@ -219,7 +219,7 @@ class Zero3DataParallel(SyncToggle):
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
         # final: ZeRO-3 reduce-scatters once per step (no accumulation)
-        if self.on_reduced is not None:
+        if self.on_reduced is not None and rs.unit.shard.grad is not None:
             self.on_reduced(rs.unit.index, rs.unit.shard.grad)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot
