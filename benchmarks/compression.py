@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def ours(compression):
         model, comm = GPT(cfg, seed=0), make_comm(True)
-        sync = BucketedDataParallel(model, comm, args.bucket_mb, compression=compression)
+        sync = BucketedDataParallel(model, comm, bucket_mb=args.bucket_mb, compression=compression)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step():

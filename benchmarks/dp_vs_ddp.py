@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     def make(trace: bool):
         model = GPT(cfg, seed=0).to(device)
         comm = make_comm(trace)
-        sync = BucketedDataParallel(model, comm, args.bucket_mb)
+        sync = BucketedDataParallel(model, comm, bucket_mb=args.bucket_mb)
         return model, sync, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     ours, ours_sync, ours_opt = make(trace=True)

@@ -182,17 +182,17 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
 
     import torch
 
+    from workbench.model.gpt import ModelWiring
+
     torch.manual_seed(cfg.seed)
+    wiring = ModelWiring(fused_attention=cfg.attention == "sdpa")
     with torch.device(
         "meta"
     ):  # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
-        model = GPT(cfg.model_config)
+        model = GPT(cfg.model_config, wiring=wiring)
     model.to_empty(device=device)
     model.tie()
     model.init_weights(cfg.seed)
-    for m in model.modules():
-        if hasattr(m, "fused"):
-            m.fused = cfg.attention == "sdpa"
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(
         model.parameters(),

@@ -118,9 +118,10 @@ def worker(args: argparse.Namespace) -> None:
         rank,
         ours_chunks,
         comm,
-        MemoryTracker(rec, device),
-        (args.batch // m, cfg.seq_len, cfg.hidden),
-        device,
+        recorder=rec,
+        memory=MemoryTracker(rec, device),
+        hidden_shape=(args.batch // m, cfg.seq_len, cfg.hidden),
+        device=device,
     )
     ours_params = [p for c in ours_chunks.values() for p in c.parameters()]
     ours_opt = torch.optim.AdamW(ours_params, lr=1e-4, foreach=False)

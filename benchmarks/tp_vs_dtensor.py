@@ -35,6 +35,7 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.config import PRESETS
     from workbench.data.synthetic import global_batch
     from workbench.model.gpt import GPT
+    from workbench.parallel.param_facts import ParamTable
     from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
     from workbench.parallel.tp_communications import TPContext
 
@@ -43,10 +44,12 @@ def worker(args: argparse.Namespace) -> None:
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
 
     comm = make_comm(args.trace)
-    tp = TPContext(comm, rank, world, sequence_parallel=False)
+    tp = TPContext(comm=comm, rank=rank, size=world, sequence_parallel=False)
     ours = apply_tensor_parallel(GPT(cfg, seed=0), tp)
     ours.init_weights(0)  # the shards, cut from each parameter's full initial value
-    ours_grads = TensorParallelGrads(ours, tp)
+    ours_grads = TensorParallelGrads(
+        ours, tp, facts=ParamTable()
+    )  # no sequence parallelism: none partial
     ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
 
     mesh = init_device_mesh("cpu", (world,))

@@ -30,7 +30,7 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.model.gpt import GPT
     from workbench.optim.updater import AdamHyper, ShardedAdamWUpdater
     from workbench.parallel.zero import ZeroDataParallel
-    from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
+    from workbench.parallel.zero3 import Zero3DataParallel
 
     rank, world, make_comm = join("dp")
     cfg = PRESETS[args.model]
@@ -39,11 +39,20 @@ def worker(args: argparse.Namespace) -> None:
     comm = make_comm(args.trace)
 
     z1_model = GPT(cfg, seed=0)
-    z1 = ZeroDataParallel(z1_model, comm, 1, args.bucket_mb)
-    z1_update = ShardedAdamWUpdater(z1.shards, comm, 1e-4, AdamHyper(), after_step=z1.gather_params)
+    z1 = ZeroDataParallel(z1_model, comm, stage=1, bucket_mb=args.bucket_mb)
+    z1_update = ShardedAdamWUpdater(
+        z1.shards,
+        comm,
+        lr=1e-4,
+        hyper=AdamHyper(),
+        facts=z1.shard_facts,
+        after_step=z1.gather_params,
+    )
     z3_model = GPT(cfg, seed=0)
-    z3 = Zero3DataParallel(gpt_units(z3_model), comm)
-    z3_update = ShardedAdamWUpdater(z3.shards, comm, 1e-4, AdamHyper())
+    z3 = Zero3DataParallel(z3_model.units(), comm)
+    z3_update = ShardedAdamWUpdater(
+        z3.shards, comm, lr=1e-4, hyper=AdamHyper(), facts=z3.shard_facts
+    )
 
     ddp = DDP(GPT(cfg, seed=0), bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
     zro = ZeroRedundancyOptimizer(

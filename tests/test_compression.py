@@ -26,7 +26,9 @@ def _against_ddp(rank, world, dtype_name):
     ]
     cfg = PRESETS["tiny"]
     ours = GPT(cfg, seed=0)
-    sync = BucketedDataParallel(ours, make_comm(rank, world, dp=world), 0.02, compression=dtype)
+    sync = BucketedDataParallel(
+        ours, make_comm(rank, world, dp=world), bucket_mb=0.02, compression=dtype
+    )
     ref = DDP(GPT(cfg, seed=0), bucket_cap_mb=0.02, broadcast_buffers=False)
     # DDP refuses its bf16 hook off CUDA by the hook's name; gloo reduces bf16 fine, so the same
     # function runs under another name

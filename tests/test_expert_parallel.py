@@ -81,14 +81,12 @@ def test_an_moe_layer_equals_its_definition_token_by_token(router):
 
 
 def test_capacity_drops_what_routes_beyond_it_and_the_bias_favours_idle_experts():
-    from workbench.model.gpt import GPT
+    from workbench.model.gpt import GPT, ModelWiring
     from workbench.model.moe import MoEState
 
-    moe = GPT(PRESETS["tiny-moe"], seed=0).blocks["0"].mlp
+    state = MoEState(capacity_factor=0.5, bias_rate=0.1)  # C = ⌈0.5·32·2/4⌉ = 8 of 64 assignments
+    moe = GPT(PRESETS["tiny-moe"], seed=0, wiring=ModelWiring(moe=state)).blocks["0"].mlp
     x = torch.randn(2, 16, 32)
-    moe.state = MoEState(
-        capacity_factor=0.5, bias_rate=0.1
-    )  # C = ⌈0.5·32·2/4⌉ = 8 of 64 assignments
     out = moe(x)
     counts = moe.state.counts["blocks.0"]
     assert moe.state.dropped["blocks.0"] == int(sum(max(0, c - 8) for c in counts.tolist())) > 0

@@ -115,7 +115,9 @@ def _overflow_check_ops(layers: int, poison: bool) -> tuple[int, int, bool]:
         p.grad = torch.full_like(p, 1000.0)  # finite, but the norm of each is past fp16's 65504
     if poison:
         next(iter(model.parameters())).grad[0, 0] = float("inf")
-    updater = MixedPrecisionUpdater(list(model.parameters()), _OneRank(), "fp16", 1e-3, AdamHyper())
+    updater = MixedPrecisionUpdater(
+        list(model.parameters()), _OneRank(), precision="fp16", lr=1e-3, hyper=AdamHyper()
+    )
     ops: Counter = Counter()
 
     class Count(TorchDispatchMode):

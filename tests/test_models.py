@@ -10,7 +10,7 @@ import torch
 
 import workbench as wb
 from workbench.config.model_config import PRESETS, lr_warning
-from workbench.model.gpt import GPT, CausalSelfAttention
+from workbench.model.gpt import GPT, CausalSelfAttention, ModelWiring
 
 #: Ψ of each GPT-2-shaped preset by the README's formula, written out: V·h + s·h (embeddings) +
 #: L·(12h² + 13h) (blocks) + 2h (final norm) + h·V + V (the untied head and its bias).
@@ -77,8 +77,7 @@ def test_sdpa_computes_the_written_out_attention():
         torch.randn(2, cfg.heads, cfg.seq_len, cfg.head_dim, requires_grad=True) for _ in range(3)
     )
     eager = attn.core(q, k, v)
-    attn.fused = True
-    fused = attn.core(q, k, v)
+    fused = CausalSelfAttention(cfg, wiring=ModelWiring(fused_attention=True)).core(q, k, v)
     assert torch.allclose(eager, fused, atol=1e-6)
 
 

@@ -44,7 +44,7 @@ def _layers_worker(rank: int, world: int) -> None:
             layer.bias.copy_(layer.shard_param("bias", lin.bias))
 
     for sp in (False, True):
-        tp = TPContext(comm, rank, world, sequence_parallel=sp)
+        tp = TPContext(comm=comm, rank=rank, size=world, sequence_parallel=sp)
         # column-parallel, with qkv-style sections (three equal blocks, each split over the tp ranks)
         lin = dense(H, O, "col")
         col = ColumnParallelLinear(H, O, tp, "col", sections=(O // 3,) * 3)
@@ -92,7 +92,7 @@ def _layers_worker(rank: int, world: int) -> None:
         assert_close(out, want[:, sl] if sp else want)
 
     # vocabulary-parallel cross-entropy equals the dense one, values and gradients
-    tp = TPContext(comm, rank, world)
+    tp = TPContext(comm=comm, rank=rank, size=world)
     logits = torch.randn(B, S, V, generator=torch.Generator().manual_seed(7))
     targets = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(8))
     ld = logits.clone().requires_grad_()

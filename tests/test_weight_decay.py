@@ -13,8 +13,9 @@ from workbench.config.model_config import PRESETS
 from workbench.model.gpt import GPT
 from workbench.optim.adamw import AdamHyper, AdamW
 from workbench.optim.updater import adamw
-from workbench.optim.weight_decay import mark_decay
+from workbench.optim.weight_decay import decaying
 from workbench.parallel.flat import marked_runs
+from workbench.parallel.param_facts import ParamFacts, ParamTable
 
 LR, WD = 0.01, 0.1
 
@@ -25,17 +26,20 @@ def test_decay_skips_norms_and_biases(name):
     is multiplied by 1 − lr·wd, every gain and bias left as it was — whole, and as a ZeRO slice of a flat
     buffer cut across both kinds."""
     model = GPT(PRESETS[name], seed=0)
-    mark_decay(model)
+    decays = decaying(model)
     named = dict(model.named_parameters())
+    facts = ParamTable(
+        {p: ParamFacts(decay_ranges=None if decays[n] else ()) for n, p in named.items()}
+    )
     before = {n: p.detach().clone() for n, p in named.items()}
-    assert {n for n, p in named.items() if not p.decays} == {
+    assert {n for n, p in named.items() if not decays[n]} == {
         n for n, p in named.items() if p.dim() == 1
     }
-    assert any("ln" in n for n, p in named.items() if not p.decays)
-    opt = adamw(list(named.values()), LR, AdamHyper(weight_decay=WD))
+    assert any("ln" in n for n, p in named.items() if not decays[n])
+    opt = adamw(list(named.values()), LR, AdamHyper(weight_decay=WD), facts=facts)
     opt.step([torch.zeros_like(p) for p in named.values()])
     for n, p in named.items():
-        expected = before[n] * (1 - LR * WD) if p.decays else before[n]
+        expected = before[n] * (1 - LR * WD) if decays[n] else before[n]
         assert torch.equal(p.detach(), expected), n
 
     # the same model's parameters end to end, cut into three slices as ZeRO cuts a bucket
@@ -44,7 +48,10 @@ def test_decay_skips_norms_and_biases(name):
     cut = [0, flat.numel() // 3, 2 * flat.numel() // 3, flat.numel()]
     slices = [flat[a:b].clone() for a, b in pairwise(cut)]
     opt = AdamW(
-        slices, lr=LR, weight_decay=WD, decay=[marked_runs(params, a, b) for a, b in pairwise(cut)]
+        slices,
+        lr=LR,
+        weight_decay=WD,
+        decay=[marked_runs(params, a, b, [decays[n] for n in named]) for a, b in pairwise(cut)],
     )
     opt.step([torch.zeros_like(s) for s in slices])
     whole = torch.cat([p.detach().reshape(-1) for p in params])

@@ -87,7 +87,7 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
     from workbench.engine.context import setup
     from workbench.engine.parallelize import parallelize
     from workbench.engine.train_step import train_step
-    from workbench.model.gpt import GPT
+    from workbench.model.gpt import GPT, ModelWiring
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     torch.cuda.set_device(0)
@@ -110,12 +110,10 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
         syncs(lambda s=step: train_step(strategy, batches, s, config=cfg, measured=s == 0))
         for step in range(5)
     ]
-    model = GPT(cfg.model_config, seed=0).to(
+    # the attention: sdpa, as ours
+    model = GPT(cfg.model_config, seed=0, wiring=ModelWiring(fused_attention=True)).to(
         ctx.device, torch.bfloat16 if precision == "bf16" else torch.float32
     )
-    for m in model.modules():
-        if hasattr(m, "fused"):  # the attention: sdpa, as ours
-            m.fused = True
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=True)
 
     def plain(step: int) -> float:

@@ -51,9 +51,7 @@ class Handle:
         """`comm`: the Communicator (comm/traced.py) that launched the operation."""
         self.comm, self.works, self.ops, self.launch_us = comm, works, ops, launch_us
         self.timed, self.blocking = timed, blocking
-        self.staged = (
-            staged if comm.memory is not None else 0
-        )  # the backend's own copy (comm_buffer)
+        self.staged = staged  # the backend's own copy (comm_buffer)
         if self.staged:
             comm.memory.add("comm_buffer", self.staged)
         self.completed_us: float | None = None
@@ -84,7 +82,7 @@ class Handle:
 
     def _release_staged(self) -> None:
         staged, self.staged = self.staged, 0
-        if staged and self.comm.memory is not None:
+        if staged:
             self.comm.memory.add("comm_buffer", -staged)
 
     def wait(self) -> None:

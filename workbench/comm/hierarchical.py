@@ -32,7 +32,7 @@ def hierarchical_all_reduce(
     shard = work.new_empty(work.numel() // k) if k > 1 else work
     staged = (nbytes(shard) if k > 1 else 0) + (nbytes(work) if pad else 0)
     name = label or "all_reduce"
-    if comm.memory is not None and staged:
+    if staged:
         comm.memory.add("comm_buffer", staged)
         comm.memory.snapshot()
     try:
@@ -45,6 +45,6 @@ def hierarchical_all_reduce(
         if pad:
             flat.copy_(work[: flat.numel()])
     finally:
-        if comm.memory is not None and staged:
+        if staged:
             comm.memory.add("comm_buffer", -staged)
             comm.memory.snapshot()

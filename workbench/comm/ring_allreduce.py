@@ -44,7 +44,7 @@ class RingCall:
         self, comm: Communicator, op: str, group: str, tensor: torch.Tensor, label: str | None
     ) -> None:
         self.comm, self.group, self.label = comm, group, label
-        self.members = comm.groups.ranks[group]
+        self.members = comm.members(group)
         self.n = len(self.members)
         self.i = self.members.index(comm.rank)
         self.nxt, self.prv = (
@@ -147,9 +147,8 @@ def ring_all_reduce(
     flat = tensor.view(-1)
     chunks = [flat[o : o + length] for o, length in ring_chunks(flat.numel(), n)]
     scratch = torch.empty_like(chunks[0])  # the largest chunk: receive buffer for the reduce phase
-    if comm.memory is not None:
-        comm.memory.add("comm_buffer", nbytes(scratch))
-        comm.memory.snapshot()
+    comm.memory.add("comm_buffer", nbytes(scratch))
+    comm.memory.snapshot()
     try:
         for k in range(n - 1):
             send_c, recv_c = (i - k) % n, (i - k - 1) % n
@@ -160,7 +159,6 @@ def ring_all_reduce(
             send_c, recv_c = (i + 1 - k) % n, (i - k) % n
             call.exchange("all_gather", n - 1 + k, chunks[send_c], chunks[recv_c], send_c, recv_c)
     finally:
-        if comm.memory is not None:
-            comm.memory.add("comm_buffer", -nbytes(scratch))
-            comm.memory.snapshot()
+        comm.memory.add("comm_buffer", -nbytes(scratch))
+        comm.memory.snapshot()
     call.finish()

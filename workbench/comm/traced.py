@@ -44,12 +44,12 @@ from workbench.comm.device_timing import DeviceClock
 from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
 from workbench.comm.flight_recorder import FlightRecorder
 from workbench.comm.handle import Handle, Op, device_record
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.trace.bandwidth import nbytes, record
 from workbench.trace.recorder import TraceRecorder, flow_id
 
 if TYPE_CHECKING:
     from workbench.comm.groups import ProcessGroups
-    from workbench.measure.memory import MemoryTracker
 
 __all__ = ["CommError", "Communicator", "Handle"]
 
@@ -80,6 +80,11 @@ class CommError(RuntimeError):
 class Communicator:
     """Traced collectives over the process groups of one rank.
 
+    It is handed what recording its operations needs — the recorder, the memory tracker (the backend's
+    staging copies, under `comm_buffer`), the device clock (CUDA), the emulated network — and uses them
+    for its own operations only: a piece that records or counts something of its own is handed the
+    recorder or the memory tracker itself (engine/parallelize.py), not through the communicator.
+
     `step` is set by the training loop so that every record (and every flow id) carries it. `device` is
     the rank's (its tensors are checked against it); `timeout_s` the process groups' timeout, which also
     bounds a CUDA wait; `strict` checks every tensor as NCCL would (default: WORKBENCH_STRICT_COMM).
@@ -89,7 +94,8 @@ class Communicator:
         self,
         groups: ProcessGroups,
         recorder: TraceRecorder,
-        memory: MemoryTracker | None = None,
+        *,
+        memory: MemoryCounter = NO_MEMORY,
         clock: DeviceClock | None = None,
         network: EmulatedNetwork | None = None,
         device: torch.device | None = None,
@@ -125,7 +131,16 @@ class Communicator:
             self.clock.end_step(synchronized)
 
     def size(self, group: str) -> int:
+        """How many ranks `group` has."""
         return self.groups.size(group)
+
+    def index(self, group: str) -> int:
+        """This rank's position in `group` (its slice of what the group shards)."""
+        return self.groups.index(group)
+
+    def members(self, group: str) -> list[int]:
+        """The global ranks of `group`, in its order (a ring's neighbours)."""
+        return self.groups.ranks[group]
 
     def check(self, tensors: list[torch.Tensor], op: str) -> None:
         """NCCL's rules for the tensors of `op` (comm/strict.py)."""
@@ -224,6 +239,7 @@ class Communicator:
         self,
         tensor: torch.Tensor,
         group: str = "dp",
+        *,
         async_op: bool = False,
         label: str | None = None,
         reduce_op: str = "sum",
@@ -253,6 +269,7 @@ class Communicator:
         output: torch.Tensor,
         input: torch.Tensor,
         group: str = "dp",
+        *,
         async_op: bool = False,
         label: str | None = None,
         meta: dict[str, Any] | None = None,
@@ -290,6 +307,7 @@ class Communicator:
         output: torch.Tensor,
         input: torch.Tensor,
         group: str = "dp",
+        *,
         async_op: bool = False,
         label: str | None = None,
         meta: dict[str, Any] | None = None,
@@ -313,6 +331,7 @@ class Communicator:
         output: torch.Tensor,
         input: torch.Tensor,
         group: str = "dp",
+        *,
         label: str | None = None,
         meta: dict[str, Any] | None = None,
         output_splits: list[int] | None = None,

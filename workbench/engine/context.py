@@ -32,9 +32,10 @@ from workbench.trace.recorder import TraceRecorder
 from workbench.trace.step_clock import StepClock
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RankContext:
-    """What one rank needs, built once and passed explicitly."""
+    """What one rank needs, built once by `setup` and passed explicitly: `parallelize` hands each piece
+    the collaborators it uses (the communicator, the recorder, the memory tracker …) from here."""
 
     config: RunConfig
     run_dir: str
@@ -127,7 +128,13 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     )
     memory = MemoryTracker(recorder, device)
     comm = Communicator(
-        groups, recorder, memory, clock, emulated_network(config), device, config.timeout_s
+        groups,
+        recorder,
+        memory=memory,
+        clock=clock,
+        network=emulated_network(config),
+        device=device,
+        timeout_s=config.timeout_s,
     )
     # Clock agreement: t = 0 is the exit of this barrier on every rank; record wall-clock offsets.
     comm.barrier()
@@ -136,17 +143,17 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
     recorder.set_clock_offset((walls[rank][0] - walls[0][0]) / 1000.0)
     return RankContext(
-        config,
-        run_dir,
-        rank,
-        world_size,
-        backend,
-        device,
-        grid,
-        groups,
-        recorder,
-        memory,
-        comm,
+        config=config,
+        run_dir=run_dir,
+        rank=rank,
+        world_size=world_size,
+        backend=backend,
+        device=device,
+        grid=grid,
+        groups=groups,
+        recorder=recorder,
+        memory=memory,
+        comm=comm,
         hosts=[w[1] for w in walls],
     )
 

@@ -1,19 +1,25 @@
 """Build, once, everything one rank needs to train: its `Strategy` (torchtitan's parallelize step).
 
-    dense GPT, on the meta device (nothing allocated)            model/gpt.py
+    dense GPT, on the meta device (nothing allocated), built with its wiring   model/gpt.py, ModelWiring
+      (the attention kernel; context parallelism's ring attention and this rank's positions,
+      parallel/context_parallel.ContextParallel; the MoE state and expert dispatcher, model/moe.py,
+      parallel/expert_parallel.py; activation recomputation, engine/recompute.Recompute)
       → tensor-parallel module swap                              parallel/tensor_parallel.apply_tensor_parallel
-      → context parallelism: ring attention, this rank's positions parallel/context_parallel.ContextParallel
-      → expert parallelism: this ep rank's experts, the dispatcher   parallel/expert_parallel.py, model/moe.py
+      → expert parallelism: this ep rank's experts               parallel/expert_parallel.shard_experts
       → materialise on the device, initialise by parameter name  GPT.init_weights
-      → activation recomputation                                 engine/recompute.apply_recompute
       → precision (16-bit parameters and activations)
       → torch.compile of each transformer block (--compile)        engine/compiled.py
     (one such chunk per pipeline stage of this rank, `pipeline/stages.py`)
+      → the parameters' facts (what decays, what is a tp/expert shard, what is partial)  a ParamTable
       → gradient sync: ZeRO-3 | ZeRO-1/2 | bucketed | naive DP (+ TP partial gradients)   a GradSync
         (over dp, or dp×cp — the `dp_cp` group — under context parallelism; experts over edp when ep > 1)
-        (a 16-bit model's gradients in fp32 main_grad buckets unless grad_reduce_dtype says 16 bits)
+        (a 16-bit model's gradients in fp32 main-gradient buckets unless grad_reduce_dtype says 16 bits)
       → updater: sharded AdamW (ZeRO; on the host with offload) | mixed precision | AdamW  an Updater
       → forward/backward: the pipeline executor running the schedule, or one batch
+
+Every piece is handed its collaborators by keyword when it is built — the communicator, the recorder, the
+memory tracker, the facts, where the main gradients are, ZeRO-Offload's host gradients (the ZeRO grad
+sync's `on_reduced`) —; nothing is wired after construction.
 
 The training step (`engine/train_step.py`) then only calls the pieces: forward_backward.run →
 grad_sync.wait → updater.step → grad_sync.zero_grad.
@@ -28,33 +34,41 @@ from torch import nn
 
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
-from workbench.config.grid import replica_group
 from workbench.engine.anomaly import LossSpike
+from workbench.engine.build_sync import data_parallel
+from workbench.engine.build_updater import build_updater
 from workbench.engine.compiled import compile_blocks
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
-from workbench.engine.recompute import Recompute, apply_recompute
-from workbench.model.gpt import GPT, CausalSelfAttention
-from workbench.model.moe import MoE, MoEState
-from workbench.optim.mixed_precision import DTYPES, MixedPrecisionUpdater
-from workbench.optim.offload import OffloadedAdamWUpdater
-from workbench.optim.onebit_adam import OneBitAdamUpdater
-from workbench.optim.updater import AdamHyper, AdamWUpdater, ShardedAdamWUpdater, Updater
-from workbench.optim.weight_decay import mark_decay
+from workbench.engine.recompute import Recompute
+from workbench.model.gpt import GPT, ModelWiring
+from workbench.model.moe import MoEState
+from workbench.optim.mixed_precision import DTYPES
+from workbench.optim.offload import HostGradients
+from workbench.optim.updater import Updater
+from workbench.optim.weight_decay import decays
 from workbench.parallel.context_parallel import ContextParallel
-from workbench.parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
-from workbench.parallel.expert_parallel import ExpertParallel, expert_params, shard_experts
+from workbench.parallel.expert_parallel import (
+    ExpertParallel,
+    is_expert_shard,
+    shard_experts,
+)
 from workbench.parallel.grad_sync import ChainedGradSync, GradSync
-from workbench.parallel.tensor_parallel import TensorParallelGrads, apply_tensor_parallel
+from workbench.parallel.main_grad import MainGrads
+from workbench.parallel.param_facts import ParamFacts, ParamTable
+from workbench.parallel.tensor_parallel import (
+    TensorParallelGrads,
+    apply_tensor_parallel,
+    tensor_parallel_role,
+)
 from workbench.parallel.tp_communications import TPContext
-from workbench.parallel.zero import ZeroDataParallel, ZeroGroups
-from workbench.parallel.zero3 import Zero3DataParallel, gpt_units
+from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.stages import build_stages
 from workbench.schedules.build import Schedule, build_schedule
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Strategy:
     """One rank's assembled training: what `train_step` runs."""
 
@@ -64,11 +78,11 @@ class Strategy:
     updater: Updater
     forward_backward: ForwardBackward
     state_params: list[torch.Tensor]  # what the `parameter` memory category holds
+    facts: ParamTable  # each of the model's parameters' facts (the checkpoint's layout reads them)
     schedule: Schedule | None = None  # when the step runs a microbatch schedule
     loss_spike: LossSpike | None = None  # skips a step whose loss jumps (engine/anomaly.py)
-    context: ContextParallel | None = (
-        None  # cp > 1: shards each batch's sequence, counts attention work
-    )
+    #: cp > 1: shards each batch's sequence, counts attention work
+    context: ContextParallel | None = None
     moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (model/moe.py)
 
     def count_model_states(self) -> None:
@@ -90,7 +104,7 @@ def runs_schedule(cfg: RunConfig) -> bool:
     return cfg.pp > 1 or cfg.microbatches > 1
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class ChunkParts:
     """What every chunk of the model (the whole model, or each pipeline stage of it) is built with: the
     tensor-parallel context, recomputation, context parallelism and the experts' shared state (None: off)."""
@@ -105,20 +119,30 @@ class ChunkParts:
         tp = None
         if cfg.tp > 1:
             tp = TPContext(
-                ctx.comm, ctx.groups.index("tp"), ctx.groups.size("tp"), cfg.sequence_parallel
+                comm=ctx.comm,
+                rank=ctx.groups.index("tp"),
+                size=ctx.groups.size("tp"),
+                sequence_parallel=cfg.sequence_parallel,
             )
-        recompute = (
-            Recompute(cfg.recompute, ctx.recorder, ctx.memory) if cfg.recompute != "none" else None
-        )
+        recompute = None
+        if cfg.recompute != "none":
+            recompute = Recompute(mode=cfg.recompute, recorder=ctx.recorder, memory=ctx.memory)
         cp = None
         if cfg.cp > 1:
-            cp = ContextParallel(ctx.comm, cfg.model_config.seq_len, cfg.cp_balance, cfg.cp_rotate)
-        return cls(tp, recompute, cp, moe_state(cfg, ctx.comm))
+            cp = ContextParallel(
+                ctx.comm,
+                recorder=ctx.recorder,
+                seq_len=cfg.model_config.seq_len,
+                balance=cfg.cp_balance,
+                rotate=cfg.cp_rotate,
+            )
+        return cls(tp=tp, recompute=recompute, cp=cp, moe=moe_state(cfg, ctx.comm))
 
 
 def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
-    """This rank's Strategy, built once: the model's chunks, then data parallelism, the updater and how a
-    step's forwards and backwards run (the module's docstring draws the order)."""
+    """This rank's Strategy, built once: the model's chunks, their parameters' facts, then data
+    parallelism, the updater and how a step's forwards and backwards run (the module's docstring draws
+    the order)."""
     torch.manual_seed(cfg.seed)
     parts = ChunkParts.of(cfg, ctx)
     schedule, chunks = None, None
@@ -127,20 +151,51 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
             cfg.schedule if cfg.pp > 1 else "1f1b", cfg.pp, cfg.microbatches, cfg.virtual_stages
         )
 
-        def stage(layers: range, first: bool, last: bool) -> GPT:
-            return build_chunk(cfg, ctx, parts, layers, first, last)
+        def stage(layers: range, first: bool, last: bool) -> nn.Module:
+            return build_chunk(cfg, ctx, parts, layers=layers, first=first, last=last)
 
         chunks = build_stages(cfg.model_config.layers, schedule, ctx.groups.index("pp"), stage)
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
         model = build_chunk(cfg, ctx, parts)
-    grad_sync = wrap_data_parallel(cfg, ctx, model, parts.tp)
-    updater = build_updater(cfg, ctx, model, grad_sync, parts.tp)
-    if schedule is not None:
+    facts = param_facts(cfg, model)
+    main_grads = (
+        MainGrads()
+    )  # filled by the data-parallel grad sync; read by TP's sums and the updater
+    host_grads = None
+    if (
+        cfg.offload_optimizer
+    ):  # ZeRO-Offload: each final gradient slice goes to the host as it comes
+        host_grads = HostGradients(device=ctx.device, recorder=ctx.recorder, comm=ctx.comm)
+    dp_sync = data_parallel(
+        cfg,
+        ctx,
+        model,
+        facts=facts,
+        main_grads=main_grads,
+        on_reduced=None if host_grads is None else host_grads.copy,
+    )
+    grad_sync = dp_sync
+    if parts.tp is not None and cfg.ep == 1:  # ZeRO is refused with tp (config/rules.py)
+        tp_grads = TensorParallelGrads(model, parts.tp, facts=facts, main_grads=main_grads)
+        grad_sync = ChainedGradSync([dp_sync, tp_grads])
+    updater = build_updater(
+        cfg,
+        ctx,
+        model,
+        dp_sync,
+        tp=parts.tp,
+        facts=facts,
+        main_grads=main_grads,
+        host_grads=host_grads,
+    )
+    if schedule is not None and chunks is not None:
         forward_backward: ForwardBackward = pipeline_executor(cfg, ctx, schedule, chunks, grad_sync)
     else:
         forward_backward = SingleBatch(model, ctx.recorder, ctx.memory, ctx.device)
-    state_params = grad_sync.shards if cfg.zero == 3 else list(model.parameters())  # type: ignore[attr-defined]
+    state_params: list[torch.Tensor] = list(model.parameters())
+    if isinstance(dp_sync, Zero3DataParallel):  # the slices are all that is kept
+        state_params = list(dp_sync.shards)
     ctx.memory.register_model(model)
     return Strategy(
         ctx=ctx,
@@ -149,6 +204,7 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         updater=updater,
         forward_backward=forward_backward,
         state_params=state_params,
+        facts=facts,
         schedule=schedule,
         loss_spike=LossSpike(cfg.loss_spike_factor) if cfg.loss_spike_factor > 0 else None,
         context=parts.cp,
@@ -160,38 +216,36 @@ def build_chunk(
     cfg: RunConfig,
     ctx: RankContext,
     parts: ChunkParts,
+    *,
     layers: range | None = None,
     first: bool = True,
     last: bool = True,
 ) -> GPT:
-    """The model (or one pipeline stage of it): dense on meta → TP swap → experts sharded → device, init by
-    name → recompute → attention's kernel and context parallelism → precision → compile."""
+    """The model (or one pipeline stage of it): dense on meta, built with what the rank hands its modules
+    (attention's kernel, context parallelism, the experts' state, recomputation, the loss's memory
+    tracker) → TP swap → experts sharded → device, init by name → precision → compile."""
+    positions = None
+    if (
+        parts.cp is not None
+    ):  # this rank's tokens' global positions (its rotary tables, its wpe rows)
+        positions = parts.cp.local_positions.to(ctx.device)
+    wiring = ModelWiring(
+        fused_attention=cfg.attention == "sdpa",
+        context=parts.cp,
+        positions=positions,
+        moe=parts.moe,
+        recompute=parts.recompute,
+        memory=ctx.memory if last else None,
+    )
     with torch.device("meta"):
-        chunk = GPT(cfg.model_config, layers=layers, first=first, last=last)
+        chunk = GPT(cfg.model_config, layers=layers, first=first, last=last, wiring=wiring)
     if parts.tp is not None:
         apply_tensor_parallel(chunk, parts.tp)
     if cfg.ep > 1:
         shard_experts(chunk, ctx.groups.index("ep"), cfg.ep)
     materialize(chunk, ctx.device)
     chunk.tie()  # materialising made new parameters: the head takes the token table again
-    mark_decay(
-        chunk, cfg.decay_embeddings
-    )  # which parameters weight decay shrinks (before ZeRO flattens them)
     chunk.init_weights(cfg.seed)
-    if parts.recompute is not None:
-        apply_recompute(chunk, parts.recompute)
-    if last:  # the loss tells the tracker its bytes at their peak (model/cross_entropy.py)
-        chunk.loss.memory = ctx.memory
-    for attn in (m for m in chunk.modules() if isinstance(m, CausalSelfAttention)):
-        attn.fused, attn.context = cfg.attention == "sdpa", parts.cp
-        if (
-            parts.cp is not None and attn.rope
-        ):  # each token rotated by its true position in the sequence
-            attn.set_positions(parts.cp.local_positions)
-    if parts.cp is not None and first:
-        chunk.positions = parts.cp.local_positions.to(ctx.device)
-    for layer in (m for m in chunk.modules() if isinstance(m, MoE)):
-        layer.state = parts.moe
     if cfg.precision != "fp32":
         chunk.to(DTYPES[cfg.precision])
     if cfg.compile:
@@ -203,121 +257,33 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     """Allocate a meta-built module's tensors on `device`, uninitialised: `Module.to_empty`, but contiguous
     (to_empty's stride-preserving empty_like on meta tensors runs torch's Python reference, which imports
     sympy: ~0.4 s of every rank's start-up, measured; every tensor here is contiguous anyway). New
-    Parameter objects are made (meta and device tensors are not shallow-copy compatible), so the marks
-    strategies put on parameters (`tp_sharded`, `sequence_parallel_partial`) are carried over by hand."""
-    marks = {name: dict(vars(p)) for name, p in module.named_parameters(remove_duplicate=False)}
+    Parameter objects are made (meta and device tensors are not shallow-copy compatible): the parameters'
+    facts are taken after this (`param_facts`)."""
     module._apply(
         lambda t: torch.empty_like(t, device=device, memory_format=torch.contiguous_format)
     )
-    for name, p in module.named_parameters(
-        remove_duplicate=False
-    ):  # a tied head too (tied again after)
-        vars(p).update(marks[name])
 
 
-def wrap_data_parallel(
-    cfg: RunConfig, ctx: RankContext, model: nn.Module, tp: TPContext | None
-) -> GradSync:
-    group = replica_group(cfg.cp)
-    if (
-        cfg.ep > 1 and cfg.zero
-    ):  # ZeRO's slices: dense ones over dp, experts' over edp (their sum ÷ dp)
-        dense, experts = expert_params(model)
-        return ZeroGroups(
-            [
-                ZeroDataParallel(model, ctx.comm, cfg.zero, cfg.bucket_mb, only=dense),
-                ZeroDataParallel(
-                    model,
-                    ctx.comm,
-                    cfg.zero,
-                    cfg.bucket_mb,
-                    group="edp",
-                    only=experts,
-                    average_over=cfg.dp,
-                ),
-            ]
-        )
-    if (
-        cfg.ep > 1
-    ):  # experts over the ranks holding the same ones (their sum ÷ dp), the rest over dp
-        dense, experts = expert_params(model)
-        return ChainedGradSync(
-            [
-                BucketedDataParallel(
-                    model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), only=dense
-                ),
-                BucketedDataParallel(
-                    model,
-                    ctx.comm,
-                    cfg.bucket_mb,
-                    "backend",
-                    grad_dtype(cfg),
-                    group="edp",
-                    only=experts,
-                    average_over=cfg.dp,
-                ),
-            ]
-        )
-    if cfg.zero == 3:
-        dp: GradSync = Zero3DataParallel(gpt_units(model), ctx.comm, cfg.prefetch, group)
-    elif cfg.zero in (1, 2):
-        dp = ZeroDataParallel(
-            model, ctx.comm, cfg.zero, cfg.bucket_mb, ring=cfg.allreduce == "ring", group=group
-        )
-    elif cfg.dp_impl == "naive":
-        dp = NaiveDataParallel(model, ctx.comm, grad_dtype(cfg), group)
-    else:
-        compression = DTYPES.get(cfg.grad_compression)  # None: no compression
-        dp = BucketedDataParallel(
-            model, ctx.comm, cfg.bucket_mb, cfg.allreduce, grad_dtype(cfg), compression, group
-        )
-    return dp if tp is None else ChainedGradSync([dp, TensorParallelGrads(model, tp)])
-
-
-def grad_dtype(cfg: RunConfig) -> torch.dtype:
-    """What gradients accumulate and are all-reduced in: fp32 (a 16-bit model's main_grad) or 16 bits."""
-    return torch.float32 if cfg.grad_reduce_dtype == "fp32" else DTYPES[cfg.grad_reduce_dtype]
-
-
-def build_updater(
-    cfg: RunConfig, ctx: RankContext, model: nn.Module, grad_sync: GradSync, tp: TPContext | None
-) -> Updater:
-    pp_comm = ctx.comm if cfg.pp > 1 else None  # the gradient norm sums every stage's share
-    hyper = AdamHyper(cfg.weight_decay, (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_eps)
-    if isinstance(
-        grad_sync, ZeroDataParallel | Zero3DataParallel | ZeroGroups
-    ):  # each rank updates its partition
-        after = None if isinstance(grad_sync, Zero3DataParallel) else grad_sync.gather_params
-        if (
-            cfg.offload_optimizer
-        ):  # ZeRO-Offload: the update on the host, each slice's gradient copied as it is final
-            updater = OffloadedAdamWUpdater(
-                grad_sync.shards, ctx.comm, cfg.lr, hyper, pp_comm, after, grad_sync.group
+def param_facts(cfg: RunConfig, model: nn.Module) -> ParamTable:
+    """Each parameter's facts, said once (parallel/param_facts.py): whether it decays (by its name and
+    shape, optim/weight_decay.py), whether it is a tensor-parallel shard or has a sequence-parallel partial
+    gradient (by its module's type, after the swap), whether it is an expert-parallel shard. A tied head is
+    the token table: it is answered by that name (its first)."""
+    sequence_parallel = cfg.tp > 1 and cfg.sequence_parallel
+    facts: dict[torch.Tensor, ParamFacts] = {}
+    for module_name, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            if p in facts:
+                continue
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            tp_sharded, partial = tensor_parallel_role(module, leaf, sequence_parallel)
+            facts[p] = ParamFacts(
+                decay_ranges=None if decays(name, p, cfg.decay_embeddings) else (),
+                tp_sharded=tp_sharded,
+                sequence_parallel_partial=partial,
+                expert_sharded=is_expert_shard(module),
             )
-            grad_sync.on_reduced = updater.offload_grad
-            return updater
-        return ShardedAdamWUpdater(
-            grad_sync.shards, ctx.comm, cfg.lr, hyper, pp_comm, after, grad_sync.group
-        )
-    params = list(model.parameters())
-    if cfg.precision != "fp32":  # fp32 master weights and moments, 16-bit model
-        return MixedPrecisionUpdater(
-            params,
-            ctx.comm,
-            cfg.precision,
-            cfg.lr,
-            hyper,
-            cfg.loss_scale_init,
-            cfg.loss_scale_growth_interval,
-            tp,
-            pp_comm,
-            ctx.memory,
-        )
-    if cfg.optimizer == "onebit-adam":  # AdamW during the warm-up, then compressed momentum
-        return OneBitAdamUpdater(
-            params, ctx.comm, cfg.lr, hyper, cfg.onebit_warmup_steps, grad_sync
-        )
-    return AdamWUpdater(params, cfg.lr, hyper, tp, pp_comm, ctx.comm if cfg.ep > 1 else None)
+    return ParamTable(facts)
 
 
 def pipeline_executor(
@@ -337,11 +303,12 @@ def pipeline_executor(
         ctx.groups.index("pp"),
         chunks,
         ctx.comm,
-        ctx.memory,
-        (micro, seq, mcfg.hidden),
-        ctx.device,
-        grad_sync,
-        DTYPES.get(cfg.precision, torch.float32),
+        recorder=ctx.recorder,
+        memory=ctx.memory,
+        hidden_shape=(micro, seq, mcfg.hidden),
+        device=ctx.device,
+        grad_sync=grad_sync,
+        dtype=DTYPES.get(cfg.precision, torch.float32),
     )
 
 

@@ -6,8 +6,8 @@ selective recomputation: Korthikanti et al. 2022, §5).
     selective   only the attention core — scores, softmax, weighted sum — is recomputed: the a·s²·b
                 term of the activations (the softmax probabilities) is never kept.
 
-`apply_recompute(model, rc)` turns it on for a built GPT (or pipeline stage): full sets each
-block's `recompute`, selective each attention's. `Recompute.run(name, fn, *inputs)` is the mechanism:
+The model is built with it (`ModelWiring.recompute`, engine/parallelize.py): full gives it to each
+block, selective to each attention. `Recompute.run(name, fn, *inputs)` is the mechanism:
 an autograd function that runs `fn` without keeping its intermediate tensors, saves `inputs`, and in
 backward reruns `fn` with gradients on and back-propagates through it. The bytes the rerun saves are
 counted as activations while they live, so the memory counters show the one layer being recomputed on
@@ -21,32 +21,24 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from workbench.measure.memory import MemoryTracker
-from workbench.model.gpt import Block, CausalSelfAttention
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.trace.recorder import TraceRecorder
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recompute:
+    """What reruns (`mode`), and who records it: the recorder (a `recompute` span) and the memory tracker
+    (the rerun's saves counted as activations while they live)."""
+
     mode: str  # "none", "selective" or "full"
     recorder: TraceRecorder | None = None
-    memory: MemoryTracker | None = None
+    memory: MemoryCounter = NO_MEMORY
 
     def run(
         self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor
     ) -> torch.Tensor:
         return _Recompute.apply(self, name, fn, *inputs)
-
-
-def apply_recompute(model: nn.Module, rc: Recompute) -> nn.Module:
-    """Full: every block keeps only its input. Selective: every attention keeps only q, k, v."""
-    target = Block if rc.mode == "full" else CausalSelfAttention
-    for module in model.modules():
-        if isinstance(module, target):
-            module.recompute = rc
-    return model
 
 
 class _Recompute(torch.autograd.Function):
@@ -66,10 +58,8 @@ class _Recompute(torch.autograd.Function):
             if rc.recorder is not None
             else nullcontext()
         )
-        counting = rc.memory.count_saved_activations() if rc.memory is not None else nullcontext()
-        with span, torch.enable_grad(), counting:  # the rerun's saves count while they live
-            out = ctx.fn(*inputs)
-        if rc.memory is not None:
-            rc.memory.snapshot()
+        with span, torch.enable_grad(), rc.memory.count_saved_activations():
+            out = ctx.fn(*inputs)  # the rerun's saves count while they live
+        rc.memory.snapshot()
         torch.autograd.backward(out, grad)  # its backward releases them as it consumes them
         return (None, None, None, *[t.grad if t.requires_grad else None for t in inputs])

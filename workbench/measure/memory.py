@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -61,7 +61,49 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(seen.values())
 
 
+class MemoryCounter(Protocol):
+    """What the pieces that allocate (the communicator's staging copies, ZeRO's gathered units and buckets in
+    flight, the loss, recomputation, the zero-bubble stash) tell the rank's memory tracker. Each is handed
+    one at construction: the rank's `MemoryTracker`, or `NO_MEMORY` where a piece is built on its own."""
+
+    def add(self, category: str, delta: int) -> None: ...
+
+    def snapshot(self) -> None: ...
+
+    def not_activation(self, t: torch.Tensor) -> None: ...
+
+    def forget_not_activation(self, t: torch.Tensor) -> None: ...
+
+    def count_saved_activations(self) -> AbstractContextManager[None]: ...
+
+
+class NoMemory:
+    """A `MemoryCounter` that counts nothing: the tracker of a piece built without a rank (a test, a
+    benchmark), so the pieces never ask whether they have one."""
+
+    def add(self, category: str, delta: int) -> None:
+        return None
+
+    def snapshot(self) -> None:
+        return None
+
+    def not_activation(self, t: torch.Tensor) -> None:
+        return None
+
+    def forget_not_activation(self, t: torch.Tensor) -> None:
+        return None
+
+    def count_saved_activations(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+NO_MEMORY = NoMemory()
+
+
 class MemoryTracker:
+    """One rank's memory by category (the module's docstring): built by engine/context.setup with the rank's
+    recorder, handed to every piece that allocates."""
+
     def __init__(self, recorder: TraceRecorder, device: torch.device) -> None:
         self.recorder = recorder
         self.device = device

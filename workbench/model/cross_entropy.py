@@ -33,6 +33,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from workbench.measure.memory import MemoryCounter
+
 #: fp32 bytes of one block of rows: a temporary of this size replaces the fp32 copy of the whole logits
 BLOCK_BYTES = 64 * 2**20
 
@@ -122,10 +124,12 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> t
 
 
 class CrossEntropy(nn.Module):
-    """The model's loss module (tensor parallelism swaps in the vocabulary-parallel one)."""
+    """The model's loss module (tensor parallelism swaps in the vocabulary-parallel one, which takes over its
+    `memory`): the rank's memory tracker (measure/memory.py), told the loss's bytes at their peak."""
 
-    #: set by engine/parallelize.py: the rank's memory tracker (measure/memory.py)
-    memory = None
+    def __init__(self, memory: MemoryCounter | None = None) -> None:
+        super().__init__()
+        self.memory = memory
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return cross_entropy(logits, targets, self.memory)

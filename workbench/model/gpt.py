@@ -15,13 +15,14 @@ strategy must be bit-for-bit comparable). The head is tied to the token embeddin
 (`tie_embeddings`, as Llama 3.2 1B does); tying couples the first and last pipeline stages, so config/rules.py
 refuses it with pp > 1 and with ZeRO-3.
 
-The model is always built dense. Strategies are applied to it afterwards, by `engine/parallelize.py`:
-tensor parallelism swaps modules (`parallel.tensor_parallel.apply_tensor_parallel`: qkv and fc
-column-parallel, the projections row-parallel, the embedding, head and `loss` split by vocabulary,
-`wpe` sliced by sequence), context parallelism sets `CausalSelfAttention.context`, `GPT.positions` and
-the rotary tables of this rank's positions (`parallel/context_parallel.py`), recomputation sets
-`Block.recompute` / `CausalSelfAttention.recompute`
-(`engine/recompute.py`). This file knows nothing of either.
+The model is always built dense, and handed at construction what its rank's strategy decided
+(`ModelWiring`, from `engine/parallelize.py`): the attention's kernel, context parallelism's attention and
+this rank's token positions (`parallel/context_parallel.py`), the MoE layers' shared state, recomputation
+(`engine/recompute.py`) and the loss's memory tracker — each by a protocol, so this file knows nothing of
+the strategies. Tensor parallelism then swaps modules (`parallel.tensor_parallel.apply_tensor_parallel`:
+qkv and fc column-parallel, the projections row-parallel, the embedding, head and `loss` split by
+vocabulary, `wpe` sliced by sequence). The model says what its pieces are (`units()`: what ZeRO-3 gathers
+one at a time).
 
 Initialisation is a function of the seed and each parameter's *name* only (`init_tensor`): a shard is
 cut from its parameter's full initial value (`full_shapes`, `shard_param` of a swapped module), one
@@ -33,16 +34,74 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.measure.memory import MemoryCounter
 from workbench.model.cross_entropy import CrossEntropy
 from workbench.model.llama import RMSNorm, SwiGLU, rotary_tables, rotate
-from workbench.model.moe import MoE
+from workbench.model.moe import MoE, MoEState
+
+
+@runtime_checkable
+class ShardedModule(Protocol):
+    """A module a strategy swapped in that holds a shard of each of its parameters (tensor parallelism's,
+    expert parallelism's): `full_shapes` are the whole parameters' shapes and `shard_param` cuts this rank's
+    shard from a whole value — how initialisation and checkpoints see the whole model by name."""
+
+    full_shapes: dict[str, tuple[int, ...]]
+
+    def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor: ...
+
+
+class ContextAttention(Protocol):
+    """Attention over a sequence split between ranks (parallel/context_parallel.ContextParallel)."""
+
+    def attention(
+        self, layer: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+class Rerun(Protocol):
+    """Activation recomputation (engine/recompute.Recompute): `mode` says what reruns (full: each block,
+    selective: each attention core), `run` reruns it in backward."""
+
+    mode: str
+
+    def run(
+        self, name: str, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ModelWiring:
+    """What a rank's strategy hands the model it builds, beyond its config (engine/parallelize.py); the
+    defaults are one process's plain model."""
+
+    #: attention='sdpa': torch's fused scaled_dot_product_attention (flash attention where the device has
+    #: it) — saves no s×s probabilities, faster on GPUs
+    fused_attention: bool = False
+    #: context parallelism (cp > 1): its attention, over the cp group, replaces the core (the sequence here is
+    #: this rank's s/cp tokens)
+    context: ContextAttention | None = None
+    #: context parallelism: the global positions of this rank's tokens, on the rank's device (the learned
+    #: position embedding looks them up, rotary attention rotates by them); None: 0 … s − 1
+    positions: torch.Tensor | None = None
+    #: a model with experts: the MoE layers' shared state (model/moe.py); None: each layer its own default
+    moe: MoEState | None = None
+    #: activation recomputation, full or selective (engine/recompute.py)
+    recompute: Rerun | None = None
+    #: the rank's memory tracker: the loss reports its bytes at their peak (model/cross_entropy.py)
+    memory: MemoryCounter | None = None
+
+
+PLAIN_MODEL = ModelWiring()
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -59,17 +118,24 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    #: set by engine/recompute.py for selective recomputation: rerun the attention core in backward
-    recompute: Any = None
-    #: set by engine/parallelize.py for attention='sdpa': torch's fused scaled_dot_product_attention (flash
-    #: attention where the device has it) — saves no s×s probabilities, faster on GPUs
-    fused: bool = False
-    #: set by engine/parallelize.py for context parallelism (cp > 1): a parallel.context_parallel.ContextParallel
-    #: whose ring attention, over the cp group, replaces the core (the sequence here is this rank's s/cp tokens)
-    context: Any = None
+    """Causal self-attention; `wiring` says its kernel (fused or written out), context parallelism's
+    attention and positions, and whether its core is recomputed (selective recomputation)."""
 
-    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
+    def __init__(
+        self, cfg: ModelConfig, name: str = "", *, wiring: ModelWiring = PLAIN_MODEL
+    ) -> None:
         super().__init__()
+        self.fused, self.context = wiring.fused_attention, wiring.context
+        selective = wiring.recompute is not None and wiring.recompute.mode == "selective"
+        #: selective recomputation: rerun the attention core in backward
+        self.recompute = wiring.recompute if selective else None
+        #: the positions of the tokens this attention sees (rotary tables): this rank's under context
+        #: parallelism (each token rotated by its true position in the sequence)
+        self.token_positions = (
+            torch.arange(cfg.seq_len, device="cpu")
+            if wiring.positions is None
+            else wiring.positions.to("cpu")
+        )
         self.head_dim, self.name, self.theta = cfg.head_dim, name, cfg.rope_theta
         self.group = cfg.heads // cfg.kv  # query heads per K/V head (1: multi-head attention)
         self.qkv = nn.Linear(cfg.hidden, cfg.qkv_width, bias=cfg.bias)
@@ -82,7 +148,7 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("mask", causal_mask(cfg.seq_len), persistent=False)
         self.rope = cfg.positions == "rope"
         if self.rope:
-            self.set_positions(torch.arange(cfg.seq_len, device="cpu"))
+            self.set_positions(self.token_positions)
 
     def set_positions(self, positions: torch.Tensor) -> None:
         """The rotary tables for the tokens this rank's attention sees, in its order: 0 … s − 1, or under
@@ -201,24 +267,27 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return RMSNorm(cfg.hidden) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.hidden, bias=cfg.bias)
 
 
-def make_mlp(cfg: ModelConfig, name: str) -> nn.Module:
-    """The block's MLP: a mixture of experts (model/moe.py), SwiGLU (model/llama.py) or GPT-2's."""
+def make_mlp(cfg: ModelConfig, name: str, moe: MoEState | None = None) -> nn.Module:
+    """The block's MLP: a mixture of experts (model/moe.py, sharing `moe`), SwiGLU (model/llama.py) or
+    GPT-2's."""
     if cfg.experts:
-        return MoE(cfg, name)
+        return MoE(cfg, name, state=moe)
     return SwiGLU(cfg.hidden, cfg.inner, cfg.bias) if cfg.mlp == "swiglu" else MLP(cfg)
 
 
 class Block(nn.Module):
-    #: set by engine/recompute.py for full recomputation: keep only the input, rerun in backward
-    recompute: Any = None
-
-    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
+    def __init__(
+        self, cfg: ModelConfig, name: str = "", *, wiring: ModelWiring = PLAIN_MODEL
+    ) -> None:
         super().__init__()
         self.name = name
+        full = wiring.recompute is not None and wiring.recompute.mode == "full"
+        #: full recomputation: keep only the input, rerun in backward
+        self.recompute = wiring.recompute if full else None
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg, name)
+        self.attn = CausalSelfAttention(cfg, name, wiring=wiring)
         self.ln_2 = make_norm(cfg)
-        self.mlp = make_mlp(cfg, name)
+        self.mlp = make_mlp(cfg, name, wiring.moe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute is not None:
@@ -244,28 +313,35 @@ class GPT(nn.Module):
     each stage exactly its slice of the single-process model.
 
     Built under `torch.device("meta")` it stays uninitialised (nothing allocated): apply strategies,
-    `to_empty(device=...)`, then `init_weights(seed)`. Built anywhere else it is initialised at once."""
+    `to_empty(device=...)`, then `init_weights(seed)`. Built anywhere else it is initialised at once.
+    `wiring`: what the rank's strategy hands its modules (`ModelWiring`)."""
 
     def __init__(
         self,
         cfg: ModelConfig,
         seed: int = 0,
+        *,
         layers: range | None = None,
         first: bool = True,
         last: bool = True,
+        wiring: ModelWiring = PLAIN_MODEL,
     ) -> None:
         super().__init__()
         self.cfg, self.first, self.last = cfg, first, last
+        #: the global positions of this rank's tokens (context parallelism), on its device; None: 0 … s − 1
+        self.positions = wiring.positions
         layers = range(cfg.layers) if layers is None else layers
         if first:
             self.wte = uninitialised_embedding(cfg.vocab_size, cfg.hidden)
             if cfg.positions == "learned":
                 self.wpe = uninitialised_embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleDict({str(i): Block(cfg, f"blocks.{i}") for i in layers})
+        self.blocks = nn.ModuleDict(
+            {str(i): Block(cfg, f"blocks.{i}", wiring=wiring) for i in layers}
+        )
         if last:
             self.ln_f = make_norm(cfg)
             self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=cfg.bias)
-            self.loss = CrossEntropy()
+            self.loss = CrossEntropy(memory=wiring.memory)
         self.tie()
         if not next(self.parameters()).is_meta:
             self.init_weights(seed)
@@ -289,21 +365,35 @@ class GPT(nn.Module):
                     continue
                 done.add(id(p))
                 name = f"{module_name}.{leaf}" if module_name else leaf
-                shapes = getattr(module, "full_shapes", {leaf: tuple(p.shape)})
-                full = init_tensor(name, shapes[leaf], seed)
-                p.copy_(module.shard_param(leaf, full) if hasattr(module, "shard_param") else full)
+                if isinstance(module, ShardedModule):
+                    full = init_tensor(name, module.full_shapes[leaf], seed)
+                    p.copy_(module.shard_param(leaf, full))
+                else:
+                    full = init_tensor(name, tuple(p.shape), seed)
+                    p.copy_(full)
                 del full  # one full parameter at a time
             if isinstance(module, CausalSelfAttention):
                 module.mask = causal_mask(self.cfg.seq_len, module.mask.device)
-                if module.rope:  # context parallelism sets this rank's positions afterwards
-                    module.set_positions(torch.arange(self.cfg.seq_len, device="cpu"))
+                if module.rope:  # this rank's positions (context parallelism), on the device now
+                    module.set_positions(module.token_positions)
             if isinstance(
                 module, MoE
             ):  # the balancing bias starts at zero (materialised uninitialised)
                 module.expert_bias.zero_()
 
-    #: set by engine/parallelize.py under context parallelism: the global positions of this rank's tokens
-    positions: torch.Tensor | None = None
+    def units(self) -> list[tuple[str, nn.Module]]:
+        """The model's pieces in forward order, by name — the embeddings (first stage), each block, the final
+        norm and the head (last stage): what ZeRO-3 gathers one at a time (parallel/zero3.py). No `wpe`
+        with rotary positions."""
+        units: list[tuple[str, nn.Module]] = []
+        if self.first:
+            units.append(("wte", self.wte))
+            if self.cfg.positions == "learned":
+                units.append(("wpe", self.wpe))
+        units += [(f"blocks.{k}", b) for k, b in self.blocks.items()]
+        if self.last:
+            units += [("ln_f", self.ln_f), ("head", self.head)]
+        return units
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings of the tokens held (a sequence-parallel `wpe` keeps its slice);

@@ -42,9 +42,7 @@ from workbench.model.llama import swiglu
 
 class GroupedLinear(nn.Module):
     """E linears stacked (weight (E, out, in), bias (E, out) where the model has biases); rows in expert-major
-    order, `counts` per expert."""
-
-    stacked_experts = True  # what parallel/expert_parallel.shard_experts cuts
+    order, `counts` per expert (expert parallelism cuts them: parallel/expert_parallel.ExpertShard)."""
 
     def __init__(
         self, experts: int, in_features: int, out_features: int, bias: bool = True
@@ -78,11 +76,12 @@ class Experts(nn.Module):
         return self.proj(swiglu(inner) if self.swiglu else F.gelu(inner), counts)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MoEState:
-    """What the MoE layers of one rank share, set by engine/parallelize.py: the aux loss's coefficient and
-    gradient scale (the step's loss scale ÷ microbatches, set each step), the bias rate, the capacity factor,
-    the counts' all-reduce (None: one process), and this step's tokens per expert and drops per layer."""
+    """What the MoE layers of one rank share, built by engine/parallelize.py and handed to each layer:
+    the aux loss's coefficient and gradient scale (the step's loss scale ÷ microbatches, set each step),
+    the bias rate, the capacity factor, the counts' all-reduce (None: one process), and this step's tokens
+    per expert and drops per layer."""
 
     aux_coef: float = 0.0
     bias_rate: float = 0.0
@@ -125,13 +124,14 @@ def switch_aux_loss(counts: torch.Tensor, scores: torch.Tensor, coef: float) -> 
 class MoE(nn.Module):
     """The mixture-of-experts MLP of one block (module docstring)."""
 
-    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, name: str = "", *, state: MoEState | None = None) -> None:
+        """`state`: what the rank's MoE layers share (engine/parallelize.py's; None: this layer's own)."""
         super().__init__()
         self.name, self.k, self.kind, self.n_experts = name, cfg.top_k, cfg.router, cfg.experts
         self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
         self.experts = Experts(cfg)
         self.register_buffer("expert_bias", torch.zeros(cfg.experts), persistent=False)
-        self.state = MoEState()
+        self.state = MoEState() if state is None else state
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(scores (T, E), chosen experts (T, k), gates (T, k)), all fp32."""

@@ -33,7 +33,7 @@ import torch
 from torch.optim.adamw import adamw as adamw_kernel
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdamHyper:
     """AdamW's settings besides the learning rate, as torch.optim.AdamW names them. GPT-2/3 and Llama train
     with betas (0.9, 0.95) and weight decay 0.1; torch's defaults are (0.9, 0.999) and, for AdamW, 0.01."""
@@ -49,6 +49,7 @@ class AdamW:
     def __init__(
         self,
         params: Sequence[torch.Tensor],
+        *,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,

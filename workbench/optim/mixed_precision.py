@@ -14,8 +14,8 @@ One step:
       the scale doubles (PyTorch's GradScaler policy).
 
 The fp32 gradients: with `grad_reduce_dtype='fp32'` (the default, Megatron's) each parameter's fp32
-`main_grad` (parallel/main_grad.py), accumulated and all-reduced in fp32, *is* its master's gradient —
-unscaled in place, no copy. With 16-bit reduction the update makes fp32 copies of every gradient
+main gradient (parallel/main_grad.MainGrads, handed in), accumulated and all-reduced in fp32, *is* its
+master's gradient — unscaled in place, no copy. With 16-bit reduction the update makes fp32 copies of every gradient
 (4 bytes per parameter) that live until the step ends: counted under `temporary` while they do.
 
 Flat buffers: the 16-bit parameters live end to end in one buffer and the fp32 masters in another
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.measure.memory import MemoryTracker
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.optim.adamw import AdamHyper, apply_update
 from workbench.optim.updater import (
     adam_checkpoint_state,
@@ -48,34 +48,45 @@ from workbench.optim.updater import (
     set_lr,
 )
 from workbench.parallel.flat import flatten_params, views
-from workbench.parallel.main_grad import grad_of
+from workbench.parallel.main_grad import MainGrads
+from workbench.parallel.param_facts import ParamTable
 from workbench.parallel.tp_communications import TPContext
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MixedPrecisionUpdater:
+    """Owns the flat 16-bit and fp32 buffers, the masters, the optimizer and the loss scaler; is handed the
+    16-bit parameters, their facts (what decays, what is a tp shard), where their fp32 main gradients are
+    (`main_grads`: the data-parallel grad sync's), the communicator (the overflow check's agreement), the
+    tensor-parallel context and pp communicator of the norm, and the memory tracker (the fp32 copies of
+    16-bit gradients are `temporary`)."""
+
     def __init__(
         self,
         params: Sequence[nn.Parameter],
         comm: Communicator,
+        *,
         precision: str,
         lr: float,
         hyper: AdamHyper,
         init_scale: float = 2.0**16,
         growth_interval: int = 1000,
+        facts: ParamTable | None = None,
+        main_grads: MainGrads | None = None,
         tp: TPContext | None = None,
         pp_comm: Communicator | None = None,
-        memory: MemoryTracker | None = None,
+        memory: MemoryCounter = NO_MEMORY,
     ) -> None:
         self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
         self.tp, self.pp_comm = tp, pp_comm
+        self.facts = ParamTable() if facts is None else facts
+        self.main_grads = MainGrads() if main_grads is None else main_grads
         self.flat16 = flatten_params(self.params)  # each p.data a view of it
         self.flat32 = self.flat16.float()
         self.masters = [nn.Parameter(v) for v in views(self.flat32, self.params)]  # views: no copy
-        self.optimizer = adamw(
-            self.masters, lr, hyper, like=self.params
-        )  # decay as the 16-bit parameters'
+        # decay as the 16-bit parameters'
+        self.optimizer = adamw(self.masters, lr, hyper, facts=self.facts, like=self.params)
         self.scale = init_scale if precision == "fp16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0
@@ -100,7 +111,9 @@ class MixedPrecisionUpdater:
             self.scale != 1.0 and not fused
         ):  # the CPU divides first, then takes the norm of what it steps with
             torch._foreach_div_(present, self.scale)
-        norm = global_grad_norm(self.params, self.tp, self.pp_comm, grads=grads)
+        norm = global_grad_norm(
+            self.params, facts=self.facts, tp=self.tp, pp_comm=self.pp_comm, grads=grads
+        )
         if (
             self.scale != 1.0 and fused
         ):  # the fused kernel divides: the norm of the scaled gradients, unscaled
@@ -118,7 +131,7 @@ class MixedPrecisionUpdater:
         """Each master's fp32 gradient, still scaled: the main_grad itself where there is one, else a copy of
         the 16-bit gradient into one flat fp32 buffer (counted under `temporary` while it lives). Returns them
         and the bytes of copies."""
-        raw = [grad_of(p) for p in self.params]
+        raw = [self.main_grads.grad_of(p) for p in self.params]
         if all(g is None or g.dtype == torch.float32 for g in raw):
             return raw, 0
         copies = torch.empty_like(self.flat32)
@@ -130,7 +143,7 @@ class MixedPrecisionUpdater:
         return out, copies.numel() * 4
 
     def count_temporary(self, nbytes: int) -> None:
-        if self.memory is not None and nbytes:
+        if nbytes:
             self.memory.add("temporary", nbytes)
             self.memory.snapshot()
 
@@ -169,7 +182,7 @@ class MixedPrecisionUpdater:
             return False
         # one multi-tensor norm over every gradient (in fp32: an fp16 norm of finite values can itself overflow),
         # inf or NaN exactly where some gradient holds one; the host waits once, for the answer all ranks agree on
-        grads = [g for p in self.params if (g := grad_of(p)) is not None]
+        grads = [g for p in self.params if (g := self.main_grads.grad_of(p)) is not None]
         bad = torch.zeros(1, device=self.params[0].device)
         if grads:
             norms = torch._foreach_norm(grads, 2, dtype=torch.float32)

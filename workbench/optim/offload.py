@@ -11,7 +11,8 @@ What is where, per rank (ZeRO's partition of N ranks; this engine's ZeRO runs in
 
 One step:
     backward      as ZeRO without offload; each slice's gradient, once final (the GradSync's
-                  `on_reduced`), is copied device → host on a side stream (`offload` span: d2h)
+                  `on_reduced`: `HostGradients.copy`), is copied device → host on a side stream
+                  (`offload` span: d2h)
     norm, clip    the gradient norm on the device (the usual sharded all-reduce), one number to the host
     update        torch's AdamW, multi-tensor (foreach), on the host copies: the same arithmetic as the
                   update on the device, bit for bit on a CPU (tests/test_offload.py)
@@ -32,62 +33,50 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
-from workbench.optim.adamw import AdamHyper, AdamW
+from workbench.optim.adamw import AdamHyper
 from workbench.optim.updater import (
     ShardedAdamWUpdater,
     adam_checkpoint_state,
     adam_state,
+    adamw,
     clip_coefficient,
     scale_grads,
     set_lr,
 )
-from workbench.optim.weight_decay import decay_ranges
+from workbench.parallel.param_facts import ParamTable
+from workbench.trace.recorder import TraceRecorder
 
 
-class OffloadedAdamWUpdater(ShardedAdamWUpdater):
-    """ZeRO's optimizer on the host: the sharded updater's norm and gathering, with AdamW on host copies
-    of this rank's slices."""
+class HostGradients:
+    """This rank's gradient slices in host memory and their device → host copies (on CUDA on a side stream,
+    not waited for until the update). Built by the strategy before the ZeRO grad sync, which is given `copy`
+    as its `on_reduced` (each slice copied the moment it is final), and handed to the
+    `OffloadedAdamWUpdater`, which steps on the copies. `comm`: the communicator whose step the `offload`
+    spans carry."""
 
     def __init__(
-        self,
-        shards: Sequence[nn.Parameter],
-        comm: Communicator,
-        lr: float,
-        hyper: AdamHyper,
-        pp_comm: Communicator | None = None,
-        after_step: Callable[[], None] | None = None,
-        group: str = "dp",
+        self, *, device: torch.device, recorder: TraceRecorder, comm: Communicator
     ) -> None:
-        super().__init__(shards, comm, lr, hyper, pp_comm, after_step, group)
-        self.device = self.params[0].device
-        cuda = self.device.type == "cuda"
-        self.side = torch.cuda.Stream(self.device) if cuda else None
+        self.device, self.recorder, self.comm = device, recorder, comm
+        self.cuda = device.type == "cuda"
+        self.side = torch.cuda.Stream(device) if self.cuda else None
+        self.grads: dict[int, torch.Tensor] = {}  # slice → its host gradient
+        self.copied: dict[int, Any] = {}  # slice → its copy this step (an event on CUDA)
 
-        def host_like(t: torch.Tensor) -> torch.Tensor:
-            return torch.empty(t.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
+    def host_like(self, t: torch.Tensor) -> torch.Tensor:
+        """An fp32 host tensor shaped like `t` (pinned on CUDA), uninitialised."""
+        return torch.empty(t.shape, dtype=torch.float32, device="cpu", pin_memory=self.cuda)
 
-        self.host_params = [nn.Parameter(host_like(s).copy_(s.detach())) for s in self.params]
-        for hp in self.host_params:
-            hp.grad = host_like(hp).zero_()
-        # in place of the base's device optimizer (which never stepped, so never held a moment)
-        self.optimizer = AdamW(
-            self.host_params,
-            lr=lr,
-            betas=hyper.betas,
-            eps=hyper.eps,
-            weight_decay=hyper.weight_decay,
-            foreach=True,
-            decay=[decay_ranges(s) for s in self.params],
-        )  # each slice's matrix elements
-        self.copied: list[Any] = [None] * len(
-            self.params
-        )  # per slice: its d2h copy (an event on CUDA)
+    def buffer(self, i: int, like: torch.Tensor) -> torch.Tensor:
+        """Slice i's host gradient (zeroed when first asked for)."""
+        if i not in self.grads:
+            self.grads[i] = self.host_like(like).zero_()
+        return self.grads[i]
 
-    # ---- device → host ---------------------------------------------------------------------------------
-    def offload_grad(self, i: int) -> None:
+    def copy(self, i: int, grad: torch.Tensor) -> None:
         """Copy slice i's final gradient to the host (on CUDA: on the side stream, not waited for here)."""
-        grad, rec = self.params[i].grad, self.comm.recorder
-        with rec.span(
+        host = self.buffer(i, grad)
+        with self.recorder.span(
             f"offload grad {i} d2h",
             "offload",
             "offload",
@@ -97,39 +86,87 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
             step=self.comm.step,
         ):
             if self.side is None:
-                self.host_params[i].grad.copy_(grad)
+                host.copy_(grad)
                 self.copied[i] = True
                 return
             self.side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.side):
-                self.host_params[i].grad.copy_(grad, non_blocking=True)
+                host.copy_(grad, non_blocking=True)
                 grad.record_stream(self.side)
-                self.copied[i] = torch.cuda.Event()
-                self.copied[i].record(self.side)
+                event = torch.cuda.Event()
+                event.record(self.side)
+                self.copied[i] = event
 
-    def _gradients_on_host(self) -> None:
-        for i, done in enumerate(self.copied):
-            if (
-                done is None
-            ):  # the GradSync did not report this slice (a pipeline stage's, say): copy it now
-                self.offload_grad(i)
+    def gather(self, device_grads: Sequence[torch.Tensor | None]) -> None:
+        """Before the update: every slice on the host — those the grad sync did not report (a pipeline
+        stage's, say) copied now —, the side stream's copies waited for."""
+        for i, grad in enumerate(device_grads):
+            if i not in self.copied and grad is not None:
+                self.copy(i, grad)
         if self.side is not None:
-            with self.comm.recorder.span(
-                "offload wait d2h", "offload", "offload", step=self.comm.step
-            ):
-                for event in self.copied:
+            with self.recorder.span("offload wait d2h", "offload", "offload", step=self.comm.step):
+                for event in self.copied.values():
                     event.synchronize()
-        self.copied = [None] * len(self.params)
+        self.forget()
+
+    def forget(self) -> None:
+        """A new step: no slice copied yet."""
+        self.copied = {}
+
+
+class OffloadedAdamWUpdater(ShardedAdamWUpdater):
+    """ZeRO's optimizer on the host: the sharded updater's norm and gathering, with AdamW on host copies
+    of this rank's slices. Owns the host master slices and the host optimizer; is handed the slices and
+    their facts, the host gradients (`HostGradients`, which the grad sync fills) and the recorder of its
+    `offload` spans."""
+
+    def __init__(
+        self,
+        shards: Sequence[nn.Parameter],
+        comm: Communicator,
+        *,
+        lr: float,
+        hyper: AdamHyper,
+        host_grads: HostGradients,
+        recorder: TraceRecorder,
+        facts: ParamTable | None = None,
+        pp_comm: Communicator | None = None,
+        after_step: Callable[[], None] | None = None,
+        group: str = "dp",
+    ) -> None:
+        super().__init__(
+            shards,
+            comm,
+            lr=lr,
+            hyper=hyper,
+            facts=facts,
+            pp_comm=pp_comm,
+            after_step=after_step,
+            group=group,
+        )
+        self.host_grads, self.recorder = host_grads, recorder
+        self.device = host_grads.device
+        self.side = host_grads.side
+        self.host_params = [
+            nn.Parameter(host_grads.host_like(s).copy_(s.detach())) for s in self.params
+        ]
+        for i, (s, hp) in enumerate(zip(self.params, self.host_params, strict=True)):
+            hp.grad = host_grads.buffer(i, s)
+        # in place of the base's device optimizer (which never stepped, so never held a moment); each
+        # slice's matrix elements decay
+        self.optimizer = adamw(
+            self.host_params, lr, hyper, facts=self.facts, like=self.params, foreach=True
+        )
 
     # ---- the step -----------------------------------------------------------------------------------------
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
         set_lr(self.optimizer, lr)
         norm = self.grad_norm()
         if self.anomaly(norm):  # skipped: the training step reads the norm and says why
-            self.copied = [None] * len(self.params)
+            self.host_grads.forget()
             return norm
         value = float(norm)
-        self._gradients_on_host()
+        self.host_grads.gather([s.grad for s in self.params])
         scale_grads(
             self.host_params, clip_coefficient(norm.to("cpu"), max_norm)
         )  # on the host's copies
@@ -142,7 +179,7 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         """Each updated slice host → device. On CUDA on the side stream, after the work already queued on the
         compute stream (which may still read the parameters it overwrites), and the compute stream then waits
         for the copies."""
-        rec = self.comm.recorder
+        rec = self.recorder
         if self.side is not None:
             self.side.wait_stream(torch.cuda.current_stream(self.device))
         for i, (shard, hp) in enumerate(zip(self.params, self.host_params, strict=True)):

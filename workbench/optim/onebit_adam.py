@@ -33,6 +33,8 @@ from torch import nn
 from workbench.comm.traced import Communicator
 from workbench.optim.adamw import AdamHyper
 from workbench.optim.updater import AdamWUpdater, adamw, clip_coefficient, scale_grads, squares
+from workbench.parallel.data_parallel import BucketedDataParallel
+from workbench.parallel.param_facts import ParamTable
 
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
@@ -91,12 +93,14 @@ class OneBitAdamUpdater(AdamWUpdater):
         self,
         params: Sequence[nn.Parameter],
         comm: Communicator,
+        *,
         lr: float,
         hyper: AdamHyper,
         warmup_steps: int,
-        grad_sync: Any,
+        grad_sync: BucketedDataParallel,
+        facts: ParamTable | None = None,
     ) -> None:
-        super().__init__(params, lr, hyper)
+        super().__init__(params, lr=lr, hyper=hyper, facts=facts)
         self.comm, self.grad_sync, self.warmup_steps, self.t = comm, grad_sync, warmup_steps, 0
         self.hyper = hyper
         self.beta1, self.beta2 = hyper.betas
@@ -127,7 +131,7 @@ class OneBitAdamUpdater(AdamWUpdater):
         offset = 0
         with torch.no_grad():
             for p in self.params:
-                if getattr(p, "decays", True):  # the matrices only (optim/weight_decay.py)
+                if self.facts[p].decays(p.numel()):  # the matrices only (optim/weight_decay.py)
                     p.mul_(1 - lr * self.hyper.weight_decay)
                 p.sub_(update[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
@@ -144,10 +148,9 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.m = self.flat([s["exp_avg"] for s in state])
         v_hat = self.flat([s["exp_avg_sq"] for s in state]) / (1 - self.beta2**self.t)
         self.denom = v_hat.sqrt() + self.eps
-        self.optimizer = adamw(
-            self.params, 0.0, self.hyper
-        )  # its state is no longer used: let it go
-        self.grad_sync.local_only = True
+        # its state is no longer used: let it go
+        self.optimizer = adamw(self.params, 0.0, self.hyper, facts=self.facts)
+        self.grad_sync.keep_gradients_local()
 
     def state_tensors(self) -> list[torch.Tensor]:
         if self.m is None:

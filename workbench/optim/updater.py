@@ -35,7 +35,7 @@ from torch import nn
 
 from workbench.comm.traced import Communicator
 from workbench.optim.adamw import AdamHyper, AdamW, apply_update, clip_coefficient
-from workbench.optim.weight_decay import decay_ranges
+from workbench.parallel.param_facts import ParamTable
 from workbench.parallel.tp_communications import TPContext, all_reduce_tp
 
 __all__ = [
@@ -53,7 +53,9 @@ __all__ = [
 
 
 class Updater(Protocol):
-    loss_scale: float
+    @property
+    def loss_scale(self) -> float:
+        """What backward multiplies the loss by (1 except for fp16)."""
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None: ...
 
@@ -77,18 +79,23 @@ def adamw(
     params: Sequence[torch.Tensor],
     lr: float,
     hyper: AdamHyper,
+    *,
+    facts: ParamTable | None = None,
     like: Sequence[torch.Tensor] | None = None,
+    foreach: bool | None = None,
 ) -> AdamW:
     """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): optim/adamw.py.
-    Weight decay on the elements each tensor's mark says (optim/weight_decay.py) — or, for copies (fp32
-    masters, host slices), the marks of the tensors they copy (`like`)."""
+    Weight decay on the elements each tensor's facts say (`decay_ranges`: optim/weight_decay.py) — or, for
+    copies (fp32 masters, host slices), the facts of the tensors they copy (`like`)."""
+    facts = ParamTable() if facts is None else facts
     return AdamW(
         params,
         lr=lr,
         betas=hyper.betas,
         eps=hyper.eps,
         weight_decay=hyper.weight_decay,
-        decay=[decay_ranges(t) for t in (params if like is None else like)],
+        foreach=foreach,
+        decay=[facts[t].decayed(t.numel()) for t in (params if like is None else like)],
     )
 
 
@@ -140,24 +147,26 @@ def _sum_over_pp(sq: torch.Tensor, pp_comm: Communicator | None) -> torch.Tensor
 
 def global_grad_norm(
     params: Sequence[nn.Parameter],
-    tp: TPContext | None,
+    *,
+    facts: ParamTable,
+    tp: TPContext | None = None,
     pp_comm: Communicator | None = None,
     ep_comm: Communicator | None = None,
     grads: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
-    summed over tp, replicated ones counted once, every stage's share summed over pp. `grads`: one per
-    parameter (a 16-bit model's fp32 ones), else each `p.grad`."""
+    summed over tp, replicated ones counted once, every stage's share summed over pp (which is which: the
+    parameters' `facts`). `grads`: one per parameter (a 16-bit model's fp32 ones), else each `p.grad`."""
     device = params[0].device
     pairs = [
         (p, g)
         for p, g in zip(params, [p.grad for p in params] if grads is None else grads, strict=True)
         if g is not None
     ]
-    experts = [g for p, g in pairs if getattr(p, "expert_sharded", False)]
-    pairs = [(p, g) for p, g in pairs if not getattr(p, "expert_sharded", False)]
-    sharded = [g for p, g in pairs if getattr(p, "tp_sharded", False)]
-    replicated = [g for p, g in pairs if not getattr(p, "tp_sharded", False)]
+    experts = [g for p, g in pairs if facts[p].expert_sharded]
+    pairs = [(p, g) for p, g in pairs if not facts[p].expert_sharded]
+    sharded = [g for p, g in pairs if facts[p].tp_sharded]
+    replicated = [g for p, g in pairs if not facts[p].tp_sharded]
     if tp is not None and tp.size > 1:
         sq = all_reduce_tp(squares(sharded, device).reshape(1), tp, "grad norm", "optimizer")[0]
         sq = sq + squares(replicated, device)
@@ -175,18 +184,21 @@ def global_grad_norm(
 def sharded_grad_norm(
     shards: Sequence[nn.Parameter],
     comm: Communicator,
+    *,
+    facts: ParamTable,
     pp_comm: Communicator | None = None,
     group: str = "dp",
 ) -> torch.Tensor:
     """‖g‖ when each dp rank holds disjoint slices of the gradient (ZeRO): the slices' squares summed
-    over the group they were cut over (padding is zero and adds nothing) — dp, or under expert parallelism
-    the experts' over edp and then over ep (each ep rank's experts are its own) —, then over pp."""
+    over the group they were cut over (their facts' `zero_group`, else `group`; padding is zero and adds
+    nothing) — dp, or under expert parallelism the experts' over edp and then over ep (each ep rank's
+    experts are its own) —, then over pp."""
     by_group: dict[str, list[nn.Parameter]] = {}
     for s in shards:
-        by_group.setdefault(getattr(s, "zero_group", group), []).append(s)
+        by_group.setdefault(facts[s].zero_group or group, []).append(s)
     total = torch.zeros((), device=shards[0].device)
     for g, mine in by_group.items():  # the same order on every rank: the grad sync's
-        sq = squares([s.grad for s in mine], total.device).reshape(1).clone()
+        sq = squares([s.grad for s in mine if s.grad is not None], total.device).reshape(1).clone()
         comm.all_reduce(sq, g, label="zero grad norm")
         if g == "edp":
             comm.all_reduce(sq, "ep", label="zero expert grad norm")
@@ -202,21 +214,26 @@ def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> No
 
 
 class AdamWUpdater:
-    """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards)."""
+    """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards). Owns the optimizer
+    and its state; is handed the parameters, their facts (what decays, what is a shard), the tensor-parallel
+    context and the communicators of the norm's sums over pp and ep (None: not cut that way)."""
 
     loss_scale = 1.0
 
     def __init__(
         self,
         params: Sequence[nn.Parameter],
+        *,
         lr: float,
         hyper: AdamHyper,
+        facts: ParamTable | None = None,
         tp: TPContext | None = None,
         pp_comm: Communicator | None = None,
         ep_comm: Communicator | None = None,
     ) -> None:
         self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
-        self.optimizer = adamw(self.params, lr, hyper)
+        self.facts = ParamTable() if facts is None else facts
+        self.optimizer = adamw(self.params, lr, hyper, facts=self.facts)
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
         """The global norm (a device tensor, not read here), clipping and AdamW: parallel/adamw.apply_update."""
@@ -227,7 +244,9 @@ class AdamWUpdater:
         return norm
 
     def grad_norm(self) -> torch.Tensor:
-        return global_grad_norm(self.params, self.tp, self.pp_comm, self.ep_comm)
+        return global_grad_norm(
+            self.params, facts=self.facts, tp=self.tp, pp_comm=self.pp_comm, ep_comm=self.ep_comm
+        )
 
     def after_update(self) -> None:
         return None
@@ -268,21 +287,22 @@ class ShardedAdamWUpdater(AdamWUpdater):
         self,
         shards: Sequence[nn.Parameter],
         comm: Communicator,
+        *,
         lr: float,
         hyper: AdamHyper,
+        facts: ParamTable | None = None,
         pp_comm: Communicator | None = None,
         after_step: Callable[[], None] | None = None,
         group: str = "dp",
     ) -> None:
-        super().__init__(shards, lr, hyper, None, pp_comm)
-        self.comm, self.after_step, self.group = (
-            comm,
-            after_step,
-            group,
-        )  # the group the slices span
+        """`facts`: the slices' (the grad sync's `shard_facts`); `group`: the group the slices span."""
+        super().__init__(shards, lr=lr, hyper=hyper, facts=facts, pp_comm=pp_comm)
+        self.comm, self.after_step, self.group = comm, after_step, group
 
     def grad_norm(self) -> torch.Tensor:
-        return sharded_grad_norm(self.params, self.comm, self.pp_comm, self.group)
+        return sharded_grad_norm(
+            self.params, self.comm, facts=self.facts, pp_comm=self.pp_comm, group=self.group
+        )
 
     def after_update(self) -> None:
         if self.after_step is not None:

@@ -30,17 +30,25 @@ import torch
 
 from workbench.comm.traced import Communicator
 from workbench.parallel.ring_attention import Ring, positions, ring_attention, shard, unmasked_pairs
+from workbench.trace.recorder import TraceRecorder
 
 
 class ContextParallel:
-    """One rank's place in its context-parallel group, and its ring attention over it."""
+    """One rank's place in its context-parallel group, and its ring attention over it. Is handed the
+    communicator (the `cp` group's transfers and collectives) and the recorder (each ring step's span)."""
 
     def __init__(
-        self, comm: Communicator, seq_len: int, balance: str = "head-tail", rotate: str = "ring"
+        self,
+        comm: Communicator,
+        *,
+        recorder: TraceRecorder,
+        seq_len: int,
+        balance: str = "head-tail",
+        rotate: str = "ring",
     ) -> None:
-        self.comm, self.balance, self.rotate = comm, balance, rotate
-        self.members = comm.groups.ranks["cp"]
-        self.size, self.index = len(self.members), comm.groups.index("cp")
+        self.comm, self.recorder, self.balance, self.rotate = comm, recorder, balance, rotate
+        self.members = comm.members("cp")
+        self.size, self.index = len(self.members), comm.index("cp")
         self.pos = [positions(seq_len, r, self.size, balance) for r in range(self.size)]
         self._device_pos: dict[
             torch.device, list[torch.Tensor]
@@ -99,8 +107,7 @@ class ContextParallel:
                 self.index - i + 1
             ) % self.size  # whose block this rank computed on before passing it
             sent = sum(t.numel() * t.element_size() for t in tensors)
-            rec = self.comm.recorder
-            span = rec.span(
+            span = self.recorder.span(
                 f"cp ring step {i} {phase}",
                 "cp_ring",
                 "ring",

@@ -19,7 +19,8 @@ Two implementations:
 
 Both are `GradSync`s (parallel/grad_sync.py): inside `no_sync()` backward only accumulates. Given a
 `grad_dtype` other than the parameters' (fp32 for a 16-bit model), the gradients accumulate and are
-all-reduced in that dtype, as each parameter's `main_grad` (parallel/main_grad.py).
+all-reduced in that dtype, as each parameter's main gradient (parallel/main_grad.MainGrads, which the
+strategy hands in and the updater reads).
 
 Gradient compression (`compression=torch.bfloat16 | torch.float16`, as torch DDP's `bf16_compress_hook` /
 `fp16_compress_hook`): each bucket is cast to 16 bits, divided by N there (fp16 needs the division before
@@ -38,57 +39,57 @@ from workbench.comm.hierarchical import hierarchical_all_reduce
 from workbench.comm.ring_allreduce import ring_all_reduce
 from workbench.comm.traced import Communicator, Handle
 from workbench.config.buckets import plan_buckets
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.parallel.flat import empty_flat, grads_as_views
 from workbench.parallel.grad_sync import SyncToggle
-from workbench.parallel.main_grad import (
-    accumulate_main_grad,
-    grad_of,
-    main_grads_as_views,
-    uses_main_grads,
-)
+from workbench.parallel.main_grad import MainGrads, uses_main_grads
 
 
 class NaiveDataParallel(SyncToggle):
-    """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back."""
+    """Syncs in `wait()` only, after the last backward, so `no_sync()` has nothing to hold back.
+
+    Given a `grad_dtype` other than the parameters', it gives each parameter a main gradient of that dtype in
+    `main_grads` (the strategy's, which the updater reads; a new one if none is handed in)."""
 
     def __init__(
         self,
         model: nn.Module,
         comm: Communicator,
+        *,
         grad_dtype: torch.dtype | None = None,
         group: str = "dp",
+        main_grads: MainGrads | None = None,
     ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.comm, self.group = (
-            comm,
-            group,
-        )  # "dp", or "dp_cp" under context parallelism (config/grid.py)
+        self.comm = comm
+        self.group = group  # "dp", or "dp_cp" under context parallelism (config/grid.py)
         self.n = comm.size(group)
-        if uses_main_grads(self.params, grad_dtype):
+        self.main_grads = MainGrads() if main_grads is None else main_grads
+        if grad_dtype is not None and uses_main_grads(self.params, grad_dtype):
+            self.main_grads.allocate(self.params, grad_dtype)
             for p in self.params:
-                p.main_grad = torch.zeros_like(p, dtype=grad_dtype)
-                p.register_post_accumulate_grad_hook(accumulate_main_grad)
+                p.register_post_accumulate_grad_hook(self.main_grads.accumulate)
 
     def wait(self) -> None:
         """One all-reduce per parameter, after the whole backward."""
         if self.n == 1:
             return
         for i, p in enumerate(self.params):
-            grad = grad_of(p)
+            grad = self.main_grads.grad_of(p)
+            assert grad is not None, f"parameter {i} has no gradient"
             grad.div_(self.n)
             self.comm.all_reduce(grad, self.group, label=f"param {i}")
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
-            if hasattr(p, "main_grad"):
-                p.main_grad.zero_()
+        self.main_grads.zero_(self.params)
 
     def grad_tensors(self) -> list[torch.Tensor | None]:
-        return [grad_of(p) for p in self.params]
+        return [self.main_grads.grad_of(p) for p in self.params]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Bucket:
     """A flat gradient buffer shared by consecutive parameters (in backward order)."""
 
@@ -103,10 +104,15 @@ class Bucket:
 
 
 class BucketedDataParallel(SyncToggle):
+    """Owns the gradient buckets (and, for a 16-bit model with fp32 reduction, the main gradients in
+    them, registered in `main_grads`); is handed the communicator and the memory tracker, which counts
+    the compressed copies on the wire."""
+
     def __init__(
         self,
         model: nn.Module,
         comm: Communicator,
+        *,
         bucket_mb: float = 25.0,
         algorithm: str = "backend",
         grad_dtype: torch.dtype | None = None,
@@ -114,11 +120,14 @@ class BucketedDataParallel(SyncToggle):
         group: str = "dp",
         only: list[tuple[str, nn.Parameter]] | None = None,
         average_over: int | None = None,
+        main_grads: MainGrads | None = None,
+        memory: MemoryCounter = NO_MEMORY,
     ) -> None:
         """`group`: "dp", "dp_cp" under context parallelism, "edp" for expert parallelism's experts (config/grid.py);
         `only`: these of the model's parameters (expert parallelism syncs experts and the rest apart);
         `average_over`: the divisor of the sum (the group's size; dp for experts reduced over edp)."""
-        self.comm, self.group = comm, group
+        self.comm, self.group, self.memory = comm, group, memory
+        self.main_grads = MainGrads() if main_grads is None else main_grads
         self.n = comm.size(group)
         self.divisor = average_over or self.n
         #: whether backward's gradients need anything: a sum over the group, or a division (expert parallelism's
@@ -132,30 +141,45 @@ class BucketedDataParallel(SyncToggle):
         ]
         named.reverse()  # backward produces the last layers' gradients first
         self.main = uses_main_grads([p for _, p in named], grad_dtype)
-        dtype = grad_dtype if self.main else named[0][1].dtype
+        dtype = grad_dtype if grad_dtype is not None and self.main else named[0][1].dtype
         plan = plan_buckets([p.numel() for _, p in named], dtype.itemsize, bucket_mb)
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for b, idxs in enumerate(plan):
             params = [named[i][1] for i in idxs]
             bucket = Bucket(
-                b, empty_flat(params, dtype=dtype), params, names=[named[i][0] for i in idxs]
+                index=b,
+                buffer=empty_flat(params, dtype=dtype),
+                params=params,
+                names=[named[i][0] for i in idxs],
             )
-            # each gradient is a view of its bucket: no copy (16-bit model: the fp32 main_grad is)
-            (main_grads_as_views if self.main else grads_as_views)(params, bucket.buffer)
+            # each gradient is a view of its bucket: no copy (16-bit model: the fp32 main gradient is)
+            if self.main:
+                self.main_grads.as_views(params, bucket.buffer)
+            else:
+                grads_as_views(params, bucket.buffer)
             for p in params:
                 self._bucket_of[p] = bucket
-                if self.acts:  # else nothing to do: no hook (a 16-bit model's main_grad add only)
+                if (
+                    self.acts
+                ):  # else nothing to do: no hook (a 16-bit model's main gradient add only)
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
                 elif self.main:
-                    p.register_post_accumulate_grad_hook(accumulate_main_grad)
+                    p.register_post_accumulate_grad_hook(self.main_grads.accumulate)
             self.buckets.append(bucket)
         self._next_launch = 0
         #: gradients stay on each rank (1-bit Adam after its warm-up reduces the momentum instead)
         self.local_only = False
 
+    def keep_gradients_local(self) -> None:
+        """From now on no bucket is reduced: each rank keeps its own gradients (1-bit Adam's compressed
+        momentum replaces the all-reduce once its warm-up ends: optim/onebit_adam.py)."""
+        self.local_only = True
+
     def _on_grad_ready(self, p: nn.Parameter) -> None:
-        accumulate_main_grad(p)  # a 16-bit gradient goes into its fp32 main_grad (no-op otherwise)
+        self.main_grads.accumulate(
+            p
+        )  # a 16-bit gradient goes into its fp32 main gradient (or nothing)
         if not self.enabled:  # an earlier microbatch's backward: keep accumulating, do not sync yet
             return
         bucket = self._bucket_of[p]
@@ -192,11 +216,10 @@ class BucketedDataParallel(SyncToggle):
             bucket.handle = self.comm.all_reduce(wire, self.group, async_op=True, label=label)
 
     def _count_wire(self, bucket: Bucket, sign: int) -> None:
-        if self.comm.memory is not None:
-            self.comm.memory.add(
-                "comm_buffer", sign * bucket.wire.numel() * bucket.wire.element_size()
-            )
-            self.comm.memory.snapshot()
+        wire = bucket.wire
+        assert wire is not None
+        self.memory.add("comm_buffer", sign * wire.numel() * wire.element_size())
+        self.memory.snapshot()
 
     def wait(self) -> None:
         """Wait for every bucket's all-reduce; call after backward, before the optimizer step (one rank: nothing

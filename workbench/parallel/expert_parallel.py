@@ -2,7 +2,8 @@
 dispatchers): the E experts of every MoE layer (model/moe.py) sharded over an `ep` group carved from dp.
 
 **What is sharded.** Expert weights: rank i of an ep group holds experts [i·E/ep, (i+1)·E/ep) of every layer
-(`shard_experts`, cut by index from the whole model's initial value, so every layout starts alike). The router
+(`shard_experts` swaps in an `ExpertShard`, cut by index from the whole model's initial value, so every layout
+starts alike). The router
 and every dense weight stay whole. Expert gradients reduce over the ranks that hold the same experts — the
 `edp` group, dp/ep of them — and dense ones over all of dp (`expert_params`, engine/parallelize.py).
 
@@ -23,6 +24,8 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.model.moe import GroupedLinear
+from workbench.parallel.param_facts import ParamTable
 
 
 class _AllToAll(torch.autograd.Function):
@@ -58,37 +61,66 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None, None
 
 
+class ExpertShard(GroupedLinear):
+    """One layer's stacked expert weights cut to this ep rank's E/ep experts [lo, hi): what `shard_experts`
+    swaps in for a GroupedLinear. `full_shapes` and `shard_param` give initialisation and checkpoints the
+    whole model's tensors by name (as tensor parallelism's modules do)."""
+
+    def __init__(
+        self,
+        experts: int,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool,
+        index: int,
+        size: int,
+    ) -> None:
+        per = experts // size
+        super().__init__(per, in_features, out_features, bias)
+        self.lo, self.hi = index * per, (index + 1) * per
+        self.full_shapes = {
+            "weight": (experts, out_features, in_features),
+            "bias": (experts, out_features),
+        }
+
+    def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        return full[self.lo : self.hi].clone()
+
+
 def shard_experts(model: nn.Module, index: int, size: int) -> None:
-    """Cut every MoE layer's stacked expert weights to this ep rank's E/ep experts (on the meta device):
-    `full_shapes` and `shard_param` give initialisation and checkpoints the whole model's tensors by name."""
-    for module in model.modules():
-        if getattr(module, "stacked_experts", False):  # model/moe.py's GroupedLinear
-            e = module.weight.shape[0]
-            per = e // size
-            leaves = [
-                leaf for leaf, _ in module.named_parameters(recurse=False)
-            ]  # weight (and bias)
-            module.full_shapes = {leaf: tuple(getattr(module, leaf).shape) for leaf in leaves}
-            module.shard_param = lambda leaf, full, lo=index * per, hi=(index + 1) * per: full[
-                lo:hi
-            ].clone()
-            for leaf in leaves:
-                setattr(
-                    module,
-                    leaf,
-                    nn.Parameter(getattr(module, leaf).data[index * per : (index + 1) * per]),
+    """Swap every MoE layer's stacked experts (model/moe.py's GroupedLinear) for this ep rank's E/ep of them
+    (an `ExpertShard`, uninitialised, on the model's device: meta while building)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, GroupedLinear) and not isinstance(module, ExpertShard):
+            experts, out_features, in_features = module.weight.shape
+            parent, _, leaf = name.rpartition(".")
+            with torch.device(module.weight.device):
+                shard = ExpertShard(
+                    experts,
+                    in_features,
+                    out_features,
+                    bias=module.bias is not None,
+                    index=index,
+                    size=size,
                 )
-                getattr(module, leaf).expert_sharded = True
+            setattr(model.get_submodule(parent) if parent else model, leaf, shard)
+
+
+def is_expert_shard(module: nn.Module) -> bool:
+    """Whether `module`'s parameters are expert-parallel shards (reduced over edp, their norm over ep)."""
+    return isinstance(module, ExpertShard)
 
 
 def expert_params(
-    model: nn.Module,
+    model: nn.Module, facts: ParamTable
 ) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
-    """(dense, expert) named parameters — the experts', marked by `shard_experts`, are reduced over edp, the
-    rest over dp."""
-    dense, experts = [], []
+    """(dense, expert) named parameters — the experts' (their facts say `expert_sharded`) are reduced over
+    edp, the rest over dp."""
+    dense: list[tuple[str, nn.Parameter]] = []
+    experts: list[tuple[str, nn.Parameter]] = []
     for name, p in model.named_parameters():
-        (experts if getattr(p, "expert_sharded", False) else dense).append((name, p))
+        (experts if facts[p].expert_sharded else dense).append((name, p))
     return dense, experts
 
 
@@ -97,7 +129,7 @@ class ExpertParallel:
 
     def __init__(self, comm: Communicator, experts: int) -> None:
         self.comm = comm
-        self.size, self.index = comm.size("ep"), comm.groups.index("ep")
+        self.size, self.index = comm.size("ep"), comm.index("ep")
         self.experts, self.local = experts, experts // self.size
         #: rows this rank sent to and received from each ep rank in the last forward, per layer
         self.splits: dict[str, dict[str, list[int]]] = {}

@@ -87,17 +87,17 @@ def pack_grads(params: Sequence[torch.nn.Parameter], like: torch.Tensor) -> torc
 
 
 def marked_runs(
-    params: Sequence[torch.Tensor], start: int, end: int, mark: str = "decays"
+    params: Sequence[torch.Tensor], start: int, end: int, marked: Sequence[bool]
 ) -> list[tuple[int, int]]:
-    """The runs of the slice [start, end) of a flat buffer holding `params` end to end whose parameter carries
-    `mark` (unmarked: yes; the padding after them: no), in the slice's own coordinates, neighbours merged. A
-    ZeRO slice keeps them as `decay_ranges`: weight decay shrinks only its matrices' elements
-    (optim/weight_decay.py)."""
+    """The runs of the slice [start, end) of a flat buffer holding `params` end to end whose parameter is
+    `marked` (one flag per parameter; the padding after them: no), in the slice's own coordinates, neighbours
+    merged. A ZeRO slice's facts keep them as `decay_ranges` (parallel/param_facts.py): weight decay shrinks
+    only its matrices' elements (optim/weight_decay.py)."""
     runs: list[tuple[int, int]] = []
     offset = 0
-    for p in params:
+    for p, mark in zip(params, marked, strict=True):
         lo, hi = max(offset, start), min(offset + p.numel(), end)
-        if lo < hi and getattr(p, mark, True):
+        if lo < hi and mark:
             if runs and runs[-1][1] == lo - start:
                 runs[-1] = (runs[-1][0], hi - start)
             else:

@@ -11,6 +11,10 @@ Implemented by
                                                                             sequence-parallel partial grads
 and composed by `ChainedGradSync` (data parallel first, then tensor parallel).
 
+ZeRO's synchronisers are also `ShardedGradSync`s: each rank holds slices of the parameters (`shards`, the
+tensors its optimizer updates, with their facts `shard_facts`: parallel/param_facts.py), cut over `group`,
+and `gather_params()` after the update brings the full parameters back (ZeRO-1/2; nothing for ZeRO-3).
+
 `no_sync()` is PyTorch DDP's: inside it, backward only accumulates (the earlier microbatches of a
 gradient-accumulation step or a pipeline schedule); the backward after it launches the collectives.
 """
@@ -22,6 +26,9 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Protocol
 
 import torch
+from torch import nn
+
+from workbench.parallel.param_facts import ParamTable
 
 
 class GradSync(Protocol):
@@ -34,8 +41,22 @@ class GradSync(Protocol):
     def zero_grad(self) -> None:
         """Clear the gradients for the next step (buffers are kept and zeroed where they are reused)."""
 
-    def grad_tensors(self) -> list[torch.Tensor | None]:
+    def grad_tensors(self) -> Sequence[torch.Tensor | None]:
         """What the `gradient` memory category holds."""
+
+
+class ShardedGradSync(GradSync, Protocol):
+    """A GradSync whose ranks each keep slices of the parameters (ZeRO)."""
+
+    group: str  # the group the slices were cut over ("dp", "dp_cp"; "dp" for ZeRO over dp and edp)
+    shard_facts: ParamTable  # each slice's facts: its group, the runs of its elements that decay
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        """This rank's slices: what its optimizer updates (and, for ZeRO-3, all it keeps)."""
+
+    def gather_params(self) -> None:
+        """After the update: make the full parameters current again (ZeRO-1/2's all-gather)."""
 
 
 class SyncToggle:

@@ -31,7 +31,9 @@ three all-reduces of one number per token (max, sum of exponentials, the target'
 `apply_tensor_parallel(model, tp)` turns a dense GPT into this by swapping modules, as a table
 (picotron's apply_tensor_parallel; the plan DTensor's parallelize_module takes). Every shard is cut from
 the full deterministic initial value of its parameter (`shard_param`, `full_shapes`), one parameter at a
-time, so tp=1 and tp=t start from the same model.
+time, so tp=1 and tp=t start from the same model. What each parameter is under tensor parallelism — a
+shard, or whole with a partial gradient — is `tensor_parallel_role(module, leaf)`, read from the module's
+type: the strategy writes it into the parameters' facts (parallel/param_facts.py).
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.measure.memory import MemoryCounter
 from workbench.model.cross_entropy import blocked_gradient, row_blocks
 from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
-from workbench.parallel.main_grad import grad_of
+from workbench.parallel.main_grad import MainGrads
+from workbench.parallel.param_facts import ParamTable
 from workbench.parallel.tp_communications import (
     TPContext,
     all_reduce_tp,
@@ -109,9 +113,6 @@ class ColumnParallelLinear(nn.Module):
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
         self.weight = nn.Parameter(torch.empty(out_features // tp.size, in_features))
         self.bias = nn.Parameter(torch.empty(out_features // tp.size)) if bias else None
-        for p in (self.weight, self.bias):
-            if p is not None:
-                p.tp_sharded = True
 
     def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         return _split_rows(full, self.tp, self.sections)
@@ -134,14 +135,9 @@ class RowParallelLinear(nn.Module):
         self.tp, self.layer = tp, layer
         self.full_shapes = {"weight": (out_features, in_features), "bias": (out_features,)}
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
-        self.weight.tp_sharded = True
-        self.bias = (
-            nn.Parameter(torch.empty(out_features)) if bias else None
-        )  # replicated, added after the sum
-        if self.bias is not None:
-            # With sequence parallelism each rank adds the bias to its own slice of the sequence: its
-            # gradient is partial and must be summed over tp (see TensorParallelGrads).
-            self.bias.sequence_parallel_partial = tp.sequence_parallel
+        # replicated, added after the sum; with sequence parallelism each rank adds it to its own slice of
+        # the sequence: its gradient is partial and must be summed over tp (tensor_parallel_role)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         if leaf == "bias":
@@ -167,7 +163,6 @@ class VocabParallelEmbedding(nn.Module):
         self.per = vocab_size // tp.size
         self.start = tp.rank * self.per
         self.weight = nn.Parameter(torch.empty(self.per, hidden))
-        self.weight.tp_sharded = True
 
     def shard_param(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         return _split_rows(full, self.tp)
@@ -238,14 +233,12 @@ def vocab_parallel_cross_entropy(
 
 
 class VocabParallelCrossEntropy(nn.Module):
-    """The model's loss module under tensor parallelism (replaces the dense cross-entropy)."""
+    """The model's loss module under tensor parallelism (replaces the dense cross-entropy, and takes its
+    memory tracker: the loss reports its peak, model/cross_entropy.py)."""
 
-    #: set by engine/parallelize.py: the rank's memory tracker (the loss reports its peak: model/cross_entropy.py)
-    memory = None
-
-    def __init__(self, tp: TPContext) -> None:
+    def __init__(self, tp: TPContext, memory: MemoryCounter | None = None) -> None:
         super().__init__()
-        self.tp = tp
+        self.tp, self.memory = tp, memory
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(logits, targets, self.tp, self.memory)
@@ -260,7 +253,6 @@ class SequenceParallelPositions(nn.Module):
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(positions, hidden))
-        self.weight.sequence_parallel_partial = True
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
         s_local = pos.numel() // self.tp.size
@@ -288,7 +280,7 @@ TP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
     "mlp.fc": _column,  # GELU's fc; SwiGLU's gate and up, each split
     "mlp.proj": _row,
     "head": _column,  # logits split by vocabulary, never gathered
-    "loss": lambda m, tp, name: VocabParallelCrossEntropy(tp),
+    "loss": lambda m, tp, name: VocabParallelCrossEntropy(tp, m.memory),
 }
 #: what sequence parallelism changes on top: positions sliced, layer norms' gradients partial
 SP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
@@ -316,32 +308,50 @@ def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
                 setattr(
                     model.get_submodule(parent) if parent else model, leaf, make(module, tp, name)
                 )
-        elif tp.sequence_parallel and isinstance(
-            module, (nn.LayerNorm, RMSNorm)
-        ):  # a slice of the sequence
-            for p in module.parameters(recurse=False):
-                p.sequence_parallel_partial = True
     if hasattr(model, "tie"):
         model.tie()  # a tied head's V/t rows are the embedding's: the same split, one parameter again
     return model
 
 
+def tensor_parallel_role(
+    module: nn.Module, leaf: str, sequence_parallel: bool
+) -> tuple[bool, bool]:
+    """(tp-sharded, sequence-parallel partial) of parameter `leaf` of `module` after the swap: the column-
+    and vocabulary-parallel modules' parameters and the row-parallel weights are shards; with sequence
+    parallelism the parameters applied to a slice of the sequence — layer norms, position embeddings,
+    row-parallel biases — are whole with a partial gradient (TensorParallelGrads sums it over tp)."""
+    if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
+        return True, False
+    if isinstance(module, RowParallelLinear):
+        return leaf == "weight", leaf == "bias" and module.tp.sequence_parallel
+    if isinstance(module, SequenceParallelPositions):
+        return False, True
+    return False, sequence_parallel and isinstance(module, nn.LayerNorm | RMSNorm)
+
+
 class TensorParallelGrads(SyncToggle):
     """The `GradSync` of tensor parallelism: after backward, sum over tp the gradients that are partial
     on each tp rank — with sequence parallelism, those of parameters applied to a slice of the sequence
-    (layer norms, position embeddings, row-parallel biases). Without sequence parallelism nothing is
-    partial. It owns no buffer: the data-parallel synchroniser zeroes the gradients."""
+    (layer norms, position embeddings, row-parallel biases: their facts say `sequence_parallel_partial`).
+    Without sequence parallelism nothing is partial. It owns no buffer: the data-parallel synchroniser
+    zeroes the gradients, and its `main_grads` say where a 16-bit model's fp32 ones are."""
 
-    def __init__(self, model: nn.Module, tp: TPContext) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tp: TPContext,
+        *,
+        facts: ParamTable,
+        main_grads: MainGrads | None = None,
+    ) -> None:
         self.tp = tp
-        self.params = [
-            p for p in model.parameters() if getattr(p, "sequence_parallel_partial", False)
-        ]
+        self.main_grads = MainGrads() if main_grads is None else main_grads
+        self.params = [p for p in model.parameters() if facts[p].sequence_parallel_partial]
 
     def wait(self) -> None:
         if not self.params:
             return
-        grads = [grad_of(p) for p in self.params]
+        grads = [g for p in self.params if (g := self.main_grads.grad_of(p)) is not None]
         flat = pack(grads)
         self.tp.comm.all_reduce(
             flat,

@@ -25,7 +25,7 @@ import torch
 from workbench.comm.traced import Communicator
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TPContext:
     """What a tensor-parallel layer needs: the traced communicator, this rank's index in its tp group,
     the group size, and whether sequence parallelism is on."""

@@ -22,13 +22,16 @@ Collectives per step: reduce-scatter of the gradients (Ψ values) and all-gather
 all-gather), with the optimizer states divided by N.
 
 `ZeroDataParallel` is the `GradSync` (after `wait()` each rank holds the summed gradient of its slices,
-`shards`); the update is `parallel.updater.ShardedAdamWUpdater(shards, after_step=gather_params)`.
+`shards`, whose facts — the group they were cut over, the runs of matrix elements that decay — are
+`shard_facts`); the update is `optim.updater.ShardedAdamWUpdater(shards=..., facts=shard_facts,
+after_step=gather_params)`. ZeRO-Offload's copy of each final slice to the host is the `on_reduced`
+callback it is built with.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -38,20 +41,27 @@ from torch import nn
 from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.config.buckets import plan_buckets
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.parallel.flat import flatten_params, grads_as_views, marked_runs, pack_grads
 from workbench.parallel.grad_sync import ChainedGradSync, SyncToggle
+from workbench.parallel.param_facts import ParamFacts, ParamTable, Ranges, merged
+
+#: called with a slice's index and its gradient once this rank's slice is final (ZeRO-Offload copies it to
+#: the host then: optim/offload.py)
+OnReduced = Callable[[int, torch.Tensor], None]
 
 #: buckets (ZeRO-3: units) whose full-size gradient copy may be in flight at once; the memory formula
 #: (predict/formulas/memory.py, ZERO_IN_FLIGHT) counts the same number, a test holds them equal
 MAX_IN_FLIGHT = 2
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ZeroBucket:
     index: int
     params: list[nn.Parameter]
     flat: torch.Tensor  # the full parameters, padded; every parameter's .data is a view into it
     shard: nn.Parameter  # this rank's slice of `flat`, the tensor AdamW updates
+    mine: slice  # where the slice sits in `flat`
     grad: torch.Tensor | None = None  # stage 1: full gradient buffer (views are the params' .grad)
     staging: torch.Tensor | None = None  # stage 2: the gradients in flight
     handle: Handle | None = None
@@ -62,29 +72,36 @@ class ZeroBucket:
 
 class ZeroDataParallel(SyncToggle):
     """Stages 1 and 2 as a gradient synchroniser; stage 2 reduces after every backward, so `no_sync()`
-    changes nothing (and stage 1 reduces once, in `wait()`)."""
+    changes nothing (and stage 1 reduces once, in `wait()`). Owns the flat buckets and this rank's slices of
+    them; is handed the communicator, the parameters' facts (which elements decay), the memory tracker
+    (the stage-2 copies in flight) and, for ZeRO-Offload, `on_reduced`."""
 
     def __init__(
         self,
         model: nn.Module,
         comm: Communicator,
+        *,
         stage: int,
         bucket_mb: float,
         ring: bool = False,
         group: str = "dp",
         only: list[tuple[str, nn.Parameter]] | None = None,
         average_over: int | None = None,
+        facts: ParamTable | None = None,
+        memory: MemoryCounter = NO_MEMORY,
+        on_reduced: OnReduced | None = None,
     ) -> None:
         """`group`: the ranks holding the same parameters ("dp", "dp_cp", or "edp" for expert parallelism's
         experts); `only`: these of the model's parameters; `average_over`: the divisor of the sum (the
         group's size; dp for experts, whose tokens came from all of dp)."""
         assert stage in (1, 2) and not (ring and stage == 2)
-        self.comm, self.stage = comm, stage
+        self.comm, self.stage, self.memory, self.on_reduced = comm, stage, memory, on_reduced
+        self.facts = ParamTable() if facts is None else facts
         # stage 1 with ring=True: our send/recv rings (comm/ring_primitives.py) instead of the backend's
         self.reduce_scatter = partial(ring_reduce_scatter, comm) if ring else comm.reduce_scatter
         self.all_gather = partial(ring_all_gather, comm) if ring else comm.all_gather
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
-        self.n, self.r = comm.size(group), comm.groups.index(group)
+        self.n, self.r = comm.size(group), comm.index(group)
         self.divisor = average_over or self.n
         named = [
             (name, p)
@@ -94,11 +111,17 @@ class ZeroDataParallel(SyncToggle):
         named.reverse()
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
+        #: each slice's facts: the group it was cut over, the runs of its matrices' elements (they decay)
+        self.shard_facts = ParamTable(
+            {
+                b.shard: ParamFacts(
+                    zero_group=self.group, decay_ranges=decay_runs(b.params, self.facts, b.mine)
+                )
+                for b in self.buckets
+            }
+        )
         self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
         self._in_flight: deque[ZeroBucket] = deque()
-        #: called with a bucket's index once this rank's slice of its gradient is final (ZeRO-Offload copies
-        #: it to the host then: optim/offload.py)
-        self.on_reduced: Callable[[int], None] | None = None
 
     def _bucket(self, index: int, members: list[tuple[str, nn.Parameter]]) -> ZeroBucket:
         params = [p for _, p in members]
@@ -106,13 +129,14 @@ class ZeroDataParallel(SyncToggle):
         per = flat.numel() // self.n
         mine = slice(self.r * per, (self.r + 1) * per)
         shard = nn.Parameter(flat[mine])  # a view: AdamW updates this rank's slice in place
-        shard.zero_group = (
-            self.group
-        )  # the norm sums its squares over this group (optim/updater.py)
-        shard.decay_ranges = marked_runs(
-            params, mine.start, mine.stop
-        )  # its matrices' elements decay
-        bucket = ZeroBucket(index, params, flat, shard, names=[n for n, _ in members])
+        bucket = ZeroBucket(
+            index=index,
+            params=params,
+            flat=flat,
+            shard=shard,
+            mine=mine,
+            names=[n for n, _ in members],
+        )
         if self.stage == 1:
             bucket.grad = torch.zeros_like(flat)
             shard.grad = bucket.grad[mine]  # the reduce-scatter lands in place, in the full buffer
@@ -145,9 +169,8 @@ class ZeroDataParallel(SyncToggle):
         )  # the full gradient is gone: only the slice remains
         staging.div_(self.divisor)
         bucket.staging, bucket.result = staging, torch.empty_like(bucket.shard)
-        if self.comm.memory is not None:
-            self.comm.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
-            self.comm.memory.snapshot()
+        self.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
+        self.memory.snapshot()
         self._in_flight.append(bucket)
         bucket.handle = self.comm.reduce_scatter(
             bucket.result, staging, self.group, async_op=True, label=f"zero2 bucket {bucket.index}"
@@ -162,9 +185,8 @@ class ZeroDataParallel(SyncToggle):
         freed = _nbytes(bucket.staging) + _nbytes(bucket.result)
         bucket.handle, bucket.staging, bucket.result = None, None, None
         self._in_flight.remove(bucket)
-        if self.comm.memory is not None:
-            self.comm.memory.add("comm_buffer", -freed)
-            self.comm.memory.snapshot()
+        self.memory.add("comm_buffer", -freed)
+        self.memory.snapshot()
 
     # ---- the step ------------------------------------------------------------------------------------
     def wait(self) -> None:
@@ -182,8 +204,8 @@ class ZeroDataParallel(SyncToggle):
                         f"arrived; every parameter must receive a gradient each step"
                     )
                 self._finish_bucket(bucket)
-            if self.on_reduced is not None:
-                self.on_reduced(bucket.index)
+            if self.on_reduced is not None and bucket.shard.grad is not None:
+                self.on_reduced(bucket.index, bucket.shard.grad)
 
     def gather_params(self) -> None:
         """After the update: all-gather every bucket's slices into the full parameters."""
@@ -202,6 +224,12 @@ class ZeroDataParallel(SyncToggle):
         return full + [b.shard.grad for b in self.buckets]
 
 
+def decay_runs(params: Sequence[nn.Parameter], facts: ParamTable, mine: slice) -> Ranges:
+    """The runs of the slice `mine` of a flat buffer holding `params` whose parameter decays."""
+    decays = [facts[p].decays(p.numel()) for p in params]
+    return tuple(marked_runs(params, mine.start, mine.stop, decays))
+
+
 def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
@@ -209,15 +237,20 @@ def _nbytes(t: torch.Tensor | None) -> int:
 class ZeroGroups(ChainedGradSync):
     """ZeRO-1/2 over two groups at once — expert parallelism: the dense parameters' slices over dp, the
     experts' over edp (the ranks holding the same experts). The sharded updater sees both slice lists
-    (`shards`), and `gather_params` restores both after the update."""
+    (`shards`, and their facts: each slice says its group), and `gather_params` restores both after the
+    update."""
 
     group = "dp"
-    on_reduced = None
+
+    def __init__(self, parts: Sequence[ZeroDataParallel]) -> None:
+        super().__init__(parts)
+        self.zero_parts = list(parts)
+        self.shard_facts = merged(*(part.shard_facts for part in parts))
 
     @property
     def shards(self) -> list[nn.Parameter]:
-        return [s for part in self.parts for s in part.shards]  # type: ignore[attr-defined]
+        return [s for part in self.zero_parts for s in part.shards]
 
     def gather_params(self) -> None:
-        for part in self.parts:
-            part.gather_params()  # type: ignore[attr-defined]
+        for part in self.zero_parts:
+            part.gather_params()

@@ -20,26 +20,29 @@ Freeing resizes the flat buffer's storage to zero and gathering resizes it back 
 the tensors autograd saved for backward share that storage, so they see the parameters again when
 backward needs them (FSDP's approach).
 
-`Zero3DataParallel` is the `GradSync`; the update is `ShardedAdamWUpdater(shards)` with nothing after
-the step. Each unit reduce-scatters after every backward, so `no_sync()` changes nothing.
+`Zero3DataParallel` is the `GradSync`, built from the model's units (`GPT.units()`: the model says its
+pieces); the update is `ShardedAdamWUpdater(shards=..., facts=shard_facts)`, and `gather_params` after the
+step does nothing (the next forward gathers). Each unit reduce-scatters after every backward, so
+`no_sync()` changes nothing.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
-from workbench.parallel.flat import flatten_params, marked_runs, pack_grads
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
+from workbench.parallel.flat import flatten_params, pack_grads
 from workbench.parallel.grad_sync import SyncToggle
-from workbench.parallel.zero import MAX_IN_FLIGHT
+from workbench.parallel.param_facts import ParamFacts, ParamTable
+from workbench.parallel.zero import MAX_IN_FLIGHT, OnReduced, decay_runs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Unit:
     index: int
     name: str
@@ -53,7 +56,7 @@ class Unit:
     ready: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _ReduceScatter:
     """A unit's gradients in flight: the full-size staging copy and the slice it lands in."""
 
@@ -68,33 +71,48 @@ class _ReduceScatter:
 
 
 class Zero3DataParallel(SyncToggle):
+    """Owns each unit's flat buffer and this rank's slice of it; is handed the units (the model's), the
+    communicator, the parameters' facts (which elements decay), the memory tracker (gathered units under
+    `temporary`, gradients in flight under `comm_buffer`) and, for ZeRO-Offload, `on_reduced`."""
+
     def __init__(
         self,
         units: list[tuple[str, nn.Module]],
         comm: Communicator,
+        *,
         prefetch: bool = True,
         group: str = "dp",
+        facts: ParamTable | None = None,
+        memory: MemoryCounter = NO_MEMORY,
+        on_reduced: OnReduced | None = None,
     ) -> None:
-        self.comm, self.prefetch = comm, prefetch
+        self.comm, self.prefetch, self.memory, self.on_reduced = comm, prefetch, memory, on_reduced
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
-        self.n, self.r = comm.size(group), comm.groups.index(group)
-        self.memory = comm.memory
+        self.n, self.r = comm.size(group), comm.index(group)
+        facts = ParamTable() if facts is None else facts
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
         self._in_flight: deque[_ReduceScatter] = deque()
-        #: called with a unit's index once this rank's slice of its gradient is final (ZeRO-Offload)
-        self.on_reduced: Callable[[int], None] | None = None
+        shard_facts: dict[torch.Tensor, ParamFacts] = {}
         for i, (name, module) in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad]
             flat = flatten_params(params, multiple=self.n)
             per = flat.numel() // self.n
-            shard = nn.Parameter(flat[self.r * per : (self.r + 1) * per].clone())
-            shard.decay_ranges = marked_runs(
-                params, self.r * per, (self.r + 1) * per
-            )  # its matrices decay
+            mine = slice(self.r * per, (self.r + 1) * per)
+            shard = nn.Parameter(flat[mine].clone())
+            # its matrices' elements decay; the norm sums its squares over the group it was cut over
+            shard_facts[shard] = ParamFacts(
+                zero_group=group, decay_ranges=decay_runs(params, facts, mine)
+            )
             shard.grad = torch.zeros_like(shard)
             unit = Unit(
-                i, name, module, params, flat, shard, nbytes=flat.numel() * flat.element_size()
+                index=i,
+                name=name,
+                module=module,
+                params=params,
+                flat=flat,
+                shard=shard,
+                nbytes=flat.numel() * flat.element_size(),
             )
             self._free(unit)
             for p in params:
@@ -103,19 +121,24 @@ class Zero3DataParallel(SyncToggle):
             module.register_forward_pre_hook(lambda m, args, u=unit: self._before_forward(u))
             module.register_forward_hook(lambda m, args, out, u=unit: self._after_forward(u, out))
             self.units.append(unit)
+        #: each slice's facts: the group it was cut over, the runs of its matrices' elements
+        self.shard_facts = ParamTable(shard_facts)
 
     @property
     def shards(self) -> list[nn.Parameter]:
         return [u.shard for u in self.units]
+
+    def gather_params(self) -> None:
+        """After the update: nothing — the next forward gathers each unit as it needs it."""
+        return None
 
     # ---- gather and free -----------------------------------------------------------------------------
     def _gather(self, unit: Unit, async_op: bool, why: str) -> None:
         if unit.gathered or unit.gather_handle is not None:
             return
         unit.flat.untyped_storage().resize_(unit.nbytes)
-        if self.memory is not None:
-            self.memory.add("temporary", unit.nbytes)
-            self.memory.not_activation(unit.flat)  # a new allocation each time: its address changes
+        self.memory.add("temporary", unit.nbytes)
+        self.memory.not_activation(unit.flat)  # a new allocation each time: its address changes
         h = self.comm.all_gather(
             unit.flat,
             unit.shard.data,
@@ -128,8 +151,7 @@ class Zero3DataParallel(SyncToggle):
             unit.gather_handle = h
         else:
             unit.gathered = True
-        if self.memory is not None:
-            self.memory.snapshot()
+        self.memory.snapshot()
 
     def _ensure(self, unit: Unit, why: str) -> None:
         if unit.gather_handle is not None:
@@ -141,10 +163,9 @@ class Zero3DataParallel(SyncToggle):
     def _free(self, unit: Unit) -> None:
         if unit.flat.untyped_storage().nbytes() == 0:
             return
-        if self.memory is not None:
-            self.memory.forget_not_activation(unit.flat)
+        self.memory.forget_not_activation(unit.flat)
         unit.flat.untyped_storage().resize_(0)
-        if unit.gathered and self.memory is not None:
+        if unit.gathered:
             self.memory.add("temporary", -unit.nbytes)
             self.memory.snapshot()
         unit.gathered = False
@@ -188,25 +209,22 @@ class Zero3DataParallel(SyncToggle):
             label=f"zero3 {unit.name} grads",
             meta={"layer": unit.name, "direction": "backward"},
         )
-        self._in_flight.append(_ReduceScatter(unit, h, out, staging))
-        if self.memory is not None:
-            self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
-            self.memory.snapshot()
+        self._in_flight.append(_ReduceScatter(unit=unit, handle=h, result=out, staging=staging))
+        self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
+        self.memory.snapshot()
 
     def _finish_reduce_scatter(self) -> None:
         """Wait for the oldest reduce-scatter in flight, add this rank's slice, free the staging copy."""
         rs = self._in_flight.popleft()
         rs.handle.wait()
         rs.unit.shard.grad.add_(rs.result)
-        if (
-            self.on_reduced is not None
-        ):  # final: ZeRO-3 reduce-scatters once per step (no accumulation)
-            self.on_reduced(rs.unit.index)
+        # final: ZeRO-3 reduce-scatters once per step (no accumulation)
+        if self.on_reduced is not None and rs.unit.shard.grad is not None:
+            self.on_reduced(rs.unit.index, rs.unit.shard.grad)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot
-        if self.memory is not None:
-            self.memory.add("comm_buffer", -freed)
-            self.memory.snapshot()
+        self.memory.add("comm_buffer", -freed)
+        self.memory.snapshot()
 
     # ---- the step ------------------------------------------------------------------------------------
     def wait(self) -> None:
@@ -231,14 +249,3 @@ class Zero3DataParallel(SyncToggle):
 
     def grad_tensors(self) -> list[torch.Tensor]:
         return [u.shard.grad for u in self.units]
-
-
-def gpt_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The GPT's ZeRO-3 units, in forward order (no `wpe` with rotary positions)."""
-    units: list[tuple[str, nn.Module]] = []
-    if getattr(model, "first", True):
-        units += [(name, getattr(model, name)) for name in ("wte", "wpe") if hasattr(model, name)]
-    units += [(f"blocks.{k}", b) for k, b in model.blocks.items()]
-    if getattr(model, "last", True):
-        units += [("ln_f", model.ln_f), ("head", model.head)]
-    return units

@@ -38,15 +38,23 @@ from workbench.measure.memory import MemoryTracker
 from workbench.parallel.grad_sync import GradSync
 from workbench.pipeline.weight_grad import WeightGradStore, split_linears
 from workbench.schedules.actions import Action, P2PBatch, Schedule
+from workbench.trace.recorder import TraceRecorder
 
 
 class PipelineExecutor:
+    """One rank's `ForwardBackward` under a schedule. Owns the step's transfers and the zero-bubble stash;
+    is handed the schedule, this rank's pp index and chunks, the communicator (the `pp` group's transfers),
+    the recorder (the schedule's and compute's spans), the memory tracker, the shape, device and dtype of
+    what travels between stages, and the grad sync whose `no_sync()` holds the earlier backwards."""
+
     def __init__(
         self,
         schedule: Schedule,
         rank: int,
         chunks: dict[int, nn.Module],
         comm: Communicator,
+        *,
+        recorder: TraceRecorder,
         memory: MemoryTracker,
         hidden_shape: tuple[int, ...],
         device: torch.device,
@@ -54,15 +62,11 @@ class PipelineExecutor:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         self.schedule, self.rank, self.chunks, self.comm = schedule, rank, chunks, comm
-        self.memory, self.hidden_shape, self.device, self.grad_sync = (
-            memory,
-            hidden_shape,
-            device,
-            grad_sync,
-        )
+        self.recorder, self.memory, self.grad_sync = recorder, memory, grad_sync
+        self.hidden_shape, self.device = hidden_shape, device
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.program = schedule.program(rank)
-        self.pp_ranks = comm.groups.ranks["pp"]
+        self.pp_ranks = comm.members("pp")
         last: dict[tuple[int, str], int] = {}  # (stage, B|I|W) → its last position in the program
         for i, item in enumerate(self.program):
             if isinstance(item, Action) and item.kind != "F":
@@ -88,8 +92,13 @@ class PipelineExecutor:
         microbatches whose last stage is here (zero elsewhere)."""
         # each microbatch a tensor of its own, so a forward keeps only its own ids alive
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
-        st = _StepState(inputs, targets, loss_scale, torch.zeros((), device=self.device))
-        rec = self.comm.recorder
+        st = _StepState(
+            inputs=inputs,
+            targets=targets,
+            loss_scale=loss_scale,
+            loss_sum=torch.zeros((), device=self.device),
+        )
+        rec = self.recorder
         for i, item in enumerate(self.program):
             if isinstance(item, P2PBatch):
                 with rec.span(
@@ -129,8 +138,13 @@ class PipelineExecutor:
         if self.forward_program is None:
             self.forward_program = self.schedule.forward_only().program(self.rank)
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
-        st = _StepState(inputs, targets, 1.0, torch.zeros((), device=self.device))
-        rec = self.comm.recorder
+        st = _StepState(
+            inputs=inputs,
+            targets=targets,
+            loss_scale=1.0,
+            loss_sum=torch.zeros((), device=self.device),
+        )
+        rec = self.recorder
         for i, item in enumerate(self.forward_program):
             if isinstance(item, P2PBatch):
                 self._post(st, item)
@@ -186,14 +200,14 @@ class PipelineExecutor:
         chunk = self.chunks[a.stage]
         x = st.stage_in[key] if key in st.stage_in else st.inputs[a.microbatch]
         with (
-            self.comm.recorder.span("forward", "forward", "compute", **args),
+            self.recorder.span("forward", "forward", "compute", **args),
             self.store.forward(key in self.split),
         ):
             with self.memory.count_saved_activations():
                 out = chunk(x, st.targets[a.microbatch] if chunk.last else None)
                 if chunk.last:
                     out = out / self.schedule.m
-            self.comm.recorder.sync_compute()
+            self.recorder.sync_compute()
         self.memory.snapshot()
         st.stage_out[key] = out
         if chunk.last:
@@ -208,7 +222,7 @@ class PipelineExecutor:
         name = "backward" if a.kind == "B" else "backward_input"
         with (
             self._sync_unless_last(i),
-            self.comm.recorder.span(name, "backward", "compute", **args),
+            self.recorder.span(name, "backward", "compute", **args),
             self.store.input_grad(key) if a.kind == "I" else nullcontext(),
         ):
             out = st.stage_out.pop(key)
@@ -216,7 +230,7 @@ class PipelineExecutor:
                 torch.autograd.backward(out, st.grad_out.pop(key))
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
-            self.comm.recorder.sync_compute()
+            self.recorder.sync_compute()
         if a.stage > 0 and self.schedule.local(
             a.stage - 1, a.stage
         ):  # a V's turn: hand the gradient over
@@ -227,10 +241,10 @@ class PipelineExecutor:
         """W: the weight gradients of the Linears that this microbatch's I left in the stash."""
         with (
             self._sync_unless_last(i),
-            self.comm.recorder.span("backward_weight", "backward", "compute", **args),
+            self.recorder.span("backward_weight", "backward", "compute", **args),
         ):
             self.store.weight_grad(key)
-            self.comm.recorder.sync_compute()
+            self.recorder.sync_compute()
         self.memory.snapshot()
 
     def _sync_unless_last(self, i: int) -> Any:
@@ -239,7 +253,7 @@ class PipelineExecutor:
         return self.grad_sync.no_sync() if hold else nullcontext()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _StepState:
     """What one step's program hands from item to item: stage inputs and outputs by (stage, microbatch),
     the gradients received, the batches that bring them, and every batch in flight."""

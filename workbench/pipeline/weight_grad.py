@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.measure.memory import MemoryTracker
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 
 Key = tuple[int, int]  # (stage, microbatch)
 
@@ -45,7 +45,7 @@ Key = tuple[int, int]  # (stage, microbatch)
 class WeightGradStore:
     """The (x, dy) pairs each I left for its W, by (stage, microbatch)."""
 
-    def __init__(self, memory: MemoryTracker | None = None) -> None:
+    def __init__(self, memory: MemoryCounter = NO_MEMORY) -> None:
         self.memory = memory
         self.stash: dict[
             Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]
@@ -84,8 +84,7 @@ class WeightGradStore:
     ) -> None:
         assert self._into is not None
         self._into.append((weight, bias, x, dy))
-        if self.memory is not None:
-            self.memory.add("wgrad_stash", _nbytes(x) + _nbytes(dy))
+        self.memory.add("wgrad_stash", _nbytes(x) + _nbytes(dy))
 
     def weight_grad(self, key: Key) -> None:
         """W of (stage, microbatch): each stashed Linear's dW (and db), accumulated through autograd."""
@@ -93,8 +92,7 @@ class WeightGradStore:
             dw, db = _weight_grads(x, dy, bias is not None)
             leaves, grads = ([weight, bias], [dw, db]) if bias is not None else ([weight], [dw])
             torch.autograd.backward(leaves, grads)
-            if self.memory is not None:
-                self.memory.add("wgrad_stash", -(_nbytes(x) + _nbytes(dy)))
+            self.memory.add("wgrad_stash", -(_nbytes(x) + _nbytes(dy)))
 
     def pending(self) -> list[Key]:
         return sorted(k for k, v in self.stash.items() if v)

@@ -29,12 +29,14 @@ import torch
 from torch import nn
 
 from workbench.engine.parallelize import Strategy
+from workbench.model.gpt import ShardedModule
+from workbench.parallel.grad_sync import ChainedGradSync
 from workbench.parallel.zero import ZeroDataParallel
 from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.stages import global_name
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Piece:
     name: str  # global tensor, e.g. "exp_avg/blocks.0.mlp.fc.weight"
     start: int  # flat offset in the global tensor
@@ -61,9 +63,11 @@ def _module_runs(model: nn.Module) -> dict[str, list[tuple[int, int, int]]]:
     out = {}
     for mname, module in model.named_modules():
         for leaf, p in module.named_parameters(recurse=False):
-            shape = getattr(module, "full_shapes", {}).get(leaf, tuple(p.shape))
+            shape = (
+                module.full_shapes[leaf] if isinstance(module, ShardedModule) else tuple(p.shape)
+            )
             index = torch.arange(int(torch.tensor(shape).prod()) if shape else 1).view(shape)
-            if hasattr(module, "shard_param"):
+            if isinstance(module, ShardedModule):
                 index = module.shard_param(leaf, index)
             out[f"{mname}.{leaf}" if mname else leaf] = list(runs(index))
     return out
@@ -73,6 +77,7 @@ def _flat_pieces(
     prefix: str,
     names: Sequence[str],
     params: Sequence[nn.Parameter],
+    *,
     per: int,
     r: int,
     local: torch.Tensor,
@@ -83,10 +88,10 @@ def _flat_pieces(
         a, b = max(offset, lo), min(offset + p.numel(), hi)
         if a < b:
             yield Piece(
-                f"{prefix}/{global_name(name)}",
-                a - offset,
-                local.reshape(-1)[a - lo : b - lo],
-                True,
+                name=f"{prefix}/{global_name(name)}",
+                start=a - offset,
+                view=local.reshape(-1)[a - lo : b - lo],
+                owned=True,
             )
         offset += p.numel()
 
@@ -101,27 +106,27 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
         ctx.groups.index("cp"),
     )
     names = {p: n for n, p in strategy.model.named_parameters()}
-    zeros = [
-        s
-        for s in getattr(sync, "parts", [sync])
-        if isinstance(s, ZeroDataParallel | Zero3DataParallel)
-    ]
+    parts = sync.parts if isinstance(sync, ChainedGradSync) else [sync]
+    zeros = [s for s in parts if isinstance(s, ZeroDataParallel | Zero3DataParallel)]
     zero = zeros[0] if zeros else None
     out: list[Piece] = []
     if isinstance(zero, Zero3DataParallel):
         for i, u in enumerate(zero.units):
             un, per = [names[p] for p in u.params], u.shard.numel()
-            out += _flat_pieces("model", un, u.params, per, zero.r, u.shard.data)
+            out += _flat_pieces("model", un, u.params, per=per, r=zero.r, local=u.shard.data)
             for kind in ("exp_avg", "exp_avg_sq"):
-                out += _flat_pieces(kind, un, u.params, per, zero.r, state[f"{i}.{kind}"])
+                out += _flat_pieces(
+                    kind, un, u.params, per=per, r=zero.r, local=state[f"{i}.{kind}"]
+                )
         return out
     located = _module_runs(strategy.model)
     params = list(strategy.model.parameters())
     for i, p in enumerate(params):
         name = names[p]
         # an expert-parallel shard's first holder is the first of the ranks holding the same experts (edp)
-        first = (ctx.groups.index("edp") if getattr(p, "expert_sharded", False) else dp_rank) == 0
-        owned = first and cp_rank == 0 and (tp_rank == 0 or getattr(p, "tp_sharded", False))
+        facts = strategy.facts[p]
+        first = (ctx.groups.index("edp") if facts.expert_sharded else dp_rank) == 0
+        owned = first and cp_rank == 0 and (tp_rank == 0 or facts.tp_sharded)
         tensors = {"model": p.data}
         if zero is None:
             tensors |= {kind: state[f"{i}.{kind}"] for kind in ("exp_avg", "exp_avg_sq")}
@@ -129,7 +134,12 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
                 tensors["master"] = state[f"master.{i}"]
         for prefix, t in tensors.items():
             out += [
-                Piece(f"{prefix}/{global_name(name)}", start, t.reshape(-1)[lo : lo + n], owned)
+                Piece(
+                    name=f"{prefix}/{global_name(name)}",
+                    start=start,
+                    view=t.reshape(-1)[lo : lo + n],
+                    owned=owned,
+                )
                 for lo, start, n in located[name]
             ]
     b = 0  # the updater's slices in order: each ZeRO sync's buckets (expert parallelism: dense, then experts)
@@ -138,7 +148,12 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
             bn = [names[p] for p in bucket.params]
             for kind in ("exp_avg", "exp_avg_sq"):
                 out += _flat_pieces(
-                    kind, bn, bucket.params, bucket.shard.numel(), part.r, state[f"{b}.{kind}"]
+                    kind,
+                    bn,
+                    bucket.params,
+                    per=bucket.shard.numel(),
+                    r=part.r,
+                    local=state[f"{b}.{kind}"],
                 )
             b += 1
     return out

@@ -1,0 +1,92 @@
+"""What a rank's strategy knows about each parameter it trains, said once, in one typed table.
+
+A parameter's facts decide how every later piece treats it:
+
+    fact                          set where                                read by
+    decay_ranges                  the strategy (optim/weight_decay.py's     the optimizers (AdamW, 1-bit Adam,
+                                  rule), ZeRO for its slices                mixed precision, ZeRO-Offload)
+    tp_sharded                    tensor parallelism's modules              the gradient norm (squares summed
+                                  (parallel/tensor_parallel.py)             over tp), the checkpoint's owner
+    sequence_parallel_partial     tensor parallelism with sequence          TensorParallelGrads (all-reduce
+                                  parallelism                               over tp after backward)
+    expert_sharded                expert parallelism's modules              the grad syncs (reduced over edp),
+                                  (parallel/expert_parallel.py)             the norm (over ep), the checkpoint
+    zero_group                    ZeRO, for each slice it cuts              the sharded gradient norm
+
+`engine/parallelize.py` builds the table for the model once its parameters exist, and hands it by keyword
+to whoever reads it: the grad syncs, the updaters, the checkpoint's layout. A ZeRO grad sync gives the
+facts of the slices it cuts (`shard_facts`). Nothing is stuck on the Parameter objects themselves
+(tests/test_parameter_facts.py scans the code for it).
+
+Where a 16-bit parameter's fp32 gradient lives is not a fact of this table but the state of the grad sync
+that owns the buffer: parallel/main_grad.MainGrads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+#: [start, end) element ranges of a flattened tensor
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamFacts:
+    """One parameter's (or one ZeRO slice's) facts. The defaults are a plain, whole tensor's: decayed
+    whole, replicated, its gradient complete on every rank."""
+
+    #: the element ranges weight decay shrinks (matrices all of it, gains and biases none, a ZeRO slice
+    #: the runs of its matrices' elements); None: the whole tensor (an unmarked tensor, as torch's AdamW)
+    decay_ranges: Ranges | None = None
+    #: a tensor-parallel shard: each tp rank holds a different part (its norm's squares are summed over tp)
+    tp_sharded: bool = False
+    #: applied to a slice of the sequence under sequence parallelism: its gradient is partial on each tp
+    #: rank until TensorParallelGrads sums it
+    sequence_parallel_partial: bool = False
+    #: an expert-parallel shard: this ep rank's experts (reduced over edp, its norm's squares over ep)
+    expert_sharded: bool = False
+    #: a ZeRO slice: the group it was cut over (its norm's squares are summed over it); None: not a slice
+    zero_group: str | None = None
+
+    def decayed(self, numel: int) -> list[tuple[int, int]]:
+        """The ranges weight decay shrinks in a tensor of `numel` elements."""
+        return [(0, numel)] if self.decay_ranges is None else list(self.decay_ranges)
+
+    def decays(self, numel: int) -> bool:
+        """Whether weight decay shrinks any of it."""
+        return bool(self.decayed(numel))
+
+
+#: what a tensor the table does not list is
+PLAIN = ParamFacts()
+
+
+class ParamTable(Mapping[torch.Tensor, ParamFacts]):
+    """Facts by parameter (by identity: the Parameter objects the model holds). A tensor it does not list
+    reads as `PLAIN` — so an optimizer built on its own, in a test, is torch's."""
+
+    def __init__(self, facts: Mapping[torch.Tensor, ParamFacts] | None = None) -> None:
+        self._facts: dict[int, tuple[torch.Tensor, ParamFacts]] = {
+            id(t): (t, f) for t, f in (facts or {}).items()
+        }
+
+    def __getitem__(self, t: torch.Tensor) -> ParamFacts:
+        entry = self._facts.get(id(t))
+        return PLAIN if entry is None else entry[1]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (t for t, _ in self._facts.values())
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def __contains__(self, t: object) -> bool:
+        return id(t) in self._facts
+
+
+def merged(*tables: Mapping[torch.Tensor, ParamFacts]) -> ParamTable:
+    """One table holding every entry of `tables` (a later table's entry wins)."""
+    return ParamTable({t: f for table in tables for t, f in table.items()})
