@@ -125,7 +125,9 @@ def test_the_parameters_go_back_only_after_the_compute_stream_s_queued_work(monk
     updater.params = [torch.zeros(3), torch.zeros(2)]
     updater.host_params = [torch.ones(3), torch.full((2,), 2.0)]
     updater.side, updater.device = Stream("side"), torch.device("cpu")
-    updater.recorder = TraceRecorder(rank=0, world_size=1, backend="gloo", coords={}, run_name="test")
+    updater.recorder = TraceRecorder(
+        rank=0, world_size=1, backend="gloo", coords={}, run_name="test"
+    )
     updater.comm = SimpleNamespace(step=0)
     updater._parameters_to_device()
     assert log == [
