@@ -39,6 +39,7 @@ class Batches:
         self,
         cfg: RunConfig,
         device: torch.device,
+        *,
         dp_index: int,
         dp_size: int,
         cp: ContextParallel | None = None,
