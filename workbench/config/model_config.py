@@ -198,15 +198,20 @@ class ModelConfig:
             )
 
 
-class PresetFields(TypedDict, total=False):
-    """ModelConfig's fields that a family of presets shares, unpacked into each of them (`**LLAMA`)."""
+class LlamaBlock(TypedDict):
+    """The fields that make a ModelConfig's block Llama's, unpacked into each Llama preset (`**LLAMA`)."""
 
-    vocab_size: int
-    seq_len: int
     norm: str
     mlp: str
     positions: str
     bias: bool
+
+
+class Llama3Shape(LlamaBlock):
+    """Llama's block with Llama 3's vocabulary, sequence and rotary base (`**LLAMA3`)."""
+
+    vocab_size: int
+    seq_len: int
     rope_theta: float
 
 
@@ -220,8 +225,8 @@ class PresetFields(TypedDict, total=False):
 #: RoPE base 500,000, sequence 8,192) for the estimator and the planner. Anything else is a ModelConfig or a
 #: dict.
 GPT2_VOCAB, GPT2_SEQ = 50304, 1024
-LLAMA: PresetFields = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": False}
-LLAMA3: PresetFields = {**LLAMA, "vocab_size": 128256, "seq_len": 8192, "rope_theta": 500000.0}
+LLAMA: LlamaBlock = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": False}
+LLAMA3: Llama3Shape = {**LLAMA, "vocab_size": 128256, "seq_len": 8192, "rope_theta": 500000.0}
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
     "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),

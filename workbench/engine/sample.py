@@ -125,7 +125,9 @@ def codec(
             lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"),
         )
     meta = (
-        os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl") if kind == "bin" else None
+        os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
+        if kind == "bin" and path is not None
+        else None
     )
     if meta is not None and os.path.exists(meta):
         table = read_meta(meta)
