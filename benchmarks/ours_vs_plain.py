@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     ctx = setup(cfg, tempfile.mkdtemp(prefix="ours_vs_plain_"))
     device = rank_device()
     ours = parallelize(cfg, ctx)
-    batches = Batches(cfg, device, 0, 1)
+    batches = Batches(cfg, device, dp_index=0, dp_size=1)
     step = {"ours": 0, "plain": 0}
 
     def run_ours(measured: bool) -> float:
@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
         )
         del ours, run_ours
         free_device(device)
-        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
+        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, dp_index=0, dp_size=1), step)
         check_same_losses(("ours", lambda: first.pop(0)), ("plain", plain_step), rtol=rtol)
         med = Timings(
             {
@@ -96,7 +96,7 @@ def worker(args: argparse.Namespace) -> None:
             }
         )
     else:
-        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, 0, 1), step)
+        plain_step = plain_loop(cfg, GPT, device, Batches(cfg, device, dp_index=0, dp_size=1), step)
         check_same_losses(("ours", lambda: run_ours(False)), ("plain", plain_step), rtol=rtol)
         med = interleaved_rounds(
             {

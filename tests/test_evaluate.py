@@ -138,21 +138,26 @@ def _evaluate_through_the_cuda_batch_path(rank: int, world: int, run_dir: str) -
     ).validate()
     ctx = setup(cfg, run_dir)
     strategy = parallelize(cfg, ctx)
-    train_step(strategy, Batches(cfg, ctx.device, 0, 1), 0, config=cfg, measured=False)
-    on_cpu = evaluate(strategy, Batches(cfg, ctx.device, 0, 1, part="val"), 0, config=cfg)
+    train_step(
+        strategy, Batches(cfg, ctx.device, dp_index=0, dp_size=1), 0, config=cfg, measured=False
+    )
+    on_cpu = evaluate(
+        strategy, Batches(cfg, ctx.device, dp_index=0, dp_size=1, part="val"), 0, config=cfg
+    )
     moved = []
     batch_module.to_device = lambda batch, device: (
         moved.append((device.type, batch[0][0, :4].tolist())) or batch
     )
-    faked = Batches(cfg, torch.device("cuda"), 0, 1, part="val")
+    faked = Batches(cfg, torch.device("cuda"), dp_index=0, dp_size=1, part="val")
     on_cuda = evaluate(strategy, faked, 0, config=cfg)
     assert on_cuda == on_cpu, (on_cuda, on_cpu)  # the same batches, the same model: the same number
     cpu_rows = [
-        Batches(cfg, ctx.device, 0, 1, part="val").host(k)[0][0, :4].tolist() for k in range(3)
+        Batches(cfg, ctx.device, dp_index=0, dp_size=1, part="val").host(k)[0][0, :4].tolist()
+        for k in range(3)
     ]
     assert moved == [("cuda", row) for row in cpu_rows], "each held-out batch copied once, in order"
     assert faked.ready == {}, "none prepared past the last held-out batch"
-    train = Batches(cfg, torch.device("cuda"), 0, 1)
+    train = Batches(cfg, torch.device("cuda"), dp_index=0, dp_size=1)
     train.prepare(1)
     train.prepare(2)  # past the run's last step: nothing
     assert list(train.ready) == [1] and train.get(1) is not None and train.ready == {}

@@ -122,7 +122,7 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
             lambda t, *a, _o=original, _m=method: counts.update(["read"]) or _o(t, *a),
         )
     strategy = parallelize(cfg, ctx)
-    batches = Batches(cfg, ctx.device, 0, 1)
+    batches = Batches(cfg, ctx.device, dp_index=0, dp_size=1)
     per_step = []
     for step in range(4):
         counts.clear()

@@ -39,7 +39,7 @@ def test_a_tp2_checkpoint_is_read_whole_on_one_process(tp2_run):
     model, step = load_whole_model(f"{tp2_run.path}/checkpoints/step_000006")
     assert step == 6
     cfg = tp2_run.run_config
-    held_out = Batches(cfg, torch.device("cpu"), 0, 1, part="val")
+    held_out = Batches(cfg, torch.device("cpu"), dp_index=0, dp_size=1, part="val")
     with torch.no_grad():
         loss = (
             sum(float(model(*held_out.get(k))) for k in range(cfg.eval_batches)) / cfg.eval_batches

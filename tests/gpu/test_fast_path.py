@@ -105,7 +105,7 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
     ).validate()
     ctx = setup(cfg, run_dir)
     strategy = parallelize(cfg, ctx)
-    batches = Batches(cfg, ctx.device, 0, 1)
+    batches = Batches(cfg, ctx.device, dp_index=0, dp_size=1)
     counts = [
         syncs(lambda s=step: train_step(strategy, batches, s, config=cfg, measured=s == 0))
         for step in range(5)

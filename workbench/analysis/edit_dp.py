@@ -26,7 +26,8 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
             f"dp={dp}: the global batch {c['global_batch']} must split into dp × microbatches "
             f"({c['microbatches']}) equal micro-batches"
         )
-    old, new = RankGrid(c["dp"], c["tp"], c["pp"]), RankGrid(dp, c["tp"], c["pp"])
+    old = RankGrid(dp=c["dp"], tp=c["tp"], pp=c["pp"])
+    new = RankGrid(dp=dp, tp=c["tp"], pp=c["pp"])
     ratio = stretch(new.world_size) / stretch(old.world_size)
     tokens = c["dp"] / dp
     micro = c["global_batch"] / c["dp"] / c["microbatches"]

@@ -27,7 +27,7 @@ from workbench.config.files import read_config
 from workbench.config.model_config import model_from_dict
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LaunchOptions:
     """Where the run goes and which machines take part."""
 

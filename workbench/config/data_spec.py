@@ -59,7 +59,7 @@ def val_file(spec: str, val_data: str | None) -> str | None:
     if val_data is not None:
         return val_data
     kind, path = parse_data(spec)
-    if kind == "bin" and os.path.basename(path) == "train.bin":
+    if kind == "bin" and path is not None and os.path.basename(path) == "train.bin":
         sibling = os.path.join(os.path.dirname(path), "val.bin")
         if os.path.isfile(sibling):
             return sibling
@@ -125,14 +125,14 @@ def _check_file(
         held if evaluating and held_out else len(tokens) - held
     )  # the smaller part that must hold a window
     if part < seq_len + 2:
-        held = (
+        held_note = (
             ""
             if not held_out
             else f", of which {held} held out for the validation loss ({HELD_OUT:.0%}: give "
             f"val_data=FILE to train on all of it)"
         )
         raise ConfigError(
-            f"data={spec!r} holds {len(tokens)} tokens{held}: a window needs seq_len + 1 = "
+            f"data={spec!r} holds {len(tokens)} tokens{held_note}: a window needs seq_len + 1 = "
             f"{seq_len + 1} (and a choice of offsets); use more data or a shorter model.seq_len"
         )
     needed = (

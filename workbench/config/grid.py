@@ -36,7 +36,7 @@ def replica_group(cp: int) -> str:
     return "dp_cp" if cp > 1 else "dp"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankGrid:
     dp: int = 1
     tp: int = 1

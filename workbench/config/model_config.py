@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 
 class ConfigError(ValueError):
@@ -31,7 +31,7 @@ def divisors(n: int, also: int | None = None, most: int = 24) -> list[int]:
 NORMS, MLPS, POSITIONS = ("layernorm", "rmsnorm"), ("gelu", "swiglu"), ("learned", "rope")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only transformer's dimensions and the parts of its block. The defaults are GPT-2's block
     (nanoGPT's shape): pre-norm LayerNorm, a GELU MLP of `mlp_ratio`·hidden, learned positions, full
@@ -198,6 +198,23 @@ class ModelConfig:
             )
 
 
+class LlamaBlock(TypedDict):
+    """The fields that make a ModelConfig's block Llama's, unpacked into each Llama preset (`**LLAMA`)."""
+
+    norm: str
+    mlp: str
+    positions: str
+    bias: bool
+
+
+class Llama3Shape(LlamaBlock):
+    """Llama's block with Llama 3's vocabulary, sequence and rotary base (`**LLAMA3`)."""
+
+    vocab_size: int
+    seq_len: int
+    rope_theta: float
+
+
 #: Named model sizes. `tiny` runs a step in milliseconds (tests, notebooks); `small` has a few
 #: million parameters (benchmarks); the GPT-2 shapes are for GPUs (GPT-2's BPE vocabulary padded to 50304, a
 #: multiple of 64, as nanoGPT does; sequence 1024). Their Ψ counts an untied head: GPT-2's published 124 M ties
@@ -208,8 +225,8 @@ class ModelConfig:
 #: RoPE base 500,000, sequence 8,192) for the estimator and the planner. Anything else is a ModelConfig or a
 #: dict.
 GPT2_VOCAB, GPT2_SEQ = 50304, 1024
-LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope", bias=False)
-LLAMA3 = dict(LLAMA, vocab_size=128256, seq_len=8192, rope_theta=500000.0)
+LLAMA: LlamaBlock = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": False}
+LLAMA3: Llama3Shape = {**LLAMA, "vocab_size": 128256, "seq_len": 8192, "rope_theta": 500000.0}
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2),
     "small": ModelConfig(vocab_size=512, seq_len=64, hidden=256, heads=8, layers=4),

@@ -379,11 +379,11 @@ def check_experts(cfg: RunConfig) -> None:
             "grad_compression='none' with ep > 1",
         ),
     }
-    for key, (bad, valid) in clash.items():
+    for key, (bad, instead) in clash.items():
         if bad:
             raise ConfigError(
                 f"model.experts={m.experts} with {key}={getattr(cfg, key)!r}: the MoE layers do not "
-                f"compose with it yet; valid: {valid}"
+                f"compose with it yet; valid: {instead}"
             )
 
 

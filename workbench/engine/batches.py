@@ -28,7 +28,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """A host batch pinned, its copy to `device` queued without blocking."""
-    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+    inputs, targets = (t.pin_memory().to(device, non_blocking=True) for t in batch)
+    return inputs, targets
 
 
 class Batches:
@@ -39,6 +40,7 @@ class Batches:
         self,
         cfg: RunConfig,
         device: torch.device,
+        *,
         dp_index: int,
         dp_size: int,
         cp: ContextParallel | None = None,
@@ -93,7 +95,8 @@ class Batches:
             return batch
         if self.device.type == "cuda":
             return to_device(self.host(step), self.device)
-        return tuple(t.contiguous() for t in self.host(step))
+        inputs, targets = (t.contiguous() for t in self.host(step))
+        return inputs, targets
 
     def __call__(self, step: int) -> Any:
         return self.get(step)

@@ -34,7 +34,7 @@ from workbench.engine.checkpoint.save_load import saved_pieces
 from workbench.model.gpt import GPT
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sample:
     """What `sample` made: the prompt's and the new tokens, and the text they decode to."""
 
@@ -125,7 +125,9 @@ def codec(
             lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"),
         )
     meta = (
-        os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl") if kind == "bin" else None
+        os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
+        if kind == "bin" and path is not None
+        else None
     )
     if meta is not None and os.path.exists(meta):
         table = read_meta(meta)
@@ -168,6 +170,7 @@ def generate(
     model: GPT,
     ids: list[int],
     tokens: int,
+    *,
     temperature: float = 1.0,
     top_k: int | None = None,
     seed: int = 0,
@@ -194,6 +197,7 @@ def generate(
 def sample(
     path: str,
     prompt: str = "",
+    *,
     tokens: int = 100,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -215,5 +219,7 @@ def sample(
     model, step = load_whole_model(ckpt)
     encode, decode = codec(config, model.cfg.vocab_size)
     start = encode(prompt) if prompt else newline(encode)
-    new = generate(model, start, tokens, temperature, top_k, seed)
-    return Sample(decode(start + new), start, new, ckpt, step)
+    new = generate(model, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
+    return Sample(
+        text=decode(start + new), prompt_ids=start, new_ids=new, checkpoint=ckpt, step=step
+    )

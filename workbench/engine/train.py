@@ -58,7 +58,7 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     start = resume_step(strategy)
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start, attempt=attempt)
-    source = Batches(cfg, ctx.device, dp_index, dp_size, strategy.context)
+    source = Batches(cfg, ctx.device, dp_index=dp_index, dp_size=dp_size, cp=strategy.context)
     if (
         ctx.device.type == "cpu"
     ):  # the table lives in host memory: the rank's memory only on a CPU run
@@ -75,7 +75,9 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     health = GpuHealth.open(ctx.device) if cfg.gpu_health_every else None
     divergence = Divergence(max_skipped=cfg.max_skipped_steps, lr=cfg.lr)
     held_out = (
-        Batches(cfg, ctx.device, dp_index, dp_size, strategy.context, part="val")
+        Batches(
+            cfg, ctx.device, dp_index=dp_index, dp_size=dp_size, cp=strategy.context, part="val"
+        )
         if cfg.eval_every
         else None
     )
@@ -153,7 +155,12 @@ def measured_steps(ctx: RankContext) -> MeasureSchedule:
     cfg = ctx.config
     also = (cfg.profile_memory_step,) if cfg.profile_memory and ctx.device.type != "cuda" else ()
     schedule = measure_schedule(
-        cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also
+        cfg.measure,
+        steps=cfg.steps,
+        device_type=ctx.device.type,
+        warmup_excluded=cfg.warmup_steps_excluded,
+        trace=cfg.trace,
+        also=also,
     )
     ctx.recorder.info["measured_steps"] = schedule.describe()
     return schedule

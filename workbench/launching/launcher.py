@@ -29,7 +29,7 @@ from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_fo
 from workbench.config.model_config import lr_warning
 from workbench.engine.checkpoint.files import archive_attempt, check_resume
 from workbench.launching.disk_space import check_disk_space
-from workbench.launching.lifetime import die_with_parent, stop
+from workbench.launching.lifetime import Torchrun, die_with_parent, stop
 from workbench.launching.memory_fit import check_fits_memory
 from workbench.launching.progress import Progress, Speed
 from workbench.launching.run_lock import RunLock
@@ -327,14 +327,15 @@ def ring_demo(
                 log,
                 log_path,
             )
-            if proc.wait() != 0:
-                raise _failure(run_dir, proc.returncode, log_path, config.world_size, started)
+            rc = proc.wait()
+            if rc != 0:
+                raise _failure(run_dir, rc, log_path, config.world_size, started)
         return load(run_dir)
     finally:
         lock.release()
 
 
-def _follow(proc: subprocess.Popen, run_dir: str, config: ValidConfig, progress: bool) -> int:
+def _follow(proc: Torchrun, run_dir: str, config: ValidConfig, progress: bool) -> int:
     """Wait for torchrun, showing start-up, then steps as metrics.jsonl grows (plain text: launching/progress.py), with
     tokens/s and, on GPUs, MFU."""
     metrics = os.path.join(run_dir, "metrics.jsonl")

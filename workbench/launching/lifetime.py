@@ -11,6 +11,20 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from typing import Protocol
+
+
+class Torchrun(Protocol):
+    """A started torchrun, followed and stopped: a subprocess.Popen, or a WarmTorchrun
+    (launching/warm_torchrun.py) forked from a process that has imported torch already."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -24,7 +38,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+def stop(proc: Torchrun, grace_s: float = 30.0) -> None:
     """SIGTERM to torchrun (it stops its ranks, which write what they have), SIGKILL after `grace_s`."""
     if proc.poll() is not None:
         return

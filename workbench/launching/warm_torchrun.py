@@ -60,6 +60,9 @@ class _Server:
             env=env,
             preexec_fn=die_with_parent,
         )
+        if self.proc.stdin is None or self.proc.stdout is None:  # both asked for as pipes above
+            raise RuntimeError("workbench.launching.warm_torchrun: the server has no pipes")
+        self.requests, self.answers = self.proc.stdin, self.proc.stdout
         self.pids: dict[int, int] = {}  # request id → pid
         self.codes: dict[int, int] = {}  # pid → exit code
         self.changed = threading.Condition()
@@ -67,7 +70,7 @@ class _Server:
         threading.Thread(target=self._read, daemon=True, name="warm-torchrun").start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.answers:
             msg = json.loads(line)
             with self.changed:
                 if "rc" in msg:
@@ -86,8 +89,8 @@ class _Server:
             self.next_id += 1
             rid = self.next_id
         request = {"id": rid, "argv": argv, "env": env, "cwd": os.getcwd(), "log": log}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
+        self.requests.write((json.dumps(request) + "\n").encode())
+        self.requests.flush()
         with self.changed:
             self.changed.wait_for(lambda: rid in self.pids or not self.alive(), timeout=60)
             if rid not in self.pids:
@@ -130,7 +133,8 @@ class WarmTorchrun:
             _server = _Server(env)
         if cmd[1:3] != ["-m", "torch.distributed.run"]:
             raise ValueError(f"not a torchrun command line: {cmd[:3]}")
-        self.server, self.args, self.returncode = _server, cmd, None
+        self.server, self.args = _server, cmd
+        self.returncode: int | None = None
         argv = forked_ranks(cmd[3:]) if fork_ranks else cmd[3:]
         self.pid = _server.fork(argv, env, log)  # torchrun's own arguments
 
@@ -148,9 +152,11 @@ class WarmTorchrun:
             self.server.changed.wait_for(
                 lambda: self.pid in self.server.codes or not self.server.alive(), timeout
             )
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
+        code = self.poll()
+        # None only after a timeout: without one, wait_for returns once torchrun has ended
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -176,8 +182,11 @@ def _become_torchrun(request: dict[str, Any]) -> None:
         os.environ.update(request["env"])
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0), os.dup2(log, 1), os.dup2(log, 2)
-        os.close(log), os.close(null)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.argv = ["torchrun", *request["argv"]]

@@ -187,7 +187,7 @@ def latest_good(
     root: str, config: dict[str, Any] | None = None, checksums: bool = False
 ) -> tuple[str | None, list[str]]:
     """The newest checkpoint under `root` that verifies, and why each newer one was passed over."""
-    skipped = []
+    skipped: list[str] = []
     for path in reversed(complete_steps(root)):
         try:
             verify(path, config, checksums)

@@ -102,10 +102,12 @@ def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
 
 def tensor_bytes(metadata: Metadata) -> int:
     """The bytes of every tensor chunk DCP's index lists (each written once)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     return sum(
         math.prod(c.sizes) * m.properties.dtype.itemsize
         for m in metadata.state_dict_metadata.values()
-        if hasattr(m, "chunks")
+        if isinstance(m, TensorStorageMetadata)
         for c in m.chunks
     )
 
@@ -192,10 +194,13 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
 
 
 def saved_pieces(meta: Metadata) -> dict[str, list[tuple[int, int, str, torch.dtype]]]:
-    """The pieces a checkpoint holds, by global tensor name: (start, numel, DCP key, dtype) each."""
+    """The pieces a checkpoint holds, by global tensor name: (start, numel, DCP key, dtype) each (a piece's
+    key is `name|start+numel`, a tensor's; the scalars' keys have no `|`)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     saved: dict[str, list[tuple[int, int, str, torch.dtype]]] = {}
     for key, m in meta.state_dict_metadata.items():
-        if "|" in key:
+        if "|" in key and isinstance(m, TensorStorageMetadata):
             name, _, rng = key.partition("|")
             start, n = (int(x) for x in rng.split("+"))
             saved.setdefault(name, []).append((start, n, key, m.properties.dtype))

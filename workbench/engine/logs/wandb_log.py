@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import netrc
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal
 
 #: summary.json's per-rank figures that make the table's columns
 RANK_COLUMNS = (
@@ -41,13 +42,16 @@ def logged_in() -> bool:
         return False
 
 
-def mode() -> str:
-    """WANDB_MODE when set; else online with a login, offline without one."""
-    return os.environ.get("WANDB_MODE") or ("online" if logged_in() else "offline")
+def mode() -> Literal["online", "offline"] | None:
+    """None when WANDB_MODE is set: W&B reads it itself (and refuses a value it does not know); else online
+    with a login, offline without one."""
+    if os.environ.get("WANDB_MODE"):
+        return None
+    return "online" if logged_in() else "offline"
 
 
 def start(project: str, name: str, out_dir: str, **kwargs: Any) -> Any:
-    """A W&B run written under out_dir/wandb, in `mode()`, W&B's console capture off."""
+    """A W&B run written under out_dir/wandb, in `mode()` (None: WANDB_MODE's), W&B's console capture off."""
     import wandb
 
     return wandb.init(
@@ -95,7 +99,9 @@ class WandB:
                     if isinstance(v, int | float | str) and not isinstance(v, bool)
                 }
             )
-            rows = [[r.get(c) for c in RANK_COLUMNS] for r in summary.get("ranks", [])]
+            rows: list[Iterable[Any]] = [
+                [r.get(c) for c in RANK_COLUMNS] for r in summary.get("ranks", [])
+            ]
             self.run.log(
                 {"workbench/ranks": self.wandb.Table(columns=list(RANK_COLUMNS), data=rows)}
             )
