@@ -82,10 +82,10 @@ def train_step(
         lr = lr_at(
             step,
             config.lr,
-            config.steps,
-            config.lr_schedule,
-            config.warmup_steps,
-            config.min_lr_ratio,
+            steps=config.steps,
+            schedule=config.lr_schedule,
+            warmup_steps=config.warmup_steps,
+            min_lr_ratio=config.min_lr_ratio,
         )
         with rec.span("optimizer", "optimizer", "compute", step=step, lr=lr) as opt_args:
             spiked = strategy.loss_spike is not None and strategy.loss_spike.check(
