@@ -122,6 +122,11 @@ class CausalSelfAttention(nn.Module):
     """Causal self-attention; `wiring` says its kernel (fused or written out), context parallelism's
     attention and positions, and whether its core is recomputed (selective recomputation)."""
 
+    # buffers (register_buffer): the causal mask, and with rotary positions the tables
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(
         self, cfg: ModelConfig, name: str = "", *, wiring: ModelWiring = PLAIN_MODEL
     ) -> None:
