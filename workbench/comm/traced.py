@@ -42,6 +42,7 @@ import torch.distributed as dist
 from workbench.comm import strict
 from workbench.comm.device_timing import DeviceClock
 from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
+from workbench.comm.errors import CommError, comm_error
 from workbench.comm.flight_recorder import FlightRecorder
 from workbench.comm.handle import Handle, Op, device_record
 from workbench.measure.memory import NO_MEMORY, MemoryCounter
@@ -71,10 +72,6 @@ def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
     )  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
     out.copy_(copy[index * out.numel() : (index + 1) * out.numel()])
     copy.untyped_storage().resize_(0)
-
-
-class CommError(RuntimeError):
-    """A communication operation failed or timed out; the message says which rank and operation."""
 
 
 class Communicator:
@@ -164,19 +161,8 @@ class Communicator:
         }
 
     def error(self, args: dict[str, Any], e: BaseException) -> CommError:
-        op = f"{args['op']} {args['label']}" if args.get("label") else args["op"]
-        where = f"{op} on group {args['group']} {args['group_ranks']}"
-        if "seq" in args:
-            where += f" (seq {args['seq']}, step {args['step']}, {args.get('bytes', 0)} bytes)"
-        if "peer" in args:
-            where += f" with peer rank {args['peer']}"
-        hint = ""
-        if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
-            hint = (
-                " — a peer did not reach this operation within the process-group timeout "
-                "(RunConfig.timeout_s): it is stuck or slower than the timeout allows"
-            )
-        return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
+        """The error for operation `args` failing on this rank (comm/errors.py)."""
+        return comm_error(self.rank, args, e)
 
     def _launch_args(self, args: dict[str, Any], async_op: bool) -> dict[str, Any]:
         """What the host's launch span says: which operation, never its bytes (the record has them)."""
