@@ -74,10 +74,10 @@ def _equal_to_full_attention(rank: int, world: int) -> None:
         mine = [shard(t, rank, world, balance, dim=2).requires_grad_() for t in (q, k, v)]
         gather, scatter_sum = _collectives(world)
         ring = Ring(
-            rank,
-            world,
-            [positions(SEQ, r, world, balance) for r in range(world)],
-            _exchange(rank, world),
+            rank=rank,
+            size=world,
+            pos=[positions(SEQ, r, world, balance) for r in range(world)],
+            exchange=_exchange(rank, world),
             gather=gather,
             scatter_sum=scatter_sum,
         )
@@ -156,10 +156,10 @@ def test_the_causal_masks_are_built_on_the_device_with_nothing_from_the_host():
 
     for rotate in ("ring", "allgather"):
         ring = Ring(
-            0,
-            world,
-            pos,
-            lambda ts: lambda: ts,
+            rank=0,
+            size=world,
+            pos=pos,
+            exchange=lambda ts: lambda: ts,
             gather=lambda kv: [kv, kv],
             scatter_sum=lambda parts: parts[0],
             device_pos=[p.to("meta") for p in pos],

@@ -26,7 +26,7 @@ TWO_BY_TWO = {
 def test_links_parse_and_time_like_the_ring():
     links = parse_links("inter=12.5,5; intra=100,1")
     assert links == {"inter": Link(12.5, 5.0), "intra": Link(100.0, 1.0)}
-    net = EmulatedNetwork(links, ranks_per_node=2)
+    net = EmulatedNetwork(links=links, ranks_per_node=2)
     assert net.message_seconds(0, 1, 10**6) == ("intra", pytest.approx(1e-6 + 1e-5))
     assert net.message_seconds(1, 2, 10**6) == ("inter", pytest.approx(5e-6 + 8e-5))
     # a ring all-reduce over 4 ranks on 2 machines: 2(n−1) = 6 steps of S/4 on the slow link
@@ -49,8 +49,8 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
     """tp 2 × pp 2 on 2 machines of 2: in blocks (torchrun's numbering) each tp pair shares a machine and the
     pipeline crosses the link; round-robin puts each tp pair across it and the pipeline inside (notebook 05)."""
     links = parse_links("inter=0.02,500")
-    block = EmulatedNetwork(links, ranks_per_node=2, placement="block", world_size=4)
-    spread = EmulatedNetwork(links, ranks_per_node=2, placement="round-robin", world_size=4)
+    block = EmulatedNetwork(links=links, ranks_per_node=2, placement="block", world_size=4)
+    spread = EmulatedNetwork(links=links, ranks_per_node=2, placement="round-robin", world_size=4)
     assert [block.node(r) for r in range(4)] == [0, 0, 1, 1] and [
         spread.node(r) for r in range(4)
     ] == [0, 1, 0, 1]
@@ -65,7 +65,7 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
     with pytest.raises(ConfigError, match="needs emulate_link and ranks_per_node"):
         RunConfig(tp=2, pp=2, node_placement="round-robin").validate()
     with pytest.raises(ValueError, match="split world_size=4 evenly"):
-        EmulatedNetwork(links, ranks_per_node=3, placement="round-robin", world_size=4)
+        EmulatedNetwork(links=links, ranks_per_node=3, placement="round-robin", world_size=4)
     from workbench.predict.estimator import estimate
 
     spread_cfg = RunConfig(

@@ -85,7 +85,9 @@ def test_warm_up_then_cosine_decay(launched):
     run = launched(lr_schedule="cosine", warmup_steps=2, steps=8, lr=1e-3)
     lrs = list(run.metrics.lr)
     assert lrs[:2] == [pytest.approx(5e-4), pytest.approx(1e-3)]
-    assert lrs == [pytest.approx(lr_at(s, 1e-3, 8, "cosine", 2)) for s in range(8)]
+    assert lrs == [
+        pytest.approx(lr_at(s, 1e-3, steps=8, schedule="cosine", warmup_steps=2)) for s in range(8)
+    ]
     assert lrs[-1] == pytest.approx(1e-4) and all(
         a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False)
     )

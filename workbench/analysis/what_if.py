@@ -184,7 +184,10 @@ def _relink(
             "ranks evenly"
         )
     net = EmulatedNetwork(
-        parse_links(spec) if spec else {}, max(ranks_per_node, 1), placement, world
+        links=parse_links(spec) if spec else {},
+        ranks_per_node=max(ranks_per_node, 1),
+        placement=placement,
+        world_size=world,
     )
     for node in graph.ops.values():
         if node.op == "send":

@@ -55,7 +55,7 @@ def enable_nccl_timing() -> None:
     os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Timed:
     """One launched operation (or batch) waiting for its device times: `emits` write its records."""
 
@@ -77,6 +77,7 @@ class DeviceClock:
     def __init__(
         self,
         now_us: Callable[[], float],
+        *,
         synchronize: Callable[[], None] | None = None,
         event: Callable[[], Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -121,7 +122,7 @@ class DeviceClock:
 
     def launched(self, stream: Hashable, emits: list[Callable[[float, float], None]]) -> Timed:
         """At a launch: the event, and the operation's place in launch order."""
-        timed = Timed(stream, self.mark(), emits)
+        timed = Timed(stream=stream, launch=self.mark(), emits=emits)
         self.pending.append(timed)
         return timed
 

@@ -43,7 +43,7 @@ _RING_STEPS = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EmulatedNetwork:
     """Which emulated machine each rank is on, how long a message takes between two of them, and until
     when this rank's side of each link is busy (asynchronous collectives queue on it one after another)."""

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from workbench.config.grid import AXES, RankGrid, node_groups
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProcessGroups:
     """The process groups one rank belongs to, one per axis plus the world."""
 

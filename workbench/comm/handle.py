@@ -25,7 +25,7 @@ from workbench.comm.emulated_link import hold
 from workbench.trace.bandwidth import record
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Op:
     """One recorded operation: its record's name, category (collective or p2p), args and group size."""
 
@@ -43,6 +43,7 @@ class Handle:
         comm: Any,
         works: list[Any],
         ops: list[Op],
+        *,
         launch_us: float,
         staged: int = 0,
         timed: Timed | None = None,
@@ -129,9 +130,20 @@ class Handle:
             self._mark_done(rec.now_us())
             end = self.completed_us if self.completed_us is not None else rec.now_us()
             for op in self.ops:
-                record(rec, op.name, op.cat, op.args, op.n, self.launch_us, end, self.blocking)
+                record(
+                    rec,
+                    op.name,
+                    op.cat,
+                    op.args,
+                    n=op.n,
+                    start=self.launch_us,
+                    end=end,
+                    blocking=self.blocking,
+                )
 
 
 def device_record(rec: Any, op: Op, blocking: bool) -> Any:
     """What the device clock calls at the step's end to write `op` with its device times."""
-    return lambda start, end: record(rec, op.name, op.cat, op.args, op.n, start, end, blocking)
+    return lambda start, end: record(
+        rec, op.name, op.cat, op.args, n=op.n, start=start, end=end, blocking=blocking
+    )

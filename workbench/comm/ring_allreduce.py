@@ -51,7 +51,7 @@ class RingCall:
             self.members[(self.i + 1) % self.n],
             self.members[(self.i - 1) % self.n],
         )
-        self.args = comm._args(op, group, tensor, nbytes(tensor), algorithm="ring")
+        self.args = comm.op_args(op, group, tensor, nbytes(tensor), algorithm="ring")
         if label is not None:
             self.args["label"] = label
         self.key = (comm.step, group, tuple(self.members), self.args["seq"])
@@ -63,6 +63,7 @@ class RingCall:
         ring_k: int,
         send: torch.Tensor | None,
         recv: torch.Tensor | None,
+        *,
         send_c: int | None = None,
         recv_c: int | None = None,
     ) -> None:
@@ -103,16 +104,15 @@ class RingCall:
             ops = (
                 [dist.P2POp(dist.isend, send, self.nxt, group=pg)] if send is not None else []
             ) + ([dist.P2POp(dist.irecv, recv, self.prv, group=pg)] if recv is not None else [])
-            start = comm.clock.mark() if comm.clock is not None else None
+            clock = comm.clock
+            start = clock.mark() if clock is not None else None
             try:
                 works = dist.batch_isend_irecv(ops) if ops else []
                 for work in works:
                     work.wait()
-                if (
-                    comm.clock is not None
-                ):  # CUDA: the step is over when the device says so, not at launch
-                    end = comm.clock.mark()
-                    comm.clock.block_until(end, rec.now_us() + comm.timeout_s * 1e6)
+                if clock is not None and start is not None:  # CUDA: done when the device says so
+                    end = clock.mark()
+                    clock.block_until(end, rec.now_us() + comm.timeout_s * 1e6)
                     step_args["device_us"] = round(start.elapsed_time(end) * 1000.0, 3)
             except Exception as e:  # noqa: BLE001
                 raise comm.error({**self.args, "peer": self.nxt}, e) from e
@@ -132,7 +132,7 @@ class RingCall:
         algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], dur / 1e6, self.n)
         self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
         name = self.args["op"] if self.label is None else f"{self.args['op']} {self.label}"
-        rec.complete(name, "collective", "comm", self.start, dur, self.args)
+        rec.complete(name, "collective", "comm", ts=self.start, dur=dur, args=self.args)
 
 
 def ring_all_reduce(
@@ -153,11 +153,20 @@ def ring_all_reduce(
         for k in range(n - 1):
             send_c, recv_c = (i - k) % n, (i - k - 1) % n
             incoming = scratch[: chunks[recv_c].numel()]
-            call.exchange("reduce_scatter", k, chunks[send_c], incoming, send_c, recv_c)
+            call.exchange(
+                "reduce_scatter", k, chunks[send_c], incoming, send_c=send_c, recv_c=recv_c
+            )
             chunks[recv_c].add_(incoming)
         for k in range(n - 1):
             send_c, recv_c = (i + 1 - k) % n, (i - k) % n
-            call.exchange("all_gather", n - 1 + k, chunks[send_c], chunks[recv_c], send_c, recv_c)
+            call.exchange(
+                "all_gather",
+                n - 1 + k,
+                chunks[send_c],
+                chunks[recv_c],
+                send_c=send_c,
+                recv_c=recv_c,
+            )
     finally:
         comm.memory.add("comm_buffer", -nbytes(scratch))
         comm.memory.snapshot()

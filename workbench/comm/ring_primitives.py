@@ -41,7 +41,7 @@ def ring_reduce_scatter(
     incoming = torch.empty_like(chunks[0])
     for k in range(n - 1):
         send_c, recv_c = (i - k - 1) % n, (i - k - 2) % n
-        call.exchange("reduce_scatter", k, chunks[send_c], incoming, send_c, recv_c)
+        call.exchange("reduce_scatter", k, chunks[send_c], incoming, send_c=send_c, recv_c=recv_c)
         chunks[recv_c].add_(incoming)
     output.view(-1).copy_(chunks[i])
     call.finish()
@@ -61,7 +61,7 @@ def ring_all_gather(
     chunks[i].copy_(input.view(-1))
     for k in range(n - 1):
         send_c, recv_c = (i - k) % n, (i - k - 1) % n
-        call.exchange("all_gather", k, chunks[send_c], chunks[recv_c], send_c, recv_c)
+        call.exchange("all_gather", k, chunks[send_c], chunks[recv_c], send_c=send_c, recv_c=recv_c)
     call.finish()
 
 
@@ -85,7 +85,7 @@ def ring_broadcast(
                 t,
                 send,
                 recv,
-                send_c if send is not None else None,
-                recv_c if recv is not None else None,
+                send_c=send_c if send is not None else None,
+                recv_c=recv_c if recv is not None else None,
             )
     call.finish()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 import torch
 
@@ -69,7 +70,7 @@ def problems(tensor: torch.Tensor, device: torch.device) -> list[str]:
 def call_site() -> str:
     """The innermost frame outside workbench/comm/ (and torch): where the offending call was made."""
     here = os.path.dirname(os.path.abspath(__file__))
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith(here) and f"{os.sep}torch{os.sep}" not in path:

@@ -59,9 +59,13 @@ def dump(run_dir: str, rank: int) -> str | None:
     if os.path.exists(path):
         return path
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
+        from torch._C import _distributed_c10d
 
-        data = _dump_fr_trace(True, False)
+        # a private function that torch's stubs do not declare, absent from older releases
+        dump_trace = getattr(_distributed_c10d, "_dump_fr_trace", None)
+        if dump_trace is None:
+            return None
+        data = dump_trace(True, False)
     except (ImportError, RuntimeError):
         return None
     with open(path, "wb") as f:

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from workbench.comm import strict
 from workbench.comm.device_timing import DeviceClock
 from workbench.comm.emulated_link import EmulatedNetwork, emulate, hold
+from workbench.comm.errors import CommError, comm_error
 from workbench.comm.flight_recorder import FlightRecorder
 from workbench.comm.handle import Handle, Op, device_record
 from workbench.measure.memory import NO_MEMORY, MemoryCounter
@@ -71,10 +72,6 @@ def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
     )  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
     out.copy_(copy[index * out.numel() : (index + 1) * out.numel()])
     copy.untyped_storage().resize_(0)
-
-
-class CommError(RuntimeError):
-    """A communication operation failed or timed out; the message says which rank and operation."""
 
 
 class Communicator:
@@ -146,9 +143,11 @@ class Communicator:
         """NCCL's rules for the tensors of `op` (comm/strict.py)."""
         strict.check(tensors, self.device, op, self.strict)
 
-    def _args(
+    def op_args(
         self, op: str, group: str, tensor: torch.Tensor, total_bytes: int, **extra: Any
     ) -> dict[str, Any]:
+        """A new operation's record args on `group`, numbered with the group's next sequence number (a
+        ring collective built from send/recv, comm/ring_allreduce.py, is numbered as the backend's are)."""
         self._seq[group] += 1
         return {
             "op": op,
@@ -162,19 +161,8 @@ class Communicator:
         }
 
     def error(self, args: dict[str, Any], e: BaseException) -> CommError:
-        op = f"{args['op']} {args['label']}" if args.get("label") else args["op"]
-        where = f"{op} on group {args['group']} {args['group_ranks']}"
-        if "seq" in args:
-            where += f" (seq {args['seq']}, step {args['step']}, {args.get('bytes', 0)} bytes)"
-        if "peer" in args:
-            where += f" with peer rank {args['peer']}"
-        hint = ""
-        if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
-            hint = (
-                " — a peer did not reach this operation within the process-group timeout "
-                "(RunConfig.timeout_s): it is stuck or slower than the timeout allows"
-            )
-        return CommError(f"rank {self.rank}: {where} failed{hint}: {type(e).__name__}: {e}")
+        """The error for operation `args` failing on this rank (comm/errors.py)."""
+        return comm_error(self.rank, args, e)
 
     def _launch_args(self, args: dict[str, Any], async_op: bool) -> dict[str, Any]:
         """What the host's launch span says: which operation, never its bytes (the record has them)."""
@@ -185,6 +173,7 @@ class Communicator:
         self,
         args: dict[str, Any],
         fn: Any,
+        *,
         async_op: bool,
         n: int,
         tensors: list[torch.Tensor],
@@ -203,7 +192,7 @@ class Communicator:
         if (
             async_op or self.clock is not None
         ):  # on CUDA even a blocking call returns before it is done
-            op = Op(name, cat, args, n)
+            op = Op(name=name, cat=cat, args=args, n=n)
             timed = (
                 None
                 if self.clock is None
@@ -219,7 +208,15 @@ class Communicator:
                     work = fn(True)
                 except Exception as e:  # noqa: BLE001
                     raise self.error(args, e) from e
-            handle = Handle(self, [work], [op], launch, staged, timed, blocking=not async_op)
+            handle = Handle(
+                self,
+                [work],
+                [op],
+                launch_us=launch,
+                staged=staged,
+                timed=timed,
+                blocking=not async_op,
+            )
             if async_op:
                 return handle
             handle.wait()  # CUDA: the host waits for the device, as gloo's blocking call does
@@ -231,7 +228,7 @@ class Communicator:
             raise self.error(args, e) from e
         hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
         self.flight.done(args)
-        record(rec, name, cat, args, n, start, rec.now_us(), blocking=True)
+        record(rec, name, cat, args, n=n, start=start, end=rec.now_us(), blocking=True)
         return None
 
     # ---- collectives -------------------------------------------------------------------------
@@ -248,7 +245,7 @@ class Communicator:
         """Reduce `tensor` in place over `group` (sum, or max) with the backend's algorithm (our own
         send/recv ring is `comm.ring_allreduce.ring_all_reduce`). `meta` adds keys to the record."""
         n = self.size(group)
-        args = self._args(
+        args = self.op_args(
             "all_reduce", group, tensor, nbytes(tensor), algorithm="backend", **(meta or {})
         )
         if reduce_op != "sum":
@@ -258,10 +255,10 @@ class Communicator:
         return self._run(
             args,
             lambda a: dist.all_reduce(tensor, op=rop, group=pg, async_op=a),
-            async_op,
-            n,
-            [tensor],
-            label,
+            async_op=async_op,
+            n=n,
+            tensors=[tensor],
+            label=label,
         )
 
     def reduce_scatter(
@@ -276,7 +273,7 @@ class Communicator:
     ) -> Handle | None:
         """Sum `input` (n equal shards, concatenated on dim 0) over `group`; this rank keeps its shard."""
         n = self.size(group)
-        args = self._args("reduce_scatter", group, input, nbytes(input), **(meta or {}))
+        args = self.op_args("reduce_scatter", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
@@ -286,20 +283,20 @@ class Communicator:
             return self._run(
                 args,
                 lambda a: _gloo_reduce_scatter(out, inp, pg),
-                False,
-                n,
-                [output, input],
-                label,
-                staged,
+                async_op=False,
+                n=n,
+                tensors=[output, input],
+                label=label,
+                staged=staged,
             )
         return self._run(
             args,
             lambda a: _reduce_scatter(out, inp, group=pg, async_op=a),
-            async_op,
-            n,
-            [output, input],
-            label,
-            staged,
+            async_op=async_op,
+            n=n,
+            tensors=[output, input],
+            label=label,
+            staged=staged,
         )
 
     def all_gather(
@@ -314,16 +311,16 @@ class Communicator:
     ) -> Handle | None:
         """Concatenate every rank's `input` (equal sizes) on dim 0 into `output` on every rank."""
         n = self.size(group)
-        args = self._args("all_gather", group, output, nbytes(output), **(meta or {}))
+        args = self.op_args("all_gather", group, output, nbytes(output), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         return self._run(
             args,
             lambda a: _all_gather(out, inp, group=pg, async_op=a),
-            async_op,
-            n,
-            [output, input],
-            label,
+            async_op=async_op,
+            n=n,
+            tensors=[output, input],
+            label=label,
         )
 
     def all_to_all(
@@ -346,7 +343,7 @@ class Communicator:
                 "send_splits": list(input_splits),
                 "recv_splits": list(output_splits or []),
             }
-        args = self._args("all_to_all", group, input, nbytes(input), **(meta or {}))
+        args = self.op_args("all_to_all", group, input, nbytes(input), **(meta or {}))
         pg = self.groups.groups[group]
         out, inp = (output.view(-1), input.reshape(-1)) if input_splits is None else (output, input)
 
@@ -360,7 +357,9 @@ class Communicator:
                 async_op=a,
             )
 
-        self._run(args, fn, False, self.size(group), [output, input], label)
+        self._run(
+            args, fn, async_op=False, n=self.size(group), tensors=[output, input], label=label
+        )
 
     def broadcast(
         self,
@@ -372,15 +371,15 @@ class Communicator:
     ) -> Handle | None:
         """Copy `tensor` from global rank `src` to every member of `group`."""
         n = self.size(group)
-        args = self._args("broadcast", group, tensor, nbytes(tensor), peer=src)
+        args = self.op_args("broadcast", group, tensor, nbytes(tensor), peer=src)
         pg = self.groups.groups[group]
         return self._run(
             args,
             lambda a: dist.broadcast(tensor, src=src, group=pg, async_op=a),
-            async_op,
-            n,
-            [tensor],
-            label,
+            async_op=async_op,
+            n=n,
+            tensors=[tensor],
+            label=label,
         )
 
     def barrier(self, group: str = "world") -> None:
@@ -401,6 +400,7 @@ class Communicator:
         src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
         self._p2p_seq[(group, src, dst)] += 1
         seq = self._p2p_seq[(group, src, dst)]
+        transfer = (group, tuple(self.groups.ranks[group]), seq, src, dst)  # the same on both ranks
         return {
             "op": op,
             "group": group,
@@ -410,9 +410,7 @@ class Communicator:
             "peer": peer,
             "bytes": nbytes(tensor),
             "dtype": str(tensor.dtype).replace("torch.", ""),
-            "flow": flow_id(
-                "p2p", self.step, group, tuple(self.groups.ranks[group]), seq, src, dst
-            ),
+            "flow": flow_id("p2p", self.step, *transfer),
         }
 
     def batch_isend_irecv(
@@ -437,7 +435,8 @@ class Communicator:
             self.flight.start(args)
             if self.network is not None:
                 args.update(emulate(self.network, self.rank, args))
-            ops.append(Op(kind if label is None else f"{kind} {label}", "p2p", args, 2))
+            name = kind if label is None else f"{kind} {label}"
+            ops.append(Op(name=name, cat="p2p", args=args, n=2))
             p2p.append(
                 dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, peer, group=pg)
             )
@@ -475,7 +474,7 @@ class Communicator:
                 works = dist.batch_isend_irecv(p2p)
             except Exception as e:  # noqa: BLE001
                 raise self.error(ops[0].args, e) from e
-        return Handle(self, list(works), ops, launch, timed=timed)
+        return Handle(self, list(works), ops, launch_us=launch, timed=timed)
 
     def send(
         self, tensor: torch.Tensor, dst: int, group: str = "pp", label: str | None = None

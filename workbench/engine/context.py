@@ -175,10 +175,10 @@ def emulated_network(config: RunConfig) -> EmulatedNetwork | None:
     if config.emulate_link is None:
         return None
     return EmulatedNetwork(
-        parse_links(config.emulate_link),
-        ranks_per_node(config),
-        config.node_placement,
-        config.world_size,
+        links=parse_links(config.emulate_link),
+        ranks_per_node=ranks_per_node(config),
+        placement=config.node_placement,
+        world_size=config.world_size,
     )
 
 

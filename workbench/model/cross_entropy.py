@@ -83,7 +83,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         logits, targets, lse = ctx.saved_tensors
-        return blocked_gradient(logits, lse, targets, grad, ctx.memory), None, None
+        return blocked_gradient(logits, lse, targets, grad, memory=ctx.memory), None, None
 
 
 def blocked_gradient(
@@ -91,6 +91,7 @@ def blocked_gradient(
     lse: torch.Tensor,
     targets: torch.Tensor,
     grad: torch.Tensor,
+    *,
     memory,  # noqa: ANN001
     at_target: torch.Tensor | None = None,
 ) -> torch.Tensor:

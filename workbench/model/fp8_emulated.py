@@ -20,6 +20,7 @@ cores, torch._scaled_mm runs the same products in 8 bits (notebook 12's GPU cell
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any
 
 import torch
@@ -55,8 +56,8 @@ def quantize(
         out = fp8_cast(blocks * scale, fmt) / scale
         return out.reshape(-1)[: flat.numel()].reshape(x.shape)
     top = float(x.detach().abs().max()) if scaling == "per-tensor" else float(amax or 0.0)
-    scale = fmax / top if top > 0 else 1.0
-    return fp8_cast(x * scale, fmt) / scale
+    factor = fmax / top if top > 0 else 1.0
+    return fp8_cast(x * factor, fmt) / factor
 
 
 class _Fp8Matmul(torch.autograd.Function):
@@ -84,11 +85,15 @@ def fp8_linear(
     return y + bias if bias is not None else y
 
 
+def _fp8_forward(m: nn.Linear, scaling: str, x: torch.Tensor) -> torch.Tensor:
+    return fp8_linear(x, m.weight, m.bias, scaling)
+
+
 def emulate_fp8(model: nn.Module, scaling: str = "per-tensor") -> nn.Module:
     """Every nn.Linear of `model` runs its matmul FP8-emulated (in place; returns the model)."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            module.forward = lambda x, m=module: fp8_linear(x, m.weight, m.bias, scaling)  # type: ignore[method-assign]
+            module.forward = partial(_fp8_forward, module, scaling)  # type: ignore[method-assign]
     return model
 
 

@@ -45,6 +45,7 @@ from torch import nn
 from workbench.config import ModelConfig
 from workbench.measure.memory import MemoryCounter
 from workbench.model.cross_entropy import CrossEntropy
+from workbench.model.fused_linear import FusedLinear
 from workbench.model.llama import RMSNorm, SwiGLU, rotary_tables, rotate
 from workbench.model.moe import MoE, MoEState
 
@@ -121,6 +122,11 @@ class CausalSelfAttention(nn.Module):
     """Causal self-attention; `wiring` says its kernel (fused or written out), context parallelism's
     attention and positions, and whether its core is recomputed (selective recomputation)."""
 
+    # buffers (register_buffer): the causal mask, and with rotary positions the tables
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(
         self, cfg: ModelConfig, name: str = "", *, wiring: ModelWiring = PLAIN_MODEL
     ) -> None:
@@ -138,12 +144,8 @@ class CausalSelfAttention(nn.Module):
         )
         self.head_dim, self.name, self.theta = cfg.head_dim, name, cfg.rope_theta
         self.group = cfg.heads // cfg.kv  # query heads per K/V head (1: multi-head attention)
-        self.qkv = nn.Linear(cfg.hidden, cfg.qkv_width, bias=cfg.bias)
-        self.qkv.sections = (
-            cfg.hidden,
-            cfg.kv_dim,
-            cfg.kv_dim,
-        )  # q, k, v: tensor parallelism splits each
+        # q, k, v (cfg.qkv_width in all): tensor parallelism splits each
+        self.qkv = FusedLinear(cfg.hidden, (cfg.hidden, cfg.kv_dim, cfg.kv_dim), bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.register_buffer("mask", causal_mask(cfg.seq_len), persistent=False)
         self.rope = cfg.positions == "rope"

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.model.fused_linear import FusedLinear
+
 
 class RMSNormFunction(torch.autograd.Function):
     """y = x · r · g with r = 1/√(mean(x²) + ε), computed in fp32 (at least); saves x and r only.
@@ -72,11 +74,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, inner: int, bias: bool = False) -> None:
         super().__init__()
-        self.fc = nn.Linear(hidden, 2 * inner, bias=bias)
-        self.fc.sections = (
-            inner,
-            inner,
-        )  # gate, up: tensor parallelism splits each (parallel/tensor_parallel.py)
+        # gate, up: tensor parallelism splits each (parallel/tensor_parallel.py)
+        self.fc = FusedLinear(hidden, (inner, inner), bias=bias)
         self.proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -124,6 +124,9 @@ def switch_aux_loss(counts: torch.Tensor, scores: torch.Tensor, coef: float) -> 
 class MoE(nn.Module):
     """The mixture-of-experts MLP of one block (module docstring)."""
 
+    #: a buffer (register_buffer): aux-loss-free balancing's per-expert bias
+    expert_bias: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, name: str = "", *, state: MoEState | None = None) -> None:
         """`state`: what the rank's MoE layers share (engine/parallelize.py's; None: this layer's own)."""
         super().__init__()

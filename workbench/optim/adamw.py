@@ -122,9 +122,10 @@ class AdamW:
         given = [p.grad for p in self.params] if grads is None else list(grads)
         grad_of = {id(p): g for p, g in zip(self.params, given, strict=True)}
         for group in self.param_groups:
-            params = [p for p in group["params"] if grad_of[id(p)] is not None]
-            if not params:
+            with_grads = [(p, g) for p in group["params"] if (g := grad_of[id(p)]) is not None]
+            if not with_grads:
                 continue
+            params, present = [p for p, _ in with_grads], [g for _, g in with_grads]
             runs = [v for p in params for v in self.partial.get(id(p), ())]
             if runs and self.weight_decay:
                 self._decay_runs(runs, group["lr"], found_inf)
@@ -132,11 +133,11 @@ class AdamW:
             beta1, beta2 = group["betas"]
             adamw_kernel(
                 params,
-                [grad_of[id(p)] for p in params],
-                [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states],
-                [],
-                [s["step"] for s in states],
+                present,
+                exp_avgs=[s["exp_avg"] for s in states],
+                exp_avg_sqs=[s["exp_avg_sq"] for s in states],
+                max_exp_avg_sqs=[],
+                state_steps=[s["step"] for s in states],
                 foreach=self.foreach if not self.fused else None,
                 fused=self.fused or None,
                 grad_scale=grad_scale,

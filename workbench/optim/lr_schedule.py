@@ -16,6 +16,7 @@ import math
 def lr_at(
     step: int,
     lr: float,
+    *,
     steps: int,
     schedule: str = "constant",
     warmup_steps: int = 0,

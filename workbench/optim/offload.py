@@ -43,6 +43,7 @@ from workbench.optim.updater import (
     scale_grads,
     set_lr,
 )
+from workbench.parallel.flat import grad_of
 from workbench.parallel.param_facts import ParamTable
 from workbench.trace.recorder import TraceRecorder
 
@@ -208,7 +209,7 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
         """The host's side of the memory categories: master slices, gradient slices, Adam's moments."""
         return {
             "parameter": list(self.host_params),
-            "gradient": [hp.grad for hp in self.host_params],
+            "gradient": [grad_of(hp) for hp in self.host_params],
             "optimizer_state": adam_state(self.optimizer)[0],
         }
 

@@ -34,6 +34,7 @@ from workbench.comm.traced import Communicator
 from workbench.optim.adamw import AdamHyper
 from workbench.optim.updater import AdamWUpdater, adamw, clip_coefficient, scale_grads, squares
 from workbench.parallel.data_parallel import BucketedDataParallel
+from workbench.parallel.flat import grad_of
 from workbench.parallel.param_facts import ParamTable
 
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
@@ -107,9 +108,9 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.eps = hyper.eps
         numel = sum(p.numel() for p in self.params)
         self.padded = -(-numel // (8 * comm.size("dp"))) * 8 * comm.size("dp")
-        self.m = self.denom = (
-            None  # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
-        )
+        # the flat momentum and frozen √v̂ + ε, from the end of the warm-up
+        self.m: torch.Tensor | None = None
+        self.denom: torch.Tensor | None = None
         self.reduce = CompressedAllReduce(comm, self.padded, self.params[0].device)
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:
@@ -119,15 +120,17 @@ class OneBitAdamUpdater(AdamWUpdater):
             if self.t == self.warmup_steps:
                 self.freeze()
             return norm
-        sq = squares([p.grad for p in self.params], self.params[0].device).reshape(1).clone()
+        sq = squares([grad_of(p) for p in self.params], self.params[0].device).reshape(1).clone()
         self.comm.all_reduce(sq, "dp", label="onebit grad norm")
         norm = (sq[0] / self.comm.size("dp")).sqrt()
         if self.anomaly(norm):  # skipped: the training step reads the norm and says why
             return norm
         scale_grads(self.params, clip_coefficient(norm, max_norm))
-        g = self.flat([p.grad for p in self.params])
-        self.m = self.reduce(self.beta1 * self.m + (1 - self.beta1) * g)
-        update = self.m / self.denom * (lr / (1 - self.beta1**self.t))
+        m, denom = self.m, self.denom
+        assert m is not None and denom is not None  # freeze() set them at the warm-up's end
+        g = self.flat([grad_of(p) for p in self.params])  # clipped
+        self.m = m = self.reduce(self.beta1 * m + (1 - self.beta1) * g)
+        update = m / denom * (lr / (1 - self.beta1**self.t))
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -153,7 +156,7 @@ class OneBitAdamUpdater(AdamWUpdater):
         self.grad_sync.keep_gradients_local()
 
     def state_tensors(self) -> list[torch.Tensor]:
-        if self.m is None:
+        if self.m is None or self.denom is None:  # set together, at the warm-up's end
             return super().state_tensors()
         return [self.m, self.denom, self.reduce.worker_error, self.reduce.server_error]
 

@@ -75,10 +75,10 @@ class ContextParallel:
         ):  # once per run: the causal masks are built on the device from these
             self._device_pos[q.device] = [p.to(q.device) for p in self.pos]
         ring = Ring(
-            self.index,
-            self.size,
-            self.pos,
-            self._exchange(layer),
+            rank=self.index,
+            size=self.size,
+            pos=self.pos,
+            exchange=self._exchange(layer),
             gather=self._gather(layer),
             scatter_sum=self._scatter_sum(layer),
             device_pos=self._device_pos[q.device],

@@ -18,6 +18,7 @@ send and receive splits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,37 +29,45 @@ from workbench.model.moe import GroupedLinear
 from workbench.parallel.param_facts import ParamTable
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Splits:
+    """One all-to-all's rows: `send[r]` go to ep rank r, `recv[r]` come from it; `label` names it in the trace."""
+
+    send: list[int]
+    recv: list[int]
+    label: str
+
+
 class _AllToAll(torch.autograd.Function):
     """Rows to ranks by `send` splits, received by `recv`; backward sends the gradients back the same way."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int], label: str
-    ) -> torch.Tensor:
-        ctx.comm, ctx.send, ctx.recv, ctx.label = comm, send, recv, label
-        out = x.new_empty((sum(recv), *x.shape[1:]))
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, splits: _Splits) -> torch.Tensor:
+        ctx.comm, ctx.splits = comm, splits
+        out = x.new_empty((sum(splits.recv), *x.shape[1:]))
         comm.all_to_all(
             out,
             x.contiguous(),
             "ep",
-            label=f"{label} forward",
-            output_splits=recv,
-            input_splits=send,
+            label=f"{splits.label} forward",
+            output_splits=splits.recv,
+            input_splits=splits.send,
         )
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        splits: _Splits = ctx.splits
+        out = grad.new_empty((sum(splits.send), *grad.shape[1:]))
         ctx.comm.all_to_all(
             out,
             grad.contiguous(),
             "ep",
-            label=f"{ctx.label} backward",
-            output_splits=ctx.send,
-            input_splits=ctx.recv,
+            label=f"{splits.label} backward",
+            output_splits=splits.send,
+            input_splits=splits.recv,
         )
-        return out, None, None, None, None
+        return out, None, None
 
 
 class ExpertShard(GroupedLinear):
@@ -151,7 +160,9 @@ class ExpertParallel:
         self.comm.all_to_all(recv_counts, per_rank.contiguous(), "ep", label=f"moe {layer} counts")
         send, recv = per_rank.sum(1).tolist(), recv_counts.sum(1).tolist()
         self.splits[layer] = {"send": send, "recv": recv}
-        got = _AllToAll.apply(rows, self.comm, send, recv, f"moe {layer} dispatch")
+        got = _AllToAll.apply(
+            rows, self.comm, _Splits(send=send, recv=recv, label=f"moe {layer} dispatch")
+        )
         # (source rank, local expert) blocks → local-expert-major for the grouped experts, and back
         src_major = recv_counts.reshape(-1).tolist()
         blocks = list(got.split(src_major))
@@ -159,7 +170,9 @@ class ExpertParallel:
         out = experts(torch.cat([blocks[i] for i in order]), recv_counts.sum(0).tolist())
         done = dict(zip(order, out.split([src_major[i] for i in order]), strict=True))
         back = torch.cat([done[i] for i in range(len(src_major))])
-        return _AllToAll.apply(back, self.comm, recv, send, f"moe {layer} combine")
+        return _AllToAll.apply(
+            back, self.comm, _Splits(send=recv, recv=send, label=f"moe {layer} combine")
+        )
 
     def _capacity(
         self, layer: str, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, cap: int
@@ -175,11 +188,15 @@ class ExpertParallel:
         padded = padded.index_copy(0, slot, rows)
         split = [self.local * cap] * self.size
         self.splits[layer] = {"send": split, "recv": split}
-        got = _AllToAll.apply(padded, self.comm, split, split, f"moe {layer} dispatch")
+        got = _AllToAll.apply(
+            padded, self.comm, _Splits(send=split, recv=split, label=f"moe {layer} dispatch")
+        )
         blocks = got.view(self.size, self.local, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
         out = experts(blocks, [self.size * cap] * self.local)
         back = out.view(self.local, self.size, cap, -1).transpose(0, 1).reshape(-1, rows.shape[1])
         returned = _AllToAll.apply(
-            back.contiguous(), self.comm, split, split, f"moe {layer} combine"
+            back.contiguous(),
+            self.comm,
+            _Splits(send=split, recv=split, label=f"moe {layer} combine"),
         )
         return returned.index_select(0, slot)

@@ -76,12 +76,20 @@ def grads_as_views(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> 
         p.grad = view
 
 
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    """`p.grad`, where the caller knows it is there (a parameter whose gradient arrived, a slice whose gradient its
+    synchroniser made and keeps): a missing one is a bug, said here rather than as a None deeper down."""
+    if p.grad is None:
+        raise RuntimeError(f"a tensor of shape {tuple(p.shape)} has no gradient")
+    return p.grad
+
+
 def pack_grads(params: Sequence[torch.nn.Parameter], like: torch.Tensor) -> torch.Tensor:
     """Copy the parameters' gradients into a new buffer shaped like `like` and free them (`p.grad = None`):
     after this, the flat copy is the only full gradient (ZeRO-2 and ZeRO-3)."""
     out = torch.zeros_like(like)
     for view, p in zip(views(out, params), params, strict=True):
-        view.copy_(p.grad)
+        view.copy_(grad_of(p))
         p.grad = None
     return out
 

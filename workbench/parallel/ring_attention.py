@@ -69,7 +69,7 @@ def unmasked_pairs(q_pos: torch.Tensor, k_pos: torch.Tensor) -> int:
     return int((k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).sum())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Ring:
     """One rank's view of its context-parallel group: who it is, where every rank's tokens sit, and how
     to pass tensors on. `exchange(tensors)` sends each to rank + 1 and receives same-shaped ones from
@@ -185,7 +185,14 @@ class RingAttention(torch.autograd.Function):
             src = (ring.rank - i) % ring.size
             if not _skipped(me, ring.pos[src]):
                 gq, gk, gv = _block_grads(
-                    q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src)
+                    q,
+                    kv[0],
+                    kv[1],
+                    dout,
+                    lse=lse,
+                    delta=delta,
+                    q_pos=ring.at(ring.rank),
+                    k_pos=ring.at(src),
                 )
                 dq += gq
                 dkv[0] += gk
@@ -203,6 +210,7 @@ def _block_grads(
     k: torch.Tensor,
     v: torch.Tensor,
     dout: torch.Tensor,
+    *,
     lse: torch.Tensor,
     delta: torch.Tensor,
     q_pos: torch.Tensor,
@@ -257,7 +265,14 @@ class AllGatherAttention(torch.autograd.Function):
         for src, kv in enumerate(blocks):
             if not _skipped(me, ring.pos[src]):
                 gq, gk, gv = _block_grads(
-                    q, kv[0], kv[1], dout, lse, delta, ring.at(ring.rank), ring.at(src)
+                    q,
+                    kv[0],
+                    kv[1],
+                    dout,
+                    lse=lse,
+                    delta=delta,
+                    q_pos=ring.at(ring.rank),
+                    k_pos=ring.at(src),
                 )
                 dq += gq
                 dkvs[src][0] += gk

@@ -39,13 +39,16 @@ type: the strategy writes it into the parameters' facts (parallel/param_facts.py
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workbench.measure.memory import MemoryCounter
-from workbench.model.cross_entropy import blocked_gradient, row_blocks
+from workbench.model.cross_entropy import CrossEntropy, blocked_gradient, row_blocks
+from workbench.model.fused_linear import FusedLinear
+from workbench.model.gpt import GPT
 from workbench.model.llama import RMSNorm
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
@@ -75,11 +78,14 @@ def _split_rows(
     return torch.cat(mine).clone()
 
 
+_M = TypeVar("_M", bound=nn.Module)
+
+
 class _ColumnParallelSP(torch.autograd.Function):
     """All-gather the sequence, then X·Wᵀ + b; saves only the local slice of X (sequence parallelism)."""
 
     @staticmethod
-    def forward(ctx, x_local, weight, bias, tp, layer):  # noqa: ANN001
+    def forward(ctx, x_local, weight, bias, tp, layer):  # noqa: ANN001, PLR0917 - autograd's apply is positional
         ctx.tp, ctx.layer = tp, layer
         ctx.save_for_backward(x_local, weight)
         return F.linear(gather_seq(x_local, tp, layer, "forward"), weight, bias)
@@ -105,6 +111,7 @@ class ColumnParallelLinear(nn.Module):
         out_features: int,
         tp: TPContext,
         layer: str,
+        *,
         sections: tuple[int, ...] | None = None,
         bias: bool = True,
     ) -> None:
@@ -129,7 +136,7 @@ class RowParallelLinear(nn.Module):
     )  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
 
     def __init__(
-        self, in_features: int, out_features: int, tp: TPContext, layer: str, bias: bool = True
+        self, in_features: int, out_features: int, tp: TPContext, layer: str, *, bias: bool = True
     ) -> None:
         super().__init__()
         self.tp, self.layer = tp, layer
@@ -180,8 +187,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Blocked as model/cross_entropy.py's loss: fp32 a block of rows at a time, no fp32 copy of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, targets, tp, vocab_start, memory):  # noqa: ANN001
+    def forward(ctx, logits, targets, tp, memory):  # noqa: ANN001
         n, v_local = logits.shape
+        vocab_start = tp.rank * v_local  # this rank's first row of the vocabulary
         layer = "loss"
         m = logits.amax(dim=-1).float()
         tp.comm.all_reduce(
@@ -213,8 +221,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001
         logits, local_t, inside, lse = ctx.saved_tensors
         return (
-            blocked_gradient(logits, lse, local_t, grad, ctx.memory, at_target=inside),
-            None,
+            blocked_gradient(logits, lse, local_t, grad, memory=ctx.memory, at_target=inside),
             None,
             None,
             None,
@@ -226,9 +233,8 @@ def vocab_parallel_cross_entropy(
 ) -> torch.Tensor:  # noqa: ANN001
     """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks, in fp32
     whatever their dtype; equal to F.cross_entropy on the full logits."""
-    v_local = logits.size(-1)
     return _VocabParallelCrossEntropy.apply(
-        logits.reshape(-1, v_local), targets.reshape(-1), tp, tp.rank * v_local, memory
+        logits.reshape(-1, logits.size(-1)), targets.reshape(-1), tp, memory
     )
 
 
@@ -261,30 +267,62 @@ class SequenceParallelPositions(nn.Module):
         return F.embedding(mine, self.weight)
 
 
+def _dense(m: nn.Module, kind: type[_M], name: str) -> _M:
+    """`m`, the dense module the plan names, checked to be the `kind` it replaces."""
+    if not isinstance(m, kind):
+        raise TypeError(
+            f"{name}: tensor parallelism replaces a {kind.__name__}, not {type(m).__name__}"
+        )
+    return m
+
+
 def _column(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
     """A column-parallel copy of linear `m`: each of its `sections` (q, k, v; gate, up) split by tp."""
+    linear = _dense(m, nn.Linear, name)
     return ColumnParallelLinear(
-        m.in_features, m.out_features, tp, name, getattr(m, "sections", None), m.bias is not None
+        linear.in_features,
+        linear.out_features,
+        tp,
+        name,
+        sections=linear.sections if isinstance(linear, FusedLinear) else None,
+        bias=linear.bias is not None,
     )
 
 
 def _row(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
-    return RowParallelLinear(m.in_features, m.out_features, tp, name, m.bias is not None)
+    linear = _dense(m, nn.Linear, name)
+    return RowParallelLinear(
+        linear.in_features, linear.out_features, tp, name, bias=linear.bias is not None
+    )
+
+
+def _vocab(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
+    table = _dense(m, nn.Embedding, name)
+    return VocabParallelEmbedding(table.num_embeddings, table.embedding_dim, tp, name)
+
+
+def _loss(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
+    return VocabParallelCrossEntropy(tp, _dense(m, CrossEntropy, name).memory)
+
+
+def _positions(m: nn.Module, tp: TPContext, name: str) -> nn.Module:
+    table = _dense(m, nn.Embedding, name)
+    return SequenceParallelPositions(table.num_embeddings, table.embedding_dim, tp)
 
 
 #: Megatron's split of the GPT: module name (its last parts) → the tensor-parallel module replacing it.
 TP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
-    "wte": lambda m, tp, name: VocabParallelEmbedding(m.num_embeddings, m.embedding_dim, tp, name),
+    "wte": _vocab,
     "attn.qkv": _column,  # q, k and v each split by heads (grouped-query: the kv_heads split as the heads)
     "attn.proj": _row,
     "mlp.fc": _column,  # GELU's fc; SwiGLU's gate and up, each split
     "mlp.proj": _row,
     "head": _column,  # logits split by vocabulary, never gathered
-    "loss": lambda m, tp, name: VocabParallelCrossEntropy(tp, m.memory),
+    "loss": _loss,
 }
 #: what sequence parallelism changes on top: positions sliced, layer norms' gradients partial
 SP_PLAN: dict[str, Callable[[nn.Module, TPContext, str], nn.Module]] = {
-    "wpe": lambda m, tp, name: SequenceParallelPositions(m.num_embeddings, m.embedding_dim, tp),
+    "wpe": _positions,
 }
 
 
@@ -308,7 +346,7 @@ def apply_tensor_parallel(model: nn.Module, tp: TPContext) -> nn.Module:
                 setattr(
                     model.get_submodule(parent) if parent else model, leaf, make(module, tp, name)
                 )
-    if hasattr(model, "tie"):
+    if isinstance(model, GPT):
         model.tie()  # a tied head's V/t rows are the embedding's: the same split, one parameter again
     return model
 

@@ -42,7 +42,13 @@ from workbench.comm.ring_primitives import ring_all_gather, ring_reduce_scatter
 from workbench.comm.traced import Communicator, Handle
 from workbench.config.buckets import plan_buckets
 from workbench.measure.memory import NO_MEMORY, MemoryCounter
-from workbench.parallel.flat import flatten_params, grads_as_views, marked_runs, pack_grads
+from workbench.parallel.flat import (
+    flatten_params,
+    grad_of,
+    grads_as_views,
+    marked_runs,
+    pack_grads,
+)
 from workbench.parallel.grad_sync import ChainedGradSync, SyncToggle
 from workbench.parallel.param_facts import ParamFacts, ParamTable, Ranges, merged
 
@@ -56,6 +62,19 @@ MAX_IN_FLIGHT = 2
 
 
 @dataclass(kw_only=True)
+class _InFlight:
+    """A stage-2 bucket's gradients in flight: the full-size staging copy, the slice it lands in, the handle."""
+
+    staging: torch.Tensor
+    result: torch.Tensor
+    handle: Handle
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.staging) + _nbytes(self.result)
+
+
+@dataclass(kw_only=True)
 class ZeroBucket:
     index: int
     params: list[nn.Parameter]
@@ -63,9 +82,9 @@ class ZeroBucket:
     shard: nn.Parameter  # this rank's slice of `flat`, the tensor AdamW updates
     mine: slice  # where the slice sits in `flat`
     grad: torch.Tensor | None = None  # stage 1: full gradient buffer (views are the params' .grad)
-    staging: torch.Tensor | None = None  # stage 2: the gradients in flight
-    handle: Handle | None = None
-    result: torch.Tensor | None = None  # stage 2: where the reduce-scatter in flight lands
+    in_flight: _InFlight | None = (
+        None  # stage 2: the bucket's reduce-scatter, launched and not waited for
+    )
     ready: int = 0
     names: list[str] = field(default_factory=list)
 
@@ -164,26 +183,29 @@ class ZeroDataParallel(SyncToggle):
         self._finish_bucket(bucket)  # accumulation: this bucket's previous reduce-scatter first
         while len(self._in_flight) >= MAX_IN_FLIGHT:  # bound the full-size copies alive at once
             self._finish_bucket(self._in_flight[0])
-        staging = pack_grads(
-            bucket.params, bucket.flat
-        )  # the full gradient is gone: only the slice remains
+        # the full gradient is gone: only the slice remains
+        staging = pack_grads(bucket.params, bucket.flat)
         staging.div_(self.divisor)
-        bucket.staging, bucket.result = staging, torch.empty_like(bucket.shard)
-        self.memory.add("comm_buffer", _nbytes(staging) + _nbytes(bucket.result))
+        result = torch.empty_like(bucket.shard)
+        self.memory.add("comm_buffer", _nbytes(staging) + _nbytes(result))
         self.memory.snapshot()
         self._in_flight.append(bucket)
-        bucket.handle = self.comm.reduce_scatter(
-            bucket.result, staging, self.group, async_op=True, label=f"zero2 bucket {bucket.index}"
+        handle = self.comm.reduce_scatter(
+            result, staging, self.group, async_op=True, label=f"zero2 bucket {bucket.index}"
         )
+        assert handle is not None  # async_op=True: the call returns its handle
+        bucket.in_flight = _InFlight(staging=staging, result=result, handle=handle)
 
     def _finish_bucket(self, bucket: ZeroBucket) -> None:
         """Wait for the bucket's reduce-scatter, add this rank's slice, free the staging buffer."""
-        if bucket.handle is None:
+        flight = bucket.in_flight
+        if flight is None:
             return
-        bucket.handle.wait()
-        bucket.shard.grad.add_(bucket.result)
-        freed = _nbytes(bucket.staging) + _nbytes(bucket.result)
-        bucket.handle, bucket.staging, bucket.result = None, None, None
+        flight.handle.wait()
+        grad_of(bucket.shard).add_(flight.result)
+        freed = flight.nbytes
+        bucket.in_flight = None
+        del flight  # the staging copy and the slice go now, before the snapshot
         self._in_flight.remove(bucket)
         self.memory.add("comm_buffer", -freed)
         self.memory.snapshot()
@@ -193,9 +215,13 @@ class ZeroDataParallel(SyncToggle):
         """After backward: every rank holds the summed gradient of its slices."""
         for bucket in self.buckets:
             if self.stage == 1:
-                bucket.grad.div_(self.divisor)
+                full = bucket.grad
+                assert (
+                    full is not None
+                )  # stage 1's buckets are made with their full gradient buffer
+                full.div_(self.divisor)
                 self.reduce_scatter(
-                    bucket.shard.grad, bucket.grad, self.group, label=f"zero1 bucket {bucket.index}"
+                    grad_of(bucket.shard), full, self.group, label=f"zero1 bucket {bucket.index}"
                 )
             else:
                 if bucket.ready:
@@ -214,14 +240,14 @@ class ZeroDataParallel(SyncToggle):
 
     def zero_grad(self) -> None:
         for b in self.buckets:
-            b.shard.grad.zero_()
+            grad_of(b.shard).zero_()
             if b.grad is not None:
                 b.grad.zero_()
 
     def grad_tensors(self) -> list[torch.Tensor]:
         """What the gradient category holds: full buffers (stage 1) and the rank's slices."""
         full = [b.grad for b in self.buckets if b.grad is not None]
-        return full + [b.shard.grad for b in self.buckets]
+        return full + [grad_of(b.shard) for b in self.buckets]
 
 
 def decay_runs(params: Sequence[nn.Parameter], facts: ParamTable, mine: slice) -> Ranges:
@@ -230,8 +256,8 @@ def decay_runs(params: Sequence[nn.Parameter], facts: ParamTable, mine: slice) -
     return tuple(marked_runs(params, mine.start, mine.stop, decays))
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class ZeroGroups(ChainedGradSync):

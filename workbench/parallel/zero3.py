@@ -36,7 +36,7 @@ from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
 from workbench.measure.memory import NO_MEMORY, MemoryCounter
-from workbench.parallel.flat import flatten_params, pack_grads
+from workbench.parallel.flat import flatten_params, grad_of, pack_grads
 from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.param_facts import ParamFacts, ParamTable
 from workbench.parallel.zero import MAX_IN_FLIGHT, OnReduced, decay_runs
@@ -209,6 +209,7 @@ class Zero3DataParallel(SyncToggle):
             label=f"zero3 {unit.name} grads",
             meta={"layer": unit.name, "direction": "backward"},
         )
+        assert h is not None  # async_op=True: the call returns its handle
         self._in_flight.append(_ReduceScatter(unit=unit, handle=h, result=out, staging=staging))
         self.memory.add("comm_buffer", self._in_flight[-1].nbytes)
         self.memory.snapshot()
@@ -217,10 +218,11 @@ class Zero3DataParallel(SyncToggle):
         """Wait for the oldest reduce-scatter in flight, add this rank's slice, free the staging copy."""
         rs = self._in_flight.popleft()
         rs.handle.wait()
-        rs.unit.shard.grad.add_(rs.result)
+        grad = grad_of(rs.unit.shard)
+        grad.add_(rs.result)
         # final: ZeRO-3 reduce-scatters once per step (no accumulation)
-        if self.on_reduced is not None and rs.unit.shard.grad is not None:
-            self.on_reduced(rs.unit.index, rs.unit.shard.grad)
+        if self.on_reduced is not None:
+            self.on_reduced(rs.unit.index, grad)
         freed = rs.nbytes
         del rs  # the staging copy and the slice go now, before the snapshot
         self.memory.add("comm_buffer", -freed)
@@ -245,7 +247,7 @@ class Zero3DataParallel(SyncToggle):
 
     def zero_grad(self) -> None:
         for u in self.units:
-            u.shard.grad.zero_()
+            grad_of(u.shard).zero_()
 
     def grad_tensors(self) -> list[torch.Tensor]:
-        return [u.shard.grad for u in self.units]
+        return [grad_of(u.shard) for u in self.units]

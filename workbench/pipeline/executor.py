@@ -35,6 +35,7 @@ from torch import nn
 
 from workbench.comm.traced import Communicator, Handle
 from workbench.measure.memory import MemoryTracker
+from workbench.parallel.flat import grad_of
 from workbench.parallel.grad_sync import GradSync
 from workbench.pipeline.weight_grad import WeightGradStore, split_linears
 from workbench.schedules.actions import Action, P2PBatch, Schedule
@@ -169,16 +170,21 @@ class PipelineExecutor:
     # ---- transfers ---------------------------------------------------------------------------------
     def _post(self, st: _StepState, batch: P2PBatch) -> None:
         """Post the batch's transfers; remember which batch brings each received tensor."""
-        transfers, keep = [], []
+        transfers: list[tuple[str, torch.Tensor, int, str | None]] = []
+        keep = []
         for a in batch.actions:
             key = (a.stage, a.microbatch)
             if a.is_recv:
                 buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
                 (st.stage_in if a.kind == "RECV_F" else st.grad_out)[key] = buf
-                transfers.append(("recv", buf, self._peer(a.peer), str(a)))
+                transfers.append(("recv", buf, self._peer(a.peer_stage), str(a)))
             else:
-                t = st.stage_out[key].detach() if a.kind == "SEND_F" else st.stage_in.pop(key).grad
-                transfers.append(("send", t, self._peer(a.peer), str(a)))
+                t = (
+                    st.stage_out[key].detach()
+                    if a.kind == "SEND_F"
+                    else grad_of(st.stage_in.pop(key))
+                )
+                transfers.append(("send", t, self._peer(a.peer_stage), str(a)))
             keep.append(transfers[-1][1])
         handle = self.comm.batch_isend_irecv(transfers, "pp")
         for a in batch.actions:
@@ -234,7 +240,7 @@ class PipelineExecutor:
         if a.stage > 0 and self.schedule.local(
             a.stage - 1, a.stage
         ):  # a V's turn: hand the gradient over
-            st.grad_out[(a.stage - 1, a.microbatch)] = st.stage_in.pop(key).grad
+            st.grad_out[(a.stage - 1, a.microbatch)] = grad_of(st.stage_in.pop(key))
         self.memory.snapshot()
 
     def _weight(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:
@@ -249,8 +255,9 @@ class PipelineExecutor:
 
     def _sync_unless_last(self, i: int) -> Any:
         """Gradients are synchronised only from a chunk's last backward (B, I or W) on."""
-        hold = self.grad_sync is not None and i not in self.last_backward
-        return self.grad_sync.no_sync() if hold else nullcontext()
+        if self.grad_sync is None or i in self.last_backward:
+            return nullcontext()
+        return self.grad_sync.no_sync()
 
 
 @dataclass(kw_only=True)

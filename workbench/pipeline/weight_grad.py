@@ -27,11 +27,11 @@ the last W of a stage, when the buckets are complete).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -116,8 +116,8 @@ class _Params:
     to them; kept as themselves (an unpacked save of a leaf can be another tensor object on its storage,
     and W must accumulate into the parameter and fire its hooks)."""
 
-    weight: nn.Parameter
-    bias: nn.Parameter | None
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
 
 class _SplitLinear(torch.autograd.Function):
@@ -148,8 +148,8 @@ class _SplitLinear(torch.autograd.Function):
 
 def split_linear(
     x: torch.Tensor,
-    weight: nn.Parameter,
-    bias: nn.Parameter | None = None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
     *,
     store: WeightGradStore,
 ) -> torch.Tensor:
@@ -163,6 +163,13 @@ def _linear_forward(m: nn.Linear, store: WeightGradStore, x: torch.Tensor) -> to
     return split_linear(x, m.weight, m.bias, store=store)
 
 
+@runtime_checkable
+class RoutedLinear(Protocol):
+    """A layer whose matmul is its `linear` attribute: tensor parallelism's (parallel/tensor_parallel.py)."""
+
+    linear: Callable[..., torch.Tensor]
+
+
 def split_linears(module: nn.Module, store: WeightGradStore) -> int:
     """Route every Linear of `module` through `_SplitLinear`: nn.Linear by its forward, the tensor-parallel
     layers by their `linear` (parallel/tensor_parallel.py). Returns how many were routed."""
@@ -173,7 +180,7 @@ def split_linears(module: nn.Module, store: WeightGradStore) -> int:
         ):  # its parameters looked up at each call (a cast may replace them)
             m.forward = partial(_linear_forward, m, store)  # type: ignore[method-assign]
             n += 1
-        elif hasattr(m, "linear"):
+        elif isinstance(m, RoutedLinear):
             m.linear = partial(split_linear, store=store)
             n += 1
     return n
