@@ -41,6 +41,7 @@ LINTED := conftest.py workbench tests tests_browser benchmarks scripts
 lint: setup
 	$(PY) -m ruff format --check --quiet $(LINTED)
 	$(PY) -m ruff check $(LINTED)
+	$(PY) -m mypy
 
 notebook: setup
 	$(VENV)/bin/jupyter lab notebooks
