@@ -29,8 +29,8 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
     old, new = RankGrid(c["dp"], c["tp"], c["pp"]), RankGrid(dp, c["tp"], c["pp"])
     ratio = stretch(new.world_size) / stretch(old.world_size)
     tokens = c["dp"] / dp
-    micro = c["global_batch"] / c["dp"] / c["microbatches"]
-    per_f, per_b = compute_ratio(c, hardware, micro, micro * tokens)
+    micro = c["global_batch"] // (c["dp"] * c["microbatches"])  # both split evenly (checked above)
+    per_f, per_b = compute_ratio(c, hardware, micro, c["global_batch"] // (dp * c["microbatches"]))
     ab = fit([n for n in graph.ops.values() if replica_group(n)] or list(graph.ops.values()))
     notes.append(
         f"each rank's forward × {per_f:.2f} and backward × {per_b:.2f} ({tokens:.2f} of its tokens"

@@ -27,7 +27,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -273,7 +273,7 @@ class TraceRecorder:
             event["bp"] = "e"
         self._emit(event)
 
-    def counter(self, name: str, values: dict[str, float], ts: float | None = None) -> None:
+    def counter(self, name: str, values: Mapping[str, float], ts: float | None = None) -> None:
         self._emit(
             {
                 "ph": "C",

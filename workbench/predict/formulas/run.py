@@ -102,12 +102,12 @@ def _categories(
     tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
     params = params_per_rank(
         model,
-        tp,
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
-        config.get("ep", 1),
+        tp=tp,
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
+        ep=config.get("ep", 1),
     )
     width = 4 if precision == "fp32" else 2
     states = {
@@ -117,10 +117,10 @@ def _categories(
             params,
             shards,
             config.get("zero", 0),
-            config.get("bucket_mb", 25.0),
-            width,
-            config.get("prefetch", True),
-            config.get("backend") == "gloo",
+            bucket_mb=config.get("bucket_mb", 25.0),
+            width=width,
+            prefetch=config.get("prefetch", True),
+            backend_copies=config.get("backend") == "gloo",
         ),
     }
     masters = 4 * params if grad_width(config) < 4 else 0.0
@@ -144,26 +144,66 @@ def _categories(
         width * acts.seq_len * micro * (acts.vocab_size // tp)
     )  # saved until the loss's backward unpacks them
     if config.get("pp", 1) == 1 and m == 1:
-        act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
-        kept = stage_activation_bytes(
-            acts, micro, 0, 1, width, tp, sp, rc, device, core
-        )  # a rerun's rise comes later
+        act = activation_bytes(
+            acts, micro, width, tp=tp, sequence_parallel=sp, recompute=rc, device=device, core=core
+        )
+        kept = stage_activation_bytes(  # a rerun's rise comes later
+            acts,
+            micro,
+            stage=0,
+            stages=1,
+            bytes_per_value=width,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=rc,
+            device=device,
+            core=core,
+        )
         return {**states, "activation": act, "loss": loss}, masters, act, kept - logits + loss
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
     sched = run_schedule(config)
     stage_bytes = {
-        k: stage_activation_bytes(acts, micro, k, sched.stages, width, tp, sp, rc, device, core)
+        k: stage_activation_bytes(
+            acts,
+            micro,
+            stage=k,
+            stages=sched.stages,
+            bytes_per_value=width,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=rc,
+            device=device,
+            core=core,
+        )
         for k in range(sched.stages)
     }
     extra = {
-        k: backward_extra_bytes(acts, micro, k == sched.stages - 1, width, tp, sp, rc, device, core)
+        k: backward_extra_bytes(
+            acts,
+            micro,
+            last=k == sched.stages - 1,
+            bytes_per_value=width,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=rc,
+            device=device,
+            core=core,
+        )
         for k in range(sched.stages)
     }
     layers = model.layers // sched.stages
     stash = {
-        k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
+        k: wgrad_stash_bytes(
+            acts,
+            micro,
+            layers=layers,
+            last=k == sched.stages - 1,
+            bytes_per_value=width,
+            tp=tp,
+            sequence_parallel=sp,
+        )
         for k in range(sched.stages)
     }
     live = peak = stashed = peak_stash = together = at_loss = 0.0
@@ -213,22 +253,26 @@ def zero_states(
     )
     offload = bool(config.get("offload_optimizer")) and zero > 0
     if ep == 1 or not zero:
-        return model_state_bytes(params, shards, zero, precision, grad_width(config), offload)
+        return model_state_bytes(
+            params, shards, zero, precision, grad_bytes=grad_width(config), offload=offload
+        )
     whole = params_per_rank(
         model,
-        config.get("tp", 1),
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
     )
     experts = (whole - params) / (
         ep - 1
     )  # this rank's E/ep experts: the whole model's experts less theirs
     dense = model_state_bytes(
-        params - experts, shards, zero, precision, grad_width(config), offload
+        params - experts, shards, zero, precision, grad_bytes=grad_width(config), offload=offload
     )
-    sharded = model_state_bytes(experts, shards // ep, zero, precision, grad_width(config), offload)
+    sharded = model_state_bytes(
+        experts, shards // ep, zero, precision, grad_bytes=grad_width(config), offload=offload
+    )
     return {k: dense[k] + sharded[k] for k in dense}
 
 
@@ -240,11 +284,11 @@ def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     model = run_model(config)
     params = params_per_rank(
         model,
-        config.get("tp", 1),
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
     )
     return offload_host_bytes(params, config["dp"] * config.get("cp", 1))
 
@@ -308,7 +352,15 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         config.get("microbatches", 1),
         config.get("sequence_parallel", False),
     )
-    local = params_per_rank(model, tp, pp, v, pp_rank, placement(config), config.get("ep", 1))
+    local = params_per_rank(
+        model,
+        tp=tp,
+        pp=pp,
+        virtual_stages=v,
+        pp_rank=pp_rank,
+        placement=placement(config),
+        ep=config.get("ep", 1),
+    )
     zero, group = config.get("zero", 0), replica_group(cp)
     wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
     if (
@@ -336,40 +388,40 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         acts,
         micro,
         tp,
-        sp,
-        m,
-        layers,
-        0 in mine,
-        stages - 1 in mine,
-        width,
-        config.get("recompute", "none"),
-        grad_width(config),
-        model.seq_len,
+        sequence_parallel=sp,
+        microbatches=m,
+        layers=layers,
+        first=0 in mine,
+        last=stages - 1 in mine,
+        bytes_per_value=width,
+        recompute=config.get("recompute", "none"),
+        grad_bytes=grad_width(config),
+        positions=model.seq_len,
     )
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
     if (
         model.experts
     ):  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
-        moe_comm_bytes(out, config, model, micro, layers, wire)
+        moe_comm_bytes(out, config, model, micro=micro, layers=layers, wire=wire)
     for op, nbytes in cp_comm_bytes_per_step(
         model.seq_len,
         micro,
         model.kv_dim,
         cp,
-        layers,
-        m,
-        tp,
-        width,
-        config.get("cp_rotate", "ring"),
-        config.get("recompute", "none") != "none",
+        layers=layers,
+        microbatches=m,
+        tp=tp,
+        width=width,
+        rotate=config.get("cp_rotate", "ring"),
+        recompute=config.get("recompute", "none") != "none",
     ).items():
         out.setdefault(op, {})["cp"] = nbytes
     if (
         config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1
     ):  # the overflow flag, max: world
         out.setdefault("all_reduce", {})["world"] = 4
-    if pp > 1:
+    if sched is not None:  # pp > 1
         buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width
         acts_of_rank = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
         out.setdefault("send", {})["pp"] = sum(a.is_send for a in acts_of_rank) * buffer
