@@ -47,7 +47,14 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
             it
             for seg in _segments(program)
             for it in _rebucket_step(
-                seg, old, graph, ab, bucket_mb, launch, overlap, graph.param_sizes.get(rank, [])
+                seg,
+                old,
+                graph,
+                fit=ab,
+                bucket_mb=bucket_mb,
+                launch=launch,
+                overlap=overlap,
+                params=graph.param_sizes.get(rank, []),
             )
         ]
     for k in old:
@@ -90,6 +97,7 @@ def _rebucket_step(
     items: list[Item],
     old: dict[tuple[Any, ...], OpNode],
     graph: Graph,
+    *,
     fit: tuple[float, float],
     bucket_mb: float,
     launch: float,

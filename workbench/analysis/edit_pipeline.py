@@ -18,6 +18,7 @@ def relay_pipeline(
     source: dict[str, Any],
     edited: dict[str, Any],
     changes: dict[str, Any],
+    *,
     hardware: Any,
     notes: list[str],
 ) -> float:

@@ -137,7 +137,9 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes
     }
     if pipeline:
-        predicted += relay_pipeline(traces, config, graph.config, pipeline, hardware, notes)
+        predicted += relay_pipeline(
+            traces, config, graph.config, pipeline, hardware=hardware, notes=notes
+        )
     return WhatIf(
         dict(changes),
         source.measured_us / 1e6,

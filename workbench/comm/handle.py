@@ -129,9 +129,20 @@ class Handle:
             self._mark_done(rec.now_us())
             end = self.completed_us if self.completed_us is not None else rec.now_us()
             for op in self.ops:
-                record(rec, op.name, op.cat, op.args, op.n, self.launch_us, end, self.blocking)
+                record(
+                    rec,
+                    op.name,
+                    op.cat,
+                    op.args,
+                    op.n,
+                    start=self.launch_us,
+                    end=end,
+                    blocking=self.blocking,
+                )
 
 
 def device_record(rec: Any, op: Op, blocking: bool) -> Any:
     """What the device clock calls at the step's end to write `op` with its device times."""
-    return lambda start, end: record(rec, op.name, op.cat, op.args, op.n, start, end, blocking)
+    return lambda start, end: record(
+        rec, op.name, op.cat, op.args, op.n, start=start, end=end, blocking=blocking
+    )

@@ -132,7 +132,7 @@ class RingCall:
         algbw, busbw = bandwidth(self.args["op"], self.args["bytes"], dur / 1e6, self.n)
         self.args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
         name = self.args["op"] if self.label is None else f"{self.args['op']} {self.label}"
-        rec.complete(name, "collective", "comm", self.start, dur, self.args)
+        rec.complete(name, "collective", "comm", self.start, dur, args=self.args)
 
 
 def ring_all_reduce(

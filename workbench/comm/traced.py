@@ -231,7 +231,7 @@ class Communicator:
             raise self.error(args, e) from e
         hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
         self.flight.done(args)
-        record(rec, name, cat, args, n, start, rec.now_us(), blocking=True)
+        record(rec, name, cat, args, n, start=start, end=rec.now_us(), blocking=True)
         return None
 
     # ---- collectives -------------------------------------------------------------------------

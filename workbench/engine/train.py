@@ -67,7 +67,7 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     logs = step_logs(ctx)
     kineto = (
         TorchProfile(
-            ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps)
+            ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, profile_range(cfg.profile_steps)
         )
         if cfg.profile_steps
         else None
@@ -153,7 +153,7 @@ def measured_steps(ctx: RankContext) -> MeasureSchedule:
     cfg = ctx.config
     also = (cfg.profile_memory_step,) if cfg.profile_memory and ctx.device.type != "cuda" else ()
     schedule = measure_schedule(
-        cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also
+        cfg.measure, cfg.steps, ctx.device.type, cfg.warmup_steps_excluded, cfg.trace, also=also
     )
     ctx.recorder.info["measured_steps"] = schedule.describe()
     return schedule

@@ -57,6 +57,7 @@ def measure_schedule(
     device_type: str,
     warmup_excluded: int = 1,
     trace: bool = True,
+    *,
     also: tuple[int, ...] = (),
 ) -> MeasureSchedule:
     """The schedule a rank runs: `spec` resolved for its device (see the module's docstring); `also`: steps

@@ -17,6 +17,7 @@ def schedule_from_orders(
     m: int,
     v: int,
     orders: list[list[tuple[str, int, int]]],
+    *,
     stage_placement: str = "loop",
     placement: str = "lockstep",
 ) -> Schedule:

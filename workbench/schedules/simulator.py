@@ -150,6 +150,7 @@ def simulate(
     t_f: float = 1.0,
     t_b: float = 2.0,
     t_comm: float = 0.0,
+    *,
     cost: Callable[[int, Item], tuple[float, float]] | None = None,
     start: Sequence[float] | None = None,
     rule: str = "nccl",

@@ -95,7 +95,9 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
     )
     if errors := coverage(bare):  # what each rank runs, before any transfer is placed
         raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))
-    s = schedule_from_orders(f"csv:{path}", p, micro, v, orders, found[0], placement)
+    s = schedule_from_orders(
+        f"csv:{path}", p, micro, v, orders, stage_placement=found[0], placement=placement
+    )
     errors = validate(s) if placement == "lockstep" else []
     if errors:
         raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))

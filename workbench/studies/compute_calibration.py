@@ -173,7 +173,9 @@ def _fitted(
     rest = (
         per_b_fwd - layer_matmul_flops(cfg, 1, 1) / mm_rate - attention_flops(cfg, 1, 1) / at_rate
     )
-    memory_bw = elementwise_bytes(cfg, 1, 1, False, 4) / rest if rest > 0 else 1e15
+    memory_bw = (
+        elementwise_bytes(cfg, 1, 1, sequence_parallel=False, width=4) / rest if rest > 0 else 1e15
+    )
     ends = [x for key in ("ff", "fb", "hf", "hb") for x in fit_line(bs, rows[key])]
     return {
         "device": device,
