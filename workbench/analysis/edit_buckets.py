@@ -137,7 +137,9 @@ def _rebucket_step(
             continue
         if it.kind == "block" and set(it.keys) <= old.keys():
             if not placed_block:
-                out.append(Item("block", it.us, tuple(keys), step=it.step, meta=dict(it.meta)))
+                out.append(
+                    Item(kind="block", us=it.us, keys=tuple(keys), step=it.step, meta=dict(it.meta))
+                )
                 placed_block = True
             continue
         if i in backward:
@@ -145,9 +147,11 @@ def _rebucket_step(
             while nxt < len(at) and at[nxt] <= elapsed + length + 1e-9:
                 cut = max(0.0, at[nxt] - elapsed)
                 out.append(dataclasses.replace(it, us=cut, meta=dict(it.meta)))
-                out.append(Item("issue", keys=(keys[nxt],), step=it.step))
+                out.append(Item(kind="issue", keys=(keys[nxt],), step=it.step))
                 out.append(
-                    Item("busy", launch, tag="launch", step=it.step, meta={"kind": "launch"})
+                    Item(
+                        kind="busy", us=launch, tag="launch", step=it.step, meta={"kind": "launch"}
+                    )
                 )
                 elapsed, length, nxt = elapsed + cut, length - cut, nxt + 1
             out.append(dataclasses.replace(it, us=length, meta=dict(it.meta)))

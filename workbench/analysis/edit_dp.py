@@ -110,13 +110,13 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
         )
     source = {r: source_of(r) for r in programs}
     return Graph(
-        programs,
-        ops,
-        {r: graph.start_us[source[r]] for r in programs},
-        {r: graph.measured_us[source[r]] for r in programs},
-        {r: graph.lanes_us[source[r]] for r in programs},
-        {**c, "dp": dp},
-        graph.slots,
+        programs=programs,
+        ops=ops,
+        start_us={r: graph.start_us[source[r]] for r in programs},
+        measured_us={r: graph.measured_us[source[r]] for r in programs},
+        lanes_us={r: graph.lanes_us[source[r]] for r in programs},
+        config={**c, "dp": dp},
+        slots=graph.slots,
     )
 
 

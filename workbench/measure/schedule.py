@@ -31,7 +31,7 @@ from workbench.config.rules import parse_measure
 AUTO_GPU_STEPS = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasureSchedule:
     """Steps first..stop−1 measured, the rest fast (plus `extra`: a step another tool needs measured)."""
 
@@ -72,4 +72,6 @@ def measure_schedule(
     else:
         first = min(warmup_excluded, steps - 1)
         stop = min(first + AUTO_GPU_STEPS, steps)
-    return MeasureSchedule(first, stop, frozenset(s for s in also if 0 <= s < steps))
+    return MeasureSchedule(
+        first=first, stop=stop, extra=frozenset(s for s in also if 0 <= s < steps)
+    )

@@ -100,7 +100,7 @@ def calibrate_compute(cfg: ModelConfig, global_batch: int = 16, backend: str = "
     alpha, beta = allreduce_fit(backend)
     cores = os.cpu_count() or 1
     return Hardware(
-        f"this machine (calibrated on {backend}, {device})",
+        name=f"this machine (calibrated on {backend}, {device})",
         peak_flops=compute["matmul_flops"],
         memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
         intra_node_bw=beta,
