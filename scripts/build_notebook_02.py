@@ -161,8 +161,8 @@ s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes.
         code("""
 cfg = PRESETS["tiny"]
 # both in 16 bits per value (2 bytes), as Megatron's formula counts; the runs above were fp32 (4 bytes)
-pd.DataFrame([{"t": t, "ours, 16-bit (bytes/layer)": formulas.activation_bytes_per_layer(cfg, 16, 2, t),
-               "ours with SP, 16-bit": formulas.activation_bytes_per_layer(cfg, 16, 2, t, True),
+pd.DataFrame([{"t": t, "ours, 16-bit (bytes/layer)": formulas.activation_bytes_per_layer(cfg, 16, 2, tp=t),
+               "ours with SP, 16-bit": formulas.activation_bytes_per_layer(cfg, 16, 2, tp=t, sequence_parallel=True),
                "Korthikanti et al., 16-bit": formulas.korthikanti_activation_bytes_per_layer(cfg, 16, t)}
               for t in (1, 2, 4)])
 """),

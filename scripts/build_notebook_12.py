@@ -406,7 +406,7 @@ for (name, (F, BW, alpha)), color in zip(MACHINES.items(), ("#4C78A8", "#E45756"
     curves = [(1, 1, tokens, [crossover.dp_ratio(t, F, BW) for t in tokens]),
               (1, 2, tokens, [crossover.zero3_ratio(t, F, BW) for t in tokens]),
               (2, 1, hidden, [crossover.tp_ratio(h, 8, F, BW) for h in hidden]),
-              (2, 2, tokens, [crossover.pp_ratio(t, 4096, 4, F, BW, alpha) for t in tokens])]
+              (2, 2, tokens, [crossover.pp_ratio(t, 4096, 4, F, BW, alpha=alpha) for t in tokens])]
     for i, (row, col, xs, ys) in enumerate(curves):
         fig.add_trace(go.Scatter(x=xs, y=ys, name=name, legendgroup=name, showlegend=i == 0,
                                  line={"color": color}), row=row, col=col)
@@ -421,7 +421,7 @@ pd.DataFrame({name: {"DP: tokens a rank below which it is communication-bound": 
                      "ZeRO-3: tokens a rank": crossover.zero3_crossover(F, BW),
                      "TP over 8: hidden size below which": crossover.tp_crossover(8, F, BW),
                      "PP: tokens a micro-batch below which (h 4096, 4 layers)": crossover.pp_crossover(
-                         4096, 4, F, BW, alpha)} for name, (F, BW, alpha) in MACHINES.items()}).round(0)
+                         4096, 4, F, BW, alpha=alpha)} for name, (F, BW, alpha) in MACHINES.items()}).round(0)
 """),
         md("""
 **Your cluster.** Move the sliders: the matmul rate a GPU reaches and the bandwidth each GPU has to the others
@@ -525,7 +525,7 @@ def crossover_at(kind, F):  # the formula's crossover for a compute rate F, on t
     return {"DP": lambda: crossover.dp_crossover(F, BW_LINK, g=4, n=2),
             "ZeRO-3": lambda: crossover.zero3_crossover(F, BW_LINK, g=4, n=2),
             "TP": lambda: crossover.tp_crossover(2, F, BW_LINK, g=4),
-            "PP": lambda: crossover.pp_crossover(256, 2, F, 100e9, LATENCY_S, g=4)}[kind]()
+            "PP": lambda: crossover.pp_crossover(256, 2, F, 100e9, alpha=LATENCY_S, g=4)}[kind]()
 
 points, predicted = [], {}
 for kind, (variable, low, high, _) in PLANS.items():
@@ -534,7 +534,7 @@ for kind, (variable, low, high, _) in PLANS.items():
     predicted[kind] = crossover_at(kind, F)
     for p in pair:
         def ratio(rate):  # the formula's communication / compute at this point, with compute at `rate` FLOP/s
-            return (crossover.pp_ratio(p["value"], 256, 2, rate, 100e9, LATENCY_S, g=4) if kind == "PP" else
+            return (crossover.pp_ratio(p["value"], 256, 2, rate, 100e9, alpha=LATENCY_S, g=4) if kind == "PP" else
                     crossover_at(kind, rate) / p["value"])
         points.append({k: v for k, v in p.items() if k != "run"}
                       | {"F GFLOP/s": F / 1e9, "predicted crossover": predicted[kind], "predicted ratio": ratio(F),

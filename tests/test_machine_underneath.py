@@ -28,8 +28,8 @@ def test_each_ratio_is_one_at_its_crossover():
         crossover.zero3_crossover(F, BW, n=4), F, BW, n=4
     ) == pytest.approx(1.0)
     assert crossover.tp_ratio(crossover.tp_crossover(8, F, BW), 8, F, BW) == pytest.approx(1.0)
-    t = crossover.pp_crossover(4096, 4, F, BW, 10e-6)
-    assert crossover.pp_ratio(t, 4096, 4, F, BW, 10e-6) == pytest.approx(1.0)
+    t = crossover.pp_crossover(4096, 4, F, BW, alpha=10e-6)
+    assert crossover.pp_ratio(t, 4096, 4, F, BW, alpha=10e-6) == pytest.approx(1.0)
     # ZeRO-3 moves 1.5 × DP's bytes, so it turns communication-bound at 1.5 × the tokens
     assert crossover.zero3_crossover(F, BW) == pytest.approx(1.5 * crossover.dp_crossover(F, BW))
     # tensor parallelism's ratio does not depend on the batch, and halves when h doubles
@@ -37,7 +37,7 @@ def test_each_ratio_is_one_at_its_crossover():
         2 * crossover.tp_ratio(4096, 8, F, BW)
     )
     assert math.isinf(
-        crossover.pp_crossover(64, 1, 1e15, 1e6, 1e-3)
+        crossover.pp_crossover(64, 1, 1e15, 1e6, alpha=1e-3)
     )  # transfers outlast compute at any size
 
 

@@ -147,10 +147,10 @@ def test_validator_finds_a_deadlock():
     it: on NCCL the send queues behind the receive on rank 0's stream, and neither ever runs."""
     s = build_schedule("1f1b", 2, 1)
     s.actions[0] = [
-        Action("RECV_B", 0, 0, 1),
-        Action("F", 0, 0),
-        Action("SEND_F", 0, 0, 1),
-        Action("B", 0, 0),
+        Action(kind="RECV_B", stage=0, microbatch=0, peer=1),
+        Action(kind="F", stage=0, microbatch=0),
+        Action(kind="SEND_F", stage=0, microbatch=0, peer=1),
+        Action(kind="B", stage=0, microbatch=0),
     ]
     errors = validate(s)
     assert any("deadlock" in e for e in errors)
@@ -160,7 +160,7 @@ def test_validator_finds_a_deadlock():
 
 def test_a_stage_on_the_wrong_rank_is_rejected():
     s = build_schedule("1f1b", 2, 2)
-    s.actions[0][0] = Action("F", 1, 0)
+    s.actions[0][0] = Action(kind="F", stage=1, microbatch=0)
     assert any("lives on rank 1" in e for e in validate(s))
 
 

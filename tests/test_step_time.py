@@ -18,7 +18,7 @@ from workbench.predict.step_time import SIMULATE_UP_TO, predict_step
 MODEL = dataclasses.replace(PRESETS["small"], layers=4)
 #: a machine with round figures: compute only from FLOP rates, α 1 ms, β 1 GB/s, no fixed costs
 ROUND = Hardware(
-    "round",
+    name="round",
     peak_flops=1e11,
     memory_bytes=1e10,
     intra_node_bw=1e9,

@@ -128,7 +128,7 @@ def _pair(root, source: dict, changes: dict, target: dict, **kw) -> tuple[float,
     ],
 )
 @pytest.mark.slow
-def test_what_if_predicts_the_target_run(tmp_path, hardware, kind, source, changes, target):
+def test_what_if_predicts_the_target_run(tmp_path, hardware, *, kind, source, changes, target):
     ratio, predicted, measured = _pair(tmp_path, source, changes, target, hardware=hardware)
     assert abs(ratio - 1) <= TOLERANCE, (
         f"{kind}: predicted / measured {ratio:.2f} (medians {predicted * 1e3:.1f} and {measured * 1e3:.1f} ms)"

@@ -78,20 +78,26 @@ def _malformed(kind: str):
     s = build_schedule("zbh1", 2, 2)
     acts = s.actions
     if kind == "W before its I":
-        i, w = acts[1].index(Action("I", 1, 0)), acts[1].index(Action("W", 1, 0))
+        i, w = (
+            acts[1].index(Action(kind="I", stage=1, microbatch=0)),
+            acts[1].index(Action(kind="W", stage=1, microbatch=0)),
+        )
         acts[1][i], acts[1][w] = acts[1][w], acts[1][i]
     elif kind == "I without W":
-        acts[1].remove(Action("W", 1, 1))
+        acts[1].remove(Action(kind="W", stage=1, microbatch=1))
     elif kind == "B and I":
-        acts[0].append(Action("B", 0, 1))
+        acts[0].append(Action(kind="B", stage=0, microbatch=1))
     elif kind == "I before F":
-        acts[0].remove(Action("F", 0, 1))
-        acts[0].append(Action("F", 0, 1))
+        acts[0].remove(Action(kind="F", stage=0, microbatch=1))
+        acts[0].append(Action(kind="F", stage=0, microbatch=1))
     elif kind == "stage on two ranks":
-        acts[1].append(Action("W", 0, 0))
+        acts[1].append(Action(kind="W", stage=0, microbatch=0))
     elif kind == "V hand-over out of order":
         s = build_schedule("zbv", 2, 4)
-        f3, f0 = s.actions[1].index(Action("F", 1, 0)), s.actions[1].index(Action("F", 2, 0))
+        f3, f0 = (
+            s.actions[1].index(Action(kind="F", stage=1, microbatch=0)),
+            s.actions[1].index(Action(kind="F", stage=2, microbatch=0)),
+        )
         s.actions[1][f3], s.actions[1][f0] = s.actions[1][f0], s.actions[1][f3]
     return s
 

@@ -47,7 +47,14 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
             it
             for seg in _segments(program)
             for it in _rebucket_step(
-                seg, old, graph, ab, bucket_mb, launch, overlap, graph.param_sizes.get(rank, [])
+                seg,
+                old,
+                graph,
+                fit=ab,
+                bucket_mb=bucket_mb,
+                launch=launch,
+                overlap=overlap,
+                params=graph.param_sizes.get(rank, []),
             )
         ]
     for k in old:
@@ -90,6 +97,7 @@ def _rebucket_step(
     items: list[Item],
     old: dict[tuple[Any, ...], OpNode],
     graph: Graph,
+    *,
     fit: tuple[float, float],
     bucket_mb: float,
     launch: float,
@@ -129,7 +137,9 @@ def _rebucket_step(
             continue
         if it.kind == "block" and set(it.keys) <= old.keys():
             if not placed_block:
-                out.append(Item("block", it.us, tuple(keys), step=it.step, meta=dict(it.meta)))
+                out.append(
+                    Item(kind="block", us=it.us, keys=tuple(keys), step=it.step, meta=dict(it.meta))
+                )
                 placed_block = True
             continue
         if i in backward:
@@ -137,9 +147,11 @@ def _rebucket_step(
             while nxt < len(at) and at[nxt] <= elapsed + length + 1e-9:
                 cut = max(0.0, at[nxt] - elapsed)
                 out.append(dataclasses.replace(it, us=cut, meta=dict(it.meta)))
-                out.append(Item("issue", keys=(keys[nxt],), step=it.step))
+                out.append(Item(kind="issue", keys=(keys[nxt],), step=it.step))
                 out.append(
-                    Item("busy", launch, tag="launch", step=it.step, meta={"kind": "launch"})
+                    Item(
+                        kind="busy", us=launch, tag="launch", step=it.step, meta={"kind": "launch"}
+                    )
                 )
                 elapsed, length, nxt = elapsed + cut, length - cut, nxt + 1
             out.append(dataclasses.replace(it, us=length, meta=dict(it.meta)))

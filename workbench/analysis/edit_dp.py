@@ -30,8 +30,8 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
     new = RankGrid(dp=dp, tp=c["tp"], pp=c["pp"])
     ratio = stretch(new.world_size) / stretch(old.world_size)
     tokens = c["dp"] / dp
-    micro = c["global_batch"] / c["dp"] / c["microbatches"]
-    per_f, per_b = compute_ratio(c, hardware, micro, micro * tokens)
+    micro = c["global_batch"] // (c["dp"] * c["microbatches"])  # both split evenly (checked above)
+    per_f, per_b = compute_ratio(c, hardware, micro, c["global_batch"] // (dp * c["microbatches"]))
     ab = fit([n for n in graph.ops.values() if replica_group(n)] or list(graph.ops.values()))
     notes.append(
         f"each rank's forward × {per_f:.2f} and backward × {per_b:.2f} ({tokens:.2f} of its tokens"
@@ -111,13 +111,13 @@ def resize_dp(graph: Graph, dp: int, stretch: Any, hardware: Any, notes: list[st
         )
     source = {r: source_of(r) for r in programs}
     return Graph(
-        programs,
-        ops,
-        {r: graph.start_us[source[r]] for r in programs},
-        {r: graph.measured_us[source[r]] for r in programs},
-        {r: graph.lanes_us[source[r]] for r in programs},
-        {**c, "dp": dp},
-        graph.slots,
+        programs=programs,
+        ops=ops,
+        start_us={r: graph.start_us[source[r]] for r in programs},
+        measured_us={r: graph.measured_us[source[r]] for r in programs},
+        lanes_us={r: graph.lanes_us[source[r]] for r in programs},
+        config={**c, "dp": dp},
+        slots=graph.slots,
     )
 
 

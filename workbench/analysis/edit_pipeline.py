@@ -18,6 +18,7 @@ def relay_pipeline(
     source: dict[str, Any],
     edited: dict[str, Any],
     changes: dict[str, Any],
+    *,
     hardware: Any,
     notes: list[str],
 ) -> float:
@@ -46,8 +47,8 @@ def relay_pipeline(
         )
     old, new = build_schedule(name, p, m, v), build_schedule(name1, p, m1, v1)
     rule = "nccl" if source.get("backend") == "nccl" else "gloo"
-    micro = batch / source["dp"] / m
-    per_f, per_b = compute_ratio(source, hardware, micro, batch / edited["dp"] / m1)
+    micro = batch // (source["dp"] * m)  # both split evenly (the source ran; checked above)
+    per_f, per_b = compute_ratio(source, hardware, micro, batch // (edited["dp"] * m1))
     deltas = []
     for replica in bubble.pipelines(traces, p):
         transfer = bubble.transfer_time(list(replica.values()))

@@ -45,7 +45,7 @@ SLOTS = {"gloo": 2, "nccl": 1}
 COMPUTE = ("forward", "backward", "recompute", "optimizer")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Item:
     """One entry of a rank's program (see the module docstring)."""
 
@@ -57,7 +57,7 @@ class Item:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OpNode:
     """One communication operation, as every member saw it."""
 
@@ -86,7 +86,7 @@ class OpNode:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Graph:
     programs: dict[int, list[Item]]
     ops: dict[tuple[Any, ...], OpNode]
@@ -208,18 +208,20 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
     # (time, order at a tie, item, end of a block)
     points: list[tuple[float, int, Item, float]] = []
     for k in steps:
-        points.append((r.steps[k][0], 0, Item("mark", tag="start", step=k), 0.0))
-        points.append((r.steps[k][1], 3, Item("mark", tag="end", step=k), 0.0))
+        points.append((r.steps[k][0], 0, Item(kind="mark", tag="start", step=k), 0.0))
+        points.append((r.steps[k][1], 3, Item(kind="mark", tag="end", step=k), 0.0))
     for key, (t, _, a) in r.issued.items():
         if lo <= t <= hi:
-            points.append((t, 1, Item("issue", keys=(key,), step=a.get("step", -1)), 0.0))
+            points.append((t, 1, Item(kind="issue", keys=(key,), step=a.get("step", -1)), 0.0))
     for s, e, keys, a in r.blocks:
         if lo <= s <= hi:
             points.append(
                 (
                     s,
                     2,
-                    Item("block", keys=keys, step=a.get("step", -1), meta={"start": s, "end": e}),
+                    Item(
+                        kind="block", keys=keys, step=a.get("step", -1), meta={"start": s, "end": e}
+                    ),
                     e,
                 )
             )
@@ -239,8 +241,8 @@ def _program(r: _Rank, steps: list[int]) -> tuple[list[Item], dict[int, dict[str
                 )
                 items.append(
                     Item(
-                        "busy",
-                        length,
+                        kind="busy",
+                        us=length,
                         tag="compute" if tag in COMPUTE else tag,
                         step=step,
                         meta={"kind": tag, **meta},
@@ -293,14 +295,16 @@ def build(
         for t in traces
     }
     return Graph(
-        programs,
-        ops,
-        {k: r.steps[steps[0]][0] for k, r in ranks.items()},
-        {k: {s: r.steps[s][1] - r.steps[s][0] for s in steps} for k, r in ranks.items()},
-        lanes,
-        config or {},
-        slots,
-        sizes,
+        programs=programs,
+        ops=ops,
+        start_us={k: r.steps[steps[0]][0] for k, r in ranks.items()},
+        measured_us={
+            k: {s: r.steps[s][1] - r.steps[s][0] for s in steps} for k, r in ranks.items()
+        },
+        lanes_us=lanes,
+        config=config or {},
+        slots=slots,
+        param_sizes=sizes,
     )
 
 
@@ -367,17 +371,17 @@ def _operations(
         a = sender[3]
         members = (sender[0], a["peer"]) if k[0] == "p2p" else tuple(a.get("group_ranks", ()))
         ops[k] = OpNode(
-            k,
-            "send" if k[0] == "p2p" else a["op"],
-            a["group"],
-            tuple(sorted(members)),
-            int(a.get("bytes", 0)),
-            int(a.get("step", -1)),
-            0.0,
-            None if k[0] == "p2p" else ("queue", a["group"], members),
-            a.get("seq", 0),
-            str(a.get("label", "")),
-            float(a.get("emulated_s", 0.0)),
+            key=k,
+            op="send" if k[0] == "p2p" else a["op"],
+            group=a["group"],
+            members=tuple(sorted(members)),
+            nbytes=int(a.get("bytes", 0)),
+            step=int(a.get("step", -1)),
+            cost_us=0.0,
+            queue=None if k[0] == "p2p" else ("queue", a["group"], members),
+            order=a.get("seq", 0),
+            label=str(a.get("label", "")),
+            emulated_s=float(a.get("emulated_s", 0.0)),
         )
         if k[0] == "p2p":
             # the send's own completion is not recorded apart from its batch's (whose receive it may have

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ratio:
     median: float  # median(A) / median(B)
     low: float  # 95 % interval of the ratio of medians
@@ -47,11 +47,11 @@ def ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) 
         boot.append(statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx))
     boot.sort()
     return Ratio(
-        statistics.median(a) / statistics.median(b),
-        boot[int(0.025 * resamples)],
-        boot[min(int(0.975 * resamples), resamples - 1)],
-        min(a) / min(b),
-        n,
+        median=statistics.median(a) / statistics.median(b),
+        low=boot[int(0.025 * resamples)],
+        high=boot[min(int(0.975 * resamples), resamples - 1)],
+        by_min=min(a) / min(b),
+        rounds=n,
     )
 
 

@@ -29,7 +29,7 @@ _FAILURE = re.compile(
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Killed:
     rank: int
     signal: int | None  # from torchrun's summary; None where it did not observe this rank's exit
@@ -113,7 +113,10 @@ def killed_ranks(
     for rank in ranks:
         sig, pid = signals.get(rank, (None, None))
         killed = Killed(
-            rank, sig, pid, None if kernel is None or pid is None else oom_killed(kernel, pid)
+            rank=rank,
+            signal=sig,
+            pid=pid,
+            out_of_memory=None if kernel is None or pid is None else oom_killed(kernel, pid),
         )
         stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
         killed.last_seen = os.path.getmtime(stream) if os.path.exists(stream) else time.time()

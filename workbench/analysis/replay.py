@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from workbench.analysis.execution_graph import Completions, Graph
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replayed:
     """What the replay gives, beside what was measured (µs)."""
 
@@ -140,11 +140,11 @@ def replay(graph: Graph, skip_first: bool = True) -> Replayed:
         }
 
     return Replayed(
-        statistics.mean(per_rank.values()),
-        statistics.mean(measured.values()),
-        per_rank,
-        measured,
-        {r: mean_lanes(lanes, r) for r in graph.programs},
-        {r: mean_lanes(graph.lanes_us, r) for r in graph.programs},
-        compared,
+        step_us=statistics.mean(per_rank.values()),
+        measured_us=statistics.mean(measured.values()),
+        per_rank_us=per_rank,
+        measured_per_rank_us=measured,
+        lanes_us={r: mean_lanes(lanes, r) for r in graph.programs},
+        measured_lanes_us={r: mean_lanes(graph.lanes_us, r) for r in graph.programs},
+        steps=compared,
     )

@@ -24,7 +24,7 @@ def stretch(config: dict[str, Any], hardware: Any, cores: int | None, busy: floa
 
 
 def compute_ratio(
-    config: dict[str, Any], hardware: Any, micro: float, micro_new: float
+    config: dict[str, Any], hardware: Any, micro: int, micro_new: int
 ) -> tuple[float, float]:
     """(forward, backward) time of one action at `micro_new` sequences over at `micro`: per token without a
     calibrated `hardware`; with one, its fixed cost per layer kept and the rest by its rates (a small
@@ -36,7 +36,7 @@ def compute_ratio(
 
     model = run_model(config)
 
-    def layer(m: float) -> tuple[float, float]:
+    def layer(m: int) -> tuple[float, float]:
         L = Layout(
             model=model,
             tp=config["tp"],

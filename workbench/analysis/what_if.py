@@ -62,7 +62,7 @@ CHANGES = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WhatIf:
     """A what-if's answer (seconds), beside the source run's measured and replayed step."""
 
@@ -102,7 +102,12 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
     spread = step_spread(steps)
     if not changes:
         return WhatIf(
-            {}, source.measured_us / 1e6, source.step_us / 1e6, source.step_us / 1e6, notes, spread
+            changes={},
+            source_measured_s=source.measured_us / 1e6,
+            source_replayed_s=source.step_us / 1e6,
+            predicted_s=source.step_us / 1e6,
+            notes=notes,
+            spread=spread,
         )
     busy = statistics.mean(
         (lanes["compute"] + lanes["host"]) / source.per_rank_us[r]
@@ -137,14 +142,16 @@ def what_if(run: Any, hardware: Any = None, cores: int | None = None, **changes:
         k: changes[k] for k in ("microbatches", "schedule", "virtual_stages") if k in changes
     }
     if pipeline:
-        predicted += relay_pipeline(traces, config, graph.config, pipeline, hardware, notes)
+        predicted += relay_pipeline(
+            traces, config, graph.config, pipeline, hardware=hardware, notes=notes
+        )
     return WhatIf(
-        dict(changes),
-        source.measured_us / 1e6,
-        source.step_us / 1e6,
-        predicted / 1e6,
-        notes,
-        spread,
+        changes=dict(changes),
+        source_measured_s=source.measured_us / 1e6,
+        source_replayed_s=source.step_us / 1e6,
+        predicted_s=predicted / 1e6,
+        notes=notes,
+        spread=spread,
     )
 
 
@@ -163,7 +170,13 @@ def _straggle(graph: Graph, rank: int, seconds: float) -> None:
         if it.kind == "mark" and it.tag == "start":
             program.insert(
                 i + 1,
-                Item("busy", seconds * 1e6, tag="host", step=it.step, meta={"kind": "straggler"}),
+                Item(
+                    kind="busy",
+                    us=seconds * 1e6,
+                    tag="host",
+                    step=it.step,
+                    meta={"kind": "straggler"},
+                ),
             )
 
 

@@ -52,6 +52,7 @@ def global_batch(
     batch: int,
     seq_len: int,
     vocab_size: int,
+    *,
     rows: tuple[int, int] | None = None,
     held_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:

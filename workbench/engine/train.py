@@ -67,7 +67,7 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     logs = step_logs(ctx)
     kineto = (
         TorchProfile(
-            ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, *profile_range(cfg.profile_steps)
+            ctx.run_dir, ctx.rank, ctx.recorder, ctx.device, profile_range(cfg.profile_steps)
         )
         if cfg.profile_steps
         else None

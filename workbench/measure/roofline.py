@@ -86,7 +86,7 @@ def stream(
 
 
 def _op(
-    name: str, kind: str, flops: float, nbytes: float, seconds: float, count: int = 1
+    name: str, kind: str, *, flops: float, nbytes: float, seconds: float, count: int = 1
 ) -> dict[str, Any]:
     return {
         "op": name,
@@ -131,10 +131,10 @@ def step_ops(
             _op(
                 name,
                 "matmul",
-                2 * T * i * o,
-                (T * i + i * o + T * o) * w,
-                timed(partial(torch.matmul, inp, weight), repeats),
-                L,
+                flops=2 * T * i * o,
+                nbytes=(T * i + i * o + T * o) * w,
+                seconds=timed(partial(torch.matmul, inp, weight), repeats),
+                count=L,
             )
         )
     q = randn(b, a, s, h // a)
@@ -143,20 +143,20 @@ def step_ops(
         _op(
             "attention core (q·kᵀ, p·v)",
             "attention",
-            4 * b * s * s * h,
-            (4 * T * h + 2 * b * a * s * s) * w,
-            timed(lambda: (q @ q.transpose(-2, -1)) @ q, repeats),
-            L,
+            flops=4 * b * s * s * h,
+            nbytes=(4 * T * h + 2 * b * a * s * s) * w,
+            seconds=timed(lambda: (q @ q.transpose(-2, -1)) @ q, repeats),
+            count=L,
         )
     )
     ops.append(
         _op(
             "softmax",
             "element-wise",
-            5 * b * a * s * s,
-            2 * b * a * s * s * w,
-            timed(lambda: torch.softmax(scores, dim=-1), repeats),
-            L,
+            flops=5 * b * a * s * s,
+            nbytes=2 * b * a * s * s * w,
+            seconds=timed(lambda: torch.softmax(scores, dim=-1), repeats),
+            count=L,
         )
     )
     norm = torch.nn.LayerNorm(h, dtype=dtype, device=device)
@@ -165,20 +165,20 @@ def step_ops(
             _op(
                 "layer norm (×2)",
                 "element-wise",
-                8 * T * h,
-                (2 * T * h + 2 * h) * w,
-                timed(lambda: norm(x), repeats),
-                2 * L,
+                flops=8 * T * h,
+                nbytes=(2 * T * h + 2 * h) * w,
+                seconds=timed(lambda: norm(x), repeats),
+                count=2 * L,
             )
         )
     ops.append(
         _op(
             "GELU",
             "element-wise",
-            8 * T * f,
-            2 * T * f * w,
-            timed(lambda: F.gelu(ff, approximate="tanh"), repeats),
-            L,
+            flops=8 * T * f,
+            nbytes=2 * T * f * w,
+            seconds=timed(lambda: F.gelu(ff, approximate="tanh"), repeats),
+            count=L,
         )
     )
     logits, target = randn(T, V), torch.randint(V, (T,), device=device)
@@ -186,10 +186,10 @@ def step_ops(
         _op(
             "cross-entropy",
             "element-wise",
-            5 * T * V,
-            T * V * w,
-            timed(lambda: F.cross_entropy(logits, target), repeats),
-            1,
+            flops=5 * T * V,
+            nbytes=T * V * w,
+            seconds=timed(lambda: F.cross_entropy(logits, target), repeats),
+            count=1,
         )
     )
     n = cfg.param_count()
@@ -202,10 +202,10 @@ def step_ops(
         _op(
             "AdamW",
             "optimizer",
-            12 * n,
-            7 * n * 4,
-            timed(lambda: _adamw(p, g, m, v), repeats) * n / k,
-            1,
+            flops=12 * n,
+            nbytes=7 * n * 4,
+            seconds=timed(lambda: _adamw(p, g, m, v), repeats) * n / k,
+            count=1,
         )
     )
     return ops

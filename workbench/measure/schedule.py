@@ -31,7 +31,7 @@ from workbench.config.rules import parse_measure
 AUTO_GPU_STEPS = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasureSchedule:
     """Steps first..stop−1 measured, the rest fast (plus `extra`: a step another tool needs measured)."""
 
@@ -57,6 +57,7 @@ def measure_schedule(
     device_type: str,
     warmup_excluded: int = 1,
     trace: bool = True,
+    *,
     also: tuple[int, ...] = (),
 ) -> MeasureSchedule:
     """The schedule a rank runs: `spec` resolved for its device (see the module's docstring); `also`: steps
@@ -71,4 +72,6 @@ def measure_schedule(
     else:
         first = min(warmup_excluded, steps - 1)
         stop = min(first + AUTO_GPU_STEPS, steps)
-    return MeasureSchedule(first, stop, frozenset(s for s in also if 0 <= s < steps))
+    return MeasureSchedule(
+        first=first, stop=stop, extra=frozenset(s for s in also if 0 <= s < steps)
+    )

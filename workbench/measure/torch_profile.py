@@ -21,14 +21,15 @@ from workbench.trace.torch_ops import MARKER
 
 
 class TorchProfile:
-    """`before(step)` / `after(step)` around each training step; profiles [first, stop)."""
+    """`before(step)` / `after(step)` around each training step; profiles `steps`, (first, stop): the
+    steps [first, stop)."""
 
     def __init__(
-        self, run_dir: str, rank: int, recorder: Any, device: Any, first: int, stop: int
+        self, run_dir: str, rank: int, recorder: Any, device: Any, steps: tuple[int, int]
     ) -> None:
         self.path = os.path.join(run_dir, "profile", f"rank{rank}.json")
         self.recorder, self.device = recorder, device
-        self.first, self.stop = first, stop
+        self.first, self.stop = steps
         self.profiler: Any = None
         self.marker_us = 0.0
 

@@ -83,6 +83,7 @@ def elementwise_bytes(
     cfg: ModelConfig,
     micro: int,
     tp: int,
+    *,
     sequence_parallel: bool,
     width: int,
     keys: int | None = None,
@@ -192,7 +193,10 @@ def layer_costs(L: Layout, hw: Any, c: CostContext) -> dict[str, tuple[float, fl
     work = (
         layer_matmul_flops(cfg, b, t) / c.mm
         + attn
-        + elementwise_bytes(cfg, b, t, L.sequence_parallel, L.width, L.model.seq_len) / c.bw_mem
+        + elementwise_bytes(
+            cfg, b, t, sequence_parallel=L.sequence_parallel, width=L.width, keys=L.model.seq_len
+        )
+        / c.bw_mem
     )
     fwd, bwd = work, hw.backward_ratio * work
     fixed_f, fixed_b = hw.layer_fwd_s, hw.layer_bwd_s

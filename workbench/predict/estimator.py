@@ -135,7 +135,7 @@ def estimate(
         params / (layout.tp * layout.pp)
         if model is None
         else formulas.params_per_rank(
-            model, layout.tp, layout.pp, layout.virtual_stages, 0, ep=layout.ep
+            model, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages, ep=layout.ep
         )
     )
     out = _model_states(layout, params, local)
@@ -162,7 +162,7 @@ def _model_states(layout: RunLayout, params: float, local: float) -> Estimate:
     host bytes."""
     shards, offload = layout.dp * layout.cp, layout.offload
     states = formulas.model_state_bytes(
-        local, shards, layout.zero, layout.precision, layout.grad_bytes, offload
+        local, shards, layout.zero, layout.precision, grad_bytes=layout.grad_bytes, offload=offload
     )
     return Estimate(
         params=params,
@@ -287,7 +287,7 @@ def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) ->
             micro,
             model.kv_dim,
             cp,
-            model.layers // pp,
+            layers=model.layers // pp,
             microbatches=m,
             tp=tp,
             width=w,

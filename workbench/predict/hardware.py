@@ -9,7 +9,7 @@ from workbench.config import RunConfig
 from workbench.config.links import parse_links
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Hardware:
     name: str
     peak_flops: float  # per device, for the run's precision
@@ -82,23 +82,23 @@ MAMF_TFLOPS = {"A100": 267.9, "H100": 792.1}
 SHAPE_EFFICIENCY = 0.85
 
 A100_80GB = Hardware(
-    "A100 80GB (DGX A100)",
-    312e12,
-    80e9,
-    230e9,
-    25e9,
-    10e-6,
-    8,
+    name="A100 80GB (DGX A100)",
+    peak_flops=312e12,
+    memory_bytes=80e9,
+    intra_node_bw=230e9,
+    inter_node_bw=25e9,
+    latency_s=10e-6,
+    devices_per_node=8,
     matmul_flops=MAMF_TFLOPS["A100"] * 1e12 * SHAPE_EFFICIENCY,
 )
 H100_80GB = Hardware(
-    "H100 80GB (DGX H100)",
-    989e12,
-    80e9,
-    360e9,
-    50e9,
-    8e-6,
-    8,
+    name="H100 80GB (DGX H100)",
+    peak_flops=989e12,
+    memory_bytes=80e9,
+    intra_node_bw=360e9,
+    inter_node_bw=50e9,
+    latency_s=8e-6,
+    devices_per_node=8,
     host_link_bw=50e9,  # PCIe 5.0
     memory_bw=3.35e12,
     matmul_flops=MAMF_TFLOPS["H100"] * 1e12 * SHAPE_EFFICIENCY,

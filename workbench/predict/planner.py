@@ -170,6 +170,8 @@ def plan(
 
 def _row(layout: RunLayout, e: Estimate) -> dict[str, Any]:
     """One layout tried, as the plan's table shows it: its sizes, memory (GB), fit, bubble and step time."""
+    # every layout tried has a model and a global batch, so its activations and memory are estimated
+    assert e.activation_bytes_per_rank is not None and e.memory_bytes_per_rank is not None
     return {
         "tp": layout.tp,
         "pp": layout.pp,

@@ -77,7 +77,8 @@ def stage_costs(L: Layout, hw: Any, c: CostContext) -> list[dict[str, tuple[floa
             L.zero == 3
         ):  # each layer gathered before forward and backward; its gradients reduce-scattered
             n = L.dp * L.cp  # ZeRO shards over dp×cp
-            layer_bytes = params_per_rank(L.model, L.tp, stages, 1, s) / max(per_stage, 1) * L.width
+            held = params_per_rank(L.model, tp=L.tp, pp=stages, virtual_stages=1, pp_rank=s)
+            layer_bytes = held / max(per_stage, 1) * L.width
             launch = c.stretch * hw.launch_s  # each is launched asynchronously, then waited for
             gather = launch + _collective(c, layer_bytes, (n - 1) / n, c.beta_dp)
             scatter = launch + _collective(
@@ -192,7 +193,7 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:6]}
     busy = sum(terms.values())
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
-    local = params_per_rank(L.model, L.tp, L.pp, L.v, 0, ep=L.ep)
+    local = params_per_rank(L.model, tp=L.tp, pp=L.pp, virtual_stages=L.v, ep=L.ep)
     small = (L.world > 1) + (
         L.zero > 0 or L.tp > 1 or L.pp > 1
     )  # the loss; the gradient norm's parts

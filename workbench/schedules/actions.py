@@ -41,7 +41,7 @@ PLACEMENTS = ("loop", "v")
 Transfer = tuple[str, int, int, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Action:
     kind: str
     stage: int
@@ -95,7 +95,7 @@ class P2PBatch:
 Item = Action | P2PBatch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Schedule:
     name: str
     p: int
@@ -144,12 +144,12 @@ class Schedule:
         flows one way, stage to stage, so what was deadlock-free with the backwards stays so."""
         keep = ("F", "SEND_F", "RECV_F")
         return Schedule(
-            f"{self.name} (forward only)",
-            self.p,
-            self.m,
-            self.v,
-            [[a for a in acts if a.kind in keep] for acts in self.actions],
-            self.placement,
+            name=f"{self.name} (forward only)",
+            p=self.p,
+            m=self.m,
+            v=self.v,
+            actions=[[a for a in acts if a.kind in keep] for acts in self.actions],
+            placement=self.placement,
         )
 
     def to_dict(self) -> dict:
@@ -167,12 +167,25 @@ class Schedule:
     def from_dict(cls, d: dict) -> Schedule:
         acts = [
             [
-                Action(a["kind"], a["stage"], a["microbatch"], a.get("peer"), a.get("batch"))
+                Action(
+                    kind=a["kind"],
+                    stage=a["stage"],
+                    microbatch=a["microbatch"],
+                    peer=a.get("peer"),
+                    batch=a.get("batch"),
+                )
                 for a in rank
             ]
             for rank in d["actions"]
         ]
-        return cls(d["name"], d["p"], d["m"], d["v"], acts, d.get("placement", "loop"))
+        return cls(
+            name=d["name"],
+            p=d["p"],
+            m=d["m"],
+            v=d["v"],
+            actions=acts,
+            placement=d.get("placement", "loop"),
+        )
 
     def grid(self) -> str:
         """The compute actions as text, one line per rank (torch pipelining's printout)."""

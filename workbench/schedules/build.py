@@ -101,7 +101,9 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lock
             raise ValueError(
                 f"{name} needs pp ≥ 2 and runs {v_needed} stage(s) per rank: pp={p}, virtual_stages={v}"
             )
-        return schedule_from_orders(name, p, m, v_needed, orders, stage_placement, placement)
+        return schedule_from_orders(
+            name, p, m, v_needed, orders, stage_placement=stage_placement, placement=placement
+        )
     if name != "interleaved" and v != 1:
         raise ValueError(
             f"schedule {name!r} runs one stage per rank: virtual_stages must be 1, got {v}"
@@ -111,4 +113,4 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lock
             f"interleaved 1F1B needs pp ≥ 2 and microbatches divisible by pp: m={m}, p={p}"
         )
     orders = [_compute_order(name, p, m, v, r) for r in range(p)]
-    return schedule_from_orders(name, p, m, v, orders, "loop", placement)
+    return schedule_from_orders(name, p, m, v, orders, stage_placement="loop", placement=placement)

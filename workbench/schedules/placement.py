@@ -17,13 +17,14 @@ def schedule_from_orders(
     m: int,
     v: int,
     orders: list[list[tuple[str, int, int]]],
+    *,
     stage_placement: str = "loop",
     placement: str = "lockstep",
 ) -> Schedule:
     """A schedule from each rank's compute order (kind, stage, microbatch), its transfers placed."""
     if placement not in ("lockstep", "adjacent"):
         raise ValueError(f"placement={placement!r}: valid are 'lockstep', 'adjacent'")
-    sched = Schedule(name, p, m, v, placement=stage_placement)
+    sched = Schedule(name=name, p=p, m=m, v=v, placement=stage_placement)
     sched.actions = (
         _lockstep(sched, orders) if placement == "lockstep" else _adjacent(sched, orders)
     )
@@ -36,10 +37,12 @@ def _adjacent(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
         acts: list[Action] = []
         for kind, stage, mb in order:
             if (need := _transfer_in(s, kind, stage, mb)) is not None:
-                acts.append(Action(f"RECV_{need[0]}", stage, mb, need[1]))
-            acts.append(Action(kind, stage, mb))
+                acts.append(
+                    Action(kind=f"RECV_{need[0]}", stage=stage, microbatch=mb, peer=need[1])
+                )
+            acts.append(Action(kind=kind, stage=stage, microbatch=mb))
             if (out := _transfer_out(s, kind, stage, mb)) is not None:
-                acts.append(Action(f"SEND_{out[0]}", stage, mb, out[2]))
+                acts.append(Action(kind=f"SEND_{out[0]}", stage=stage, microbatch=mb, peer=out[2]))
         actions.append(acts)
     return actions
 
@@ -84,7 +87,7 @@ def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
             if need is not None and need not in arrived:
                 continue  # idle this round: its input is still on the way
             pos[r] += 1
-            actions[r].append(Action(kind, stage, mb))
+            actions[r].append(Action(kind=kind, stage=stage, microbatch=mb))
             if (out := _transfer_out(s, kind, stage, mb)) is not None:
                 sent.append(out)
         if not sent and pos == before:
@@ -93,8 +96,12 @@ def _lockstep(s: Schedule, orders: list[list[tuple[str, int, int]]]) -> list[lis
             )
         for t in sorted(sent):
             kind, src, dst, mb = t
-            actions[s.rank_of(src)].append(Action(f"SEND_{kind}", src, mb, dst, rounds))
-            actions[s.rank_of(dst)].append(Action(f"RECV_{kind}", dst, mb, src, rounds))
+            actions[s.rank_of(src)].append(
+                Action(kind=f"SEND_{kind}", stage=src, microbatch=mb, peer=dst, batch=rounds)
+            )
+            actions[s.rank_of(dst)].append(
+                Action(kind=f"RECV_{kind}", stage=dst, microbatch=mb, peer=src, batch=rounds)
+            )
         arrived.update(sent)
         rounds += 1
     return actions

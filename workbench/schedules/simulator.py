@@ -67,7 +67,7 @@ class Timeline:
         return idle_rate([[(b, e) for _, b, e in rank] for rank in self.spans])
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Posted:
     """One batch on a rank's stream: when it was posted, when it started and finished (None: not yet known)."""
 
@@ -91,7 +91,7 @@ class _Streams:
         self.side: dict[tuple[str, Transfer], _Posted] = {}  # ("send"|"recv", transfer) → its batch
 
     def post(self, rank: int, batch: P2PBatch, at: float) -> _Posted:
-        b = _Posted(rank, len(self.batches[rank]), batch, at)
+        b = _Posted(rank=rank, index=len(self.batches[rank]), batch=batch, posted=at)
         self.batches[rank].append(b)
         for a in batch.actions:
             self.side[("send" if a.is_send else "recv", a.transfer())] = b
@@ -150,6 +150,7 @@ def simulate(
     t_f: float = 1.0,
     t_b: float = 2.0,
     t_comm: float = 0.0,
+    *,
     cost: Callable[[int, Item], tuple[float, float]] | None = None,
     start: Sequence[float] | None = None,
     rule: str = "nccl",

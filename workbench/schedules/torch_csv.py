@@ -91,11 +91,21 @@ def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Sc
             f"rank k mod p) and, with 2 stages per rank, the V (rank r: stages r and 2p − 1 − r)"
         )
     bare = Schedule(
-        f"csv:{path}", p, micro, v, [[Action(*o) for o in order] for order in orders], found[0]
+        name=f"csv:{path}",
+        p=p,
+        m=micro,
+        v=v,
+        actions=[
+            [Action(kind=kind, stage=stage, microbatch=mb) for kind, stage, mb in order]
+            for order in orders
+        ],
+        placement=found[0],
     )
     if errors := coverage(bare):  # what each rank runs, before any transfer is placed
         raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))
-    s = schedule_from_orders(f"csv:{path}", p, micro, v, orders, found[0], placement)
+    s = schedule_from_orders(
+        f"csv:{path}", p, micro, v, orders, stage_placement=found[0], placement=placement
+    )
     errors = validate(s) if placement == "lockstep" else []
     if errors:
         raise ValueError("not a valid schedule: " + "; ".join(errors[:5]))

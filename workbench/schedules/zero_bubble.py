@@ -37,11 +37,17 @@ def zero_bubble_orders(name: str, p: int, m: int) -> tuple[list[Order], str, int
         stages = {r: [r] for r in range(p)}
         act_cap = {r: p - r for r in range(p)}
         w_cap = {r: p for r in range(p)}
-        return merge_adjacent(_greedy(p, m, p, stages, act_cap, w_cap)), "loop", 1
+        orders = _greedy(p, m, n_stages=p, stages=stages, act_cap=act_cap, w_cap=w_cap)
+        return merge_adjacent(orders), "loop", 1
     if name == "zbv":
         stages = {r: [r, 2 * p - 1 - r] for r in range(p)}
         orders = _greedy(
-            p, m, 2 * p, stages, dict.fromkeys(range(p), 2 * p), dict.fromkeys(range(p), 3 * p)
+            p,
+            m,
+            n_stages=2 * p,
+            stages=stages,
+            act_cap=dict.fromkeys(range(p), 2 * p),
+            w_cap=dict.fromkeys(range(p), 3 * p),
         )
         return merge_adjacent(orders), "v", 2
     raise ValueError(f"unknown zero-bubble schedule {name!r}; valid: zbh1, zbv")
@@ -65,6 +71,7 @@ def merge_adjacent(orders: list[Order]) -> list[Order]:
 def _greedy(
     p: int,
     m: int,
+    *,
     n_stages: int,
     stages: dict[int, list[int]],
     act_cap: dict[int, int],
@@ -84,7 +91,17 @@ def _greedy(
         ran = []
         for r in range(p):
             act = _pick(
-                r, t, m, last, stages[r], done, next_f, next_i, pending_w[r], act_cap[r], w_cap[r]
+                r,
+                t,
+                m=m,
+                last=last,
+                mine=stages[r],
+                done=done,
+                next_f=next_f,
+                next_i=next_i,
+                pending_w=pending_w[r],
+                act_cap=act_cap[r],
+                w_cap=w_cap[r],
             )
             if act is not None:
                 ran.append((r, act))
@@ -107,6 +124,7 @@ def _greedy(
 def _pick(
     r: int,
     t: int,
+    *,
     m: int,
     last: int,
     mine: list[int],

@@ -36,6 +36,7 @@ FILE = "calibration.json"
 
 def calibrate(
     model: str | ModelConfig = "tiny",
+    *,
     global_batch: int = 16,
     steps: int = 10,
     backend: str = "auto",
@@ -78,9 +79,8 @@ def calibrate(
     }
     with tempfile.TemporaryDirectory() as d:
         hw = replace(hw, step_overhead_s=_step_overhead(cfg, base, d, hw, repeats))
-        hw = calibrate_in_runs(
-            cfg, hw, worlds, base, os.path.join(out, "runs") if out else d, repeats
-        )
+        runs = os.path.join(out, "runs") if out else d
+        hw = calibrate_in_runs(cfg, hw, worlds, base, runs, repeats=repeats)
     if out is not None:
         save_calibration(hw, out, made_for)
     return hw
@@ -100,7 +100,7 @@ def calibrate_compute(cfg: ModelConfig, global_batch: int = 16, backend: str = "
     alpha, beta = allreduce_fit(backend)
     cores = os.cpu_count() or 1
     return Hardware(
-        f"this machine (calibrated on {backend}, {device})",
+        name=f"this machine (calibrated on {backend}, {device})",
         peak_flops=compute["matmul_flops"],
         memory_bytes=_memory_bytes() if device == "cpu" else _gpu_memory_bytes(),
         intra_node_bw=beta,

@@ -13,6 +13,7 @@ import os
 import statistics
 import tempfile
 import time
+from functools import partial
 
 
 def _init(rank: int, world: int, store_path: str, backend: str) -> str:
@@ -56,6 +57,7 @@ def _allreduce_worker(
     world: int,
     store_path: str,
     out: str,
+    *,
     backend: str,
     sizes: tuple[int, ...] = (1 << 10, 1 << 22),
     repeats: int = 12,
@@ -97,7 +99,10 @@ def allreduce_times(
     on a shared machine gets in the way: the α–β model's own quantity)."""
     if stat not in ("median", "min"):
         raise ValueError(f"stat={stat!r}: 'median' or 'min'")
-    return _spawn(_allreduce_worker, world, backend, tuple(sizes), repeats, stat)
+    worker = partial(
+        _allreduce_worker, backend=backend, sizes=tuple(sizes), repeats=repeats, stat=stat
+    )
+    return _spawn(worker, world)
 
 
 def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
@@ -117,6 +122,6 @@ def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
 def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
     """α and β from a two-rank all-reduce at 1 KB and 4 MB: t = α + S·2(n−1)/n / β (the factor is 1)."""
     alpha, beta = alpha_beta(
-        _spawn(_allreduce_worker, 2, backend), 2
+        _spawn(partial(_allreduce_worker, backend=backend), 2), 2
     )  # two sizes: the line through both
     return max(alpha, 1e-6), beta

@@ -52,7 +52,7 @@ def strategy_name(c: RunConfig) -> str:
     return " ".join(parts)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Comparison:
     runs: dict[str, Run]
     baseline: Run  # the first configuration's single-process run
@@ -301,4 +301,6 @@ def compare(
         path = os.path.join(out_dir, FILE)
         if not os.path.exists(path) or load_calibration(path) != hardware:
             save_calibration(hardware, out_dir)
-    return Comparison(runs, baselines[keys[0]], table, list(baselines.values()))
+    return Comparison(
+        runs=runs, baseline=baselines[keys[0]], table=table, baselines=list(baselines.values())
+    )

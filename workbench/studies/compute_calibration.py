@@ -24,8 +24,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import TYPE_CHECKING
 
 from workbench.config import ModelConfig
+
+if TYPE_CHECKING:  # annotations only: torch is imported inside the functions
+    import torch
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -34,7 +40,7 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
-def _timer(device: str) -> Callable[..., float]:
+def _timer(device: str) -> Callable[[Callable[[], object]], float]:
     sync = _sync(device)
 
     def timed(fn: Callable[[], object], repeats: int = 9) -> float:
@@ -62,18 +68,21 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def _fwd_bwd(
-    module: Callable[[object], object],
-    make_input: Callable[[], object],
+    module: Callable[[torch.Tensor], torch.Tensor],
+    given: torch.Tensor,
     device: str,
-    counting: Callable[[], object],
+    counting: Callable[[], AbstractContextManager[None]],
+    *,
+    leaf: bool = True,
     repeats: int = 9,
 ) -> tuple[float, float]:
-    """Median forward and backward times, each timed on its own, with the engine's counting of saved
-    activations on (`counting`: MemoryTracker.count_saved_activations)."""
+    """Median forward and backward times of `module` on `given` (`leaf`: a fresh detached copy asking for its
+    gradient each time; else `given` itself, token ids), each timed on its own, with the engine's counting
+    of saved activations on (`counting`: MemoryTracker.count_saved_activations)."""
     sync = _sync(device)
     fwd, bwd = [], []
     for i in range(repeats + 2):
-        x = make_input()
+        x = given.detach().requires_grad_() if leaf else given
         sync()
         t0 = time.perf_counter()
         with counting():
@@ -88,7 +97,12 @@ def _fwd_bwd(
     return statistics.median(fwd), statistics.median(bwd)
 
 
-def _counting(device: str) -> Callable[[], object]:
+def _attention_core(q: torch.Tensor) -> torch.Tensor:
+    """The attention core's two batched matmuls, q standing in for k and v."""
+    return (q @ q.transpose(-2, -1)) @ q
+
+
+def _counting(device: str) -> Callable[[], AbstractContextManager[None]]:
     import torch
 
     from workbench.measure.memory import MemoryTracker
@@ -123,21 +137,19 @@ def measure_compute(
     for b in micro_sizes:
         x = torch.randn(b, s, h, device=device)
         w = torch.randn(h, cfg.inner, device=device)
-        rows["mm"].append(timed(lambda x=x, w=w: x @ w))
+        rows["mm"].append(timed(partial(torch.matmul, x, w)))
         q = torch.randn(b, cfg.heads, s, cfg.head_dim, device=device)
-        rows["at"].append(timed(lambda q=q: (q @ q.transpose(-2, -1)) @ q))
-        f, bw = _fwd_bwd(block, lambda x=x: x.detach().requires_grad_(), device, counting)
-        rows["lf"].append(f), rows["lb"].append(bw)
+        rows["at"].append(timed(partial(_attention_core, q)))
+        f, bw = _fwd_bwd(block, x, device, counting)
+        rows["lf"].append(f)
+        rows["lb"].append(bw)
         ids = torch.randint(cfg.vocab_size, (b, s), device=device)
-        f, bw = _fwd_bwd(first, lambda ids=ids: ids, device, counting)
-        rows["ff"].append(f), rows["fb"].append(bw)
-        f, bw = _fwd_bwd(
-            lambda x, ids=ids: last(x, ids),
-            lambda x=x: x.detach().requires_grad_(),
-            device,
-            counting,
-        )
-        rows["hf"].append(f), rows["hb"].append(bw)
+        f, bw = _fwd_bwd(first, ids, device, counting, leaf=False)
+        rows["ff"].append(f)
+        rows["fb"].append(bw)
+        f, bw = _fwd_bwd(partial(last, targets=ids), x, device, counting)
+        rows["hf"].append(f)
+        rows["hb"].append(bw)
     return _fitted(cfg, micro_sizes, rows, device) | _optimizer(cfg, device, timed)
 
 
@@ -161,7 +173,9 @@ def _fitted(
     rest = (
         per_b_fwd - layer_matmul_flops(cfg, 1, 1) / mm_rate - attention_flops(cfg, 1, 1) / at_rate
     )
-    memory_bw = elementwise_bytes(cfg, 1, 1, False, 4) / rest if rest > 0 else 1e15
+    memory_bw = (
+        elementwise_bytes(cfg, 1, 1, sequence_parallel=False, width=4) / rest if rest > 0 else 1e15
+    )
     ends = [x for key in ("ff", "fb", "hf", "hb") for x in fit_line(bs, rows[key])]
     return {
         "device": device,

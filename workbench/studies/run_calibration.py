@@ -103,7 +103,7 @@ def _median_pair(fits: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def calibrate_in_runs(
-    cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str, repeats: int = 3
+    cfg: ModelConfig, hw: Any, worlds: tuple[int, ...], base: dict, out: str, *, repeats: int = 3
 ) -> Any:
     """`hw` (compute and bandwidth measured) completed from real runs of `base` (a RunConfig dict of the
     calibration model), each figure the median over `repeats` runs; their directories under `out`. Sets

@@ -66,6 +66,7 @@ def record(
     cat: str,
     args: dict[str, Any],
     n: int,
+    *,
     start: float,
     end: float,
     blocking: bool,
@@ -75,7 +76,7 @@ def record(
     algbw, busbw = bandwidth(args["op"], args["bytes"], (end - start) / 1e6, n)
     args.update(algbw_GBps=round(algbw, 4), busbw_GBps=round(busbw, 4))
     if blocking:
-        rec.complete(name, cat, "comm", start, end - start, args)
+        rec.complete(name, cat, "comm", start, end - start, args=args)
         return
     args["in_flight_us"] = round(end - start, 3)
-    rec.async_span(name, cat, "comm", start, end, args, rec.new_async_id())
+    rec.async_span(name, cat, "comm", start, end, args=args, local_id=rec.new_async_id())

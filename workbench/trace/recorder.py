@@ -27,7 +27,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -194,10 +194,10 @@ class TraceRecorder:
             if self.nvtx is not None:
                 self.nvtx[1]()
             if clock is None:
-                self.complete(name, cat, lane, start, self.now_us() - start, args)
+                self.complete(name, cat, lane, start, self.now_us() - start, args=args)
             else:
                 clock.defer_span(
-                    start, lambda ts, end: self.complete(name, cat, lane, ts, end - ts, args)
+                    start, lambda ts, end: self.complete(name, cat, lane, ts, end - ts, args=args)
                 )
 
     @contextmanager
@@ -210,7 +210,7 @@ class TraceRecorder:
         try:
             yield args
         finally:
-            self.complete(name, cat, lane, start, self.now_us() - start, args)
+            self.complete(name, cat, lane, start, self.now_us() - start, args=args)
 
     def sync_compute(self) -> None:
         """A measured step on CUDA: wait for the compute stream, so that the span ending now covers the kernels
@@ -220,7 +220,7 @@ class TraceRecorder:
             self.device_clock.sync_compute()
 
     def complete(
-        self, name: str, cat: str, lane: str, ts: float, dur: float, args: dict[str, Any]
+        self, name: str, cat: str, lane: str, ts: float, dur: float, *, args: dict[str, Any]
     ) -> None:
         self._emit(
             {
@@ -246,6 +246,7 @@ class TraceRecorder:
         lane: str,
         ts: float,
         end: float,
+        *,
         args: dict[str, Any],
         local_id: int,
     ) -> None:
@@ -273,7 +274,7 @@ class TraceRecorder:
             event["bp"] = "e"
         self._emit(event)
 
-    def counter(self, name: str, values: dict[str, float], ts: float | None = None) -> None:
+    def counter(self, name: str, values: Mapping[str, float], ts: float | None = None) -> None:
         self._emit(
             {
                 "ph": "C",

@@ -62,7 +62,7 @@ def validate_trace(trace: dict[str, Any]) -> list[str]:
     return errors
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Seen:
     """What the walk over one file's events collects for the checks that need all of them."""
 

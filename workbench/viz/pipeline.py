@@ -86,6 +86,7 @@ def planned(
     p: int,
     m: int,
     v: int = 1,
+    *,
     t_f: float = 1.0,
     t_b: float = 2.0,
     t_comm: float = 0.0,
@@ -290,9 +291,9 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
                 p.value,
                 m.value,
                 v.value if interleaved else 1,
-                1.0,
-                ratio.value,
-                comm.value,
+                t_f=1.0,
+                t_b=ratio.value,
+                t_comm=comm.value,
                 t_w=w_share.value * ratio.value,
             ).show()
 

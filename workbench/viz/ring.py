@@ -120,11 +120,13 @@ def ring_steps(
         else 0
     )
     states = replay(one, n, kind, source)
-    return _figure(one, states, ranks, kind, int(row.bytes), f"step {step}, seq {int(row.seq)}")
+    return _figure(
+        one, states, ranks, kind, size=int(row.bytes), where=f"step {step}, seq {int(row.seq)}"
+    )
 
 
 def _figure(
-    one: pd.DataFrame, states: list, ranks: list[int], op: str, size: int, where: str
+    one: pd.DataFrame, states: list, ranks: list[int], op: str, *, size: int, where: str
 ) -> go.Figure:
     n, reducing = len(ranks), op in ("all_reduce", "reduce_scatter")
     fig = go.Figure()

@@ -81,7 +81,9 @@ def tp_shards(run: Run) -> go.Figure:
         for _, row in reps[reps.parameter == name].iterrows():
             j = int(row.tp)
             color = RANK_COLORS[j % len(RANK_COLORS)]
-            for x0, x1, y0, y1 in _regions(kind, j, tp_size, out_f, in_f, sections.get(name)):
+            for x0, x1, y0, y1 in _regions(
+                kind, j, tp_size, out_f, in_f, sections=sections.get(name)
+            ):
                 fig.add_shape(
                     type="rect",
                     x0=x0,
@@ -94,7 +96,7 @@ def tp_shards(run: Run) -> go.Figure:
                     **at,
                 )
             label = f"tp {j}<br>{row['shape'][0]}×{row['shape'][1]}"
-            x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f, sections.get(name))[0]
+            x0, x1, y0, y1 = _regions(kind, j, tp_size, out_f, in_f, sections=sections.get(name))[0]
             # qkv stripes are too thin to write in: its labels show on hover only
             fig.add_trace(
                 go.Scatter(
@@ -122,7 +124,7 @@ def tp_shards(run: Run) -> go.Figure:
 
 
 def _regions(
-    kind: str, j: int, t: int, out_f: int, in_f: int, sections: tuple[int, ...] | None = None
+    kind: str, j: int, t: int, out_f: int, in_f: int, *, sections: tuple[int, ...] | None = None
 ) -> list[tuple[float, float, float, float]]:
     """(x0, x1, y0, y1) rectangles that tp rank j owns in an (out × in) matrix: its t-th of the input columns
     (row-parallel), or of each of the output `sections` (column-parallel; one section: all the rows)."""

@@ -86,6 +86,7 @@ def formula_figure(
     params: float,
     n: int,
     precision: str = "mixed",
+    *,
     highlight: int | None = None,
     grad_bytes: int | None = None,
     offload: bool = False,
@@ -96,7 +97,9 @@ def formula_figure(
     fig = go.Figure()
     names = [f"stage {z}" + (" + offload" if offload and z else "") for z in range(4)]
     per_stage = [
-        formulas.model_state_bytes(params, n, z, precision, grad_bytes, offload and z > 0)
+        formulas.model_state_bytes(
+            params, n, z, precision, grad_bytes=grad_bytes, offload=offload and z > 0
+        )
         for z in range(4)
     ]
     for cat in STATES:
@@ -179,12 +182,21 @@ def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed
     def draw(_: object = None) -> None:
         p, g = PRECISIONS[prec.value]
         off = offload.value and stage.value > 0
-        states = formulas.model_state_bytes(psi.value, gpus.value, stage.value, p, g, off)
+        states = formulas.model_state_bytes(
+            psi.value, gpus.value, stage.value, p, grad_bytes=g, offload=off
+        )
         host = f"; the host holds {16 * psi.value / gpus.value / 1e9:.2f} GB per GPU" if off else ""
         text.value = f"<b>ZeRO-{stage.value}: {sum(states.values()) / 1e9:.2f} GB of model states per GPU{host}</b>"
         out.clear_output(wait=True)
         with out:
-            formula_figure(psi.value, gpus.value, p, stage.value, g, offload.value).show()
+            formula_figure(
+                psi.value,
+                gpus.value,
+                p,
+                highlight=stage.value,
+                grad_bytes=g,
+                offload=offload.value,
+            ).show()
 
     for w in (psi, gpus, stage, prec, offload):
         w.observe(draw, names="value")

@@ -10,6 +10,7 @@ def activation_bytes_per_layer(
     cfg: ModelConfig,
     micro_batch: int,
     bytes_per_value: int = 4,
+    *,
     tp: int = 1,
     sequence_parallel: bool = False,
     device: str = "cpu",
@@ -35,14 +36,22 @@ def activation_bytes_per_layer(
     each rank's s/cp tokens and the core is the ring.
     """
     s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
-    replicated = 4 * s * b * h
+    replicated: float = 4 * s * b * h
     if sequence_parallel:
         replicated = replicated / t
     sharded = (qkv_saved_values(cfg, core) + h + mlp_saved_values(cfg)) * s * b / t
     return (
         w * (replicated + sharded)
-        + core_saved_bytes(cfg, micro_batch, w, tp, device, core)
-        + norm_stats_bytes(cfg, micro_batch, w, tp, sequence_parallel, device, norms=2)
+        + core_saved_bytes(cfg, micro_batch, w, tp=tp, device=device, core=core)
+        + norm_stats_bytes(
+            cfg,
+            micro_batch,
+            bytes_per_value=w,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            device=device,
+            norms=2,
+        )
     )
 
 
@@ -56,6 +65,7 @@ def mlp_saved_values(cfg: ModelConfig) -> int:
 def norm_stats_bytes(
     cfg: ModelConfig,
     micro_batch: int,
+    *,
     bytes_per_value: int,
     tp: int,
     sequence_parallel: bool,
@@ -102,6 +112,7 @@ def core_saved_bytes(
     cfg: ModelConfig,
     micro_batch: int,
     bytes_per_value: int = 4,
+    *,
     tp: int = 1,
     device: str = "cpu",
     core: str = "eager",
@@ -155,6 +166,7 @@ def recompute_activation_bytes(
     cfg: ModelConfig,
     micro_batch: int,
     bytes_per_value: int = 4,
+    *,
     tp: int = 1,
     sequence_parallel: bool = False,
     recompute: str = "none",
@@ -178,17 +190,23 @@ def recompute_activation_bytes(
     s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
     if recompute == "fused":
         return activation_bytes_per_layer(
-            cfg, micro_batch, w, tp, sequence_parallel, device, "fused"
+            cfg,
+            micro_batch,
+            w,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            device=device,
+            core="fused",
         ), 0.0
     whole = activation_bytes_per_layer(
-        cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device, core
+        cfg, micro_batch, w, tp=tp, sequence_parallel=sequence_parallel, device=device, core=core
     )
     if recompute == "full":
         kept = w * s * b * h / (t if sequence_parallel else 1)
         return kept, whole - kept
     if recompute == "selective":
         core_qkv, node_qkv = qkv_tensors(cfg, core.split(":")[0]), qkv_tensors(cfg, "node")
-        saved = core_saved_bytes(cfg, micro_batch, w, tp, device, core)
+        saved = core_saved_bytes(cfg, micro_batch, w, tp=tp, device=device, core=core)
         dropped = saved + w * s * b * (sum(core_qkv.values()) - sum(node_qkv.values())) / t
         rebuilt = (
             saved + w * s * b * sum(v for name, v in core_qkv.items() if name not in node_qkv) / t
@@ -214,6 +232,7 @@ def head_activation_bytes(
     cfg: ModelConfig,
     micro_batch: int,
     bytes_per_value: int = 4,
+    *,
     tp: int = 1,
     sequence_parallel: bool = False,
     device: str = "cpu",
@@ -224,7 +243,7 @@ def head_activation_bytes(
     rank's vocabulary slice of the logits, the local targets, their mask and the log-sum-exp."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
     ln_f = w * 2 * s * b * h + norm_stats_bytes(
-        cfg, micro_batch, w, 1, False, device, norms=1
+        cfg, micro_batch, bytes_per_value=w, tp=1, sequence_parallel=False, device=device, norms=1
     )  # in, out; stats
     if t == 1:
         return ln_f + w * s * b * v + 8 * s * b + 4 * s * b
@@ -251,6 +270,7 @@ def loss_bytes(cfg: ModelConfig, micro_batch: int, bytes_per_value: int = 4, tp:
 def stage_activation_bytes(
     cfg: ModelConfig,
     micro_batch: int,
+    *,
     stage: int,
     stages: int,
     bytes_per_value: int = 4,
@@ -262,14 +282,26 @@ def stage_activation_bytes(
 ) -> float:
     """Bytes one microbatch's forward leaves saved on pipeline stage `stage` of `stages`."""
     kept, _ = recompute_activation_bytes(
-        cfg, micro_batch, bytes_per_value, tp, sequence_parallel, recompute, device, core
+        cfg,
+        micro_batch,
+        bytes_per_value,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        device=device,
+        core=core,
     )
     out = cfg.layers // stages * kept
     if stage == 0:
         out += embedding_activation_bytes(cfg, micro_batch, tp, sequence_parallel)
     if stage == stages - 1:
         out += head_activation_bytes(
-            cfg, micro_batch, bytes_per_value, tp, sequence_parallel, device
+            cfg,
+            micro_batch,
+            bytes_per_value,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            device=device,
         )
     return out
 
@@ -277,6 +309,7 @@ def stage_activation_bytes(
 def backward_extra_bytes(
     cfg: ModelConfig,
     micro_batch: int,
+    *,
     last: bool,
     bytes_per_value: int = 4,
     tp: int = 1,
@@ -299,16 +332,35 @@ def backward_extra_bytes(
         return 0.0
     s, b, h, t, w = cfg.seq_len, micro_batch, cfg.hidden, tp, bytes_per_value
     kept, rise = recompute_activation_bytes(
-        cfg, micro_batch, w, tp, sequence_parallel, recompute, device, core
+        cfg,
+        micro_batch,
+        w,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        device=device,
+        core=core,
     )
     if recompute == "full":
         during = rise
     else:  # ln_1's tensors, and the core's rerun: what it saves and the copies it makes
         split = t if sequence_parallel else 1
-        ln_1 = w * 2 * s * b * h + norm_stats_bytes(cfg, micro_batch, w, 1, False, device, norms=1)
+        ln_1 = w * 2 * s * b * h + norm_stats_bytes(
+            cfg,
+            micro_batch,
+            bytes_per_value=w,
+            tp=1,
+            sequence_parallel=False,
+            device=device,
+            norms=1,
+        )
         during = ln_1 / split + rise - kept
     head = (
-        head_activation_bytes(cfg, micro_batch, w, tp, sequence_parallel, device) if last else 0.0
+        head_activation_bytes(
+            cfg, micro_batch, w, tp=tp, sequence_parallel=sequence_parallel, device=device
+        )
+        if last
+        else 0.0
     )
     return max(0.0, during - head)
 
@@ -317,6 +369,7 @@ def activation_bytes(
     cfg: ModelConfig,
     micro_batch: int,
     bytes_per_value: int = 4,
+    *,
     tp: int = 1,
     sequence_parallel: bool = False,
     recompute: str = "none",
@@ -328,10 +381,27 @@ def activation_bytes(
     `device`: 'cuda' counts the CUDA kernels' own saves (fp32 layer-norm statistics, sdpa's padded
     log-sum-exp)."""
     kept = stage_activation_bytes(
-        cfg, micro_batch, 0, 1, bytes_per_value, tp, sequence_parallel, recompute, device, core
+        cfg,
+        micro_batch,
+        stage=0,
+        stages=1,
+        bytes_per_value=bytes_per_value,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        device=device,
+        core=core,
     )
     return kept + backward_extra_bytes(
-        cfg, micro_batch, True, bytes_per_value, tp, sequence_parallel, recompute, device, core
+        cfg,
+        micro_batch,
+        last=True,
+        bytes_per_value=bytes_per_value,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        device=device,
+        core=core,
     )
 
 

@@ -21,6 +21,7 @@ def tp_comm_bytes_per_step(
     cfg: ModelConfig,
     micro_batch: int,
     tp: int,
+    *,
     sequence_parallel: bool = False,
     microbatches: int = 1,
     layers: int | None = None,

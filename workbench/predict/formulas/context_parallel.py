@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def kv_block_bytes(
-    seq_len: int, micro_batch: int, kv_width: int, cp: int, tp: int = 1, width: int = 4
+    seq_len: int, micro_batch: int, kv_width: int, cp: int, *, tp: int = 1, width: int = 4
 ) -> float:
     """One rank's K and V for one layer: 2·b·(s/cp)·(kv_width/t) values of the activations' width — kv_width
     the model's `kv_dim`: h, or with grouped-query attention kv_heads·head_dim (the ring carries the K/V
@@ -25,6 +25,7 @@ def ring_bytes_per_layer(
     micro_batch: int,
     kv_width: int,
     cp: int,
+    *,
     tp: int = 1,
     width: int = 4,
     recompute: bool = False,
@@ -37,8 +38,8 @@ def ring_bytes_per_layer(
                   dK/dV travel in fp32 (4 bytes, accumulated on every rank they pass)
 
     so backward moves about twice forward's bytes (its K/V again, and the gradients)."""
-    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, width)
-    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, 4)
+    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp=tp, width=width)
+    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp=tp, width=4)
     forward = (cp - 1) * kv * (2 if recompute else 1)
     return {"forward": forward, "backward": (cp - 1) * (kv + dkv) + dkv}
 
@@ -48,6 +49,7 @@ def cp_comm_bytes_per_step(
     micro_batch: int,
     kv_width: int,
     cp: int,
+    *,
     layers: int,
     microbatches: int = 1,
     tp: int = 1,
@@ -62,11 +64,13 @@ def cp_comm_bytes_per_step(
         return {}
     calls = layers * microbatches
     if rotate == "ring":
-        per = ring_bytes_per_layer(seq_len, micro_batch, kv_width, cp, tp, width, recompute)
+        per = ring_bytes_per_layer(
+            seq_len, micro_batch, kv_width, cp, tp=tp, width=width, recompute=recompute
+        )
         moved = calls * (per["forward"] + per["backward"])
         return {"send": moved, "recv": moved}
-    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, width)
-    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp, 4)
+    kv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp=tp, width=width)
+    dkv = kv_block_bytes(seq_len, micro_batch, kv_width, cp, tp=tp, width=4)
     return {
         "all_gather": calls * cp * kv * (2 if recompute else 1),
         "reduce_scatter": calls * cp * dkv,

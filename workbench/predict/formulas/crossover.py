@@ -69,6 +69,7 @@ def pp_ratio(
     layers_per_stage: int,
     flops: float,
     bw: float,
+    *,
     alpha: float,
     g: int = 2,
 ) -> float:
@@ -77,7 +78,7 @@ def pp_ratio(
 
 
 def pp_crossover(
-    hidden: float, layers_per_stage: int, flops: float, bw: float, alpha: float, g: int = 2
+    hidden: float, layers_per_stage: int, flops: float, bw: float, *, alpha: float, g: int = 2
 ) -> float:
     """Tokens a micro-batch below which the pipeline's transfers outlast its compute (inf: never above)."""
     per_token = 24 * hidden**2 * layers_per_stage / flops - hidden * g / bw

@@ -30,6 +30,7 @@ def dispatch_bytes_per_layer(
     tokens: int,
     cfg: ModelConfig,
     ep: int,
+    *,
     width: int = 4,
     dispatch: str = "dropless",
     factor: float = 1.25,
@@ -53,6 +54,7 @@ def moe_comm_bytes(
     out: dict[str, dict[str, float]],
     config: dict[str, Any],
     model: ModelConfig,
+    *,
     micro: int,
     layers: int,
     wire: int,
@@ -75,9 +77,9 @@ def moe_comm_bytes(
         tokens,
         model,
         ep,
-        4 if config.get("precision", "fp32") == "fp32" else 2,
-        config.get("moe_dispatch", "dropless"),
-        config.get("capacity_factor", 1.25),
+        width=4 if config.get("precision", "fp32") == "fp32" else 2,
+        dispatch=config.get("moe_dispatch", "dropless"),
+        factor=config.get("capacity_factor", 1.25),
     ).items():
         out.setdefault(op, {})["ep"] = nbytes * layers * m
 

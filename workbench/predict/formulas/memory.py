@@ -15,6 +15,7 @@ def model_state_bytes(
     dp: int = 1,
     zero: int = 0,
     precision: str = "fp32",
+    *,
     grad_bytes: int | None = None,
     offload: bool = False,
 ) -> dict[str, float]:
@@ -70,6 +71,7 @@ def stage_params(
 
 def params_per_rank(
     cfg: ModelConfig,
+    *,
     tp: int = 1,
     pp: int = 1,
     virtual_stages: int = 1,
@@ -93,6 +95,7 @@ def buffer_bytes(
     local_params: float,
     dp: int,
     zero: int,
+    *,
     bucket_mb: float = 25.0,
     width: int = 4,
     prefetch: bool = True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from workbench.config import ModelConfig
 from workbench.config.grid import replica_group
@@ -89,6 +89,33 @@ def predicted_peak(config: dict[str, Any]) -> tuple[float, dict[str, float], int
     return total, categories, rank
 
 
+class ActivationOptions(TypedDict):
+    """What the activation formulas (formulas/activations.py) take besides the model and the micro-batch,
+    as a run's config sets it: passed on by keyword (`**options`)."""
+
+    bytes_per_value: int
+    tp: int
+    sequence_parallel: bool
+    recompute: str
+    device: str
+    core: str
+
+
+def activation_options(config: dict[str, Any], core: str) -> ActivationOptions:
+    """The activation formulas' options for a run (`core`: what `cp_local` says its attention core keeps)."""
+    rc = config.get("recompute", "none")
+    if config.get("attention", "eager") == "sdpa":
+        rc = "fused"  # the fused kernel keeps no probabilities (validated: rc none)
+    return ActivationOptions(
+        bytes_per_value=4 if config.get("precision", "fp32") == "fp32" else 2,
+        tp=config.get("tp", 1),
+        sequence_parallel=config.get("sequence_parallel", False),
+        recompute=rc,
+        device=config.get("device", "cpu"),  # the resolved device: CUDA's kernels save other extras
+        core=core,
+    )
+
+
 def _categories(
     config: dict[str, Any], pp_rank: int
 ) -> tuple[dict[str, float], float, float, float]:
@@ -96,78 +123,46 @@ def _categories(
     most activations and W stash held at once (the two peak at different actions of a zero-bubble
     schedule); and what activations, stash and the loss hold at the loss's peak (0 off the last stage)."""
     model = run_model(config)
-    shards = config["dp"] * config.get("cp", 1)  # the ranks holding the same parameters
     acts, core = cp_local(model, config.get("cp", 1), config.get("cp_rotate", "ring"))
-    precision = config.get("precision", "fp32")
-    tp, sp = config.get("tp", 1), config.get("sequence_parallel", False)
-    params = params_per_rank(
-        model,
-        tp,
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
-        config.get("ep", 1),
-    )
-    width = 4 if precision == "fp32" else 2
-    states = {
-        **zero_states(config, model, params, shards, pp_rank),
-        **buffer_bytes(
-            model,
-            params,
-            shards,
-            config.get("zero", 0),
-            config.get("bucket_mb", 25.0),
-            width,
-            config.get("prefetch", True),
-            config.get("backend") == "gloo",
-        ),
-    }
-    masters = 4 * params if grad_width(config) < 4 else 0.0
-    states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
-    if (
-        config.get("grad_compression", "none") != "none" and shards > 1
-    ):  # every bucket's 16-bit copy,
-        states["comm_buffer"] += 2 * params  # in flight until wait() after backward
+    options = activation_options(config, core)
+    width, tp = options["bytes_per_value"], options["tp"]
+    states, masters = _state_categories(config, model, pp_rank)
     m = config.get("microbatches", 1)
     micro = config["global_batch"] // config["dp"] // m
-    rc = config.get("recompute", "none")
-    if (
-        config.get("attention", "eager") == "sdpa"
-    ):  # the fused kernel keeps no probabilities (validated: rc none)
-        rc = "fused"
-    device = config.get(
-        "device", "cpu"
-    )  # config.json's resolved device: CUDA's kernels save other extras
     loss = loss_bytes(acts, micro, width, tp)
-    logits = (
-        width * acts.seq_len * micro * (acts.vocab_size // tp)
-    )  # saved until the loss's backward unpacks them
+    # saved until the loss's backward unpacks them
+    logits = width * acts.seq_len * micro * (acts.vocab_size // tp)
     if config.get("pp", 1) == 1 and m == 1:
-        act = activation_bytes(acts, micro, width, tp, sp, rc, device, core)
-        kept = stage_activation_bytes(
-            acts, micro, 0, 1, width, tp, sp, rc, device, core
-        )  # a rerun's rise comes later
+        act = activation_bytes(acts, micro, **options)
+        # a rerun's rise comes later
+        kept = stage_activation_bytes(acts, micro, stage=0, stages=1, **options)
         return {**states, "activation": act, "loss": loss}, masters, act, kept - logits + loss
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
     sched = run_schedule(config)
+    last = sched.stages - 1
     stage_bytes = {
-        k: stage_activation_bytes(acts, micro, k, sched.stages, width, tp, sp, rc, device, core)
+        k: stage_activation_bytes(acts, micro, stage=k, stages=sched.stages, **options)
         for k in range(sched.stages)
     }
     extra = {
-        k: backward_extra_bytes(acts, micro, k == sched.stages - 1, width, tp, sp, rc, device, core)
-        for k in range(sched.stages)
+        k: backward_extra_bytes(acts, micro, last=k == last, **options) for k in range(sched.stages)
     }
     layers = model.layers // sched.stages
     stash = {
-        k: wgrad_stash_bytes(acts, micro, layers, k == sched.stages - 1, width, tp, sp)
+        k: wgrad_stash_bytes(
+            acts,
+            micro,
+            layers=layers,
+            last=k == last,
+            bytes_per_value=width,
+            tp=tp,
+            sequence_parallel=options["sequence_parallel"],
+        )
         for k in range(sched.stages)
     }
     live = peak = stashed = peak_stash = together = at_loss = 0.0
-    last = sched.stages - 1
     for a in sched.actions[pp_rank]:
         if a.kind == "F":
             live += stage_bytes[a.stage]
@@ -201,6 +196,43 @@ def _categories(
     )
 
 
+def _state_categories(
+    config: dict[str, Any], model: ModelConfig, pp_rank: int
+) -> tuple[dict[str, float], float]:
+    """The categories besides activations — model states, ZeRO's buffers and temporaries, compression's
+    copies — and the fp32 copies of 16-bit gradients the update makes (inside `temporary`)."""
+    shards = config["dp"] * config.get("cp", 1)  # the ranks holding the same parameters
+    params = params_per_rank(
+        model,
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
+        ep=config.get("ep", 1),
+    )
+    states = {
+        **zero_states(config, model, params, shards, pp_rank),
+        **buffer_bytes(
+            model,
+            params,
+            shards,
+            config.get("zero", 0),
+            bucket_mb=config.get("bucket_mb", 25.0),
+            width=4 if config.get("precision", "fp32") == "fp32" else 2,
+            prefetch=config.get("prefetch", True),
+            backend_copies=config.get("backend") == "gloo",
+        ),
+    }
+    masters = 4 * params if grad_width(config) < 4 else 0.0
+    states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
+    if (
+        config.get("grad_compression", "none") != "none" and shards > 1
+    ):  # every bucket's 16-bit copy,
+        states["comm_buffer"] += 2 * params  # in flight until wait() after backward
+    return states, masters
+
+
 def zero_states(
     config: dict[str, Any], model: ModelConfig, params: float, shards: int, pp_rank: int
 ) -> dict[str, float]:
@@ -213,22 +245,26 @@ def zero_states(
     )
     offload = bool(config.get("offload_optimizer")) and zero > 0
     if ep == 1 or not zero:
-        return model_state_bytes(params, shards, zero, precision, grad_width(config), offload)
+        return model_state_bytes(
+            params, shards, zero, precision, grad_bytes=grad_width(config), offload=offload
+        )
     whole = params_per_rank(
         model,
-        config.get("tp", 1),
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
     )
     experts = (whole - params) / (
         ep - 1
     )  # this rank's E/ep experts: the whole model's experts less theirs
     dense = model_state_bytes(
-        params - experts, shards, zero, precision, grad_width(config), offload
+        params - experts, shards, zero, precision, grad_bytes=grad_width(config), offload=offload
     )
-    sharded = model_state_bytes(experts, shards // ep, zero, precision, grad_width(config), offload)
+    sharded = model_state_bytes(
+        experts, shards // ep, zero, precision, grad_bytes=grad_width(config), offload=offload
+    )
     return {k: dense[k] + sharded[k] for k in dense}
 
 
@@ -240,11 +276,11 @@ def predicted_host_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     model = run_model(config)
     params = params_per_rank(
         model,
-        config.get("tp", 1),
-        config.get("pp", 1),
-        config.get("virtual_stages", 1),
-        pp_rank,
-        placement(config),
+        tp=config.get("tp", 1),
+        pp=config.get("pp", 1),
+        virtual_stages=config.get("virtual_stages", 1),
+        pp_rank=pp_rank,
+        placement=placement(config),
     )
     return offload_host_bytes(params, config["dp"] * config.get("cp", 1))
 
@@ -308,7 +344,15 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         config.get("microbatches", 1),
         config.get("sequence_parallel", False),
     )
-    local = params_per_rank(model, tp, pp, v, pp_rank, placement(config), config.get("ep", 1))
+    local = params_per_rank(
+        model,
+        tp=tp,
+        pp=pp,
+        virtual_stages=v,
+        pp_rank=pp_rank,
+        placement=placement(config),
+        ep=config.get("ep", 1),
+    )
     zero, group = config.get("zero", 0), replica_group(cp)
     wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
     if (
@@ -336,40 +380,40 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         acts,
         micro,
         tp,
-        sp,
-        m,
-        layers,
-        0 in mine,
-        stages - 1 in mine,
-        width,
-        config.get("recompute", "none"),
-        grad_width(config),
-        model.seq_len,
+        sequence_parallel=sp,
+        microbatches=m,
+        layers=layers,
+        first=0 in mine,
+        last=stages - 1 in mine,
+        bytes_per_value=width,
+        recompute=config.get("recompute", "none"),
+        grad_bytes=grad_width(config),
+        positions=model.seq_len,
     )
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
     if (
         model.experts
     ):  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
-        moe_comm_bytes(out, config, model, micro, layers, wire)
+        moe_comm_bytes(out, config, model, micro=micro, layers=layers, wire=wire)
     for op, nbytes in cp_comm_bytes_per_step(
         model.seq_len,
         micro,
         model.kv_dim,
         cp,
-        layers,
-        m,
-        tp,
-        width,
-        config.get("cp_rotate", "ring"),
-        config.get("recompute", "none") != "none",
+        layers=layers,
+        microbatches=m,
+        tp=tp,
+        width=width,
+        rotate=config.get("cp_rotate", "ring"),
+        recompute=config.get("recompute", "none") != "none",
     ).items():
         out.setdefault(op, {})["cp"] = nbytes
     if (
         config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1
     ):  # the overflow flag, max: world
         out.setdefault("all_reduce", {})["world"] = 4
-    if pp > 1:
+    if sched is not None:  # pp > 1
         buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width
         acts_of_rank = sched.actions[pp_rank]  # a V's turn hands over in memory: no transfer there
         out.setdefault("send", {})["pp"] = sum(a.is_send for a in acts_of_rank) * buffer

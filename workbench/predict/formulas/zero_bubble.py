@@ -78,6 +78,7 @@ def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
 def wgrad_stash_bytes(
     cfg: ModelConfig,
     micro_batch: int,
+    *,
     layers: int,
     last: bool,
     bytes_per_value: int = 4,
