@@ -130,9 +130,8 @@ def main(argv: list[str]) -> int:
     times: dict[str, list[float]] = {n: [] for n in names}
     replays: dict[str, list[float]] = {n: [] for n in names}
     worst = 0.0
-    for k in range(
-        args.repeats
-    ):  # round-robin: a slow minute of the machine falls on different strategies
+    # round-robin: a slow minute of the machine falls on different strategies
+    for k in range(args.repeats):
         for name in names:
             t, losses, replay_error = measure_once(name, STRATEGIES[name], base, args.out, k)
             times[name].append(t)

@@ -76,9 +76,8 @@ def worker(args: argparse.Namespace) -> None:
         return train_step(ours, batches, step["ours"], config=cfg, measured=measured).loss
 
     rtol = 1e-5 if cfg.precision == "fp32" else 3e-2
-    if (
-        args.one_side_at_a_time
-    ):  # a model too large for both at once: ours timed and let go, then plain
+    # a model too large for both at once: ours timed and let go, then plain
+    if args.one_side_at_a_time:
         first = [run_ours(False) for _ in range(3)]
         timed = interleaved_rounds(
             {"ours_fast": lambda: run_ours(False), "ours_measured": lambda: run_ours(True)},
@@ -135,9 +134,8 @@ def worker(args: argparse.Namespace) -> None:
                 for k, v in speed.items()
             )
         )
-        if path := os.environ.get(
-            "WB_BENCH_JSON"
-        ):  # scripts/gpu_check.sh's summary table reads these
+        # scripts/gpu_check.sh's summary table reads these
+        if path := os.environ.get("WB_BENCH_JSON"):
             with open(path, "a") as f:
                 f.write(
                     json.dumps(
@@ -186,9 +184,8 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
 
     torch.manual_seed(cfg.seed)
     wiring = ModelWiring(fused_attention=cfg.attention == "sdpa")
-    with torch.device(
-        "meta"
-    ):  # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
+    # built on the device, not on the host and then copied (gpt-1.3b: 5 GB of fp32)
+    with torch.device("meta"):
         model = GPT(cfg.model_config, wiring=wiring)
     model.to_empty(device=device)
     model.tie()

@@ -36,9 +36,8 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     import workbench as wb
     from workbench.config import PRESETS
 
-    layers = (
-        -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks
-    )  # ZBV's 2p stages divide them
+    # ZBV's 2p stages divide them
+    layers = -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks
     model = {"base": args.model, "layers": layers}  # the same model for every schedule
     print(
         f"\nmeasured bubbles, p={args.ranks}, m=8, model {args.model} with {layers} layers, global batch "

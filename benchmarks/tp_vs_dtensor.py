@@ -47,18 +47,18 @@ def worker(args: argparse.Namespace) -> None:
     tp = TPContext(comm=comm, rank=rank, size=world, sequence_parallel=False)
     ours = apply_tensor_parallel(GPT(cfg, seed=0), tp)
     ours.init_weights(0)  # the shards, cut from each parameter's full initial value
-    ours_grads = TensorParallelGrads(
-        ours, tp, facts=ParamTable()
-    )  # no sequence parallelism: none partial
+    # no sequence parallelism: none partial
+    ours_grads = TensorParallelGrads(ours, tp, facts=ParamTable())
     ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
 
     mesh = init_device_mesh("cpu", (world,))
     ref = GPT(cfg, seed=0)
     heads_first(ref, world)
+    # logits stay split by vocabulary: loss_parallel
     plan = {
         "wte": RowwiseParallel(input_layouts=Replicate()),
         "head": ColwiseParallel(use_local_output=False),
-    }  # logits stay split by vocabulary: loss_parallel
+    }
     for i in range(cfg.layers):
         plan.update(
             {
@@ -80,9 +80,8 @@ def worker(args: argparse.Namespace) -> None:
         return loss.detach()
 
     def step_ref():  # noqa: ANN202
-        with (
-            loss_parallel()
-        ):  # the cross-entropy of vocabulary-split logits, never gathered (like ours)
+        # the cross-entropy of vocabulary-split logits, never gathered (like ours)
+        with loss_parallel():
             loss = ref(x, y)
             loss.backward()
         ref_opt.step()
@@ -96,9 +95,8 @@ def worker(args: argparse.Namespace) -> None:
             flush=True,
         )
     # the same shards; the row-parallel sums and the loss's all-reduces add in another order: a few ulps
-    check_same_losses(
-        ("ours", step_ours), ("DTensor", step_ref), rtol=1e-5
-    )  # every tp rank holds the loss
+    # every tp rank holds the loss
+    check_same_losses(("ours", step_ours), ("DTensor", step_ref), rtol=1e-5)
 
     med = interleaved_rounds({"ours": step_ours, "dtensor": step_ref}, args.rounds, args.warmup)
     if rank == 0:

@@ -138,9 +138,8 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             data = output.get("data", {})
             if PLOTLY in data:
                 data["text/html"] = plotly_html(data.pop(PLOTLY))
-            if "<details><summary>The answer" in "".join(
-                data.get("text/html", "")
-            ):  # viz.predict's reveal: no
+            # viz.predict's reveal: no
+            if "<details><summary>The answer" in "".join(data.get("text/html", "")):
                 data["text/html"] = re.sub(
                     r"^<p>Type your prediction.*?</p>",
                     "",  # box to type in on a page
@@ -148,9 +147,8 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 )
             if WIDGET in data:
                 model = state.get(data[WIDGET]["model_id"], {})
-                if (
-                    model.get("model_name") in PREDICTION_WIDGETS
-                ):  # viz.predict's box and its verdict line
+                # viz.predict's box and its verdict line
+                if model.get("model_name") in PREDICTION_WIDGETS:
                     output["data"] = {
                         "text/html": PREDICTION_WIDGETS[model["model_name"]](model["state"])
                     }

@@ -162,9 +162,8 @@ def suite(*args: str) -> list[str]:
     return ["PY", "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *args]
 
 
-STEPS = (
-    3 * (10 + 2) + 2 * 3
-)  # three candidates over 12 rounds, and the loss check's steps on both sides
+# three candidates over 12 rounds, and the loss check's steps on both sides
+STEPS = 3 * (10 + 2) + 2 * 3
 SECTIONS = [
     Section(
         "headline eager",

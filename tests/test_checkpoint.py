@@ -63,9 +63,8 @@ def test_resume_continues_bit_identically(launched, name, tmp_path):
     assert list(resumed.metrics.step) == [3, 4, 5]
     tail = full.metrics[full.metrics.step >= 3].reset_index(drop=True)
     assert list(resumed.metrics.loss) == list(tail.loss), name
-    assert resumed.metrics.grad_norm.reset_index(drop=True).equals(tail.grad_norm), (
-        name
-    )  # NaN: a skipped step
+    # NaN: a skipped step
+    assert resumed.metrics.grad_norm.reset_index(drop=True).equals(tail.grad_norm), name
     if "fp16" in name:
         assert list(resumed.metrics.loss_scale) == list(tail.loss_scale)
     assert validate_run(resumed.path) == []
@@ -81,10 +80,11 @@ def test_checkpoint_bytes_are_the_sharded_states_written_once(launched):
     ZeRO-3: each rank writes its 1/N of parameters and moments. Tensor bytes = 12Ψ (4 parameter + 8
     moments) + Adam's step (4 bytes) + each rank's RNG state (5,056 bytes); the files add DCP's index and
     ~1.5 kB of framing per piece (large against `tiny`'s small tensors)."""
+    # the resume test's runs (checkpoints at steps 3 and 6)
     for config in (
         {"dp": 2},
         {"dp": 2, "zero": 3},
-    ):  # the resume test's runs (checkpoints at steps 3 and 6)
+    ):
         run = launched(steps=6, checkpoint_every=3, **config)
         marker = verify(os.path.join(run.path, "checkpoints", "step_000003"))
         psi = run.config["params"]
@@ -266,9 +266,8 @@ def test_a_flipped_byte_in_any_shard_is_refused_before_launch_naming_the_file(la
 
 
 def test_a_checkpoint_written_without_checksums_still_loads(launched, tmp_path, capsys):
-    run = launched(
-        steps=6, checkpoint_every=3
-    )  # the run the test above copies: cached, not trained again
+    # the run the test above copies: cached, not trained again
+    run = launched(steps=6, checkpoint_every=3)
     old = str(tmp_path / "step_000003")
     shutil.copytree(os.path.join(run.path, "checkpoints", "step_000003"), old)
     marker_path = os.path.join(old, "workbench.json")

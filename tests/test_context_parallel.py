@@ -100,9 +100,8 @@ def _equal_to_full_attention(rank: int, world: int) -> None:
         )
 
 
-@pytest.mark.parametrize(
-    "cp", [2, pytest.param(4, marks=pytest.mark.slow)]
-)  # cp 4 in the engine: make test-all
+# cp 4 in the engine: make test-all
+@pytest.mark.parametrize("cp", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ring_attention_equals_full_causal_attention(cp):
     run_ranks(_equal_to_full_attention, cp)
 

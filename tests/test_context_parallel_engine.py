@@ -60,9 +60,8 @@ def test_context_parallel_trains_the_same_model_as_one_process(launched, single,
     run = launched(**config)
     assert_same_training(run, single)
     assert validate_run(run.path) == []
-    for rank in run.summary[
-        "ranks"
-    ]:  # every byte on the wire, and every category of memory, as predicted
+    # every byte on the wire, and every category of memory, as predicted
+    for rank in run.summary["ranks"]:
         measured = {
             (op, g, round(b)) for op, d in rank["comm_bytes_per_step"].items() for g, b in d.items()
         }

@@ -41,15 +41,16 @@ def single(launched):
     "config",
     [
         {"dp": 2},
-        pytest.param(
-            {"dp": 4}, marks=pytest.mark.slow
-        ),  # notebook 01 holds dp4 to one process in make test
+        # notebook 01 holds dp4 to one process in make test
+        pytest.param({"dp": 4}, marks=pytest.mark.slow),
         {"dp": 2, "allreduce": "ring", "bucket_mb": 0.03},
+        # the run tests/test_traces.py validates: the comparison costs nothing
         {
             "dp": 2,
             "dp_impl": "naive",
-        },  # the run tests/test_traces.py validates: the comparison costs nothing
+        },
         {"dp": 2, "bucket_mb": 0.01},  # the run tests/test_traces.py validates
+        # notebook 09 runs it
         pytest.param(
             {
                 "dp": 4,
@@ -59,7 +60,7 @@ def single(launched):
                 "emulate_link": "inter=0.001,50;intra=2,5",
             },
             marks=pytest.mark.slow,
-        ),  # notebook 09 runs it
+        ),
     ],
     ids=["dp2", "dp4", "dp2-ring", "dp2-naive", "dp2-small-buckets", "dp4-hierarchical-emulated"],
 )

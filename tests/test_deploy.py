@@ -21,9 +21,8 @@ def test_the_kubernetes_job_runs_a_command_workbench_accepts():
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == service["metadata"]["name"]
     container = pod["containers"][0]
-    line = container["args"][0].replace(
-        "$(JOB_COMPLETION_INDEX)", "1"
-    )  # what Kubernetes substitutes in pod 1
+    # what Kubernetes substitutes in pod 1
+    line = container["args"][0].replace("$(JOB_COMPLETION_INDEX)", "1")
     argv = shlex.split(line)
     assert argv[:2] == ["workbench", "run"]
     config, a = parse_run(argv[2:])

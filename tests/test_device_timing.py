@@ -139,9 +139,8 @@ def _cuda_shaped_rank(rank, world, out_dir):
     """Every kind of operation, device-timed, as a CUDA run records it; the trace is written for the test."""
     import torch
 
-    comm = _fake_cuda(
-        make_comm(rank, world, dp=2), skew_us=-5.0
-    )  # device events 5 µs before the host's
+    # device events 5 µs before the host's
+    comm = _fake_cuda(make_comm(rank, world, dp=2), skew_us=-5.0)
     comm.start_step(0)
     rec = comm.recorder
     with rec.span("ProfilerStep#0", "step", "compute", step=0):
@@ -150,9 +149,8 @@ def _cuda_shaped_rank(rank, world, out_dir):
         with rec.span("backward", "backward", "compute", step=0):
             time.sleep(0.02)  # compute while the bucket is in flight
         handle.wait()
-        comm.all_reduce(
-            torch.ones(1), "dp", label="loss"
-        )  # blocking: written once, when the step ends
+        # blocking: written once, when the step ends
+        comm.all_reduce(torch.ones(1), "dp", label="loss")
         out = torch.empty(500)
         comm.reduce_scatter(out, torch.ones(1000), "dp", label="zero2 bucket 0")
         peer = 1 - rank

@@ -39,9 +39,8 @@ def test_links_parse_and_time_like_the_ring():
             parse_links(bad)
     with pytest.raises(ConfigError, match="ranks_per_node=3"):
         RunConfig(dp=4, ranks_per_node=3).validate()
-    with pytest.raises(
-        ConfigError, match="unevenly"
-    ):  # dp group [0, 2, 4] on machines {0, 1, 2}, {3, 4, 5}
+    # dp group [0, 2, 4] on machines {0, 1, 2}, {3, 4, 5}
+    with pytest.raises(ConfigError, match="unevenly"):
         RunConfig(dp=3, tp=2, global_batch=6, allreduce="hierarchical", ranks_per_node=3).validate()
 
 
@@ -54,12 +53,10 @@ def test_the_machines_take_their_ranks_in_blocks_or_round_robin():
     assert [block.node(r) for r in range(4)] == [0, 0, 1, 1] and [
         spread.node(r) for r in range(4)
     ] == [0, 1, 0, 1]
-    assert (
-        block.link([0, 1])[0] == "intra" and block.link([0, 2])[0] == "inter"
-    )  # tp pair inside, pp across
-    assert (
-        spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"
-    )  # tp pair across, pp inside
+    # tp pair inside, pp across
+    assert block.link([0, 1])[0] == "intra" and block.link([0, 2])[0] == "inter"
+    # tp pair across, pp inside
+    assert spread.link([0, 1])[0] == "inter" and spread.link([0, 2])[0] == "intra"
     with pytest.raises(ConfigError, match="node_placement='diagonal': valid values are"):
         RunConfig(tp=2, pp=2, node_placement="diagonal").validate()
     with pytest.raises(ConfigError, match="needs emulate_link and ranks_per_node"):
@@ -137,9 +134,8 @@ def test_the_estimator_knows_how_gradients_travel():
     )
     assert flat.dp_link_bytes["inter"] == pytest.approx(plain)
     s = plain / 1.5  # the all-reduce's S: plain = 2(n−1)/n · S with n = 4
-    assert hier.dp_link_bytes == pytest.approx(
-        {"intra": s, "inter": s / 2}
-    )  # K = 2 ranks, m = 2 machines
+    # K = 2 ranks, m = 2 machines
+    assert hier.dp_link_bytes == pytest.approx({"intra": s, "inter": s / 2})
     slow = with_emulated_links(A100_80GB, base.replace(emulate_link="inter=0.001,100"))
     assert (
         slow.inter_node_bw < 1e6

@@ -122,18 +122,16 @@ def test_the_planner_sets_llama3_405b_beside_metas_layout():
         not meta.fits
         and meta.activation_bytes_per_rank > 2 * (p.best["activations_GB"] * 1e9) * 0.95
     )
-    with pytest.raises(
-        wb.ConfigError, match="uneven stages"
-    ):  # 33 stages of 4 layers would leave 6 over
+    # 33 stages of 4 layers would leave 6 over
+    with pytest.raises(wb.ConfigError, match="uneven stages"):
         estimate(RunLayout(model=m, dp=64, tp=8, pp=33, uneven_stages=True))
     with pytest.raises(wb.ConfigError, match="pp=16 does not divide model.layers=126"):
         estimate(RunLayout(model=m, dp=128, tp=8, pp=16))  # equal stages only, unless asked
 
 
 def test_the_planner_with_zero_3_shows_7_5b_on_64_gpus():
-    model = wb.ModelConfig(
-        vocab_size=32000, seq_len=1024, hidden=4096, heads=32, layers=36
-    )  # 7.5 B
+    # 7.5 B
+    model = wb.ModelConfig(vocab_size=32000, seq_len=1024, hidden=4096, heads=32, layers=36)
     assert model.param_count() == pytest.approx(7.5e9, rel=0.01)
     p = plan(model, Cluster(8, A100_80GB), global_batch=512, zero_stages=(3,))
     zero3_dp64 = p.candidates[(p.candidates.tp == 1) & (p.candidates.pp == 1)].iloc[0]

@@ -110,9 +110,8 @@ def test_the_held_out_loss_reaches_the_loggers_and_the_progress_line():
         "step_time_s": 0.1,
         "val_loss": 2.25,
     }
-    assert (
-        step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25
-    )  # TensorBoard's and W&B's points
+    # TensorBoard's and W&B's points
+    assert step_scalars(row, [], 0.0, NoMemory())["val/loss"] == 2.25
     rows = [json.dumps(r).encode() for r in (row, {**row, "step": 4, "val_loss": None})]
     assert last_val_loss(rows) == 2.25
 

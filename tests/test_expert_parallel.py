@@ -63,9 +63,8 @@ def test_an_moe_layer_equals_its_definition_token_by_token(router):
     moe = GPT(replace(PRESETS["tiny-moe"], router=router), seed=0).blocks["0"].mlp
     x = torch.randn(3, 5, 32)
     _, _, gates = moe.route(x.reshape(-1, 32))
-    torch.testing.assert_close(
-        gates.sum(-1), torch.ones(15), rtol=0, atol=1e-6
-    )  # top-2: renormalised
+    # top-2: renormalised
+    torch.testing.assert_close(gates.sum(-1), torch.ones(15), rtol=0, atol=1e-6)
     out = moe(x).reshape(-1, 32)
     _, chosen, gates = moe.route(x.reshape(-1, 32))
     ref = torch.zeros_like(out)
@@ -108,16 +107,14 @@ def single(launched):
     [
         EP2,
         pytest.param({**MOE, "dp": 4, "ep": 4}, marks=pytest.mark.slow),
-        pytest.param(
-            {**MOE, "dp": 4, "ep": 2}, marks=pytest.mark.slow
-        ),  # experts also reduced over edp
+        # experts also reduced over edp
+        pytest.param({**MOE, "dp": 4, "ep": 2}, marks=pytest.mark.slow),
         pytest.param(
             {**MOE, "dp": 2, "ep": 2, "moe_dispatch": "capacity", "capacity_factor": 4.0},
             marks=pytest.mark.slow,
         ),
-        pytest.param(
-            {**MOE, "dp": 4, "ep": 2, "zero": 1}, marks=pytest.mark.slow
-        ),  # slices over dp and edp
+        # slices over dp and edp
+        pytest.param({**MOE, "dp": 4, "ep": 2, "zero": 1}, marks=pytest.mark.slow),
         pytest.param({**MOE, "dp": 2, "ep": 2, "zero": 2}, marks=pytest.mark.slow),
     ],
     ids=["ep2-dropless", "ep4", "dp4-ep2", "ep2-capacity", "dp4-ep2-zero1", "ep2-zero2"],
@@ -139,9 +136,8 @@ def test_expert_parallelism_trains_the_same_model_as_one_process(launched, singl
             )
     sent = [r["comm_bytes_per_step"]["all_to_all"]["ep"] for r in ranks]
     expected = ranks[0]["predicted_comm_bytes_per_step"]["all_to_all"]["ep"]
-    if (
-        config.get("moe_dispatch") == "capacity"
-    ):  # equal splits: every rank sends E·C rows per all-to-all
+    # equal splits: every rank sends E·C rows per all-to-all
+    if config.get("moe_dispatch") == "capacity":
         assert sent == [expected] * len(ranks)
     else:  # dropless: what a rank's experts received varies; the group's total is the formula's
         assert sum(sent) == pytest.approx(expected * len(ranks))
@@ -157,9 +153,8 @@ def test_each_moe_layer_runs_two_all_to_alls_each_way_and_reports_its_tokens(lau
     assert a2a.name.str.contains("counts").sum() == layers * steps, (
         "dropless: the counts exchanged first"
     )
-    tokens = (
-        16 * PRESETS["tiny-moe"].seq_len * PRESETS["tiny-moe"].top_k
-    )  # the global batch's assignments
+    # the global batch's assignments
+    tokens = 16 * PRESETS["tiny-moe"].seq_len * PRESETS["tiny-moe"].top_k
     for row in run.metrics.itertuples():
         assert {k: sum(v) for k, v in row.tokens_per_expert.items()} == {
             f"blocks.{i}": tokens for i in range(layers)

@@ -65,9 +65,8 @@ def test_the_kernel_s_log_decides_out_of_memory(tmp_path):
         if error_file:
             (tmp_path / f"error_rank{rank}.json").write_text("{}")
     (tmp_path / ".error_rank7.reserved").write_bytes(b"\0")  # a rank an earlier, larger attempt had
-    [killed] = killed_ranks(
-        str(tmp_path), log, 4, read_kernel_log=False
-    )  # rank 2 wrote its file; 1 ended well
+    # rank 2 wrote its file; 1 ended well
+    [killed] = killed_ranks(str(tmp_path), log, 4, read_kernel_log=False)
     assert (killed.rank, killed.signal, killed.pid) == (3, 9, 4242)
     killed.out_of_memory = (
         True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."

@@ -14,17 +14,15 @@ from workbench.studies.comm_calibration import alpha_beta
 from workbench.viz.check import CheckFailed, headroom
 from workbench.viz.palette import SPAN_COLORS, UNKNOWN, span_color
 
-check_module = importlib.import_module(
-    "workbench.viz.check"
-)  # the module (viz.check is the function)
+# the module (viz.check is the function)
+check_module = importlib.import_module("workbench.viz.check")
 
 
 def test_check_prints_the_claim_and_raises_only_under_test(monkeypatch, capsys):
     monkeypatch.delenv("WORKBENCH_CHECKS", raising=False)
     assert viz.check("two is more than one", "a > b", a=2, b=1.0)
-    assert not viz.check(
-        "one is more than two", "a > 2", a=1
-    )  # a learner's run: printed, not raised
+    # a learner's run: printed, not raised
+    assert not viz.check("one is more than two", "a > 2", a=1)
     out = capsys.readouterr().out
     assert (
         "✓ two is more than one  (a = 2, b = 1)" in out and "✗ one is more than two  (a = 1)" in out
@@ -123,10 +121,11 @@ def test_every_kind_of_check_is_shown_failing_on_a_wrong_value(
     [
         ("True", {}),  # a constant
         ("peak <= peak", {"peak": 4.0}),  # true of every value
+        # no wrong value of an element changes a length
         (
             "len(steps) == 3",
             {"steps": [1.0, 2.0, 3.0]},
-        ),  # no wrong value of an element changes a length
+        ),
         ("flag or not flag", {"flag": True}),
     ],
 )
@@ -180,9 +179,8 @@ def test_timelines_colour_transfers_in_flight_apart_from_waits_and_blocking_coll
     assert {"collective in flight", "wait"} <= set(colors)
     assert len({colors["collective in flight"], colors["wait"], SPAN_COLORS["collective"]}) == 3
     assert all(colors[k] == SPAN_COLORS[k] for k in colors if k in SPAN_COLORS)
-    assert (
-        UNKNOWN not in colors.values() and span_color("p2p in flight") != UNKNOWN
-    )  # every kind has its own
+    # every kind has its own
+    assert UNKNOWN not in colors.values() and span_color("p2p in flight") != UNKNOWN
 
 
 @pytest.mark.slow  # make test-browser checks every loss chart's marks against its legend in CI
@@ -207,9 +205,10 @@ def test_the_planners_terms_add_up_to_its_step_time():
     top = p.candidates.head(5)
     total = top[["compute_s", "tp_s", "pipeline_s", "dp_s", "other_s"]].sum(axis=1)
     assert (abs(total - top.step_time_s) < 1e-9 * top.step_time_s).all()
+    # says why not
     assert not any("would need" in line and "fits." in line for line in p.explanation), (
         p.explanation
-    )  # says why not
+    )
 
 
 def test_transfers_grow_the_bubble_beyond_the_formula():

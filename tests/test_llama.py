@@ -36,9 +36,8 @@ def test_the_counted_parameters_are_the_built_models(name):
     cfg = PRESETS[name]
     with torch.device("meta"):
         built = GPT(cfg)
-    assert (
-        sum(p.numel() for p in built.parameters()) == cfg.param_count()
-    )  # a tied head counted once
+    # a tied head counted once
+    assert sum(p.numel() for p in built.parameters()) == cfg.param_count()
     assert cfg.param_count() == PUBLISHED.get(name, cfg.param_count())
     assert cfg.family == "llama" and not any("bias" in n for n, _ in built.named_parameters())
 

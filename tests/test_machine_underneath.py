@@ -36,9 +36,8 @@ def test_each_ratio_is_one_at_its_crossover():
     assert crossover.tp_ratio(2048, 8, F, BW) == pytest.approx(
         2 * crossover.tp_ratio(4096, 8, F, BW)
     )
-    assert math.isinf(
-        crossover.pp_crossover(64, 1, 1e15, 1e6, alpha=1e-3)
-    )  # transfers outlast compute at any size
+    # transfers outlast compute at any size
+    assert math.isinf(crossover.pp_crossover(64, 1, 1e15, 1e6, alpha=1e-3))
 
 
 def test_the_roofline_bends_at_the_ridge():

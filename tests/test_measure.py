@@ -77,9 +77,8 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     counts: Counter = Counter()
-    adamw.AdamW.__init__ = functools.partialmethod(
-        adamw.AdamW.__init__, fused=True
-    )  # the CUDA update
+    # the CUDA update
+    adamw.AdamW.__init__ = functools.partialmethod(adamw.AdamW.__init__, fused=True)
     cfg = RunConfig(
         model="tiny", steps=4, precision=precision, backend="gloo", grad_clip=0.5
     ).validate()
@@ -109,12 +108,13 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
             super().__init__(*args)
 
     torch.autograd.graph.saved_tensors_hooks = CountedHooks
+    # each one a host synchronisation on CUDA
     for method in (
         "item",
         "tolist",
         "__bool__",
         "__float__",
-    ):  # each one a host synchronisation on CUDA
+    ):
         original = getattr(torch.Tensor, method)
         setattr(
             torch.Tensor,
@@ -136,9 +136,8 @@ def _count_what_each_step_does(rank: int, world: int, run_dir: str, precision: s
         and measured["sync_compute"] >= 3
     )
     for counted in fast:
-        assert counted == {"read": 1}, (
-            counted
-        )  # no hook, no allocator, no synchronisation: one read
+        # no hook, no allocator, no synchronisation: one read
+        assert counted == {"read": 1}, counted
     spans = [e for e in rec.events if e.get("ph") == "X" and e["args"].get("step") == 3]
     assert {"forward", "backward", "optimizer"} <= {e["name"] for e in spans}, (
         "a fast step's spans, from events"

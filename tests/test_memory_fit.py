@@ -52,9 +52,8 @@ def test_the_refusal_names_what_would_fit(monkeypatch):
     zero3 = memory_fit.rank_peak(config.replace(zero=3), "cpu", "gloo")
     full = memory_fit.rank_peak(config.replace(recompute="full"), "cpu", "gloo")
     assert full < base and zero3 < base
-    room = (
-        2 * (max(full, zero3) + memory_fit.RANK_OVERHEAD) + 1
-    )  # both variants fit, the run itself does not
+    # both variants fit, the run itself does not
+    room = 2 * (max(full, zero3) + memory_fit.RANK_OVERHEAD) + 1
     assert 2 * (base + memory_fit.RANK_OVERHEAD) > room
     monkeypatch.setattr(memory_fit, "host_available", lambda: room)
     with pytest.raises(wb.ConfigError, match=r"these would fit: zero=3, .*recompute='full'"):

@@ -63,9 +63,8 @@ def test_the_learning_rate_warning_follows_width():
     assert "try lr ≈ 0.001" in lr_warning(PRESETS["gpt2-small"], 3e-3)
     assert lr_warning(PRESETS["gpt2-small"], 6e-4) is None  # GPT-2 small's published rate
     with pytest.warns(UserWarning, match="hidden=512"):
-        with pytest.raises(
-            wb.ConfigError
-        ):  # warned before anything starts, then stopped by a bad value
+        # warned before anything starts, then stopped by a bad value
+        with pytest.raises(wb.ConfigError):
             wb.launch(wb.RunConfig(model={"hidden": 512, "heads": 8}, lr=3e-3, dp=3))
 
 

@@ -32,12 +32,12 @@ def single(launched):
             {"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
             marks=pytest.mark.slow,
         ),
-        pytest.param(
-            {"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow
-        ),  # notebook 05: pp on 8
+        # notebook 05: pp on 8
+        pytest.param({"pp": 4, "schedule": "1f1b", "microbatches": 4}, marks=pytest.mark.slow),
+        # notebook 03
         pytest.param(
             {"dp": 2, "pp": 2, "microbatches": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow
-        ),  # notebook 03
+        ),
         {"microbatches": 4},
     ],
     ids=["pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp4-1f1b", "dp2-pp2", "accumulate-4"],

@@ -124,6 +124,5 @@ def test_llama3_405b_mfu_beside_metas():
     assert 0.8 * 0.38 <= interleaved <= 1.2 * 0.43, (
         f"estimated MFU {interleaved:.1%}; Meta measured 38–43 %"
     )
-    assert (
-        llama3_405b_mfu("1f1b", 1) < 0.6 * interleaved
-    )  # the bubble of m = p = 16 without interleaving
+    # the bubble of m = p = 16 without interleaving
+    assert llama3_405b_mfu("1f1b", 1) < 0.6 * interleaved

@@ -55,9 +55,8 @@ def test_k_skipped_steps_in_a_row_stop_a_run_and_fp16s_scaling_does_not():
     d = Divergence(max_skipped=3, lr=3e-3)
     bad = {"skipped": True, "anomaly": "non-finite gradient norm"}
     d.observe(4, 2.0, bad, True)
-    d.observe(
-        5, 2.0, {"skipped": False, "anomaly": None}, None
-    )  # a good step: the count starts again
+    # a good step: the count starts again
+    d.observe(5, 2.0, {"skipped": False, "anomaly": None}, None)
     for step in (6, 7):
         d.observe(step, float("nan"), bad, True)
     with pytest.raises(
@@ -171,9 +170,8 @@ def test_a_run_that_would_not_fit_is_refused_before_launch(tmp_path, monkeypatch
 def test_a_live_runs_directory_is_locked_against_force_and_a_dead_ones_is_taken_over(
     tmp_path, capsys
 ):
-    out = (
-        tmp_path / "live"
-    )  # a run alive for ~3 s that leaves the cores to this test: it sleeps in each step
+    # a run alive for ~3 s that leaves the cores to this test: it sleeps in each step
+    out = tmp_path / "live"
     first = subprocess.Popen(
         [
             sys.executable,

@@ -75,9 +75,8 @@ def test_chunks_cover_the_buffer_even_when_n_does_not_divide_it():
             assert [length for _, length in chunks] == sliced
 
 
-@pytest.mark.parametrize(
-    "world", [3, pytest.param(4, marks=pytest.mark.slow)]
-)  # 4: notebook 01's dp4 ring
+# 4: notebook 01's dp4 ring
+@pytest.mark.parametrize("world", [3, pytest.param(4, marks=pytest.mark.slow)])
 def test_ring_equals_backend_all_reduce_on_3_and_4_ranks(world):
     traces = _run(world)
     steps = [e for e in traces[0]["traceEvents"] if e.get("cat") == "ring_step"]

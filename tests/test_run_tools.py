@@ -114,11 +114,12 @@ def test_gpu_health_names_heat_throttling_ecc_and_xid_and_doctor_reports_them(tm
         "xid": [],
         "anomaly": None,
     }
+    # hw_thermal and sw_power_cap
     nvml.temperature, nvml.reasons, nvml.sm_mhz = (
         86,
         0x40 | 0x4,
         1100,
-    )  # hw_thermal and sw_power_cap
+    )
     nvml.ecc[1], nvml.xids = 2, [79]
     bad = record(health, recorder, str(tmp_path), 0, step=1)
     assert bad["throttle"] == ["sw_power_cap", "hw_thermal"] and bad["xid"] == [79]

@@ -67,9 +67,8 @@ def test_buckets_hide_the_gradient_all_reduce_behind_backward():
     """One bucket waits for the whole backward: all of it is exposed; small buckets overlap all but the
     last. ZeRO-1 reduce-scatters after backward: exposed whatever the buckets."""
     L = Layout(model=MODEL, dp=4, micro=4)
-    hw = dataclasses.replace(
-        ROUND, latency_s=1e-5
-    )  # each bucket pays α: 1 ms each would eat the overlap
+    # each bucket pays α: 1 ms each would eat the overlap
+    hw = dataclasses.replace(ROUND, latency_s=1e-5)
     one, many = predict_step(L, hw), predict_step(dataclasses.replace(L, bucket_mb=0.5), hw)
     assert many.terms["dp"] < 0.5 * one.terms["dp"]
     zero1 = predict_step(dataclasses.replace(L, zero=1, bucket_mb=0.5), hw)

@@ -35,9 +35,8 @@ def _violations(rank, world):
             ],
             "dp",
         )
-    comm.device = torch.device(
-        "cuda", 0
-    )  # a CUDA rank: a CPU tensor is refused even without strict mode
+    # a CUDA rank: a CPU tensor is refused even without strict mode
+    comm.device = torch.device("cuda", 0)
     comm.strict = False
     with pytest.raises(StrictCommError, match="it is on cpu, the rank's device is cuda:0"):
         comm.all_reduce(torch.ones(2), "dp")

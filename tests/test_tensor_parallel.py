@@ -38,12 +38,13 @@ def test_tensor_parallel_matches_single_process(launched, single, config):
 
 
 def test_every_tp_collective_names_group_layer_and_direction(launched):
+    # the oracle test's make-test run
     sp = {
         "dp": 2,
         "tp": 2,
         "sequence_parallel": True,
         "bucket_mb": 0.01,
-    }  # the oracle test's make-test run
+    }
     ev = launched(**sp).events
     tp_ops = ev[(ev.cat == "collective") & (ev.group == "tp")]
     assert set(tp_ops.op) == {"all_gather", "reduce_scatter", "all_reduce"}

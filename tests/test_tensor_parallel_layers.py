@@ -76,9 +76,8 @@ def _layers_worker(rank: int, world: int) -> None:
         (out * (r_row[:, sl] if sp else r_row)).sum().backward()
         assert_close(xt.grad, xd.grad[..., rank * per : (rank + 1) * per])
         assert_close(row.weight.grad, lin.weight.grad[:, rank * per : (rank + 1) * per])
-        if (
-            not sp
-        ):  # with sequence parallelism the bias gradient is partial until TensorParallelGrads
+        # with sequence parallelism the bias gradient is partial until TensorParallelGrads
+        if not sp:
             assert_close(row.bias.grad, lin.bias.grad)
 
         # vocabulary-parallel embedding

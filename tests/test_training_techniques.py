@@ -117,6 +117,7 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
             "precision": "bf16",
             "grad_reduce_dtype": "bf16",
         },
+        # 8 ranks: tp and pp bytes are each checked above and in their own tests
         pytest.param(
             {
                 "model": ModelConfig(layers=4),
@@ -127,7 +128,7 @@ def test_3d_parallelism_on_8_ranks_matches_one_process(launched):
                 "bucket_mb": 0.05,
             },
             marks=pytest.mark.slow,
-        ),  # 8 ranks: tp and pp bytes are each checked above and in their own tests
+        ),
     ],
     ids=["recompute-tp-sp", "bf16", "fp16", "bf16-reduce-tp-sp", "3d"],
 )

@@ -85,9 +85,8 @@ def _peak_with_an_unnamed_temporary(rank: int, world: int, run_dir: str, extra: 
         held.clear()
 
     cross_entropy.report_peak = with_a_leak if extra else report
-    ctx = setup(
-        RunConfig(**{**PROFILED, "global_batch": 4}, backend="gloo").validate(), run_dir
-    )  # dp2 rank's step
+    # dp2 rank's step
+    ctx = setup(RunConfig(**{**PROFILED, "global_batch": 4}, backend="gloo").validate(), run_dir)
     train(ctx, attempt=0)
     peak = memory_figures(ctx.recorder.events)["true_peak"]
     found = explained({"true_peak": peak}, 0.01)

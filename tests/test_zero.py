@@ -21,16 +21,13 @@ def single(launched):
     "config",
     [
         {"dp": 2, "zero": 1},
-        pytest.param(
-            {"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow
-        ),  # notebook 04: ZeRO-2 = one process
+        # notebook 04: ZeRO-2 = one process
+        pytest.param({"dp": 2, "zero": 2, "bucket_mb": 0.02}, marks=pytest.mark.slow),
         {"dp": 2, "zero": 3},
-        pytest.param(
-            {"dp": 4, "zero": 3}, marks=pytest.mark.slow
-        ),  # zero3 at dp=2 here, and notebook 04
-        pytest.param(
-            {"dp": 2, "zero": 3, "prefetch": False}, marks=pytest.mark.slow
-        ),  # notebook 04: = with prefetch
+        # zero3 at dp=2 here, and notebook 04
+        pytest.param({"dp": 4, "zero": 3}, marks=pytest.mark.slow),
+        # notebook 04: = with prefetch
+        pytest.param({"dp": 2, "zero": 3, "prefetch": False}, marks=pytest.mark.slow),
         {"dp": 2, "zero": 1, "allreduce": "ring", "bucket_mb": 0.03},
     ],
     ids=["zero1", "zero2", "zero3", "dp4-zero3", "zero3-no-prefetch", "zero1-ring"],

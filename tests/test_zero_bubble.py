@@ -55,9 +55,8 @@ def test_unit_time_bubbles_are_the_papers(p, m):
     )
     if "zbv" in rates:
         v = build_schedule("zbv", p, m)
-        assert (
-            rates["zbv"] == 0.0 and peak_in_flight(v) == [2 * p] * p
-        )  # 2p half-stage chunks = 1F1B's p stages
+        # 2p half-stage chunks = 1F1B's p stages
+        assert rates["zbv"] == 0.0 and peak_in_flight(v) == [2 * p] * p
 
 
 def test_zero_bubble_stops_being_zero_when_w_is_not_free():
@@ -173,9 +172,8 @@ def test_the_split_backward_gives_autograds_gradients_in_any_order():
     for x, y in data:
         plain(x, y).backward()
     store = WeightGradStore()
-    assert (
-        split_linears(split, store) == 4 * cfg.layers + 1
-    )  # qkv, proj, fc, proj per block, and the head
+    # qkv, proj, fc, proj per block, and the head
+    assert split_linears(split, store) == 4 * cfg.layers + 1
     out = {}
     for kind, i in [
         ("F", 0),
@@ -189,9 +187,8 @@ def test_the_split_backward_gives_autograds_gradients_in_any_order():
         ("W", 1),
     ]:
         if kind == "F":
-            with store.forward(
-                split=True
-            ):  # the executor says so for a microbatch whose backward is I, W
+            # the executor says so for a microbatch whose backward is I, W
+            with store.forward(split=True):
                 out[i] = split(*data[i])
         elif kind == "I":
             with store.input_grad((0, i)):
@@ -266,9 +263,10 @@ def single(launched):
         pytest.param(
             EIGHT, {"pp": 4, "schedule": "zbh1", "microbatches": 8}, marks=pytest.mark.slow
         ),
+        # 8 stages
         pytest.param(
             EIGHT, {"pp": 4, "schedule": "zbv", "microbatches": 8}, marks=pytest.mark.slow
-        ),  # 8 stages
+        ),
     ],
     ids=["zbh1-pp2", "dp2-zbh1-pp2", "zbv-pp2", "zbh1-pp4", "zbv-pp4"],
 )
@@ -278,14 +276,12 @@ def test_zero_bubble_trains_the_same_model_as_one_process(launched, model, confi
     assert_same_training(run, single)
     assert (run.metrics.loss - single.metrics.loss).abs().max() < 1e-5
     assert validate_run(run.path) == []
-    for r in run.summary[
-        "ranks"
-    ]:  # W's stash: measured (the bytes each I kept until its W) = the formula
+    # W's stash: measured (the bytes each I kept until its W) = the formula
+    for r in run.summary["ranks"]:
         assert r["peak_bytes"]["wgrad_stash"] == r["predicted_bytes"]["wgrad_stash"], r["rank"]
         assert r["peak_bytes"]["activation"] == r["predicted_bytes"]["activation"], r["rank"]
-        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r[
-            "rank"
-        ]  # a V's turn: no transfer
+        # a V's turn: no transfer
+        assert r["comm_bytes_per_step"] == r["predicted_comm_bytes_per_step"], r["rank"]
     stashed = [r["peak_bytes"]["wgrad_stash"] > 0 for r in run.summary["ranks"]]
     assert stashed[-1] and (stashed[0] == (config["schedule"] == "zbv")), (
         "ZB-H1's first stage runs B: I and W adjacent"

@@ -100,9 +100,8 @@ def test_every_page_opens_without_a_console_error(browser):
     for path in pages:
         page, errors = _open(browser, path)
         page.wait_for_timeout(200)
-        if (
-            path.parent.name == "lessons"
-        ):  # the notebooks' tables, as in JupyterLab: no NaN where a dash belongs
+        # the notebooks' tables, as in JupyterLab: no NaN where a dash belongs
+        if path.parent.name == "lessons":
             errors += [f"NaN in a table: {row}" for row in page.evaluate(MISSING_CELLS, "article")]
         if errors:
             failed[str(path.relative_to(SITE))] = errors

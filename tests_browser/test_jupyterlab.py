@@ -252,9 +252,8 @@ def _saved_notebook_reopens_clean(page, browser, lab: Lab, notebook: str) -> Non
         # the saved models are registered; an output rendered in between shows "model not found" for good.
         # Every model shown is in the saved state (_saved_widget_state, above), so that is the race: a reload
         # (as a user would) must then show every widget.
-        errors[:] = [
-            e for e in errors if "widget model not found" not in e
-        ]  # the race's own; any other stays
+        # the race's own; any other stays
+        errors[:] = [e for e in errors if "widget model not found" not in e]
         again.reload()
         broken = _widgets_restored(again)
     again.screenshot(path=str(SHOTS / f"{stem}-reopened.png"))

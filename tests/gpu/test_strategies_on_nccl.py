@@ -74,12 +74,13 @@ CASES = [
     ("3d", 8, {**PIPE, "dp": 2, "tp": 2, "pp": 2, "microbatches": 2}, True),
     ("cp2-ring", 2, {**SMALL, "cp": 2}, True),
     ("cp2-allgather", 2, {**SMALL, "cp": 2, "cp_rotate": "allgather", "cp_balance": "none"}, True),
+    # bytes follow the routing
     (
         "ep2-dropless",
         2,
         {**SMALL, "model": "tiny-moe", "dp": 2, "ep": 2},
         False,
-    ),  # bytes follow the routing
+    ),
     (
         "ep2-capacity",
         2,

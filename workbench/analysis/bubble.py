@@ -112,9 +112,8 @@ def step_inputs(sched: Schedule, replica: dict[int, dict[str, Any]]) -> dict[int
             continue  # an interrupted step
         durations: dict[tuple[int, str], list[float]] = {}
         for e in (e for r in replica for e in spans[r]):
-            kind = e["args"].get("action") or (
-                "F" if e["cat"] == "forward" else "B"
-            )  # F, B, I or W
+            # F, B, I or W
+            kind = e["args"].get("action") or ("F" if e["cat"] == "forward" else "B")
             durations.setdefault((e["args"].get("stage", 0), kind), []).append(e["dur"])
         first = min(entered[r][step][0]["ts"] for r in replica)
         out[step] = {

@@ -35,9 +35,8 @@ def rebucket(graph: Graph, bucket_mb: float, overlap: bool, notes: list[str]) ->
     )
     launches = [it.us for p in graph.programs.values() for it in p if _bucket_launch(it)]
     launch = statistics.mean(launches) if launches else 0.0
-    if (
-        not overlap
-    ):  # and one collective at a time: the worker threads have no core of their own either
+    # and one collective at a time: the worker threads have no core of their own either
+    if not overlap:
         notes.append(
             "no overlap with backward, one bucket at a time: the ranks fill this machine's cores"
         )

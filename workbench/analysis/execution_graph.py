@@ -72,15 +72,13 @@ class OpNode:
     order: float = 0.0  # place in its queue: a split operation slots its parts between two others
     label: str = ""
     emulated_s: float = 0.0
-    extra_us: dict[int, float] = field(
-        default_factory=dict
-    )  # a member that completed later: by how much
+    # a member that completed later: by how much
+    extra_us: dict[int, float] = field(default_factory=dict)
     blocking: bool = (
         False  # a blocking collective (an emulated link holds it after it is done, not beside it)
     )
-    sender: int = (
-        -1
-    )  # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
+    # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
+    sender: int = -1
     send_us: float = (
         0.0  # send needs no receive posted: the receiver's completion is the transfer's)
     )
@@ -92,9 +90,8 @@ class Graph:
     ops: dict[tuple[Any, ...], OpNode]
     start_us: dict[int, float]  # when each rank began its first step, on the shared clock
     measured_us: dict[int, dict[int, float]]  # rank → step → its ProfilerStep's length
-    lanes_us: dict[
-        int, dict[int, dict[str, float]]
-    ]  # rank → step → measured compute / blocked / host
+    # rank → step → measured compute / blocked / host
+    lanes_us: dict[int, dict[int, dict[str, float]]]
     config: dict[str, Any]
     slots: int = 2  # SLOTS of the run's backend
     #: each rank's parameters' sizes (values), in the model's order (the trace's `param_shapes`)

@@ -34,9 +34,8 @@ class Killed:
     rank: int
     signal: int | None  # from torchrun's summary; None where it did not observe this rank's exit
     pid: int | None
-    out_of_memory: (
-        bool | None
-    )  # the kernel's log names its pid (True), does not (False), or cannot be read (None)
+    # the kernel's log names its pid (True), does not (False), or cannot be read (None)
+    out_of_memory: bool | None
     last_seen: float = 0.0  # wall-clock time of its last trace flush
 
     def describe(self) -> str:

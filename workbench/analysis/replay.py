@@ -31,9 +31,8 @@ class Replayed:
     measured_us: float
     per_rank_us: dict[int, float]  # each rank's replayed step, mean over the steps compared
     measured_per_rank_us: dict[int, float]
-    lanes_us: dict[
-        int, dict[str, float]
-    ]  # each rank's replayed compute / blocked / host per step (mean)
+    # each rank's replayed compute / blocked / host per step (mean)
+    lanes_us: dict[int, dict[str, float]]
     measured_lanes_us: dict[int, dict[str, float]]
     steps: list[int] = field(default_factory=list)
 

@@ -32,16 +32,14 @@ class ProcessGroups:
         groups: dict[str, Any] = {"world": dist.group.WORLD}
         ranks: dict[str, list[int]] = {"world": list(range(grid.world_size))}
         for axis in AXES:
-            if (
-                axis == "cp" and grid.cp == 1
-            ):  # no context parallelism: no group to create (or wait for)
+            # no context parallelism: no group to create (or wait for)
+            if axis == "cp" and grid.cp == 1:
                 groups[axis], ranks[axis] = None, [rank]
                 continue
             for members in grid.all_groups(axis):
                 # new_group is collective over the whole world, even for ranks outside `members`.
-                pg = dist.new_group(
-                    members, timeout=timeout, group_desc=f"{axis} {members}"
-                )  # named in torch's dumps
+                # named in torch's dumps
+                pg = dist.new_group(members, timeout=timeout, group_desc=f"{axis} {members}")
                 if rank in members:
                     groups[axis], ranks[axis] = pg, members
         for axis in ("ep", "edp") if grid.ep > 1 else ():

@@ -103,15 +103,13 @@ class Handle:
             try:
                 for work in self.works:
                     work.wait()
-                if (
-                    self.timed is not None
-                ):  # CUDA: block until the device has done it (or the deadline)
+                # CUDA: block until the device has done it (or the deadline)
+                if self.timed is not None:
                     comm.clock.waited(self.timed, self.works, self.launch_us + comm.timeout_s * 1e6)
             except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                 raise comm.error(first.args, e) from e
-            if (
-                first.args.get("emulated_s") and first.cat == "collective"
-            ):  # the emulated network's time
+            # the emulated network's time
+            if first.args.get("emulated_s") and first.cat == "collective":
                 link = first.args["emulated_link"]
                 end = comm.network.occupy(link, self.launch_us, first.args["emulated_s"])
                 hold(rec, (end - rec.now_us()) / 1e6, "wait", link=link)

@@ -87,9 +87,8 @@ class RingCall:
             recv_bytes=nbytes(recv) if recv is not None else 0,
             chunks=self.n,
         ) as step_args:
-            if (
-                send is not None and comm.network is not None
-            ):  # held on its emulated link, sender side
+            # held on its emulated link, sender side
+            if send is not None and comm.network is not None:
                 link, seconds = comm.network.message_seconds(comm.rank, self.nxt, nbytes(send))
                 hold(rec, seconds, "ring", link=link)
             if send is not None:

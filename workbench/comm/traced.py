@@ -67,9 +67,8 @@ def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
     (tests/test_true_peak.py)."""
     copy = inp.clone()
     dist.all_reduce(copy, group=pg)
-    index = dist.get_rank(
-        pg
-    )  # the group's own rank order, as torch's reduce-scatter and all-gather shard by
+    # the group's own rank order, as torch's reduce-scatter and all-gather shard by
+    index = dist.get_rank(pg)
     out.copy_(copy[index * out.numel() : (index + 1) * out.numel()])
     copy.untyped_storage().resize_(0)
 
@@ -189,9 +188,8 @@ class Communicator:
         self.flight.start(args)
         if self.network is not None:
             args.update(emulate(self.network, self.rank, args))
-        if (
-            async_op or self.clock is not None
-        ):  # on CUDA even a blocking call returns before it is done
+        # on CUDA even a blocking call returns before it is done
+        if async_op or self.clock is not None:
             op = Op(name=name, cat=cat, args=args, n=n)
             timed = (
                 None
@@ -277,9 +275,8 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        if (
-            self.backend_copies and not async_op and self.clock is None
-        ):  # gloo's own way, its copy released here
+        # gloo's own way, its copy released here
+        if self.backend_copies and not async_op and self.clock is None:
             return self._run(
                 args,
                 lambda a: _gloo_reduce_scatter(out, inp, pg),
@@ -460,9 +457,8 @@ class Communicator:
             transfers=len(ops),
         ):
             for op in ops:
-                if (
-                    op.args["op"] == "send"
-                ):  # held on the emulated link, then the flow to the receive starts
+                # held on the emulated link, then the flow to the receive starts
+                if op.args["op"] == "send":
                     hold(
                         rec,
                         op.args.get("emulated_s", 0.0),

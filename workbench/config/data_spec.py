@@ -121,9 +121,8 @@ def _check_file(
         )
     tokens = token_array(kind, path) if size else np.zeros(0, np.uint8)
     held = int(len(tokens) * HELD_OUT) if held_out else 0
-    part = (
-        held if evaluating and held_out else len(tokens) - held
-    )  # the smaller part that must hold a window
+    # the smaller part that must hold a window
+    part = held if evaluating and held_out else len(tokens) - held
     if part < seq_len + 2:
         held_note = (
             ""

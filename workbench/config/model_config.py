@@ -263,6 +263,7 @@ PRESETS: dict[str, ModelConfig] = {
         ffn_hidden=704,
         **LLAMA,
     ),
+    # Mixtral's shape, in small
     "tiny-llama-moe": ModelConfig(
         vocab_size=64,
         seq_len=16,
@@ -274,7 +275,7 @@ PRESETS: dict[str, ModelConfig] = {
         experts=4,
         top_k=2,
         **LLAMA,
-    ),  # Mixtral's shape, in small
+    ),
     "llama3-1b": ModelConfig(
         hidden=2048, heads=32, kv_heads=8, layers=16, ffn_hidden=8192, tie_embeddings=True, **LLAMA3
     ),

@@ -67,26 +67,23 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     """Join the process group (with the config's timeout), build the grid, agree on the clock."""
     backend = resolve_backend(config.backend)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if (
-        world_size != config.world_size
-    ):  # an elastic run's config already follows WORLD_SIZE (restart.py)
+    # an elastic run's config already follows WORLD_SIZE (restart.py)
+    if world_size != config.world_size:
         raise RuntimeError(
             f"torchrun started {world_size} processes but dp×cp×tp×pp = "
             f"{config.dp}×{config.cp}×{config.tp}×{config.pp} = {config.world_size}: "
             f"launch with --nproc-per-node × --nnodes = {config.world_size}"
         )
-    torch_flight_recorder.enable(
-        run_dir, backend
-    )  # torch's record of its collectives, dumped on failure
+    # torch's record of its collectives, dumped on failure
+    torch_flight_recorder.enable(run_dir, backend)
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         enable_nccl_timing()  # before the process group: NCCL times its kernels (comm/device_timing.py)
     else:
         device = torch.device("cpu")
-        if (
-            backend == "ccl"
-        ):  # Intel's oneCCL bindings register the backend when imported (config/rules.py)
+        # Intel's oneCCL bindings register the backend when imported (config/rules.py)
+        if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401
     if not dist.is_initialized():  # Ray Train joined it itself (launching/ray_launch.py)
         dist.init_process_group(
@@ -122,9 +119,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         device_clock=clock,
         # CUDA: every span an NVTX range
         nvtx=(torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop) if clock is not None else None,
-        info={
-            "strict_comm": strict.enabled()
-        },  # every tensor checked as NCCL would (comm/strict.py)
+        # every tensor checked as NCCL would (comm/strict.py)
+        info={"strict_comm": strict.enabled()},
     )
     memory = MemoryTracker(recorder, device)
     comm = Communicator(

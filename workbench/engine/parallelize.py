@@ -159,13 +159,11 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     else:
         model = build_chunk(cfg, ctx, parts)
     facts = param_facts(cfg, model)
-    main_grads = (
-        MainGrads()
-    )  # filled by the data-parallel grad sync; read by TP's sums and the updater
+    # filled by the data-parallel grad sync; read by TP's sums and the updater
+    main_grads = MainGrads()
     host_grads = None
-    if (
-        cfg.offload_optimizer
-    ):  # ZeRO-Offload: each final gradient slice goes to the host as it comes
+    # ZeRO-Offload: each final gradient slice goes to the host as it comes
+    if cfg.offload_optimizer:
         host_grads = HostGradients(device=ctx.device, recorder=ctx.recorder, comm=ctx.comm)
     dp_sync = data_parallel(
         cfg,
@@ -225,9 +223,8 @@ def build_chunk(
     (attention's kernel, context parallelism, the experts' state, recomputation, the loss's memory
     tracker) → TP swap → experts sharded → device, init by name → precision → compile."""
     positions = None
-    if (
-        parts.cp is not None
-    ):  # this rank's tokens' global positions (its rotary tables, its wpe rows)
+    # this rank's tokens' global positions (its rotary tables, its wpe rows)
+    if parts.cp is not None:
         positions = parts.cp.local_positions.to(ctx.device)
     wiring = ModelWiring(
         fused_attention=cfg.attention == "sdpa",
@@ -295,9 +292,8 @@ def pipeline_executor(
 ) -> PipelineExecutor:
     mcfg = cfg.model_config
     micro = cfg.local_batch // cfg.microbatches
-    seq = (
-        mcfg.seq_len // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1)
-    )  # what travels between stages
+    # what travels between stages
+    seq = mcfg.seq_len // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1)
     return PipelineExecutor(
         schedule,
         ctx.groups.index("pp"),

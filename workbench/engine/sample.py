@@ -94,9 +94,8 @@ def load_whole_model(ckpt: str) -> tuple[GPT, int]:
         sources[name] = source
         for _, n, key, dtype in saved[source]:
             wanted[key] = torch.empty(n, dtype=dtype)
-    with (
-        warnings.catch_warnings()
-    ):  # "torch.distributed is disabled ...": one process is the intent
+    # "torch.distributed is disabled ...": one process is the intent
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(wanted, checkpoint_id=ckpt, no_dist=True)
     with torch.no_grad():

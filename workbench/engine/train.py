@@ -48,9 +48,8 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     )
     strategy = parallelize(cfg, ctx)
     fault = Fault.asked(cfg, rank=ctx.rank, attempt=attempt)
-    if (
-        fault is not None
-    ):  # injection wraps the step, on the fault's rank only; elsewhere there is none
+    # injection wraps the step, on the fault's rank only; elsewhere there is none
+    if fault is not None:
         strategy = with_fault(strategy, fault, microbatches=cfg.microbatches)
     describe(strategy)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
@@ -59,9 +58,8 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start, attempt=attempt)
     source = Batches(cfg, ctx.device, dp_index=dp_index, dp_size=dp_size, cp=strategy.context)
-    if (
-        ctx.device.type == "cpu"
-    ):  # the table lives in host memory: the rank's memory only on a CPU run
+    # the table lives in host memory: the rank's memory only on a CPU run
+    if ctx.device.type == "cpu":
         ctx.memory.data_bytes = source.resident_bytes()  # under `other`
     schedule = measured_steps(ctx)
     logs = step_logs(ctx)
@@ -87,9 +85,8 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
             kineto.before(step)
         measured = schedule.measured(step)
         results.append(train_step(strategy, source, step, config=cfg, measured=measured))
-        if (
-            strategy.context is not None
-        ):  # each rank's attention work, per layer: the balance, measured
+        # each rank's attention work, per layer: the balance, measured
+        if strategy.context is not None:
             ctx.recorder.info["cp_pairs"] = dict(strategy.context.pairs)
         if kineto is not None:
             kineto.after(step)
@@ -97,18 +94,16 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
             ctx.memory.record_allocator(profile.stop(), since_us=step_start)
         if health is not None and step % cfg.gpu_health_every == 0:
             results[-1].extra["gpu"] = record(health, ctx.recorder, ctx.run_dir, ctx.rank, step)
-        if held_out is not None and due(
-            step, cfg.eval_every, cfg.steps
-        ):  # forward only, every rank
+        # forward only, every rank
+        if held_out is not None and due(step, cfg.eval_every, cfg.steps):
             results[-1].extra["val_loss"] = evaluate(strategy, held_out, step, config=cfg)
         if ctx.rank == 0:
             row = append_metrics(ctx, results[-1], attempt=attempt)
             if logs is not None:
                 logs.write(row, since_us=step_start)
         ctx.recorder.flush()
-        r = results[
-            -1
-        ]  # a run that cannot recover stops here, its files kept (every rank at the same step)
+        # a run that cannot recover stops here, its files kept (every rank at the same step)
+        r = results[-1]
         suspect = r.extra.get("anomaly") == "non-finite gradient norm"
         divergence.observe(step, r.loss, r.extra, parameters_finite(strategy) if suspect else None)
         maybe_save(strategy, step)
@@ -206,11 +201,12 @@ def append_metrics(ctx: RankContext, r: StepResult, *, attempt: int) -> dict[str
     if "gpu" in r.extra:  # rank 0's GPU (measure/gpu_health.py; every rank's in gpu_health.jsonl)
         row["gpu"] = {k: v for k, v in r.extra["gpu"].items() if k != "anomaly"}
         row["anomaly"] = row["anomaly"] or r.extra["gpu"]["anomaly"]
+    # held-out loss; experts (model/moe.py)
     for key in (
         "val_loss",
         "tokens_per_expert",
         "dropped_tokens",
-    ):  # held-out loss; experts (model/moe.py)
+    ):
         if key in r.extra:
             row[key] = r.extra[key]
     path = os.path.join(ctx.run_dir, "metrics.jsonl")

@@ -26,9 +26,8 @@ def estimated_output(config: RunConfig) -> dict[str, float]:
     )
     kept = config.steps // config.checkpoint_every if config.checkpoint_every else 0
     if config.keep_checkpoints:
-        kept = min(
-            kept, config.keep_checkpoints + 1
-        )  # the newest is written before the oldest is pruned
+        # the newest is written before the oldest is pruned
+        kept = min(kept, config.keep_checkpoints + 1)
     events = config.microbatches * config.virtual_stages if config.trace else 0
     return {
         "checkpoints": kept * psi * per_param * 1.02,

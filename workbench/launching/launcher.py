@@ -151,9 +151,8 @@ def launch(
     lock = None
     if not _joins(run_dir, config, nodes):
         _, step = check_resume(config, run_dir)
-        lock = RunLock.acquire(
-            run_dir
-        )  # before --force may empty it: a live run's directory is refused
+        # before --force may empty it: a live run's directory is refused
+        lock = RunLock.acquire(run_dir)
         try:
             if check_disk:
                 check_disk_space(config, run_dir, replacing=force and not config.resume)
@@ -175,9 +174,8 @@ def launch(
             ray_address=ray_address,
         )
     finally:
-        for reserved in glob.glob(
-            os.path.join(run_dir, ".error_rank*.reserved")
-        ):  # a killed rank's
+        # a killed rank's
+        for reserved in glob.glob(os.path.join(run_dir, ".error_rank*.reserved")):
             os.remove(reserved)
         if lock is not None:
             lock.release()
@@ -371,9 +369,8 @@ def _failure(run_dir: str, rc: int, log_path: str, world_size: int, since: float
     with open(log_path) as f:
         log = f.read()
     log_tail = log[-4000:]
-    killed = killed_ranks(
-        run_dir, log, world_size, since
-    )  # before its stream becomes its trace file
+    # before its stream becomes its trace file
+    killed = killed_ranks(run_dir, log, world_size, since)
     try:
         recover_partials(run_dir)
         write_merged(run_dir)

@@ -111,9 +111,8 @@ def torchrun_command(
             else ["--node-rank", str(nodes.node_rank)]
         )
     cmd += ["--max-restarts", str(config.max_restarts)]
-    if (
-        config.nsys
-    ):  # torchrun runs nsys, which runs the rank: one report per rank, named by its RANK
+    # torchrun runs nsys, which runs the rank: one report per rank, named by its RANK
+    if config.nsys:
         return cmd + [
             "--no-python",
             *NSYS_PROFILE,

@@ -89,9 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread per rank: more oversubscribes the cores and can hang gloo
-    own_signals = (
-        threading.current_thread() is threading.main_thread()
-    )  # a Ray Train worker runs in a thread
+    # a Ray Train worker runs in a thread
+    own_signals = threading.current_thread() is threading.main_thread()
     if own_signals:
         signal.signal(signal.SIGTERM, _on_sigterm)
         die_with_parent()  # a killed torchrun takes its ranks along (workbench/launching/lifetime.py)
@@ -99,9 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx: RankContext | None = None
     reserved = None
     try:
-        reserved = reserve_error_file(
-            args.run_dir, rank
-        )  # small and first: its blocks outlive a full disk
+        # small and first: its blocks outlive a full disk
+        reserved = reserve_error_file(args.run_dir, rank)
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config: RunConfig = RunConfig.from_dict(json.load(f)).validate()  # the rank's door
         restarts = restart_count()  # torchrun's: all this process knows before its group agrees
@@ -134,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             "secondary": isinstance(e, Terminated) or type(e).__name__ == "CommError",
             "last_collectives": ctx.comm.flight.to_list() if ctx is not None else [],
         }
-        write_error_file(
-            os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err
-        )  # before anything big
+        # before anything big
+        write_error_file(os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err)
         try:  # torch's own record of its collectives, beside ours (workbench doctor reads both)
             torch_flight_recorder.dump(args.run_dir, rank)
         except Exception:  # noqa: BLE001 - never let the record of a failure fail the failure's report

@@ -95,9 +95,8 @@ def flops_by_part(
             total = flops
             continue
         part = _part(name, parts)
-        if (
-            part is not None and name.count(".") == 3
-        ):  # GPT.blocks.<i>.<part>: each part once, not its children
+        # GPT.blocks.<i>.<part>: each part once, not its children
+        if part is not None and name.count(".") == 3:
             out[part] = out.get(part, 0) + flops
     out["other"] = total - sum(out.values())
     if per_layer:

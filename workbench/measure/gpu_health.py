@@ -116,10 +116,11 @@ class GpuHealth:
 
     def _read(self) -> dict[str, Any]:
         nvml, h = self.nvml, self.handle
+        # the newer name, where the bindings have it
         reasons_of = (
             getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )  # the newer name, where the bindings have it
+        )
         reasons = self._optional(reasons_of, h) or 0
         power = self._optional(nvml.nvmlDeviceGetPowerUsage, h)
         return {

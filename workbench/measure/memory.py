@@ -145,9 +145,8 @@ class MemoryTracker:
         self._update_peaks()
 
     def add(self, category: str, delta: int) -> None:
-        with (
-            self._lock
-        ):  # the communication backend's completion callbacks report from its own thread
+        # the communication backend's completion callbacks report from its own thread
+        with self._lock:
             self.current[category] += int(delta)
             self._update_peaks()
 
@@ -244,9 +243,8 @@ class MemoryTracker:
             self.recorder.counter("host_memory", self.host, ts=ts)
         if self.profile is not None and (marker := self.profile.marker()) is not None:
             self._marker_ts[marker] = ts
-        if (
-            self.device.type == "cuda"
-        ):  # the caching allocator's figures, and its peak since the step began
+        # the caching allocator's figures, and its peak since the step began
+        if self.device.type == "cuda":
             alloc = {
                 "allocated": torch.cuda.memory_allocated(self.device),
                 "max_allocated": torch.cuda.max_memory_allocated(self.device),

@@ -193,9 +193,8 @@ def step_ops(
         )
     )
     n = cfg.param_count()
-    k = min(
-        n, OPTIMIZER_SAMPLE
-    )  # timed on k values and scaled to n: its cost is per value, bytes-bound
+    # timed on k values and scaled to n: its cost is per value, bytes-bound
+    k = min(n, OPTIMIZER_SAMPLE)
     p, g = torch.randn(k, device=device), torch.randn(k, device=device)
     m, v = torch.zeros(k, device=device), torch.zeros(k, device=device)
     ops.append(

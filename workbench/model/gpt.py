@@ -167,9 +167,8 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(
-            x
-        )  # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
+        # (b, s, (h + 2·kv_dim)/t): this rank's heads (sequence parallelism: the whole sequence)
+        qkv = self.qkv(x)
         b, s, width = qkv.shape
         d = self.head_dim
         kv_heads = width // (d * (self.group + 2))
@@ -187,9 +186,8 @@ class CausalSelfAttention(nn.Module):
         """softmax(q·kᵀ/√d, causal) · v for (b, heads, s, d) queries and (b, kv_heads, s, d) keys and values,
         returned as (b, s, heads·d)."""
         b, heads, s, d = q.shape
-        if (
-            self.context is not None
-        ):  # the ring carries the kv_heads, each block expanded where it is used
+        # the ring carries the kv_heads, each block expanded where it is used
+        if self.context is not None:
             return (
                 self.context.attention(self.name, q, k, v).transpose(1, 2).reshape(b, s, heads * d)
             )
@@ -378,9 +376,8 @@ class GPT(nn.Module):
                 module.mask = causal_mask(self.cfg.seq_len, module.mask.device)
                 if module.rope:  # this rank's positions (context parallelism), on the device now
                     module.set_positions(module.token_positions)
-            if isinstance(
-                module, MoE
-            ):  # the balancing bias starts at zero (materialised uninitialised)
+            # the balancing bias starts at zero (materialised uninitialised)
+            if isinstance(module, MoE):
                 module.expert_bias.zero_()
 
     def units(self) -> list[tuple[str, nn.Module]]:
@@ -424,6 +421,5 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return self.loss(
-            logits, targets
-        )  # in fp32 whatever the activations' precision (model/cross_entropy.py)
+        # in fp32 whatever the activations' precision (model/cross_entropy.py)
+        return self.loss(logits, targets)

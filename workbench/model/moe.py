@@ -89,9 +89,8 @@ class MoEState:
     grad_scale: float = 1.0
     all_reduce: Any = None  # fn(tensor) summing over the data-parallel ranks
     dispatcher: Any = None  # parallel/expert_parallel.ExpertParallel, or None: every expert here
-    counts: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # layer → tokens per expert (whole batch)
+    # layer → tokens per expert (whole batch)
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
 
 

@@ -186,9 +186,8 @@ def apply_update(
     coef = clip_coefficient(norm, max_norm)
     if optimizer.fused:
         found_inf = torch.isfinite(norm).logical_not().to(torch.float32)
-        scale = (
-            None if coef is None else loss_scale / coef
-        )  # the kernel divides each gradient by it
+        # the kernel divides each gradient by it
+        scale = None if coef is None else loss_scale / coef
         if scale is None and loss_scale != 1.0:
             scale = torch.full((), loss_scale, dtype=torch.float32, device=norm.device)
         optimizer.step(grads, grad_scale=scale, found_inf=found_inf)

@@ -107,16 +107,14 @@ class MixedPrecisionUpdater:
         grads, copies = self.master_grads()
         fused = self.optimizer.fused
         present = [g for g in grads if g is not None]
-        if (
-            self.scale != 1.0 and not fused
-        ):  # the CPU divides first, then takes the norm of what it steps with
+        # the CPU divides first, then takes the norm of what it steps with
+        if self.scale != 1.0 and not fused:
             torch._foreach_div_(present, self.scale)
         norm = global_grad_norm(
             self.params, facts=self.facts, tp=self.tp, pp_comm=self.pp_comm, grads=grads
         )
-        if (
-            self.scale != 1.0 and fused
-        ):  # the fused kernel divides: the norm of the scaled gradients, unscaled
+        # the fused kernel divides: the norm of the scaled gradients, unscaled
+        if self.scale != 1.0 and fused:
             norm = norm / self.scale
         taken = apply_update(self.optimizer, grads, norm, max_norm, self.scale if fused else 1.0)
         if taken is not False:

@@ -168,9 +168,8 @@ class OffloadedAdamWUpdater(ShardedAdamWUpdater):
             return norm
         value = float(norm)
         self.host_grads.gather([s.grad for s in self.params])
-        scale_grads(
-            self.host_params, clip_coefficient(norm.to("cpu"), max_norm)
-        )  # on the host's copies
+        # on the host's copies
+        scale_grads(self.host_params, clip_coefficient(norm.to("cpu"), max_norm))
         self.optimizer.step()
         self._parameters_to_device()
         self.after_update()

@@ -172,9 +172,8 @@ def global_grad_norm(
         sq = sq + squares(replicated, device)
     else:
         sq = squares(sharded + replicated, device)
-    if (
-        ep_comm is not None
-    ):  # expert parallelism: each ep rank's experts are its own, their squares summed
+    # expert parallelism: each ep rank's experts are its own, their squares summed
+    if ep_comm is not None:
         ex = squares(experts, device).reshape(1).clone()
         ep_comm.all_reduce(ex, "ep", label="expert grad norm")
         sq = sq + ex[0]

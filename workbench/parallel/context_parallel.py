@@ -70,9 +70,8 @@ class ContextParallel:
     ) -> torch.Tensor:
         """Causal attention of this rank's (b, heads, s/cp, d) queries against the whole sequence's keys and
         values, returned as (b, heads, s/cp, d)."""
-        if (
-            q.device not in self._device_pos
-        ):  # once per run: the causal masks are built on the device from these
+        # once per run: the causal masks are built on the device from these
+        if q.device not in self._device_pos:
             self._device_pos[q.device] = [p.to(q.device) for p in self.pos]
         ring = Ring(
             rank=self.index,

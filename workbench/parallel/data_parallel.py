@@ -160,9 +160,8 @@ class BucketedDataParallel(SyncToggle):
                 grads_as_views(params, bucket.buffer)
             for p in params:
                 self._bucket_of[p] = bucket
-                if (
-                    self.acts
-                ):  # else nothing to do: no hook (a 16-bit model's main gradient add only)
+                # else nothing to do: no hook (a 16-bit model's main gradient add only)
+                if self.acts:
                     p.register_post_accumulate_grad_hook(self._on_grad_ready)
                 elif self.main:
                     p.register_post_accumulate_grad_hook(self.main_grads.accumulate)
@@ -177,9 +176,8 @@ class BucketedDataParallel(SyncToggle):
         self.local_only = True
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
-        self.main_grads.accumulate(
-            p
-        )  # a 16-bit gradient goes into its fp32 main gradient (or nothing)
+        # a 16-bit gradient goes into its fp32 main gradient (or nothing)
+        self.main_grads.accumulate(p)
         if not self.enabled:  # an earlier microbatch's backward: keep accumulating, do not sync yet
             return
         bucket = self._bucket_of[p]
@@ -198,9 +196,8 @@ class BucketedDataParallel(SyncToggle):
         if self.local_only:
             return
         wire = bucket.buffer
-        if (
-            self.compression is not None and self.n > 1
-        ):  # cast, then divide in 16 bits (DDP's hooks)
+        # cast, then divide in 16 bits (DDP's hooks)
+        if self.compression is not None and self.n > 1:
             wire = bucket.wire = bucket.buffer.to(self.compression)
             self._count_wire(bucket, +1)
         if self.divisor != 1:

@@ -157,9 +157,8 @@ class RingAttention(torch.autograd.Function):
         out = lse = None
         for i in range(ring.size):
             src = (ring.rank - i) % ring.size
-            pending = (
-                ring.exchange([kv]) if i < ring.size - 1 else None
-            )  # the next block, while computing
+            # the next block, while computing
+            pending = ring.exchange([kv]) if i < ring.size - 1 else None
             if not _skipped(me, ring.pos[src]):
                 o, ls = _block(q, kv[0], kv[1], ring.at(ring.rank), ring.at(src))
                 out, lse = _merge(out, lse, o, ls)

@@ -101,9 +101,8 @@ class _ColumnParallelSP(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
-    linear = staticmethod(
-        F.linear
-    )  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    linear = staticmethod(F.linear)
 
     def __init__(
         self,
@@ -131,9 +130,8 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    linear = staticmethod(
-        F.linear
-    )  # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    # pipeline/weight_grad.py splits its backward for zero-bubble schedules
+    linear = staticmethod(F.linear)
 
     def __init__(
         self, in_features: int, out_features: int, tp: TPContext, layer: str, *, bias: bool = True
@@ -211,9 +209,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         )
         target_logit = all_reduce_tp(target_logit, tp, layer, "forward")
         log_sum = sum_exp.log()
-        ctx.save_for_backward(
-            logits, local_t, inside, m + log_sum
-        )  # the log-sum-exp: 4 bytes a row
+        # the log-sum-exp: 4 bytes a row
+        ctx.save_for_backward(logits, local_t, inside, m + log_sum)
         ctx.memory = memory
         return (log_sum - target_logit).mean()
 

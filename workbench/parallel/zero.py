@@ -216,9 +216,8 @@ class ZeroDataParallel(SyncToggle):
         for bucket in self.buckets:
             if self.stage == 1:
                 full = bucket.grad
-                assert (
-                    full is not None
-                )  # stage 1's buckets are made with their full gradient buffer
+                # stage 1's buckets are made with their full gradient buffer
+                assert full is not None
                 full.div_(self.divisor)
                 self.reduce_scatter(
                     grad_of(bucket.shard), full, self.group, label=f"zero1 bucket {bucket.index}"

@@ -238,9 +238,8 @@ class Zero3DataParallel(SyncToggle):
                     f"zero3 unit {unit.name}: {unit.ready}/{len(unit.params)} gradients arrived; every "
                     f"parameter must receive a gradient each step"
                 )
-            if (
-                unit.gather_handle is not None
-            ):  # a prefetch nobody used (the first unit, in backward)
+            # a prefetch nobody used (the first unit, in backward)
+            if unit.gather_handle is not None:
                 unit.gather_handle.wait()
                 unit.gather_handle, unit.gathered = None, True
             self._free(unit)

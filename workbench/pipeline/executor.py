@@ -75,9 +75,8 @@ class PipelineExecutor:
         self.last_backward = set(last.values())
         self.forward_program: list | None = None  # the validation loss's: built at its first use
         self.store = WeightGradStore(memory)
-        self.split = {
-            (a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"
-        }  # backward split
+        # backward split
+        self.split = {(a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"}
         if self.split:
             for chunk in chunks.values():
                 split_linears(chunk, self.store)
@@ -114,9 +113,8 @@ class PipelineExecutor:
                 continue
             key = (item.stage, item.microbatch)
             if item.kind != "W":
-                self._await(
-                    st, ("F" if item.kind == "F" else "B", key)
-                )  # outside the action: a `wait` span
+                # outside the action: a `wait` span
+                self._await(st, ("F" if item.kind == "F" else "B", key))
             args = {
                 "step": step,
                 "stage": item.stage,
@@ -237,9 +235,8 @@ class PipelineExecutor:
             else:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
             self.recorder.sync_compute()
-        if a.stage > 0 and self.schedule.local(
-            a.stage - 1, a.stage
-        ):  # a V's turn: hand the gradient over
+        # a V's turn: hand the gradient over
+        if a.stage > 0 and self.schedule.local(a.stage - 1, a.stage):
             st.grad_out[(a.stage - 1, a.microbatch)] = grad_of(st.stage_in.pop(key))
         self.memory.snapshot()
 

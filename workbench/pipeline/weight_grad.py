@@ -175,9 +175,8 @@ def split_linears(module: nn.Module, store: WeightGradStore) -> int:
     layers by their `linear` (parallel/tensor_parallel.py). Returns how many were routed."""
     n = 0
     for m in module.modules():
-        if isinstance(
-            m, nn.Linear
-        ):  # its parameters looked up at each call (a cast may replace them)
+        # its parameters looked up at each call (a cast may replace them)
+        if isinstance(m, nn.Linear):
             m.forward = partial(_linear_forward, m, store)  # type: ignore[method-assign]
             n += 1
         elif isinstance(m, RoutedLinear):

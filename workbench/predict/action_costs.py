@@ -204,9 +204,8 @@ def layer_costs(L: Layout, hw: Any, c: CostContext) -> dict[str, tuple[float, fl
     if t > 1:
         full = b * cfg.seq_len * cfg.hidden * L.width
         busy_f, busy_b = c.stretch * (fwd + fixed_f), c.stretch * (bwd + fixed_b)
-        if (
-            L.sequence_parallel
-        ):  # all-gather before, reduce-scatter after attention and MLP; backward also regathers
+        # all-gather before, reduce-scatter after attention and MLP; backward also regathers
+        if L.sequence_parallel:
             comm_f = 4 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_f
             comm_b = 6 * _collective(c, full, (t - 1) / t, c.beta_tp) + c.kappa * busy_b
         else:  # g after attn.proj and mlp.proj; f before qkv and fc in backward
@@ -220,9 +219,8 @@ def layer_costs(L: Layout, hw: Any, c: CostContext) -> dict[str, tuple[float, fl
     if L.recompute != "none":  # the rerun of the core rotates K/V again
         ring_b += ring_f
     a2a = 0.0
-    if (
-        L.ep > 1
-    ):  # dispatch and combine, each way: T·k rows of h values, (ep − 1)/ep of them leaving the rank
+    # dispatch and combine, each way: T·k rows of h values, (ep − 1)/ep of them leaving the rank
+    if L.ep > 1:
         rows = b * cfg.seq_len * cfg.top_k * cfg.hidden * L.width
         a2a = 2 * _collective(c, rows, (L.ep - 1) / L.ep, c.beta_ep)
     return {

@@ -66,9 +66,8 @@ class Estimate:
     #: ZeRO-2/3's gradient copies in flight and ZeRO-3's gathered layers (formulas.buffer_bytes)
     buffer_bytes: dict[str, float] = field(default_factory=dict)
     memory_bytes_per_rank: float | None = None
-    comm_bytes_per_step: dict[str, float] = field(
-        default_factory=dict
-    )  # group -> bytes each rank sends
+    # group -> bytes each rank sends
+    comm_bytes_per_step: dict[str, float] = field(default_factory=dict)
     bubble_fraction: float = 0.0
     flops_per_step: float | None = (
         None  # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
@@ -297,9 +296,8 @@ def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) ->
         out.comm_bytes_per_step["cp"] = ring.get("send", 0.0) + (cp - 1) / cp * (
             ring.get("all_gather", 0.0) + ring.get("reduce_scatter", 0.0)
         )
-    if (
-        out.ep > 1
-    ):  # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
+    # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
+    if out.ep > 1:
         rows = micro * model.seq_len * model.top_k * model.hidden * w
         out.comm_bytes_per_step["ep"] = 4 * rows * (out.ep - 1) / out.ep * (model.layers // pp) * m
     if pp > 1:

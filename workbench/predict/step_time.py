@@ -68,14 +68,12 @@ def stage_costs(L: Layout, hw: Any, c: CostContext) -> list[dict[str, tuple[floa
             )
             for k in layer
         }
-        if (
-            L.pp > 1
-        ):  # a pipeline action's own cost: detaching its input, posting transfers, recording
+        # a pipeline action's own cost: detaching its input, posting transfers, recording
+        if L.pp > 1:
             f, b = cost["overhead"]
             cost["overhead"] = (f + c.stretch * hw.action_fwd_s, b + c.stretch * hw.action_bwd_s)
-        if (
-            L.zero == 3
-        ):  # each layer gathered before forward and backward; its gradients reduce-scattered
+        # each layer gathered before forward and backward; its gradients reduce-scattered
+        if L.zero == 3:
             n = L.dp * L.cp  # ZeRO shards over dp×cp
             held = params_per_rank(L.model, tp=L.tp, pp=stages, virtual_stages=1, pp_rank=s)
             layer_bytes = held / max(per_stage, 1) * L.width
@@ -151,9 +149,8 @@ def _data_parallel(L: Layout, hw: Any, c: CostContext, local: float, window: flo
         return seconds + 2 * len(grads) * c.alpha
     overlapped = seconds if L.zero == 0 else seconds * L.grad_bytes / (L.grad_bytes + L.width)
     end, done, total = 0.0, 0.0, sum(grads)
-    for b in (
-        grads
-    ):  # ready as backward produces them (last layers first), one after another on the wire
+    # ready as backward produces them (last layers first), one after another on the wire
+    for b in grads:
         done += b
         end = (
             max(window * done / total, end)
@@ -194,9 +191,8 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     busy = sum(terms.values())
     terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
     local = params_per_rank(L.model, tp=L.tp, pp=L.pp, virtual_stages=L.v, ep=L.ep)
-    small = (L.world > 1) + (
-        L.zero > 0 or L.tp > 1 or L.pp > 1
-    )  # the loss; the gradient norm's parts
+    # the loss; the gradient norm's parts
+    small = (L.world > 1) + (L.zero > 0 or L.tp > 1 or L.pp > 1)
     terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha
     terms["optimizer"] = _optimizer(L, hw, c, local)
     terms["step"] = c.step_s

@@ -57,6 +57,7 @@ def calibrate(
     )
     device = "cuda" if backend == "nccl" else "cpu"
     cfg = PRESETS[model] if isinstance(model, str) else model
+    # format 3: with the measured spread
     made_for = {
         "format": 3,
         "model": asdict(cfg),
@@ -64,7 +65,7 @@ def calibrate(
         "backend": backend,
         "worlds": list(worlds),
         "repeats": repeats,
-    }  # format 3: with the measured spread
+    }
     if reuse and out is not None and os.path.exists(os.path.join(out, FILE)):
         with open(os.path.join(out, FILE)) as f:
             if json.load(f).get("calibrated_for") == made_for:

@@ -121,7 +121,6 @@ def alpha_beta(times: dict[int, float], world: int) -> tuple[float, float]:
 
 def allreduce_fit(backend: str = "gloo") -> tuple[float, float]:
     """α and β from a two-rank all-reduce at 1 KB and 4 MB: t = α + S·2(n−1)/n / β (the factor is 1)."""
-    alpha, beta = alpha_beta(
-        _spawn(partial(_allreduce_worker, backend=backend), 2), 2
-    )  # two sizes: the line through both
+    # two sizes: the line through both
+    alpha, beta = alpha_beta(_spawn(partial(_allreduce_worker, backend=backend), 2), 2)
     return max(alpha, 1e-6), beta

@@ -197,9 +197,8 @@ def _row(name: str, run: Run, base: Run, hw: Hardware | None) -> dict:
         hardware=with_emulated_links(hw, c) if hw else None,
         backend_copies=run.config.get("backend") == "gloo",
     )
-    measured_mem = r0[
-        "peak_total_bytes"
-    ]  # the simultaneous peak of every category: what the rank pays
+    # the simultaneous peak of every category: what the rank pays
+    measured_mem = r0["peak_total_bytes"]
     row = {
         "strategy": name,
         "world_size": c.world_size,
@@ -293,9 +292,8 @@ def compare(
     table = pd.DataFrame(
         [_row(n, r, baselines[k], hardware) for (n, r), k in zip(runs.items(), keys, strict=True)]
     )
-    if (
-        hardware is not None
-    ):  # what the estimates were made with, beside the runs (calibrate(out=) wrote it)
+    # what the estimates were made with, beside the runs (calibrate(out=) wrote it)
+    if hardware is not None:
         from workbench.studies.calibration import FILE, load_calibration, save_calibration
 
         path = os.path.join(out_dir, FILE)

@@ -149,9 +149,8 @@ def rebuild(run_dir: str) -> tuple[list[int], str | None]:
             if stream_to_trace(stream, path):  # replaced only by a stream that reads whole
                 rebuilt.append(rank)
     recovered = sorted(rebuilt + recover_partials(run_dir))
-    return recovered, write_merged(
-        run_dir
-    )  # a rank file still damaged stops it, named (DamagedTrace)
+    # a rank file still damaged stops it, named (DamagedTrace)
+    return recovered, write_merged(run_dir)
 
 
 def write_merged(run_dir: str) -> str | None:

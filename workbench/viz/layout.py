@@ -68,9 +68,8 @@ def rank_layout(grid: RankGrid, height: int = 380) -> go.Figure:
         title=f"one colour per {what}; a column a dp group; the same cell across stages a pp group"
         + (" — gradients reduce over dp × cp" if grid.cp > 1 else ""),
     )
-    fig.for_each_annotation(
-        lambda a: a.update(text=a.text.split("=")[-1])
-    )  # "stage 0", not "pipeline stage=…"
+    # "stage 0", not "pipeline stage=…"
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     fig.update_traces(marker_size=40, textfont_color="white")
     fig.update_xaxes(
         categoryorder="array", categoryarray=list(dict.fromkeys(df.place)), title_text=""

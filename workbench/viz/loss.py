@@ -40,9 +40,8 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
     color = {n: SERIES_COLORS[i % len(SERIES_COLORS)] for i, n in enumerate(others)}
     symbol = {n: SYMBOLS[i % len(SYMBOLS)] for i, n in enumerate(others)}
     size = {n: 13 - 8 * i / max(1, len(others) - 1) for i, n in enumerate(others)}
-    for name, run in sorted(
-        runs.items(), key=lambda kv: kv[0] != baseline
-    ):  # the baseline first: underneath
+    # the baseline first: underneath
+    for name, run in sorted(runs.items(), key=lambda kv: kv[0] != baseline):
         m = run.metrics
         wide = (
             {"width": 7, "color": "rgba(120,120,120,0.45)"}
@@ -65,6 +64,7 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
         if "val_loss" in m and m.val_loss.notna().any():  # the held-out loss where it was computed
             v = m[m.val_loss.notna()]
             held = SERIES_COLORS[(len(runs) + list(runs).index(name)) % len(SERIES_COLORS)]
+            # a legend entry, one colour
             fig.add_trace(
                 go.Scatter(
                     x=v.step,
@@ -82,7 +82,7 @@ def loss_curves(runs: dict[str, Run], baseline: str | None = None) -> go.Figure:
                 ),
                 1,
                 1,
-            )  # a legend entry, one colour
+            )
         if name in diffs:
             d = diffs[name]
             fig.add_trace(

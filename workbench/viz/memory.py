@@ -118,9 +118,8 @@ def memory_over_time(
     if not alloc.empty:
         merged = alloc.merge(mem, on=["rank", "ts_us"]).sort_values("ts_us")
         counted = merged[[c for c in CATEGORY_COLORS if c in merged]].sum(axis=1)
-        if (
-            "backend_threads" in merged and merged.backend_threads.any()
-        ):  # CPU profile: gloo's own buffers
+        # CPU profile: gloo's own buffers
+        if "backend_threads" in merged and merged.backend_threads.any():
             counted = counted + merged.backend_threads
             fig.add_trace(
                 go.Scatter(
@@ -152,9 +151,8 @@ def memory_over_time(
             )
         )
     peaks = run.allocator_peak
-    if (
-        not peaks.empty
-    ):  # CPU profile: the most the allocator held at any moment, between two snapshots
+    # CPU profile: the most the allocator held at any moment, between two snapshots
+    if not peaks.empty:
         peaks = peaks[
             (peaks["rank"] == rank) & (peaks.ts_us >= window[0]) & (peaks.ts_us <= window[1])
         ]

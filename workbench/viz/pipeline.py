@@ -279,9 +279,8 @@ def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
         v.disabled = not interleaved
         v.description = "v (chunks per rank)" if interleaved else "v (interleaved only)"
         step = p.value if interleaved else 1
-        if (
-            m.step != step
-        ):  # interleaving needs m to be a multiple of p: the slider moves in steps of p
+        # interleaving needs m to be a multiple of p: the slider moves in steps of p
+        if m.step != step:
             m.value = max(step, m.value - m.value % step)
             m.min, m.step = step, step
         out.clear_output(wait=True)

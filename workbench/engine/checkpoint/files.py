@@ -159,9 +159,8 @@ def has_checksums(marker: dict[str, Any]) -> bool:
 
 
 def _same_run_shape(path: str, marker: dict[str, Any], config: dict[str, Any]) -> None:
-    dims = {
-        k: config["model"].get(k) for k in marker["model"]
-    }  # config.json adds the preset's name
+    # config.json adds the preset's name
+    dims = {k: config["model"].get(k) for k in marker["model"]}
     if marker["model"] != dims:
         diff = {k: (v, dims[k]) for k, v in marker["model"].items() if dims[k] != v}
         raise CheckpointError(f"{path} holds a different model: (saved, this run) {diff}")

@@ -175,9 +175,8 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
         path=path,
     ) as args:
         staged = sum(t.numel() * t.element_size() for t in wanted.values())
-        ctx.memory.add(
-            "temporary", staged
-        )  # the saved pieces, read before their overlaps are copied in
+        # the saved pieces, read before their overlaps are copied in
+        ctx.memory.add("temporary", staged)
         _dcp().load(wanted | scalars, checkpoint_id=path)
         ctx.memory.snapshot()
         missing = _copy_overlaps(mine, saved, wanted)

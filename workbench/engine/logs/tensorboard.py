@@ -67,9 +67,8 @@ def step_scalars(
     """What is logged for a step (TensorBoard's and W&B's points): metrics.jsonl's row, rank 0's time by span
     category and the compute/communication split of the step's events, the memory categories' peaks so far."""
     out = {f"train/{key}": float(row[key]) for key in TRAIN_KEYS if row.get(key) is not None}
-    if (
-        row.get("val_loss") is not None
-    ):  # the steps the held-out loss was computed at (engine/evaluate.py)
+    # the steps the held-out loss was computed at (engine/evaluate.py)
+    if row.get("val_loss") is not None:
         out["val/loss"] = float(row["val_loss"])
     for cat, ms in _time_by_category(events, since_us).items():
         out[f"time_ms/{cat}"] = ms

@@ -242,9 +242,10 @@ def head_activation_bytes(
     activations' dtype, the targets and the fp32 log-sum-exp of each row; or under tensor parallelism this
     rank's vocabulary slice of the logits, the local targets, their mask and the log-sum-exp."""
     s, b, h, v, t, w = cfg.seq_len, micro_batch, cfg.hidden, cfg.vocab_size, tp, bytes_per_value
+    # in, out; stats
     ln_f = w * 2 * s * b * h + norm_stats_bytes(
         cfg, micro_batch, bytes_per_value=w, tp=1, sequence_parallel=False, device=device, norms=1
-    )  # in, out; stats
+    )
     if t == 1:
         return ln_f + w * s * b * v + 8 * s * b + 4 * s * b
     split = t if sequence_parallel else 1

@@ -26,9 +26,8 @@ def active_params(cfg: ModelConfig) -> int:
     """N: Ψ without the embedding lookups (V·h tokens, s·h positions), and of a mixture of experts only the
     k experts a token visits: (E − k) expert MLPs a layer are left out."""
     idle_experts = max(cfg.experts - cfg.top_k, 0) if cfg.experts else 0
-    head = (
-        cfg.hidden * cfg.vocab_size if cfg.tie_embeddings else 0
-    )  # tied: Ψ counted it once, as the table
+    # tied: Ψ counted it once, as the table
+    head = cfg.hidden * cfg.vocab_size if cfg.tie_embeddings else 0
     return (
         cfg.param_count()
         - cfg.embedding_params()

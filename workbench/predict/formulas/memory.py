@@ -113,16 +113,14 @@ def buffer_bytes(
         return {"comm_buffer": 0.0, "temporary": 0.0}
     h, v = cfg.hidden, cfg.vocab_size
     unit = max(cfg.layer_params(), cfg.head_params(), v * h)  # a block, the head, the token table
-    copies = (
-        1 + 1 / dp + (1 if backend_copies else 0)
-    )  # staging, the slice it lands in, gloo's copy
+    # staging, the slice it lands in, gloo's copy
+    copies = 1 + 1 / dp + (1 if backend_copies else 0)
     if zero == 2:  # buckets of bucket_mb, or one tensor when a tensor is bigger
         staged = min(
             max(bucket_mb * 2**20, max(v * h, cfg.mlp_in_width * h) * width), local_params * width
         )
-        in_flight = min(
-            ZERO_IN_FLIGHT, -(-local_params * width // staged)
-        )  # a model in one bucket: one
+        # a model in one bucket: one
+        in_flight = min(ZERO_IN_FLIGHT, -(-local_params * width // staged))
         return {"comm_buffer": in_flight * staged * copies, "temporary": 0.0}
     return {
         "comm_buffer": ZERO_IN_FLIGHT * unit * width * copies,

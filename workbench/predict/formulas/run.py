@@ -168,17 +168,17 @@ def _categories(
             live += stage_bytes[a.stage]
             peak = max(peak, live)
         elif a.kind in ("B", "I"):
-            if (
-                a.stage == last
-            ):  # the loss's backward starts this one: its logits unpacked, its bytes held
+            # the loss's backward starts this one: its logits unpacked, its bytes held
+            if a.stage == last:
                 at_loss = max(at_loss, live + stashed - logits + loss)
             peak = max(peak, live + extra[a.stage])
             together = max(together, live + extra[a.stage] + stashed)
             live -= stage_bytes[a.stage]
+        # the zero-bubble split: I stashes each Linear's input and output gradient
         if a.kind in (
             "I",
             "W",
-        ):  # the zero-bubble split: I stashes each Linear's input and output gradient
+        ):
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
         together = max(together, live + stashed)
@@ -226,9 +226,8 @@ def _state_categories(
     }
     masters = 4 * params if grad_width(config) < 4 else 0.0
     states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
-    if (
-        config.get("grad_compression", "none") != "none" and shards > 1
-    ):  # every bucket's 16-bit copy,
+    # every bucket's 16-bit copy,
+    if config.get("grad_compression", "none") != "none" and shards > 1:
         states["comm_buffer"] += 2 * params  # in flight until wait() after backward
     return states, masters
 
@@ -256,9 +255,8 @@ def zero_states(
         pp_rank=pp_rank,
         placement=placement(config),
     )
-    experts = (whole - params) / (
-        ep - 1
-    )  # this rank's E/ep experts: the whole model's experts less theirs
+    # this rank's E/ep experts: the whole model's experts less theirs
+    experts = (whole - params) / (ep - 1)
     dense = model_state_bytes(
         params - experts, shards, zero, precision, grad_bytes=grad_width(config), offload=offload
     )
@@ -355,9 +353,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     )
     zero, group = config.get("zero", 0), replica_group(cp)
     wire = 2 if config.get("grad_compression", "none") != "none" else grad_width(config)
-    if (
-        zero and dp * cp > 1
-    ):  # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+    # gradients reduce-scattered, parameters all-gathered (twice for ZeRO-3)
+    if zero and dp * cp > 1:
         # ZeRO-2 never keeps a full gradient, so with accumulation every microbatch reduce-scatters
         scatters = m if zero == 2 else 1
         out: dict[str, dict[str, float]] = {
@@ -392,9 +389,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     )
     for op, nbytes in tp_bytes.items():
         out.setdefault(op, {})["tp"] = nbytes
-    if (
-        model.experts
-    ):  # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
+    # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
+    if model.experts:
         moe_comm_bytes(out, config, model, micro=micro, layers=layers, wire=wire)
     for op, nbytes in cp_comm_bytes_per_step(
         model.seq_len,
@@ -409,9 +405,8 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         recompute=config.get("recompute", "none") != "none",
     ).items():
         out.setdefault(op, {})["cp"] = nbytes
-    if (
-        config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1
-    ):  # the overflow flag, max: world
+    # the overflow flag, max: world
+    if config.get("precision") == "fp16" and not zero and dp * cp * tp * pp > 1:
         out.setdefault("all_reduce", {})["world"] = 4
     if sched is not None:  # pp > 1
         buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * width
