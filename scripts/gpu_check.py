@@ -74,12 +74,10 @@ class Section:
     bound_s: float  # on one H100, at the real sizes
     real: list[str]  # the command (PY stands for the python that runs it)
     tiny: list[str]  # its rehearsal on the CPU
-    device_s: float = (
-        0.0  # the real section's device work beyond what the rehearsal measures (ASSUMED)
-    )
-    per_case: bool = (
-        False  # a pytest section: ASSUMED["case_s"] per case the rehearsal collected, on top
-    )
+    # the real section's device work beyond what the rehearsal measures (ASSUMED)
+    device_s: float = 0.0
+    # a pytest section: ASSUMED["case_s"] per case the rehearsal collected, on top
+    per_case: bool = False
     needs: str = ""  # "toolchain", "2 gpus": not run without it
     #: rehearsing, the section whose host time stands for this one's: a compiled section's time here is mostly the
     #: CPU compiler's, which the device estimate already counts as compile_s (its eager twin's start-up is the host's)
@@ -300,9 +298,8 @@ class Check:
         self.gpus = gpu_count()
         self.missing_toolchain = toolchain()
         self.failed = False
-        self.estimated = (
-            0.0  # rehearsing: the estimated seconds on one H100 of every section always run
-        )
+        # rehearsing: the estimated seconds on one H100 of every section always run
+        self.estimated = 0.0
         self.host_s: dict[str, float] = {}  # rehearsing: each section's time here
 
     def left(self) -> float:

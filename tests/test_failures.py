@@ -68,9 +68,8 @@ def test_the_kernel_s_log_decides_out_of_memory(tmp_path):
     # rank 2 wrote its file; 1 ended well
     [killed] = killed_ranks(str(tmp_path), log, 4, read_kernel_log=False)
     assert (killed.rank, killed.signal, killed.pid) == (3, 9, 4242)
-    killed.out_of_memory = (
-        True  # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
-    )
+    # what the kernel's log says in "Out of memory: Killed process 4242 (python) ..."
+    killed.out_of_memory = True
     assert "out-of-memory killer ended it" in killed.describe()
     assert oom_killed("[12.3] Out of memory: Killed process 4242 (python) total-vm:1kB", 4242)
     assert oom_killed("[12.3] oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=4242,uid=0", 4242)

@@ -74,14 +74,12 @@ class OpNode:
     emulated_s: float = 0.0
     # a member that completed later: by how much
     extra_us: dict[int, float] = field(default_factory=dict)
-    blocking: bool = (
-        False  # a blocking collective (an emulated link holds it after it is done, not beside it)
-    )
-    # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's
+    # a blocking collective (an emulated link holds it after it is done, not beside it)
+    blocking: bool = False
+    # a transfer: its sender, whose send is done `send_us` after it posted it (gloo's send needs no receive
+    # posted: the receiver's completion is the transfer's)
     sender: int = -1
-    send_us: float = (
-        0.0  # send needs no receive posted: the receiver's completion is the transfer's)
-    )
+    send_us: float = 0.0
 
 
 @dataclass(kw_only=True)

@@ -82,9 +82,8 @@ class ZeroBucket:
     shard: nn.Parameter  # this rank's slice of `flat`, the tensor AdamW updates
     mine: slice  # where the slice sits in `flat`
     grad: torch.Tensor | None = None  # stage 1: full gradient buffer (views are the params' .grad)
-    in_flight: _InFlight | None = (
-        None  # stage 2: the bucket's reduce-scatter, launched and not waited for
-    )
+    # stage 2: the bucket's reduce-scatter, launched and not waited for
+    in_flight: _InFlight | None = None
     ready: int = 0
     names: list[str] = field(default_factory=list)
 

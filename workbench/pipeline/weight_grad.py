@@ -50,12 +50,10 @@ class WeightGradStore:
         self.stash: dict[
             Key, list[tuple[nn.Parameter, nn.Parameter | None, torch.Tensor, torch.Tensor]]
         ] = {}
-        self._into: list | None = (
-            None  # where the Linear backwards running now stash (None: not split)
-        )
-        self.split_forward = (
-            False  # the forward running now belongs to a microbatch whose backward is split
-        )
+        # where the Linear backwards running now stash (None: not split)
+        self._into: list | None = None
+        # the forward running now belongs to a microbatch whose backward is split
+        self.split_forward = False
 
     @contextmanager
     def forward(self, split: bool) -> Iterator[None]:

@@ -50,9 +50,8 @@ class Layout:
     dp_link_bytes: tuple[tuple[str, float], ...] = ()
     cp: int = 1  # context parallelism: each rank's s/cp tokens, attention as a ring over cp ranks
     cp_rotate: str = "ring"
-    ep: int = (
-        1  # expert parallelism (a model with experts): the dispatch's all-to-alls over ep ranks
-    )
+    # expert parallelism (a model with experts): the dispatch's all-to-alls over ep ranks
+    ep: int = 1
 
     @property
     def world(self) -> int:

@@ -60,18 +60,16 @@ class Estimate:
     model_state_bytes: dict[str, float]
     model_state_bytes_per_rank: float
     activation_bytes_per_rank: float | None = None
-    wgrad_stash_bytes_per_rank: float = (
-        0.0  # zero-bubble schedules: the W stash at its peak (formulas/zero_bubble.py)
-    )
+    # zero-bubble schedules: the W stash at its peak (formulas/zero_bubble.py)
+    wgrad_stash_bytes_per_rank: float = 0.0
     #: ZeRO-2/3's gradient copies in flight and ZeRO-3's gathered layers (formulas.buffer_bytes)
     buffer_bytes: dict[str, float] = field(default_factory=dict)
     memory_bytes_per_rank: float | None = None
     # group -> bytes each rank sends
     comm_bytes_per_step: dict[str, float] = field(default_factory=dict)
     bubble_fraction: float = 0.0
-    flops_per_step: float | None = (
-        None  # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
-    )
+    # the model's useful FLOPs (formulas/flops.py; MFU's numerator)
+    flops_per_step: float | None = None
     compute_s: float | None = None
     comm_s: float | None = None
     step_time_s: float | None = None
@@ -86,9 +84,8 @@ class Estimate:
     #: ZeRO-Offload: the optimizer on the host; `host_bytes` what the host holds per rank (16Ψ/N)
     offload: bool = False
     host_bytes: dict[str, float] = field(default_factory=dict)
-    host_link_bytes_per_step: float = (
-        0.0  # offload: the gradient slice out and the parameter slice back
-    )
+    # offload: the gradient slice out and the parameter slice back
+    host_link_bytes_per_step: float = 0.0
     #: seconds each term of the step-time model adds (predict/step_time.py: compute, overhead, tp, zero3,
     #: pipeline, dp, optimizer, step, offload)
     step_terms: dict[str, float] = field(default_factory=dict)

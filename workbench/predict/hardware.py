@@ -18,31 +18,24 @@ class Hardware:
     inter_node_bw: float  # bus bandwidth across nodes, per device, bytes/s
     latency_s: float = 10e-6  # per collective or transfer
     devices_per_node: int = 8
-    efficiency: float = (
-        0.5  # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
-    )
+    # the fraction of peak a well-tuned transformer reaches (Megatron: 44–52 %)
+    efficiency: float = 0.5
     usable_memory: float = 0.85  # headroom for the allocator, workspaces and the CUDA context
     step_overhead_s: float = 0.0  # fixed cost per step (launches, Python); calibrated on CPUs
     cores: int | None = None  # CPUs: ranks beyond the core count share them
-    host_link_bw: float = (
-        25e9  # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
-    )
+    # device ↔ host (PCIe 4.0 x16 ≈ 25 GB/s each way): ZeRO-Offload's copies
+    host_link_bw: float = 25e9
     # the step-time model's terms (predict/action_costs.py); calibrate() measures them on this machine
-    matmul_flops: float | None = (
-        None  # achieved by a Linear's matmul; None: peak_flops × efficiency
-    )
-    attention_flops: float | None = (
-        None  # the attention core's batched matmuls; None: as matmul_flops
-    )
-    memory_bw: float = (
-        2.0e12  # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
-    )
-    backward_ratio: float = (
-        2.0  # a layer's backward time over its forward (two matmuls per forward one)
-    )
-    layer_fwd_s: float = (
-        0.0  # fixed cost of a block's forward per micro-batch (Python, kernel launches)
-    )
+    # achieved by a Linear's matmul; None: peak_flops × efficiency
+    matmul_flops: float | None = None
+    # the attention core's batched matmuls; None: as matmul_flops
+    attention_flops: float | None = None
+    # what element-wise operators reach (HBM: A100 2.0 TB/s, H100 3.35 TB/s)
+    memory_bw: float = 2.0e12
+    # a layer's backward time over its forward (two matmuls per forward one)
+    backward_ratio: float = 2.0
+    # fixed cost of a block's forward per micro-batch (Python, kernel launches)
+    layer_fwd_s: float = 0.0
     layer_bwd_s: float = 0.0
     #: embeddings and head+loss per micro-batch: (first fwd fixed, per sample, first bwd fixed, per sample,
     #: last fwd fixed, per sample, last bwd fixed, per sample); None: the head's FLOPs at matmul_flops
@@ -50,16 +43,13 @@ class Hardware:
     optimizer_s_per_value: float | None = None  # None: 32 bytes per value at memory_bw
     optimizer_s_per_tensor: float = 0.0
     p2p_latency_s: float | None = None  # None: latency_s
-    action_fwd_s: float = (
-        0.0  # a pipeline action's own fixed cost beyond its layers (the executor's)
-    )
+    # a pipeline action's own fixed cost beyond its layers (the executor's)
+    action_fwd_s: float = 0.0
     action_bwd_s: float = 0.0
-    post_gap_s: float = (
-        0.0  # a pipeline rank's host time per batch of transfers it posts (between actions)
-    )
-    launch_s: float = (
-        0.0  # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
-    )
+    # a pipeline rank's host time per batch of transfers it posts (between actions)
+    post_gap_s: float = 0.0
+    # host time to launch one asynchronous collective (DP buckets, ZeRO's gathers)
+    launch_s: float = 0.0
     #: measured with n ranks running: (n, compute stretch, α of a collective, α of a pipeline transfer, the
     #: step's fixed cost); () → the stretch from `cores`, α = latency_s (studies/run_calibration.py)
     contention: tuple[tuple[float, ...], ...] = ()
