@@ -260,8 +260,7 @@ class RunConfig:
     def validate(self) -> ValidConfig:
         """Raise ConfigError naming the first bad value and what would be valid; return the same settings as
         a ValidConfig, which the launcher, compare and the elastic command line take without checking
-        again."""
-        self._check()
+        again. The checks run once, in the ValidConfig's construction."""
         return ValidConfig(**self._settings())
 
     def _check(self) -> None:
@@ -410,13 +409,19 @@ class RunConfig:
 
 
 class ValidConfig(RunConfig):
-    """A RunConfig that `RunConfig.validate()` checked: the same frozen fields, read the same way
-    (`cfg.dp`, `cfg.model_config`), equal to the RunConfig it came from.
+    """A RunConfig whose rules held: the same frozen fields, read the same way (`cfg.dp`,
+    `cfg.model_config`), equal to the RunConfig it came from.
 
-    Only `validate()` makes one; `replace` gives back a plain RunConfig, since a change must be checked.
-    The launcher, compare and the elastic command line take a ValidConfig and check nothing again; given
-    a plain RunConfig they validate it once (`validated`). The ranks validate what they read from
-    request.json: that is their own door (launching/worker.py)."""
+    Its construction runs the checks (`__post_init__`), so no ValidConfig exists whose rules did not hold:
+    `RunConfig.validate()` builds one from its fields, and `ValidConfig(dp=0)` or
+    `dataclasses.replace(valid, dp=0)` raise the same ConfigError that `validate()` would. `replace` gives
+    back a plain RunConfig, to be validated. The launcher, compare and the elastic command line take a
+    ValidConfig and check nothing again; given a plain RunConfig they validate it once (`validated`). The
+    ranks validate what they read from request.json: that is their own door (launching/worker.py)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check()
 
 
 def validated(config: RunConfig) -> ValidConfig:

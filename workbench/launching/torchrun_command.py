@@ -54,7 +54,8 @@ ONE_MACHINE = Nodes()
 def elastic_config(config: ValidConfig, nodes: Nodes) -> ValidConfig:
     """An elastic launch: the config marked elastic, after checking that every world the machines can form
     (MIN..MAX of them, each with world_size / MAX ranks) is a valid dp for this batch and model. Each world
-    is its own config (its dp, elastic=True), validated once; the MAX machines' is the one launched."""
+    is its own config (its dp, elastic=True), validated once; the MAX machines' is the one launched. Where
+    `config` is already that world (elastic=True, its own dp), it is taken as it is, not checked again."""
     low, high = nodes.range
     per_node, cell = config.world_size // high, config.cp * config.tp * config.pp
     world = config
@@ -65,8 +66,9 @@ def elastic_config(config: ValidConfig, nodes: Nodes) -> ValidConfig:
                 f"cp×tp×pp = {cell}; every world the group can shrink to must hold whole dp replicas"
             )
         dp = config.dp if n == high else n * per_node // cell
+        twin = config.replace(dp=dp, elastic=True)
         try:
-            world = config.replace(dp=dp, elastic=True).validate()
+            world = config if twin == config else twin.validate()
         except ConfigError as e:
             raise ConfigError(f"nnodes={nodes.nnodes}: with {n} machine(s) (dp={dp}): {e}") from e
     return world
