@@ -48,7 +48,7 @@ def worker(args: argparse.Namespace) -> None:
     ours = apply_tensor_parallel(GPT(cfg, seed=0), tp)
     ours.init_weights(0)  # the shards, cut from each parameter's full initial value
     # no sequence parallelism: none partial
-    ours_grads = TensorParallelGrads(ours, tp, facts=ParamTable())
+    ours_grads = TensorParallelGrads(ours, tp, facts=ParamTable.plain(ours.parameters()))
     ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
 
     mesh = init_device_mesh("cpu", (world,))
