@@ -57,10 +57,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class MixedPrecisionUpdater:
     """Owns the flat 16-bit and fp32 buffers, the masters, the optimizer and the loss scaler; is handed the
-    16-bit parameters, their facts (what decays, what is a tp shard; None: every one plain), where their fp32 main gradients are
-    (`main_grads`: the data-parallel grad sync's), the communicator (the overflow check's agreement), the
-    tensor-parallel context and pp communicator of the norm, and the memory tracker (the fp32 copies of
-    16-bit gradients are `temporary`)."""
+    16-bit parameters, their facts (what decays, what is a tp shard; None: every one plain), where their
+    fp32 main gradients are (`main_grads`: the data-parallel grad sync's), the communicator (the overflow
+    check's agreement), the tensor-parallel context and pp communicator of the norm, and the memory
+    tracker (the fp32 copies of 16-bit gradients are `temporary`)."""
 
     def __init__(
         self,

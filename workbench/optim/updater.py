@@ -216,8 +216,9 @@ def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> No
 
 class AdamWUpdater:
     """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards). Owns the optimizer
-    and its state; is handed the parameters, their facts (what decays, what is a shard; None: all plain), the tensor-parallel
-    context and the communicators of the norm's sums over pp and ep (None: not cut that way)."""
+    and its state; is handed the parameters, their facts (what decays, what is a shard; None: all plain),
+    the tensor-parallel context and the communicators of the norm's sums over pp and ep (None: not cut
+    that way)."""
 
     loss_scale = 1.0
 
