@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 try:
-    from nbclient_poll import install  # noqa: E402
+    from nbclient_poll import install
 except (
     ModuleNotFoundError
 ) as missing:  # a machine without Jupyter (a bare GPU image) runs tests/, no notebooks
@@ -30,7 +30,7 @@ def _keep_executed_notebooks() -> None:
 
     execute = NotebookRun.execute
 
-    def execute_and_keep(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def execute_and_keep(self, *args, **kwargs):
         result = execute(self, *args, **kwargs)
         if result.error is None:
             keep(result.nb, self.filename)

@@ -19,8 +19,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import workbench as wb  # noqa: E402
-from workbench.engine.checkpoint.files import verify  # noqa: E402
+import workbench as wb
+from workbench.engine.checkpoint.files import verify
 
 
 def spans(run: wb.Run, prefix: str) -> dict[int, dict]:

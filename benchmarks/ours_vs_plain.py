@@ -156,7 +156,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def throughput(cfg, med, gpu_name: str | None) -> dict:  # noqa: ANN001
+def throughput(cfg, med, gpu_name: str | None) -> dict:
     """tokens/s of each candidate at its median step, and on a GPU its MFU (predict/formulas/flops.py over the
     device's dense peak: predict/hardware.py, or PEAK_TFLOPS)."""
     from workbench.predict.formulas import mfu
@@ -174,7 +174,7 @@ def throughput(cfg, med, gpu_name: str | None) -> dict:  # noqa: ANN001
     }
 
 
-def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 - the loop a user would write
+def plain_loop(cfg, GPT, device, batches, step):  # the loop a user would write
     """nanoGPT's training step on `GPT`; returns a callable that runs one step and returns its loss."""
     import contextlib
 
@@ -226,7 +226,7 @@ def plain_loop(cfg, GPT, device, batches, step):  # noqa: ANN001, ANN201, N803 -
     return one
 
 
-def free_device(device) -> None:  # noqa: ANN001
+def free_device(device) -> None:
     """Let go of a side's model, optimizer and compiled graphs before the other side is built."""
     import gc
 

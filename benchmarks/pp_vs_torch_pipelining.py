@@ -156,13 +156,13 @@ def worker(args: argparse.Namespace) -> None:
     )
     first, last = schedule.rank_of(0), schedule.rank_of(schedule.stages - 1)
 
-    def step_ours():  # noqa: ANN202
+    def step_ours():
         loss = executor.run(x, y, 0)  # the mean over microbatches on the last stage, 0 elsewhere
         ours_opt.step()
         ours_opt.zero_grad()
         return loss
 
-    def step_ref():  # noqa: ANN202
+    def step_ref():
         losses: list[torch.Tensor] = []
         ref_schedule.step(
             *([x] if rank == first else []),

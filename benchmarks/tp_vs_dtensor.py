@@ -48,7 +48,7 @@ def worker(args: argparse.Namespace) -> None:
     ours = apply_tensor_parallel(GPT(cfg, seed=0), tp)
     ours.init_weights(0)  # the shards, cut from each parameter's full initial value
     # no sequence parallelism: none partial
-    ours_grads = TensorParallelGrads(ours, tp, facts=ParamTable())
+    ours_grads = TensorParallelGrads(ours, tp, facts=ParamTable.plain(ours.parameters()))
     ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, foreach=False)
 
     mesh = init_device_mesh("cpu", (world,))
@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     parallelize_module(ref, mesh, plan)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-4, foreach=False)
 
-    def step_ours():  # noqa: ANN202
+    def step_ours():
         loss = ours(x, y)
         loss.backward()
         ours_grads.wait()
@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
         ours_opt.zero_grad()
         return loss.detach()
 
-    def step_ref():  # noqa: ANN202
+    def step_ref():
         # the cross-entropy of vocabulary-split logits, never gathered (like ours)
         with loss_parallel():
             loss = ref(x, y)
@@ -113,7 +113,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def heads_first(model, t: int) -> None:  # noqa: ANN001
+def heads_first(model, t: int) -> None:
     """Reorder each fused qkv projection's rows from [q | k | v] to [q_0 k_0 v_0 | q_1 k_1 v_1 | …] (j: the
     heads of tp rank j), so that ColwiseParallel's contiguous shards are our q, k, v split by heads; the
     attention of a rank then sees its own heads' q, k and v, as in Megatron."""

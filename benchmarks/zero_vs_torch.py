@@ -69,7 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     fully_shard(fsdp_model, mesh=mesh)
     fsdp_opt = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4, foreach=False, weight_decay=0.0)
 
-    def ours(model, sync, updater):  # noqa: ANN001, ANN202
+    def ours(model, sync, updater):
         def step() -> None:
             loss = model(x, y)
             loss.backward()
@@ -80,14 +80,14 @@ def worker(args: argparse.Namespace) -> None:
 
         return step
 
-    def torch_zero1():  # noqa: ANN202
+    def torch_zero1():
         loss = ddp(x, y)
         loss.backward()
         zro.step()
         zro.zero_grad(set_to_none=False)
         return loss.detach()
 
-    def torch_fsdp2():  # noqa: ANN202
+    def torch_fsdp2():
         loss = fsdp_model(x, y)
         loss.backward()
         fsdp_opt.step()

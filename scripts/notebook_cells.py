@@ -9,11 +9,11 @@ import nbformat as nbf
 KERNELSPEC = {"name": "workbench", "display_name": "Python (workbench)", "language": "python"}
 
 
-def md(text: str):  # noqa: ANN201
+def md(text: str):
     return nbf.v4.new_markdown_cell(text.strip())
 
 
-def code(text: str):  # noqa: ANN201
+def code(text: str):
     return nbf.v4.new_code_cell(text.strip())
 
 

@@ -1,6 +1,6 @@
 """A parameter's facts are said once, in a typed table (parallel/param_facts.py): nothing sticks an attribute
-on a Parameter (or any tensor) for another file to find. Read from the source with `ast`, so nothing is
-imported or run.
+on a Parameter (or any tensor) for another file to find. The scan reads the source with `ast`, so nothing
+is imported or run; the last test asks a real table about a tensor it does not list.
 
 What counts as a tensor, in each function: a name bound to `nn.Parameter(...)` or a torch factory; an
 argument annotated as a Tensor or Parameter; the loop variable over a model's `parameters()` /
@@ -17,6 +17,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
+
+from workbench.engine.parallelize import materialize
+from workbench.parallel.param_facts import PLAIN, ParamFacts, ParamTable, UnknownParameterError
 
 ROOT = Path(__file__).resolve().parent.parent / "workbench"
 #: what torch's Tensor declares and lets its users set: gradients as bucket views, ZeRO's flat views
@@ -285,3 +290,21 @@ def test_the_scan_leaves_torch_s_own_attributes_and_other_objects_alone():
                 bucket.handle, bucket.staging = None, None
     """
     assert stuck_on_tensors(fine) == []
+
+
+def test_a_table_is_strict_about_a_parameter_it_does_not_list():
+    """A parameter recreated after its facts were taken (here: materialised from meta, which makes new
+    Parameter objects) is not silently plain — a tp shard would lose its norm's sum over tp, a gain its
+    exemption from decay. The lookup raises and says why; a piece built on its own says `plain`."""
+    with torch.device("meta"):
+        model = nn.Linear(4, 3)
+    facts = ParamTable({p: ParamFacts(tp_sharded=True) for p in model.parameters()})
+    materialize(model, torch.device("cpu"))
+    with pytest.raises(UnknownParameterError, match=r"shape \(3, 4\).*recreated"):
+        facts[model.weight]
+    assert model.weight not in facts and facts.get(model.weight) is None
+
+    plain = ParamTable.plain(model.parameters())
+    assert [plain[p] for p in model.parameters()] == [PLAIN, PLAIN]
+    with pytest.raises(UnknownParameterError):
+        plain[nn.Parameter(torch.zeros(2))]

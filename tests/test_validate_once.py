@@ -47,11 +47,11 @@ def validations(monkeypatch):
         seen[self.to_json()] += 1
         check(self)
 
-    def start(cmd, env, log, log_path, *, echo=False, fork_ranks=False):  # noqa: ANN001, ANN202
+    def start(cmd, env, log, log_path, *, echo=False, fork_ranks=False):
         commands.append(cmd)
         return _Finished()
 
-    def run(config, run_dir, **options):  # noqa: ANN001, ANN202
+    def run(config, run_dir, **options):
         launched.append(config)
         return original_run(config, run_dir, **options)
 

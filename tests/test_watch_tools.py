@@ -94,7 +94,7 @@ def test_holistic_trace_analysis_reads_the_profile(watched, monkeypatch):
 
     load = Trace.load_traces
 
-    def in_process(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def in_process(self, *args, **kwargs):
         return load(self, *args, **{**kwargs, "use_multiprocessing": False})
 
     monkeypatch.setattr(Trace, "load_traces", in_process)

@@ -131,7 +131,7 @@ def _sync_counts(rank: int, run_dir: str, precision: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def syncs(fn) -> int:  # noqa: ANN001
+def syncs(fn) -> int:
     """How many synchronising CUDA calls `fn` makes (CUDA's sync debugger warns at each)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

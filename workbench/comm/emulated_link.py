@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from workbench.config.links import Link, parse_links
 from workbench.trace.bandwidth import bus_factor
+from workbench.trace.recorder import TraceRecorder
 
 __all__ = ["EmulatedNetwork", "Link", "emulate", "hold", "parse_links"]
 
@@ -97,11 +98,11 @@ class EmulatedNetwork:
         )
 
 
-def hold(recorder: object, seconds: float, lane: str, **args: object) -> None:
-    """Hold the calling rank `seconds` inside an `emulated` span on `lane` (a TraceRecorder)."""
+def hold(recorder: TraceRecorder, seconds: float, lane: str, **args: object) -> None:
+    """Hold the calling rank `seconds` inside an `emulated` span on `lane` of `recorder`."""
     if seconds <= 0:
         return
-    with recorder.span("emulated link", "emulated", lane, seconds=round(seconds, 6), **args):  # type: ignore[attr-defined]
+    with recorder.span("emulated link", "emulated", lane, seconds=round(seconds, 6), **args):
         time.sleep(seconds)
 
 

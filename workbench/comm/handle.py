@@ -106,7 +106,7 @@ class Handle:
                 # CUDA: block until the device has done it (or the deadline)
                 if self.timed is not None:
                     comm.clock.waited(self.timed, self.works, self.launch_us + comm.timeout_s * 1e6)
-            except Exception as e:  # noqa: BLE001 - re-raised with where it happened
+            except Exception as e:  # re-raised with where it happened
                 raise comm.error(first.args, e) from e
             # the emulated network's time
             if first.args.get("emulated_s") and first.cat == "collective":

@@ -113,7 +113,7 @@ class RingCall:
                     end = clock.mark()
                     clock.block_until(end, rec.now_us() + comm.timeout_s * 1e6)
                     step_args["device_us"] = round(start.elapsed_time(end) * 1000.0, 3)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise comm.error({**self.args, "peer": self.nxt}, e) from e
             if recv is not None:
                 rec.flow(

@@ -204,7 +204,7 @@ class Communicator:
             ):
                 try:
                     work = fn(True)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     raise self.error(args, e) from e
             handle = Handle(
                 self,
@@ -222,7 +222,7 @@ class Communicator:
         start = rec.now_us()
         try:
             fn(False)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self.error(args, e) from e
         hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
         self.flight.done(args)
@@ -389,7 +389,7 @@ class Communicator:
         }
         try:
             dist.barrier(group=pg)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise self.error(args, e) from e
 
     # ---- point to point ----------------------------------------------------------------------
@@ -468,7 +468,7 @@ class Communicator:
                     rec.flow("s", op.args["flow"], "launch", rec.now_us(), "p2p")
             try:
                 works = dist.batch_isend_irecv(p2p)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise self.error(ops[0].args, e) from e
         return Handle(self, list(works), ops, launch_us=launch, timed=timed)
 

@@ -85,7 +85,7 @@ def check_pipeline(cfg: RunConfig) -> None:
 
 
 def _check_csv(cfg: RunConfig) -> None:
-    from workbench.schedules.torch_csv import read_csv  # noqa: PLC0415 (validation only)
+    from workbench.schedules.torch_csv import read_csv  # validation only
 
     try:
         sched = read_csv(cfg.schedule[4:], cfg.microbatches)

@@ -43,14 +43,14 @@ class Recompute:
 
 class _Recompute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rc, name, fn, *inputs):  # noqa: ANN001
+    def forward(ctx, rc, name, fn, *inputs):
         ctx.rc, ctx.name, ctx.fn = rc, name, fn
         ctx.save_for_backward(*inputs)
         with torch.no_grad():
             return fn(*inputs)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         rc: Recompute = ctx.rc
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
         span = (

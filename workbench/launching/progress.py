@@ -101,7 +101,7 @@ class Speed:
     """The last step's tokens/s from metrics.jsonl rows and, once rank 0's config.json says the ranks are on
     CUDA, its MFU (predict/formulas/flops.py over the device's peak: predict/hardware.py)."""
 
-    def __init__(self, run_dir: str, config) -> None:  # noqa: ANN001 - a RunConfig
+    def __init__(self, run_dir: str, config) -> None:  # a RunConfig
         self.run_dir, self.config = run_dir, config
         self.peak: float | None = None
         self.looked = False

@@ -113,7 +113,7 @@ def run_on_ray(
         )
         try:
             trainer.fit()
-        except Exception:  # noqa: BLE001 - a rank failed: its error file is the report (launcher._failure)
+        except Exception:  # a rank failed: its error file is the report (launcher._failure)
             return 1
         return 0
     finally:

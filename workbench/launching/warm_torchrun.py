@@ -187,8 +187,8 @@ def _become_torchrun(request: dict[str, Any]) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # lives as long as the process
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.argv = ["torchrun", *request["argv"]]
         from torch.distributed.run import main
 

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         write_error_file(os.path.join(args.run_dir, f"error_rank{rank}.json"), reserved, err)
         try:  # torch's own record of its collectives, beside ours (workbench doctor reads both)
             torch_flight_recorder.dump(args.run_dir, rank)
-        except Exception:  # noqa: BLE001 - never let the record of a failure fail the failure's report
+        except Exception:  # never let the record of a failure fail the failure's report
             pass
         if ctx is not None:
             try:

@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812 - torch's own name for it
+import torch.nn.functional as F  # torch's own name for it
 
 from workbench.config import ModelConfig
 

@@ -50,7 +50,7 @@ def report_peak(
     memory,
     logits: torch.Tensor,
     out: torch.Tensor,
-    block: torch.Tensor,  # noqa: ANN001
+    block: torch.Tensor,
     p: torch.Tensor,
 ) -> None:
     """To the memory tracker (if any): the loss's bytes at its peak — the logits, their gradient, the block's fp32
@@ -70,8 +70,9 @@ def report_peak(
 
 
 class _BlockedCrossEntropy(torch.autograd.Function):
+    # (N, V) logits of any float dtype, (N,) int64 targets
     @staticmethod
-    def forward(ctx, logits, targets, memory):  # noqa: ANN001 - (N, V) logits of any float dtype, (N,) int64 targets
+    def forward(ctx, logits, targets, memory):
         lse = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
         for rows in row_blocks(*logits.shape):
             lse[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
@@ -81,7 +82,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         return (lse - target_logit).mean()
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         logits, targets, lse = ctx.saved_tensors
         return blocked_gradient(logits, lse, targets, grad, memory=ctx.memory), None, None
 
@@ -92,7 +93,7 @@ def blocked_gradient(
     targets: torch.Tensor,
     grad: torch.Tensor,
     *,
-    memory,  # noqa: ANN001
+    memory,
     at_target: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """d(mean loss)/d(logits) a block of rows at a time: softmax = exp(logits − lse) in fp32, minus `at_target` at
@@ -116,7 +117,7 @@ def blocked_gradient(
     return out
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> torch.Tensor:  # noqa: ANN001
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, memory=None) -> torch.Tensor:
     """Mean cross-entropy over every token of (..., V) logits in fp32, without an fp32 copy of them; `memory`: the
     rank's tracker, told the loss's bytes at their peak."""
     return _BlockedCrossEntropy.apply(

@@ -57,10 +57,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class MixedPrecisionUpdater:
     """Owns the flat 16-bit and fp32 buffers, the masters, the optimizer and the loss scaler; is handed the
-    16-bit parameters, their facts (what decays, what is a tp shard), where their fp32 main gradients are
-    (`main_grads`: the data-parallel grad sync's), the communicator (the overflow check's agreement), the
-    tensor-parallel context and pp communicator of the norm, and the memory tracker (the fp32 copies of
-    16-bit gradients are `temporary`)."""
+    16-bit parameters, their facts (what decays, what is a tp shard; None: every one plain), where their
+    fp32 main gradients are (`main_grads`: the data-parallel grad sync's), the communicator (the overflow
+    check's agreement), the tensor-parallel context and pp communicator of the norm, and the memory
+    tracker (the fp32 copies of 16-bit gradients are `temporary`)."""
 
     def __init__(
         self,
@@ -80,7 +80,7 @@ class MixedPrecisionUpdater:
     ) -> None:
         self.params, self.comm, self.precision, self.memory = list(params), comm, precision, memory
         self.tp, self.pp_comm = tp, pp_comm
-        self.facts = ParamTable() if facts is None else facts
+        self.facts = ParamTable.plain(self.params) if facts is None else facts
         self.main_grads = MainGrads() if main_grads is None else main_grads
         self.flat16 = flatten_params(self.params)  # each p.data a view of it
         self.flat32 = self.flat16.float()

@@ -86,8 +86,10 @@ def adamw(
 ) -> AdamW:
     """torch's AdamW: fused on CUDA, multi-tensor on the CPU (the same on every layout): optim/adamw.py.
     Weight decay on the elements each tensor's facts say (`decay_ranges`: optim/weight_decay.py) — or, for
-    copies (fp32 masters, host slices), the facts of the tensors they copy (`like`)."""
-    facts = ParamTable() if facts is None else facts
+    copies (fp32 masters, host slices), the facts of the tensors they copy (`like`). No `facts`: an
+    optimizer built on its own, every tensor plain (decayed whole, as torch's AdamW)."""
+    described = params if like is None else like
+    facts = ParamTable.plain(described) if facts is None else facts
     return AdamW(
         params,
         lr=lr,
@@ -95,7 +97,7 @@ def adamw(
         eps=hyper.eps,
         weight_decay=hyper.weight_decay,
         foreach=foreach,
-        decay=[facts[t].decayed(t.numel()) for t in (params if like is None else like)],
+        decay=[facts[t].decayed(t.numel()) for t in described],
     )
 
 
@@ -214,8 +216,9 @@ def scale_grads(params: Sequence[nn.Parameter], coef: torch.Tensor | None) -> No
 
 class AdamWUpdater:
     """fp32 AdamW on the parameters this rank holds (whole, or tensor-parallel shards). Owns the optimizer
-    and its state; is handed the parameters, their facts (what decays, what is a shard), the tensor-parallel
-    context and the communicators of the norm's sums over pp and ep (None: not cut that way)."""
+    and its state; is handed the parameters, their facts (what decays, what is a shard; None: all plain),
+    the tensor-parallel context and the communicators of the norm's sums over pp and ep (None: not cut
+    that way)."""
 
     loss_scale = 1.0
 
@@ -231,7 +234,7 @@ class AdamWUpdater:
         ep_comm: Communicator | None = None,
     ) -> None:
         self.params, self.tp, self.pp_comm, self.ep_comm = list(params), tp, pp_comm, ep_comm
-        self.facts = ParamTable() if facts is None else facts
+        self.facts = ParamTable.plain(self.params) if facts is None else facts
         self.optimizer = adamw(self.params, lr, hyper, facts=self.facts)
 
     def step(self, lr: float, max_norm: float | None) -> torch.Tensor | float | None:

@@ -16,7 +16,9 @@ A parameter's facts decide how every later piece treats it:
 `engine/parallelize.py` builds the table for the model once its parameters exist, and hands it by keyword
 to whoever reads it: the grad syncs, the updaters, the checkpoint's layout. A ZeRO grad sync gives the
 facts of the slices it cuts (`shard_facts`). Nothing is stuck on the Parameter objects themselves
-(tests/test_parameter_facts.py scans the code for it).
+(tests/test_parameter_facts.py scans the code for it). The table is strict: a tensor it does not list
+raises (a parameter recreated after the table was built would otherwise read as plain, unseen); a piece
+built on its own says so, `ParamTable.plain(params)`.
 
 Where a 16-bit parameter's fp32 gradient lives is not a fact of this table but the state of the grad sync
 that owns the buffer: parallel/main_grad.MainGrads.
@@ -24,7 +26,7 @@ that owns the buffer: parallel/main_grad.MainGrads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -60,22 +62,45 @@ class ParamFacts:
         return bool(self.decayed(numel))
 
 
-#: what a tensor the table does not list is
+#: a plain, whole tensor's facts (`ParamTable.plain`): decayed whole, replicated
 PLAIN = ParamFacts()
 
 
-class ParamTable(Mapping[torch.Tensor, ParamFacts]):
-    """Facts by parameter (by identity: the Parameter objects the model holds). A tensor it does not list
-    reads as `PLAIN` — so an optimizer built on its own, in a test, is torch's."""
+class UnknownParameterError(KeyError):
+    """A ParamTable was asked about a tensor it does not list: most likely a parameter recreated after the
+    table was built (a cast, a compile, a materialisation), whose facts would otherwise silently read as
+    plain (a tp shard's norm summed wrong, a matrix left undecayed, the checkpoint's owner misjudged)."""
 
-    def __init__(self, facts: Mapping[torch.Tensor, ParamFacts] | None = None) -> None:
+    def __str__(self) -> str:  # KeyError's own quotes its message as a key
+        return str(self.args[0])
+
+
+class ParamTable(Mapping[torch.Tensor, ParamFacts]):
+    """Facts by parameter (by identity: the Parameter objects the model holds). Strict: asking about a
+    tensor it does not list raises UnknownParameterError — every tensor has its facts said, never assumed.
+    A piece built on its own (a test, a standalone optimizer) is handed `ParamTable.plain(params)`."""
+
+    def __init__(self, facts: Mapping[torch.Tensor, ParamFacts]) -> None:
         self._facts: dict[int, tuple[torch.Tensor, ParamFacts]] = {
-            id(t): (t, f) for t, f in (facts or {}).items()
+            id(t): (t, f) for t, f in facts.items()
         }
+
+    @classmethod
+    def plain(cls, params: Iterable[torch.Tensor]) -> ParamTable:
+        """Every one of `params` plain (`PLAIN`: decayed whole, replicated): torch's view of them."""
+        return cls(dict.fromkeys(params, PLAIN))
 
     def __getitem__(self, t: torch.Tensor) -> ParamFacts:
         entry = self._facts.get(id(t))
-        return PLAIN if entry is None else entry[1]
+        if entry is None:
+            raise UnknownParameterError(
+                f"no facts for a tensor of shape {tuple(t.shape)} ({t.dtype}) among the table's "
+                f"{len(self)}: the table was built before this parameter was recreated (a cast, a "
+                "compile, a materialisation after the table was made?). Build the facts from the "
+                "model's final parameters (engine/parallelize.param_facts), or hand a piece built on "
+                "its own ParamTable.plain(params)."
+            )
+        return entry[1]
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return (t for t, _ in self._facts.values())

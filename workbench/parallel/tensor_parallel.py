@@ -85,13 +85,13 @@ class _ColumnParallelSP(torch.autograd.Function):
     """All-gather the sequence, then X·Wᵀ + b; saves only the local slice of X (sequence parallelism)."""
 
     @staticmethod
-    def forward(ctx, x_local, weight, bias, tp, layer):  # noqa: ANN001, PLR0917 - autograd's apply is positional
+    def forward(ctx, x_local, weight, bias, tp, layer):  # noqa: PLR0917 - autograd's apply is positional
         ctx.tp, ctx.layer = tp, layer
         ctx.save_for_backward(x_local, weight)
         return F.linear(gather_seq(x_local, tp, layer, "forward"), weight, bias)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         x_local, weight = ctx.saved_tensors
         x = gather_seq(x_local, ctx.tp, ctx.layer, "backward")  # gathered again instead of kept
         grad_x = grad @ weight
@@ -185,7 +185,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Blocked as model/cross_entropy.py's loss: fp32 a block of rows at a time, no fp32 copy of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, targets, tp, memory):  # noqa: ANN001
+    def forward(ctx, logits, targets, tp, memory):
         n, v_local = logits.shape
         vocab_start = tp.rank * v_local  # this rank's first row of the vocabulary
         layer = "loss"
@@ -215,7 +215,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (log_sum - target_logit).mean()
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         logits, local_t, inside, lse = ctx.saved_tensors
         return (
             blocked_gradient(logits, lse, local_t, grad, memory=ctx.memory, at_target=inside),
@@ -227,7 +227,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def vocab_parallel_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, tp: TPContext, memory=None
-) -> torch.Tensor:  # noqa: ANN001
+) -> torch.Tensor:
     """Mean cross-entropy over every token of (b, s, V/t) logits split by vocabulary on the tp ranks, in fp32
     whatever their dtype; equal to F.cross_entropy on the full logits."""
     return _VocabParallelCrossEntropy.apply(

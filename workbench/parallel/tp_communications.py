@@ -74,55 +74,55 @@ def seq_slice(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tp, layer):  # noqa: ANN001
+    def forward(ctx, x, tp, layer):
         ctx.tp, ctx.layer = tp, layer
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return all_reduce_tp(grad, ctx.tp, ctx.layer, "backward"), None, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tp, layer):  # noqa: ANN001
+    def forward(ctx, x, tp, layer):
         return all_reduce_tp(x, tp, layer, "forward")
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return grad, None, None
 
 
 class _GatherFromSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tp, layer):  # noqa: ANN001
+    def forward(ctx, x, tp, layer):
         ctx.tp, ctx.layer = tp, layer
         return gather_seq(x, tp, layer, "forward")
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return reduce_scatter_seq(grad, ctx.tp, ctx.layer, "backward"), None, None
 
 
 class _ReduceScatterToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tp, layer):  # noqa: ANN001
+    def forward(ctx, x, tp, layer):
         ctx.tp, ctx.layer = tp, layer
         return reduce_scatter_seq(x, tp, layer, "forward")
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return gather_seq(grad, ctx.tp, ctx.layer, "backward"), None, None
 
 
 class _SplitToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tp, layer):  # noqa: ANN001
+    def forward(ctx, x, tp, layer):
         ctx.tp, ctx.layer = tp, layer
         return seq_slice(x, tp)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return gather_seq(grad, ctx.tp, ctx.layer, "backward"), None, None
 
 

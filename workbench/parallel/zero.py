@@ -111,10 +111,10 @@ class ZeroDataParallel(SyncToggle):
     ) -> None:
         """`group`: the ranks holding the same parameters ("dp", "dp_cp", or "edp" for expert parallelism's
         experts); `only`: these of the model's parameters; `average_over`: the divisor of the sum (the
-        group's size; dp for experts, whose tokens came from all of dp)."""
+        group's size; dp for experts, whose tokens came from all of dp); `facts`: the parameters' (None:
+        every one plain)."""
         assert stage in (1, 2) and not (ring and stage == 2)
         self.comm, self.stage, self.memory, self.on_reduced = comm, stage, memory, on_reduced
-        self.facts = ParamTable() if facts is None else facts
         # stage 1 with ring=True: our send/recv rings (comm/ring_primitives.py) instead of the backend's
         self.reduce_scatter = partial(ring_reduce_scatter, comm) if ring else comm.reduce_scatter
         self.all_gather = partial(ring_all_gather, comm) if ring else comm.all_gather
@@ -127,6 +127,8 @@ class ZeroDataParallel(SyncToggle):
             if p.requires_grad
         ]
         named.reverse()
+        # built on its own (no facts): every parameter plain
+        self.facts = ParamTable.plain(p for _, p in named) if facts is None else facts
         plan = plan_buckets([p.numel() for _, p in named], 4, bucket_mb)
         self.buckets = [self._bucket(b, [named[i] for i in idxs]) for b, idxs in enumerate(plan)]
         #: each slice's facts: the group it was cut over, the runs of its matrices' elements (they decay)

@@ -89,7 +89,8 @@ class Zero3DataParallel(SyncToggle):
         self.comm, self.prefetch, self.memory, self.on_reduced = comm, prefetch, memory, on_reduced
         self.group = group  # "dp", or "dp_cp" under context parallelism: the ranks holding the same parameters
         self.n, self.r = comm.size(group), comm.index(group)
-        facts = ParamTable() if facts is None else facts
+        if facts is None:  # built on its own: every parameter plain
+            facts = ParamTable.plain(p for _, module in units for p in module.parameters())
         self.units: list[Unit] = []
         self._unit_of: dict[nn.Parameter, Unit] = {}
         self._in_flight: deque[_ReduceScatter] = deque()

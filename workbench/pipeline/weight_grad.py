@@ -175,6 +175,8 @@ def split_linears(module: nn.Module, store: WeightGradStore) -> int:
     for m in module.modules():
         # its parameters looked up at each call (a cast may replace them)
         if isinstance(m, nn.Linear):
+            # on purpose: this instance's forward shadows nn.Linear's (Module.__call__ finds it first),
+            # an assignment mypy refuses on a method
             m.forward = partial(_linear_forward, m, store)  # type: ignore[method-assign]
             n += 1
         elif isinstance(m, RoutedLinear):

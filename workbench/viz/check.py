@@ -117,7 +117,8 @@ def _operand(value: Any) -> Any:
 
 def evaluate(holds: str, values: dict[str, Any]) -> bool:
     """Whether the condition holds for these numbers (an array result holds when all of it does)."""
-    result = eval(holds, {"__builtins__": _SAFE, "np": np, **values})  # noqa: S307 — the notebook's own condition
+    # the notebook's own condition
+    result = eval(holds, {"__builtins__": _SAFE, "np": np, **values})
     return bool(np.all(result))
 
 
@@ -234,7 +235,7 @@ def _show(line: str, record: dict) -> None:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
-        get_ipython = None  # noqa: N806 — IPython absent: a plain print
+        get_ipython = None  # IPython absent: a plain print
     if get_ipython is not None and get_ipython() is not None:
         display({"text/plain": line, CLAIM_MIME: record}, raw=True)
     else:

@@ -244,7 +244,7 @@ def bubble_vs_m(runs: list[Run]) -> go.Figure:
     return fig
 
 
-def bubble_explorer():  # noqa: ANN201 - an ipywidgets box
+def bubble_explorer():  # an ipywidgets box
     """Sliders for p, m, v and the schedule, driving the simulator (no processes). A control the chosen
     schedule ignores is disabled (v for all but interleaved, T_W / T_B for all but the zero-bubble
     schedules), and interleaved's rule — m a multiple of p — is the m slider's own step, so the slider

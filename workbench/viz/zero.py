@@ -146,7 +146,7 @@ def formula_figure(
     return fig
 
 
-def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed"):  # noqa: ANN201
+def formula_explorer(params: float = 7.5e9, n: int = 64, precision: str = "mixed"):
     """Sliders for Ψ (billions), N and the stage; the chart and the per-GPU total follow."""
     import ipywidgets as widgets
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint import Metadata
 
 
-def _dcp():  # noqa: ANN202
+def _dcp():
     """torch.distributed.checkpoint, imported when a checkpoint is saved or loaded (it costs every rank
     ~0.7 s at start-up otherwise)."""
     import torch.distributed.checkpoint as dcp

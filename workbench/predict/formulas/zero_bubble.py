@@ -70,7 +70,7 @@ def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
         return 0.0
     if schedule in ("gpipe", "1f1b", "interleaved"):
         return bubble_fraction(p, m, v)
-    from workbench.schedules.build import build_schedule  # noqa: PLC0415 (only a split backward needs it)
+    from workbench.schedules.build import build_schedule  # only a split backward needs it
 
     return schedule_bubble_fraction(build_schedule(schedule, p, m, v))
 
