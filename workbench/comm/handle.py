@@ -17,6 +17,7 @@ what waiting for it records.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,12 @@ class Handle:
         staged: int = 0,
         timed: Timed | None = None,
         blocking: bool = False,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
-        """`comm`: the Communicator (comm/traced.py) that launched the operation."""
+        """`comm`: the Communicator (comm/traced.py) that launched the operation; `on_done`: what finishes
+        it once its works are done (a reduce-scatter done as an all-reduce keeps its slice there)."""
         self.comm, self.works, self.ops, self.launch_us = comm, works, ops, launch_us
+        self.on_done = on_done
         self.timed, self.blocking = timed, blocking
         self.staged = staged  # the backend's own copy (comm_buffer)
         if self.staged:
@@ -116,6 +120,9 @@ class Handle:
                 self.completed_us = max(end, self.completed_us or 0.0)
             for op in self.ops:
                 comm.flight.done(op.args)
+            if self.on_done is not None:
+                self.on_done()
+                self.on_done = None
             # the works own the backend's buffers, and the futures' callbacks hold this handle: let go of
             # them now, or the buffers live until Python's garbage collector breaks the cycle
             self.works = []

@@ -34,6 +34,7 @@ the group and the sequence number, so a stuck job ends with a message that says 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,18 +60,17 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _gloo_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, pg: Any) -> None:
-    """A blocking reduce-scatter on gloo done as gloo does it — an all-reduce of a full-size copy of the input, this
-    rank's slice kept — but with the copy's memory released on return (its storage resized to nothing, ZeRO-3's way of
-    freeing): gloo's Work of a blocking call can outlive it, held in a reference cycle until the garbage collector
-    runs, and with it the copy — a whole bucket, unattributed at the next step's peak on one rank or another
-    (tests/test_true_peak.py)."""
-    copy = inp.clone()
-    dist.all_reduce(copy, group=pg)
-    # the group's own rank order, as torch's reduce-scatter and all-gather shard by
+def _keep_slice(out: torch.Tensor, full: torch.Tensor, pg: Any) -> None:
+    """The end of a reduce-scatter done as gloo does it — an all-reduce of a full-size copy of the input —
+    keeping this rank's slice (by the group's own rank order, as torch's reduce-scatter and all-gather
+    shard) and releasing the copy's memory now (its storage resized to nothing, ZeRO-3's way of freeing):
+    gloo's own reduce-scatter keeps its copy in its `Work`, which can outlive the wait — held in a reference
+    cycle until the garbage collector runs, or by the backend's thread — and a whole bucket or unit was then
+    left unattributed at the next step's peak on one rank or another (tests/test_true_peak.py: ZeRO-1's
+    blocking call, ZeRO-3's asynchronous one)."""
     index = dist.get_rank(pg)
-    out.copy_(copy[index * out.numel() : (index + 1) * out.numel()])
-    copy.untyped_storage().resize_(0)
+    out.copy_(full[index * out.numel() : (index + 1) * out.numel()])
+    full.untyped_storage().resize_(0)
 
 
 class Communicator:
@@ -178,7 +178,10 @@ class Communicator:
         tensors: list[torch.Tensor],
         label: str | None = None,
         staged: int = 0,
+        on_done: Callable[[], None] | None = None,
     ) -> Handle | None:
+        """Launch `fn` (called with async_op) and record it; `on_done` runs once it is done (at the handle's
+        wait for an async call)."""
         cat = "collective"  # point-to-point goes through batch_isend_irecv
         name = args["op"] if label is None else f"{args['op']} {label}"
         if label is not None:
@@ -214,6 +217,7 @@ class Communicator:
                 staged=staged,
                 timed=timed,
                 blocking=not async_op,
+                on_done=on_done,
             )
             if async_op:
                 return handle
@@ -224,6 +228,8 @@ class Communicator:
             fn(False)
         except Exception as e:
             raise self.error(args, e) from e
+        if on_done is not None:
+            on_done()
         hold(rec, args.get("emulated_s", 0.0), "comm", link=args.get("emulated_link"))
         self.flight.done(args)
         record(rec, name, cat, args, n=n, start=start, end=rec.now_us(), blocking=True)
@@ -275,16 +281,18 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        # gloo's own way, its copy released here
-        if self.backend_copies and not async_op and self.clock is None:
+        # gloo's own way, its copy released when it is done (blocking, or at the handle's wait)
+        if self.backend_copies and self.clock is None:
+            copy = inp.clone()
             return self._run(
                 args,
-                lambda a: _gloo_reduce_scatter(out, inp, pg),
-                async_op=False,
+                lambda a: dist.all_reduce(copy, group=pg, async_op=a),
+                async_op=async_op,
                 n=n,
                 tensors=[output, input],
                 label=label,
                 staged=staged,
+                on_done=lambda: _keep_slice(out, copy, pg),
             )
         return self._run(
             args,
