@@ -55,9 +55,12 @@ class Batches:
         self.ready: dict[int, Batch] = {}
 
     def resident_bytes(self) -> int:
-        """What the source keeps in this process for the whole run: the synthetic chain's successor table (a data
-        file is memory-mapped, outside torch's allocator)."""
-        return 8 * self.cfg.model_config.vocab_size * BRANCHES if self.tokens is None else 0
+        """What the source keeps in the rank's memory for the whole run, as its memory tracker counts it
+        (under `other`): the synthetic chain's successor table on a CPU run. On a GPU the table lives in
+        host memory, not the device's; a data file is memory-mapped, outside torch's allocator."""
+        if self.tokens is not None or self.device.type != "cpu":
+            return 0
+        return 8 * self.cfg.model_config.vocab_size * BRANCHES
 
     def host(self, step: int) -> Batch:
         """This rank's rows (and tokens) of step `step`, in host memory."""

@@ -1,6 +1,7 @@
 """What one rank knows about its place in the run, built once by `setup` and passed explicitly:
 the config, the rank grid and its process groups (each with the config's timeout), the device, the
-trace recorder, the memory tracker and the traced communicator. No globals.
+trace recorder, the memory tracker (with --profile-memory, the memory profile it marks) and the traced
+communicator. No globals.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from workbench.config.backend import RESOLVED_BACKEND, backend_for
 from workbench.config.grid import RankGrid
 from workbench.engine.restart import restart_count
 from workbench.measure.memory import MemoryTracker
+from workbench.measure.memory_profile import MemoryProfile
 from workbench.trace import strict_json
 from workbench.trace.disk import writing
 from workbench.trace.recorder import TraceRecorder
@@ -47,6 +49,9 @@ class RankContext:
     groups: ProcessGroups
     recorder: TraceRecorder
     memory: MemoryTracker
+    #: --profile-memory: the allocator's profile, handed to the memory tracker (whose snapshots mark it)
+    #: and started by the training loop before the model is built (None: not asked)
+    memory_profile: MemoryProfile | None
     comm: Communicator
     hosts: list[str]
 
@@ -122,7 +127,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         # every tensor checked as NCCL would (comm/strict.py)
         info={"strict_comm": strict.enabled()},
     )
-    memory = MemoryTracker(recorder, device)
+    profile = MemoryProfile(device, run_dir, rank) if config.profile_memory else None
+    memory = MemoryTracker(recorder, device, profile=profile)
     comm = Communicator(
         groups,
         recorder,
@@ -149,6 +155,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         groups=groups,
         recorder=recorder,
         memory=memory,
+        memory_profile=profile,
         comm=comm,
         hosts=[w[1] for w in walls],
     )

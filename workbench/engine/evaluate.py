@@ -34,11 +34,12 @@ def due(step: int, every: int, steps: int) -> bool:
 
 def evaluate(strategy: Strategy, held_out: Batches, step: int, *, config: RunConfig) -> float:
     """The mean loss over the run's held-out batches (`config.eval_batches` of them), the same number on
-    every rank."""
-    ctx = strategy.ctx
-    total = torch.zeros((), device=ctx.device)
+    every rank. The config comes from the training loop, as the step's does."""
+    total = torch.zeros((), device=strategy.device)
     with (
-        ctx.recorder.span("evaluate", "forward", "compute", step=step, batches=config.eval_batches),
+        strategy.recorder.span(
+            "evaluate", "forward", "compute", step=step, batches=config.eval_batches
+        ),
         torch.no_grad(),
     ):
         for k in range(config.eval_batches):
@@ -46,6 +47,6 @@ def evaluate(strategy: Strategy, held_out: Batches, step: int, *, config: RunCon
             total = total + strategy.forward_backward.evaluate(x, y, step).detach().float()
             # CUDA: the next held-out batch made while the GPU runs this one's forward
             held_out.prepare(k + 1)
-        summed = global_loss(total, comm=ctx.comm, groups=ctx.groups, config=config)
-    replicas = ctx.groups.size(replica_group(config.cp))
+        summed = global_loss(total, comm=strategy.comm, groups=strategy.groups, config=config)
+    replicas = strategy.groups.size(replica_group(config.cp))
     return read(summed, replicas=replicas)[0] / config.eval_batches

@@ -19,7 +19,9 @@
 
 Every piece is handed its collaborators by keyword when it is built — the communicator, the recorder, the
 memory tracker, the facts, where the main gradients are, ZeRO-Offload's host gradients (the ZeRO grad
-sync's `on_reduced`) —; nothing is wired after construction.
+sync's `on_reduced`) —; no link is set after construction. One module patch remains, made while the
+pipeline executor is built: a zero-bubble schedule routes its chunks' Linears through the weight-gradient
+store (pipeline/weight_grad.split_linears), so that backward can defer their weight gradients.
 
 The training step (`engine/train_step.py`) then only calls the pieces: forward_backward.run →
 grad_sync.wait → updater.step → grad_sync.zero_grad.
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.comm.groups import ProcessGroups
 from workbench.comm.traced import Communicator
 from workbench.config import RunConfig
 from workbench.engine.anomaly import LossSpike
@@ -41,6 +44,7 @@ from workbench.engine.compiled import compile_blocks
 from workbench.engine.context import RankContext
 from workbench.engine.forward_backward import ForwardBackward, SingleBatch
 from workbench.engine.recompute import Recompute
+from workbench.measure.memory import MemoryTracker
 from workbench.model.gpt import GPT, ModelWiring
 from workbench.model.moe import MoEState
 from workbench.optim.mixed_precision import DTYPES
@@ -66,13 +70,22 @@ from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.stages import build_stages
 from workbench.schedules.build import Schedule, build_schedule
+from workbench.trace.recorder import TraceRecorder
 
 
 @dataclass(kw_only=True)
 class Strategy:
-    """One rank's assembled training: what `train_step` runs."""
+    """One rank's assembled training: what `train_step` runs, built once by `parallelize`. It holds the
+    model and its parts (grad sync, updater, forward/backward, the parameters' facts), and the
+    collaborators that the step, the evaluation and the checkpoint use with them, handed over from the
+    rank's `RankContext`: the recorder, the communicator, the memory tracker, the process groups and
+    the device. The config is not among them: the training loop passes it to the calls that read it."""
 
-    ctx: RankContext
+    recorder: TraceRecorder
+    comm: Communicator
+    memory: MemoryTracker
+    groups: ProcessGroups
+    device: torch.device
     model: nn.Module  # the whole model, or a ModuleDict of this rank's pipeline chunks
     grad_sync: GradSync
     updater: Updater
@@ -85,18 +98,20 @@ class Strategy:
     context: ContextParallel | None = None
     moe: MoEState | None = None  # a model with experts: the MoE layers' shared state (model/moe.py)
 
-    def count_model_states(self) -> None:
-        """Re-count parameters, gradients and optimizer state (a measured step's)."""
-        if not self.ctx.recorder.measured:
+    def count_model_states(self, *, measured: bool, data_bytes: int = 0) -> None:
+        """Re-count parameters, gradients and optimizer state — in a `measured` step (or at start-up, which
+        is measured) only; `data_bytes`: what the data source keeps for the run, counted under `other`."""
+        if not measured:
             return
-        self.ctx.memory.count_model_states(
+        self.memory.count_model_states(
             self.state_params,
             self.grad_sync.grad_tensors(),
             self.updater.state_tensors(),
             self.updater.counter_tensors(),
+            data_bytes=data_bytes,
         )
         if host := self.updater.host_tensors():  # ZeRO-Offload: what the host holds
-            self.ctx.memory.count_host(host)
+            self.memory.count_host(host)
 
 
 def runs_schedule(cfg: RunConfig) -> bool:
@@ -196,7 +211,11 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         state_params = list(dp_sync.shards)
     ctx.memory.register_model(model)
     return Strategy(
-        ctx=ctx,
+        recorder=ctx.recorder,
+        comm=ctx.comm,
+        memory=ctx.memory,
+        groups=ctx.groups,
+        device=ctx.device,
         model=model,
         grad_sync=grad_sync,
         updater=updater,

@@ -28,7 +28,6 @@ from workbench.engine.parallelize import Strategy, parallelize
 from workbench.engine.restart import trim_metrics
 from workbench.engine.train_step import StepResult, train_step
 from workbench.measure.gpu_health import GpuHealth, record
-from workbench.measure.memory_profile import MemoryProfile
 from workbench.measure.schedule import MeasureSchedule, measure_schedule
 from workbench.measure.torch_profile import TorchProfile
 from workbench.pipeline.stages import global_name
@@ -40,27 +39,21 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
     """Run the configured steps of attempt `attempt` (0: the first; engine/restart.py); return rank-local
     results (median step time, final loss)."""
     cfg, mcfg = ctx.config, ctx.config.model_config
-    profile = (
-        MemoryProfile(ctx.device, ctx.run_dir, ctx.rank).start() if cfg.profile_memory else None
-    )
-    ctx.memory.profile = (
-        profile  # started before the model exists: the allocator's total is the rank's
-    )
+    profile = ctx.memory_profile
+    if profile is not None:  # started before the model exists: the allocator's total is the rank's
+        profile.start()
     strategy = parallelize(cfg, ctx)
     fault = Fault.asked(cfg, rank=ctx.rank, attempt=attempt)
     # injection wraps the step, on the fault's rank only; elsewhere there is none
     if fault is not None:
         strategy = with_fault(strategy, fault, microbatches=cfg.microbatches)
-    describe(strategy)
+    describe(strategy, ctx)
     dp_index, dp_size = ctx.groups.index("dp"), ctx.groups.size("dp")
     results: list[StepResult] = []
-    start = resume_step(strategy)
+    start = resume_step(strategy, config=cfg, run_dir=ctx.run_dir)
     if ctx.rank == 0:
         trim_metrics(ctx.run_dir, start, attempt=attempt)
     source = Batches(cfg, ctx.device, dp_index=dp_index, dp_size=dp_size, cp=strategy.context)
-    # the table lives in host memory: the rank's memory only on a CPU run
-    if ctx.device.type == "cpu":
-        ctx.memory.data_bytes = source.resident_bytes()  # under `other`
     schedule = measured_steps(ctx)
     logs = step_logs(ctx)
     kineto = (
@@ -106,7 +99,7 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
         r = results[-1]
         suspect = r.extra.get("anomaly") == "non-finite gradient norm"
         divergence.observe(step, r.loss, r.extra, parameters_finite(strategy) if suspect else None)
-        maybe_save(strategy, step)
+        maybe_save(strategy, step, config=cfg, run_dir=ctx.run_dir)
     ctx.comm.end_step()  # CUDA: spans deferred past the last step's end (its evaluation) given their device times
     ctx.recorder.flush()
     return {
@@ -121,13 +114,12 @@ def train(ctx: RankContext, *, attempt: int) -> dict[str, Any]:
 def parameters_finite(strategy: Strategy) -> bool:
     """Whether every rank's parameters (or ZeRO-3 slices) are finite — a collective: every rank asks it at the
     same skipped step. Only after a skip: a pass over the parameters and a wait for the device."""
-    ctx = strategy.ctx
     tensors = [p.detach() for p in strategy.state_params if p.numel()]
-    bad = torch.zeros(1, device=ctx.device)
+    bad = torch.zeros(1, device=strategy.device)
     if tensors:
         bad += torch.stack(torch._foreach_norm(tensors)).isfinite().logical_not().any()
-    if ctx.world_size > 1:
-        ctx.comm.all_reduce(bad, "world", label="parameters finite", reduce_op="max")
+    if strategy.groups.size("world") > 1:
+        strategy.comm.all_reduce(bad, "world", label="parameters finite", reduce_op="max")
     return not bool(bad.item())
 
 
@@ -161,10 +153,10 @@ def measured_steps(ctx: RankContext) -> MeasureSchedule:
     return schedule
 
 
-def describe(strategy: Strategy) -> None:
+def describe(strategy: Strategy, ctx: RankContext) -> None:
     """Before the first step: parameter shapes into the trace, config.json (and schedule.json) from
-    rank 0, the model states' first memory snapshot."""
-    ctx = strategy.ctx
+    rank 0, the model states' first memory snapshot. The whole context: config.json says what this
+    launch resolved (engine/context.write_resolved_config)."""
     ctx.recorder.info["param_shapes"] = {
         global_name(n): list(p.shape) for n, p in strategy.model.named_parameters()
     }
@@ -176,7 +168,7 @@ def describe(strategy: Strategy) -> None:
         )
         if strategy.schedule is not None:
             write_json(os.path.join(ctx.run_dir, "schedule.json"), strategy.schedule.to_dict())
-    strategy.count_model_states()
+    strategy.count_model_states(measured=True)  # start-up is measured (trace/step_clock.py)
     ctx.memory.snapshot()
 
 

@@ -6,16 +6,19 @@
                      one number) ─ one read: the loss and the gradient norm, together
 
 A step is *measured* or *fast* (measure/schedule.py): the training loop says which (`measured`), and the
-step tells its rank's StepClock as it starts (`TraceRecorder.start_step`: the one writer of the mode; the
-recorder, the memory tracker and the device clock read it). A measured step also takes memory snapshots
-after forward, after backward and after the optimizer step, counts activations through saved-tensor hooks
-and synchronises the device at the end of each compute span. A fast step does none of it: the host runs
-ahead of the GPU until the step's single read. Both compute the same numbers.
+step tells its rank's StepClock as it starts (`TraceRecorder.start_step`): the step's argument is the one
+writer of the mode; the recorder, the memory tracker and the device clock read that one owner, and the
+step hands its `measured` to what it calls itself (`Strategy.count_model_states`). A measured step also
+takes memory snapshots after forward, after backward and after the optimizer step, counts activations
+through saved-tensor hooks and synchronises the device at the end of each compute span. A fast step does
+none of it: the host runs ahead of the GPU until the step's single read. Both compute the same numbers.
 
-What the step is handed, and by whom: the Strategy (`parallelize`), the batch or its source, the step's
+What the step is handed, and by whom: the Strategy (`parallelize`: the model's parts, and the recorder,
+communicator, memory tracker and process groups they run with), the batch or its source, the step's
 number, and from the training loop (engine/train.py) the run's config — the learning-rate schedule, the
-clip, the microbatches, the grid's pp and cp — and whether the step is measured. Faults injected for
-teaching are no part of it: where one is asked, engine/faults.py decorates the Strategy.
+clip, the microbatches, the grid's pp and cp: its one source of the config — and whether the step is
+measured. Faults injected for teaching are no part of it: where one is asked, engine/faults.py decorates
+the Strategy.
 """
 
 from __future__ import annotations
@@ -55,12 +58,12 @@ def train_step(
 ) -> StepResult:
     """Step `step` on `batch` — or on `batch.get(step)` of a Batches (engine/batches.py), made inside the
     step's time (a `data` span), the next step's prepared before the step's read."""
-    ctx = strategy.ctx
-    rec, memory = ctx.recorder, ctx.memory
-    rec.start_step(measured=measured)
-    ctx.comm.start_step(step)
+    rec, memory, comm = strategy.recorder, strategy.memory, strategy.comm
+    rec.start_step(measured=measured)  # the one writer of the step's mode
+    comm.start_step(step)
     memory.start_step()
-    replicas = ctx.groups.size(replica_group(config.cp))
+    replicas = strategy.groups.size(replica_group(config.cp))
+    data_bytes = batch.resident_bytes() if isinstance(batch, Batches) else 0
     t0 = time.perf_counter()
     with rec.host_span(f"ProfilerStep#{step}", "step", "compute", step=step, measured=measured):
         if isinstance(batch, Batches):
@@ -73,12 +76,12 @@ def train_step(
             moe_start(strategy.moe, scale / config.microbatches)
         loss = strategy.forward_backward.run(x, y, step, scale)
         memory.release_activations()  # backward consumed them: normally nothing is left
-        strategy.count_model_states()
+        strategy.count_model_states(measured=measured, data_bytes=data_bytes)
         memory.snapshot()
         with rec.span("gradient sync", "wait", "wait", step=step):
             strategy.grad_sync.wait()
         # before the update: the spike check needs it on every rank
-        total = global_loss(loss, comm=ctx.comm, groups=ctx.groups, config=config)
+        total = global_loss(loss, comm=comm, groups=strategy.groups, config=config)
         lr = lr_at(
             step,
             lr=config.lr,
@@ -104,10 +107,10 @@ def train_step(
         facts.update(skip_facts(spiked, norm, norm_value))
         # the span's record holds this dict (a fast CUDA span is written at end_step)
         opt_args.update(facts)
-        strategy.count_model_states()
+        strategy.count_model_states(measured=measured, data_bytes=data_bytes)
         memory.snapshot()
     # CUDA: the step's communication and fast spans written
-    ctx.comm.end_step(synchronized=not measured)
+    comm.end_step(synchronized=not measured)
     return StepResult(
         step=step,
         loss=loss_value,

@@ -20,8 +20,10 @@ Categories (torch.profiler's, extended): `parameter`, `gradient`, `optimizer_sta
 - wgrad_stash: a zero-bubble schedule's Linear inputs and output gradients, kept from each I until its
   W (pipeline/weight_grad.py).
 
-All of it runs in *measured* steps only (measure/schedule.py; `recorder.measured`): a fast step pushes no
-saved-tensor hook, takes no snapshot, re-counts nothing and never reads the allocator. `add` still counts
+All of it runs in *measured* steps only (measure/schedule.py): the tracker reads the mode from
+`recorder.measured` — the rank's StepClock (trace/step_clock.py), whose one writer is the training step's
+`measured` argument. A fast step pushes no saved-tensor hook, takes no snapshot, re-counts nothing and
+never reads the allocator. `add` still counts
 (Python arithmetic, no tensor touched), so what a step holds balances whichever kind it is.
 
 These are the device's (on a CPU run, the rank's) bytes. With ZeRO-Offload the optimizer lives in host
@@ -102,9 +104,17 @@ NO_MEMORY = NoMemory()
 
 class MemoryTracker:
     """One rank's memory by category (the module's docstring): built by engine/context.setup with the rank's
-    recorder, handed to every piece that allocates."""
+    recorder (whose `measured` says whether the step is measured), its device and, with --profile-memory,
+    the profile its snapshots mark (measure/memory_profile.py; started by the training loop before the
+    model is built); handed to every piece that allocates."""
 
-    def __init__(self, recorder: TraceRecorder, device: torch.device) -> None:
+    def __init__(
+        self,
+        recorder: TraceRecorder,
+        device: torch.device,
+        *,
+        profile: MemoryProfile | None = None,
+    ) -> None:
         self.recorder = recorder
         self.device = device
         self.current: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
@@ -118,10 +128,8 @@ class MemoryTracker:
         ] = {}  # activation storage → [saves not yet unpacked, bytes]
         self._activation_at_snapshot = 0
         #: --profile-memory: the profile the snapshots mark (measure/memory_profile.py), and when each was
-        self.profile: MemoryProfile | None = None
+        self.profile = profile
         self._marker_ts: dict[int, float] = {}
-        #: what the data source keeps in memory for the run (the synthetic chain's table), counted under `other`
-        self.data_bytes = 0
         #: ZeRO-Offload: what the host holds for the optimizer, by category (None: nothing offloaded)
         self.host: dict[str, int] | None = None
         self.host_peak: dict[str, int] = {}
@@ -161,16 +169,19 @@ class MemoryTracker:
         grads: Iterable[torch.Tensor | None],
         states: Iterable[torch.Tensor] = (),
         counters: Iterable[torch.Tensor] = (),
+        *,
+        data_bytes: int = 0,
     ) -> None:
         """Re-count the model-state categories from the live tensors: parameters, gradients, optimizer
         states (moments and fp32 masters, `Updater.state_tensors()`) and, under `other`, Adam's step
-        counters (`Updater.counter_tensors()`). Measured steps only."""
+        counters (`Updater.counter_tensors()`) with `data_bytes`, what the data source keeps for the run
+        (engine/batches.Batches.resident_bytes: the synthetic chain's table). Measured steps only."""
         if not self.recorder.measured:
             return
         self.current["parameter"] = storage_bytes(params)
         self.current["gradient"] = storage_bytes(grads)
         self.current["optimizer_state"] = storage_bytes(states)
-        self.current["other"] = storage_bytes(counters) + self.data_bytes
+        self.current["other"] = storage_bytes(counters) + data_bytes
         self._update_peaks()
 
     def count_host(self, tensors: dict[str, list[torch.Tensor]]) -> None:

@@ -99,12 +99,8 @@ def _flat_pieces(
 def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
     """Every piece of this rank's training state: parameters, and from the updater's `state`
     (`checkpoint_state()`) Adam's moments and the fp32 masters."""
-    ctx, sync = strategy.ctx, strategy.grad_sync
-    dp_rank, tp_rank, cp_rank = (
-        ctx.groups.index("dp"),
-        ctx.groups.index("tp"),
-        ctx.groups.index("cp"),
-    )
+    groups, sync = strategy.groups, strategy.grad_sync
+    dp_rank, tp_rank, cp_rank = groups.index("dp"), groups.index("tp"), groups.index("cp")
     names = {p: n for n, p in strategy.model.named_parameters()}
     parts = sync.parts if isinstance(sync, ChainedGradSync) else [sync]
     zeros = [s for s in parts if isinstance(s, ZeroDataParallel | Zero3DataParallel)]
@@ -125,7 +121,7 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
         name = names[p]
         # an expert-parallel shard's first holder is the first of the ranks holding the same experts (edp)
         facts = strategy.facts[p]
-        first = (ctx.groups.index("edp") if facts.expert_sharded else dp_rank) == 0
+        first = (groups.index("edp") if facts.expert_sharded else dp_rank) == 0
         owned = first and cp_rank == 0 and (tp_rank == 0 or facts.tp_sharded)
         tensors = {"model": p.data}
         if zero is None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from workbench.config import RunConfig
 from workbench.engine.checkpoint.files import (
     CheckpointError,
     checkpoint_root,
@@ -58,27 +59,34 @@ def _dcp():
     return dcp
 
 
-def resume_step(strategy: Strategy) -> int:
-    """The step to start from: 0, or the resumed checkpoint's (`RunConfig.resume`)."""
-    ctx, cfg = strategy.ctx, strategy.ctx.config
-    if not cfg.resume:
+def resume_step(strategy: Strategy, *, config: RunConfig, run_dir: str) -> int:
+    """The step to start from: 0, or the checkpoint's that `config.resume` names (under the run's
+    checkpoint directory: `config.checkpoint_dir`, or `run_dir`'s)."""
+    if not config.resume:
         return 0
-    path, skipped = resolve_resume(cfg.resume, checkpoint_root(cfg, ctx.run_dir), run_shape(cfg))
+    shape = run_shape(config)
+    path, skipped = resolve_resume(config.resume, checkpoint_root(config, run_dir), shape)
     if skipped:
-        ctx.recorder.info["checkpoints_skipped"] = skipped
-        if ctx.rank == 0:
+        strategy.recorder.info["checkpoints_skipped"] = skipped
+        if strategy.groups.rank == 0:
             print(f"[workbench] passed over broken checkpoints: {skipped}", flush=True)
     if path is None:
         return 0
-    ctx.recorder.info["resumed_from"] = path
-    return load(strategy, path, run_shape(cfg))
+    strategy.recorder.info["resumed_from"] = path
+    return load(strategy, path, shape=shape)
 
 
-def maybe_save(strategy: Strategy, step: int) -> None:
-    """After step `step`: a checkpoint of the state before step + 1, every `checkpoint_every` steps."""
-    cfg = strategy.ctx.config
-    if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-        save(strategy, step + 1, checkpoint_root(cfg, strategy.ctx.run_dir), run_shape(cfg))
+def maybe_save(strategy: Strategy, step: int, *, config: RunConfig, run_dir: str) -> None:
+    """After step `step`: a checkpoint of the state before step + 1, every `config.checkpoint_every`
+    steps, keeping the newest `config.keep_checkpoints`."""
+    if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+        save(
+            strategy,
+            step + 1,
+            root=checkpoint_root(config, run_dir),
+            shape=run_shape(config),
+            keep=config.keep_checkpoints,
+        )
 
 
 def _scalars(strategy: Strategy, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -86,7 +94,7 @@ def _scalars(strategy: Strategy, state: dict[str, torch.Tensor]) -> dict[str, to
     out = {"optim/step": next(v for k, v in state.items() if k.endswith(".step"))}
     if "loss_scaler" in state:
         out["optim/loss_scaler"] = state["loss_scaler"]
-    out[f"rng/rank{strategy.ctx.rank}"] = torch.get_rng_state()
+    out[f"rng/rank{strategy.groups.rank}"] = torch.get_rng_state()
     return out
 
 
@@ -96,7 +104,7 @@ def training_state(strategy: Strategy) -> dict[str, torch.Tensor]:
     owned = {p.key: p.view for p in pieces(strategy, state) if p.owned}
     scalars = _scalars(strategy, state)
     return owned | {
-        k: v for k, v in scalars.items() if strategy.ctx.rank == 0 or k.startswith("rng/")
+        k: v for k, v in scalars.items() if strategy.groups.rank == 0 or k.startswith("rng/")
     }
 
 
@@ -118,45 +126,47 @@ def _own_files(path: str, rank: int) -> list[str]:
     )
 
 
-def save(strategy: Strategy, step: int, root: str, config: dict) -> str:
-    """Write the state before step `step` to `root/step_N` (atomically: a marker, then a rename)."""
-    ctx = strategy.ctx
+def save(strategy: Strategy, step: int, *, root: str, shape: dict[str, Any], keep: int) -> str:
+    """Write the state before step `step` to `root/step_N` (atomically: a marker, then a rename), its
+    marker recording the run's `shape` (files.run_shape); keep the newest `keep` checkpoints."""
+    rank, world_size = strategy.groups.rank, strategy.groups.size("world")
     final = step_dir(root, step)
     partial = final + ".partial"
-    if ctx.rank == 0:
+    if rank == 0:
         if os.path.exists(final):
             raise CheckpointError(f"{final} exists: a checkpoint is never overwritten")
         shutil.rmtree(partial, ignore_errors=True)  # an abandoned attempt
         os.makedirs(partial)
-    ctx.comm.barrier()
-    with ctx.recorder.span(
+    strategy.comm.barrier()
+    with strategy.recorder.span(
         f"checkpoint save step {step}", "checkpoint", "compute", step=step
     ) as args:
         with writing(partial, f"checkpoint step {step} (left .partial: never resumed from)"):
             metadata = _dcp().save(training_state(strategy), checkpoint_id=partial)
         # this rank's files, written when its save returns: their sizes, and their CRC32s read back while the
         # page cache still holds them — before the barrier after which rank 0 renames the directory
-        mine = _own_files(partial, ctx.rank)
+        mine = _own_files(partial, rank)
         args["bytes"] = sum(os.path.getsize(os.path.join(partial, f)) for f in mine)
-        sums: list[Any] = [None] * ctx.world_size
+        sums: list[Any] = [None] * world_size
         dist.all_gather_object(sums, {f: file_crc32(os.path.join(partial, f)) for f in mine})
-        if ctx.rank == 0:
+        if rank == 0:
             checksums = {f: c for part in sums for f, c in part.items()}
             checksums[".metadata"] = file_crc32(os.path.join(partial, ".metadata"))
             args["total_bytes"] = write_marker(
-                partial, step, config, tensor_bytes(metadata), checksums
+                partial, step, shape, tensor_bytes(metadata), checksums
             )["bytes"]
             os.rename(partial, final)
-            args["pruned"] = [os.path.basename(p) for p in prune(root, ctx.config.keep_checkpoints)]
-        ctx.comm.barrier()
+            args["pruned"] = [os.path.basename(p) for p in prune(root, keep)]
+        strategy.comm.barrier()
     return final
 
 
-def load(strategy: Strategy, path: str, config: dict) -> int:
-    """Fill this rank's training state from the checkpoint at `path`, whatever layout saved it; return
-    the step to run next."""
-    ctx = strategy.ctx
-    marker = verify(path, config)
+def load(strategy: Strategy, path: str, *, shape: dict[str, Any]) -> int:
+    """Fill this rank's training state from the checkpoint at `path`, whatever layout saved it (its
+    marker checked against the run's `shape`: files.run_shape); return the step to run next. Called at
+    start-up, before the first step: its memory is counted as a measured step's (trace/step_clock.py)."""
+    memory = strategy.memory
+    marker = verify(path, shape)
     meta = _dcp().FileSystemReader(path).read_metadata()
     saved = saved_pieces(meta)
     state = strategy.updater.checkpoint_state()
@@ -167,7 +177,7 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
             if start < p.start + p.view.numel() and p.start < start + n and key not in wanted:
                 wanted[key] = torch.empty(n, dtype=dtype, device=p.view.device)
     scalars = {k: v for k, v in _scalars(strategy, state).items() if k in meta.state_dict_metadata}
-    with ctx.recorder.span(
+    with strategy.recorder.span(
         f"checkpoint load step {marker['step']}",
         "checkpoint",
         "compute",
@@ -176,19 +186,19 @@ def load(strategy: Strategy, path: str, config: dict) -> int:
     ) as args:
         staged = sum(t.numel() * t.element_size() for t in wanted.values())
         # the saved pieces, read before their overlaps are copied in
-        ctx.memory.add("temporary", staged)
+        memory.add("temporary", staged)
         _dcp().load(wanted | scalars, checkpoint_id=path)
-        ctx.memory.snapshot()
+        memory.snapshot()
         missing = _copy_overlaps(mine, saved, wanted)
         wanted.clear()
-        ctx.memory.add("temporary", -staged)
+        memory.add("temporary", -staged)
         if missing:
             raise CheckpointError(f"{path} does not cover this rank's state: {missing[:3]} …")
         _restore_scalars(strategy, state, scalars)
         strategy.updater.after_load()  # ZeRO-Offload: the host's masters follow the loaded slices
         args["bytes"] = staged
-    strategy.count_model_states()  # Adam's state exists now
-    ctx.memory.snapshot()
+    strategy.count_model_states(measured=True)  # Adam's state exists now
+    memory.snapshot()
     return int(marker["step"])
 
 
@@ -230,7 +240,7 @@ def _restore_scalars(
             v.copy_(scalars["optim/step"])
     if "optim/loss_scaler" in scalars:
         strategy.updater.restore({"loss_scaler": scalars["optim/loss_scaler"]})
-    rng = f"rng/rank{strategy.ctx.rank}"
+    rng = f"rng/rank{strategy.groups.rank}"
     if rng in scalars:  # a rank the saving run did not have keeps its generator
         torch.set_rng_state(scalars[rng])
 
