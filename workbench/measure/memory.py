@@ -275,9 +275,8 @@ class MemoryTracker:
         the chosen step), as counters at those snapshots' times (`allocated`, `backend_threads`); and its true
         peak, the highest it went between two snapshots, as an `allocator_peak` counter at that moment, with the
         snapshot whose categories held then (`after_snapshot_us`)."""
-        best: tuple[int, int, float, float] | None = (
-            None  # (bytes, backend's, when, after which snapshot)
-        )
+        # (bytes, backend's, when, after which snapshot)
+        best: tuple[int, int, float, float] | None = None
         for marker, values in sorted(at_marker.items()):
             ts = self._marker_ts.get(marker, -1.0)
             if ts < since_us:
