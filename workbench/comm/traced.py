@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +59,10 @@ __all__ = ["CommError", "Communicator", "Handle"]
 # torch 2.13 renamed the tensor forms of all-gather and reduce-scatter; older releases have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _all_reduce_copy(copy: torch.Tensor, pg: Any, *, async_op: bool) -> Any:
+    return dist.all_reduce(copy, group=pg, async_op=async_op)
 
 
 def _keep_slice(out: torch.Tensor, full: torch.Tensor, pg: Any) -> None:
@@ -281,27 +286,22 @@ class Communicator:
         pg = self.groups.groups[group]
         out, inp = output.view(-1), input.reshape(-1)  # flat buffers: gloo needs them
         staged = nbytes(input) if self.backend_copies else 0
-        # gloo's own way, its copy released when it is done (blocking, or at the handle's wait)
+        launch: Callable[..., Any] = partial(_reduce_scatter, out, inp, group=pg)
+        on_done = None
         if self.backend_copies and self.clock is None:
+            # gloo's own way, with its copy released when it is done (blocking, or at the handle's wait)
             copy = inp.clone()
-            return self._run(
-                args,
-                lambda a: dist.all_reduce(copy, group=pg, async_op=a),
-                async_op=async_op,
-                n=n,
-                tensors=[output, input],
-                label=label,
-                staged=staged,
-                on_done=lambda: _keep_slice(out, copy, pg),
-            )
+            launch = partial(_all_reduce_copy, copy, pg)
+            on_done = partial(_keep_slice, out, copy, pg)
         return self._run(
             args,
-            lambda a: _reduce_scatter(out, inp, group=pg, async_op=a),
+            lambda a: launch(async_op=a),
             async_op=async_op,
             n=n,
             tensors=[output, input],
             label=label,
             staged=staged,
+            on_done=on_done,
         )
 
     def all_gather(
