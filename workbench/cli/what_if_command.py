@@ -16,19 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from workbench.analysis.what_if import CHANGES
 from workbench.cli.config_flags import add_config_flag
 
-#: the what-if's changes that are RunConfig fields, each a flag of the field's (cli/config_flags.py), in the
+#: the what-if's changes that are RunConfig fields (analysis/what_if.CHANGES), each a flag of the field's, in the
 #: order `workbench what-if --help` lists them; the straggler (a rank and its sleep) is the what-if's own
-CONFIG_CHANGES = (
-    "dp",
-    "microbatches",
-    "schedule",
-    "virtual_stages",
-    "bucket_mb",
-    "emulate_link",
-    "ranks_per_node",
-)
+CONFIG_CHANGES = tuple(c for c in CHANGES if c != "straggler")
 #: what a flag means to a what-if, beside the field's comment
 NOTES = {
     "dp": "a what-if keeps the global batch",
