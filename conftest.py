@@ -10,9 +10,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 try:
     from nbclient_poll import install
-except (
-    ModuleNotFoundError
-) as missing:  # a machine without Jupyter (a bare GPU image) runs tests/, no notebooks
+# a machine without Jupyter (a bare GPU image) runs tests/, no notebooks
+except ModuleNotFoundError as missing:
     if missing.name not in ("jupyter_client", "zmq"):
         raise
 else:

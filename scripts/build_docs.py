@@ -107,9 +107,8 @@ def api_reference(dst: Path) -> list:
         "What the package's top level gives (each imported on first use).",
         "",
     ]
-    for (
-        name
-    ) in workbench.__all__:  # each where it is defined (imports no torch: the package promises it)
+    # each where it is defined (imports no torch: the package promises it)
+    for name in workbench.__all__:
         where = getattr(workbench, name).__module__
         front += [f"::: {where}.{name}", "    options:", "      show_root_full_path: false", ""]
     (dst / "reference" / "api" / "index.md").write_text("\n".join(front))

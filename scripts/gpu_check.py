@@ -350,9 +350,8 @@ class Check:
             f"== {section.name} (bound {limit:.0f} s): {' '.join(self.argv(section))}", flush=True
         )
         t0 = time.monotonic()
-        with open(
-            log, "w"
-        ) as f:  # a session of its own: a cut section's torchrun and ranks go with it
+        # a session of its own: a cut section's torchrun and ranks go with it
+        with open(log, "w") as f:
             proc = subprocess.Popen(
                 self.argv(section),
                 cwd=ROOT,

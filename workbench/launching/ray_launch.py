@@ -93,10 +93,8 @@ def run_on_ray(
         configure_logging=False,
         runtime_env={"env_vars": {k: env[k] for k in keep if k in env}},
     )
-    for (
-        sig,
-        handler,
-    ) in ours.items():  # Ray's driver replaces them (SIGTERM: abort); ours stop it cleanly
+    # Ray's driver replaces them (SIGTERM: abort); ours stop it cleanly
+    for sig, handler in ours.items():
         if handler is not None and threading.current_thread() is threading.main_thread():
             signal.signal(sig, handler)
     try:

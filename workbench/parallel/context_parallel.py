@@ -102,9 +102,8 @@ class ContextParallel:
             calls[0] += 1
             phase = "forward" if calls[0] < self.size else "backward"
             i = calls[0] if phase == "forward" else calls[0] - self.size + 1
-            held = (
-                self.index - i + 1
-            ) % self.size  # whose block this rank computed on before passing it
+            # whose block this rank computed on before passing it
+            held = (self.index - i + 1) % self.size
             sent = sum(t.numel() * t.element_size() for t in tensors)
             span = self.recorder.span(
                 f"cp ring step {i} {phase}",

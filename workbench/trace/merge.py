@@ -137,9 +137,8 @@ def rebuild(run_dir: str) -> tuple[list[int], str | None]:
     """Every rank trace its stream can still give (`recover_partials`), then trace.json merged again from the
     per-rank files; returns the ranks recovered and the merged file's path."""
     rebuilt = []
-    for rank, path in rank_trace_paths(
-        run_dir
-    ).items():  # a damaged rank file whose stream is still there
+    # a damaged rank file whose stream is still there
+    for rank, path in rank_trace_paths(run_dir).items():
         stream = os.path.join(run_dir, f"trace_rank{rank}.partial.jsonl")
         if not os.path.exists(stream):
             continue
