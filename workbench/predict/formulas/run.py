@@ -175,10 +175,7 @@ def _categories(
             together = max(together, live + extra[a.stage] + stashed)
             live -= stage_bytes[a.stage]
         # the zero-bubble split: I stashes each Linear's input and output gradient
-        if a.kind in (
-            "I",
-            "W",
-        ):
+        if a.kind in ("I", "W"):
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
         together = max(together, live + stashed)
@@ -226,9 +223,9 @@ def _state_categories(
     }
     masters = 4 * params if grad_width(config) < 4 else 0.0
     states["temporary"] += masters  # 16-bit gradients: the update makes fp32 copies of them all
-    # every bucket's 16-bit copy,
     if config.get("grad_compression", "none") != "none" and shards > 1:
-        states["comm_buffer"] += 2 * params  # in flight until wait() after backward
+        # every bucket's 16-bit copy, in flight until wait() after backward
+        states["comm_buffer"] += 2 * params
     return states, masters
 
 
