@@ -40,3 +40,17 @@ def launched(tmp_path_factory):
         return cache[key]
 
     return run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_cluster_left_behind():
+    """Every local cluster a test brought up is gone after the suite (launching/local_cluster.py): one left
+    over is removed, and the suite fails saying which."""
+    from workbench.launching import local_cluster
+
+    before = set(local_cluster.clusters())
+    yield
+    left = sorted(set(local_cluster.clusters()) - before)
+    for name in left:
+        local_cluster.down(name)
+    assert not left, f"clusters left up after the suite (now removed): {left}"

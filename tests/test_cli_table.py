@@ -21,6 +21,7 @@ def test_workbench_help_lists_the_table_in_its_order():
     names = [c.name for c in COMMANDS]
     assert names == [
         "run",
+        "cluster",
         "compare",
         "validate",
         "show",

@@ -78,6 +78,7 @@ def cmd_run(argv: list[str]) -> int:
             ray_address=a.ray_address,
             check_disk=a.check_disk,
             check_memory=a.check_memory,
+            cluster=a.cluster,
         )
     except (ConfigError, FileExistsError) as e:
         print(f"workbench: {e}", file=sys.stderr)

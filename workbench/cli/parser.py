@@ -22,6 +22,7 @@ import sys
 
 from workbench.cli import (
     checkpoint_commands,
+    cluster_command,
     commands,
     run_dir_commands,
     schedule_command,
@@ -36,6 +37,13 @@ COMMANDS: tuple[Command | ArgvCommand, ...] = (
         help="launch a training run with torchrun (every RunConfig field is a flag: "
         "workbench run --help)",
         run=commands.cmd_run,
+    ),
+    Command(
+        name="cluster",
+        help="a cluster on this machine: nodes as network namespaces joined by shaped links "
+        "(up, down, status); workbench run --cluster NAME runs across it",
+        add_arguments=cluster_command.add_arguments,
+        run=cluster_command.run,
     ),
     Command(
         name="compare",

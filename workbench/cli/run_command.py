@@ -46,6 +46,8 @@ class LaunchOptions:
     node_rank: int = 0
     #: HOST:PORT of the first machine
     rdzv_endpoint: str | None = None
+    #: a cluster on this machine (workbench cluster up --name NAME): one torchrun agent in each of its nodes
+    cluster: str | None = None
     #: no progress line
     quiet: bool = False
     #: refuse a run whose checkpoints, traces and metrics would not fit on out's filesystem (--no-check-disk: go)

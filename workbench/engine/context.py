@@ -125,7 +125,8 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         # CUDA: every span an NVTX range
         nvtx=(torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop) if clock is not None else None,
         # every tensor checked as NCCL would (comm/strict.py)
-        info={"strict_comm": strict.enabled()},
+        # and the node it ran on: torchrun's node rank, and the node's name (a local cluster's namespace)
+        info={"strict_comm": strict.enabled(), **node_info()},
     )
     profile = MemoryProfile(device, run_dir, rank) if config.profile_memory else None
     memory = MemoryTracker(recorder, device, profile=profile)
@@ -142,7 +143,7 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
     comm.barrier()
     recorder.set_epoch()
     walls: list[Any] = [None] * world_size
-    dist.all_gather_object(walls, (time.time_ns(), socket.gethostname()))
+    dist.all_gather_object(walls, (time.time_ns(), node_info()["node"]))
     recorder.set_clock_offset((walls[rank][0] - walls[0][0]) / 1000.0)
     return RankContext(
         config=config,
@@ -159,6 +160,15 @@ def setup(config: RunConfig, run_dir: str) -> RankContext:
         comm=comm,
         hosts=[w[1] for w in walls],
     )
+
+
+def node_info() -> dict[str, Any]:
+    """This rank's node: its name (WORKBENCH_NODE, which a local cluster sets to the node's namespace, else
+    the host's name) and torchrun's node rank (GROUP_RANK)."""
+    return {
+        "node": os.environ.get("WORKBENCH_NODE") or socket.gethostname(),
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+    }
 
 
 def warm_up(groups: ProcessGroups, device: torch.device) -> None:

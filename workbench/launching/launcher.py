@@ -28,8 +28,10 @@ from workbench.config import ConfigError, RunConfig, ValidConfig, validated
 from workbench.config.backend import RESOLVED_BACKEND, auto_fallback, backend_for
 from workbench.config.model_config import lr_warning
 from workbench.engine.checkpoint.files import archive_attempt, check_resume
+from workbench.launching.cluster_launch import cluster_nodes, start_agents
 from workbench.launching.disk_space import check_disk_space
 from workbench.launching.lifetime import Torchrun, die_with_parent, stop
+from workbench.launching.local_cluster import LocalCluster, attach
 from workbench.launching.memory_fit import check_fits_memory
 from workbench.launching.progress import Progress, Speed
 from workbench.launching.run_lock import RunLock
@@ -131,6 +133,7 @@ def launch(
     ray_address: str | None = None,
     check_disk: bool = True,
     check_memory: bool = True,
+    cluster: LocalCluster | str | None = None,
 ) -> Run:
     """Validate (a plain RunConfig, once; a ValidConfig is taken as it is), run with torchrun (or as Ray
     Train workers: launcher='ray', launching/ray_launch.py), and return the loaded Run (or raise RunFailed /
@@ -138,9 +141,16 @@ def launch(
     `force=True` (FileExistsError otherwise), and never while it is alive (launching/run_lock.py); a run whose
     files would not fit on out's filesystem is refused unless `check_disk=False` (launching/disk_space.py), and one
     whose predicted peak would not fit in this machine's free memory unless `check_memory=False`
-    (launching/memory_fit.py)."""
+    (launching/memory_fit.py). `cluster` (a LocalCluster that is up, or its name) runs one torchrun agent in
+    each of its nodes, across its shaped links (launching/cluster_launch.py)."""
     _warn_lr(config)
     config = validated(config)
+    if isinstance(cluster, str):
+        cluster = attach(cluster)
+    if cluster is not None:
+        if launcher != "torchrun":
+            raise ConfigError(f"launcher={launcher!r} with a cluster: a cluster run is torchrun's")
+        nodes = cluster_nodes(config, cluster, nodes)
     backend = choose_backend(config, nodes, say=True)
     _check_launcher(launcher, config, backend, nodes, ray_address)
     if nodes.elastic:
@@ -172,6 +182,7 @@ def launch(
             echo=echo,
             launcher=launcher,
             ray_address=ray_address,
+            cluster=cluster,
         )
     finally:
         # a killed rank's
@@ -191,8 +202,10 @@ def _run(
     echo: bool,
     launcher: str,
     ray_address: str | None,
+    cluster: LocalCluster | None = None,
 ) -> Run:
-    """Start the ranks (torchrun or Ray) into a prepared directory, follow them, load what they wrote."""
+    """Start the ranks (torchrun, torchrun in each node of a local cluster, or Ray) into a prepared
+    directory, follow them, load what they wrote."""
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
     started = time.time()  # the ranks' error-file reservations are this launch's from here on
@@ -204,6 +217,10 @@ def _run(
                 f"ray: {config.world_size} Ray Train worker(s) on {ray_address or 'a local cluster'}\n"
             )
         rc = run_on_ray(config, run_dir, backend, env, ray_address)
+    elif cluster is not None:
+        with open(log_path, "a") as log:
+            agents = start_agents(config, run_dir, cluster=cluster, nodes=nodes, env=env, log=log)
+            rc = _follow(agents, run_dir, config, progress)
     else:
         cmd = torchrun_command(config, run_dir, nodes)
         with open(log_path, "w") as log:

@@ -27,6 +27,12 @@ class Nodes:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the rendezvous (node 0)
     rdzv_id: str = "workbench"
+    #: whether this machine's agent hosts the rendezvous store (torchrun's rdzv-conf is_host); None: torchrun
+    #: decides by host name, which machines that share one (a local cluster's namespaces) cannot
+    hosts_rendezvous: bool | None = None
+    #: the address other machines reach this one at (torchrun's --local-addr, which its rank 0 publishes as
+    #: MASTER_ADDR); None: torchrun takes the host's name, which inside a namespace may not resolve
+    local_addr: str | None = None
 
     @property
     def range(self) -> tuple[int, int]:
@@ -107,11 +113,15 @@ def torchrun_command(
             "--rdzv-id",
             nodes.rdzv_id,
         ]
-        cmd += (
-            ["--rdzv-conf", ELASTIC_RDZV_CONF]
-            if nodes.elastic
-            else ["--node-rank", str(nodes.node_rank)]
-        )
+        conf = [ELASTIC_RDZV_CONF] if nodes.elastic else []
+        if nodes.hosts_rendezvous is not None:
+            conf.append(f"is_host={int(nodes.hosts_rendezvous)}")
+        if conf:
+            cmd += ["--rdzv-conf", ",".join(conf)]
+        if not nodes.elastic:
+            cmd += ["--node-rank", str(nodes.node_rank)]
+        if nodes.local_addr is not None:
+            cmd += ["--local-addr", nodes.local_addr]
     cmd += ["--max-restarts", str(config.max_restarts)]
     # torchrun runs nsys, which runs the rank: one report per rank, named by its RANK
     if config.nsys:

@@ -1,0 +1,299 @@
+"""A cluster on one machine: each node a Linux network namespace with its own address, every node's link
+to a shared bridge shaped by the kernel's token-bucket filter (`tc qdisc tbf`) at the inter-node rate.
+
+    wb-NAME-sw    the switch: a namespace holding the bridge `br0` and one port per node (`n0`, `n1`, ...)
+    wb-NAME-n0    node 0: `lo` and `eth0` = 198.18.0.1/24, its veth peer being `n0` on the bridge
+    wb-NAME-n1    node 1: `eth0` = 198.18.0.2/24, ...
+
+Messages between two nodes cross two shaped links (the sender's `eth0` out, the bridge's port to the
+receiver out), each at `rate_mbit`: real bytes on a real (virtual) wire, timed by the clock. Ranks inside
+one node reach each other through the node's own address, which the kernel routes over the node's
+loopback: fast, as NVLink is beside InfiniBand. `netem` is not available on this kind of machine, so no
+delay is added: a link's latency is the kernel's, a few tens of microseconds (where a lesson needs more, it
+stays emulated and says so).
+
+Nothing is created in the machine's own namespace: every interface lives in the cluster's namespaces,
+and deleting them (`down`) deletes the links and the bridge with them. Addresses are in 198.18.0.0/15, the
+range set aside for benchmarking (RFC 2544); traffic never leaves the namespaces made here.
+
+Needs root (CAP_NET_ADMIN and the right to mount /run/netns); elsewhere `require_root` refuses, naming what
+is missing. The cluster's shape is kept in /run/workbench/clusters/NAME.json (a tmpfs: gone at reboot, as
+the namespaces are). No torch here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from workbench.config import ConfigError
+
+#: where each cluster's shape is kept while it is up
+STATE_DIR = "/run/workbench/clusters"
+#: node k's address is SUBNET.(k+1)/24: in the benchmarking range 198.18.0.0/15 (RFC 2544)
+SUBNET = "198.18.0"
+#: the rendezvous port on node 0 (each cluster's namespaces have ports of their own)
+RDZV_PORT = 29400
+#: every namespace a cluster makes is named wb-NAME-…; NAME is short, so that interface names stay legal
+_NAME = re.compile(r"^[a-z0-9]{1,10}$")
+_PREFIX = "wb-"
+
+
+@dataclass(kw_only=True)
+class LocalCluster:
+    """N nodes of R ranks each, as network namespaces joined by a bridge; every node's link shaped at
+    `rate_mbit` Mbit/s each way (None: unshaped, as fast as the kernel copies)."""
+
+    name: str = "wb"
+    nodes: int = 2
+    ranks_per_node: int = 2
+    rate_mbit: float | None = 1000.0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(
+                f"cluster name {self.name!r}: 1–10 lowercase letters or digits (it names the "
+                f"namespaces wb-NAME-n0, ... and must fit Linux's 15-character interface names)"
+            )
+        if not 1 <= self.nodes <= 250:
+            raise ConfigError(f"cluster nodes={self.nodes}: 1 to 250 nodes (one /24 of addresses)")
+        if self.ranks_per_node < 1:
+            raise ConfigError(f"cluster ranks_per_node={self.ranks_per_node}: at least 1")
+        if self.rate_mbit is not None and not 0 < self.rate_mbit <= 100_000:
+            raise ConfigError(
+                f"cluster rate_mbit={self.rate_mbit}: a link rate in Mbit/s, 0 < rate ≤ 100000, "
+                f"or None for an unshaped link"
+            )
+
+    # names and addresses
+    @property
+    def switch(self) -> str:
+        return f"{_PREFIX}{self.name}-sw"
+
+    def namespace(self, node: int) -> str:
+        return f"{_PREFIX}{self.name}-n{node}"
+
+    def address(self, node: int) -> str:
+        return f"{SUBNET}.{node + 1}"
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        return f"{self.address(0)}:{RDZV_PORT}"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node of a global rank: torchrun numbers each node's ranks consecutively."""
+        return rank // self.ranks_per_node
+
+    def exec_argv(self, node: int, argv: list[str]) -> list[str]:
+        """`argv` run inside node `node`'s namespace."""
+        return ["ip", "netns", "exec", self.namespace(node), *argv]
+
+    def env(self, node: int) -> dict[str, str]:
+        """What a process in node `node` needs: gloo and NCCL bind its `eth0` (the default, the machine's
+        hostname, resolves to an address that does not exist inside the namespace), and its name."""
+        return {
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "WORKBENCH_NODE": self.namespace(node),
+        }
+
+    # bringing it up and down
+    def up(self, *, keep: bool = False) -> LocalCluster:
+        """Create the namespaces, the bridge and the shaped links (an earlier cluster of this name is
+        removed first). On any failure, whatever was made is removed before the error is raised; and
+        unless `keep` (the CLI's `cluster up`, which ends at once), when this process exits."""
+        require_root()
+        down(self.name)
+        try:
+            _ip("netns", "add", self.switch)
+            self._in(self.switch, "ip link set lo up")
+            self._in(self.switch, "ip link add br0 type bridge")
+            self._in(self.switch, "ip link set br0 up")
+            for k in range(self.nodes):
+                self._add_node(k)
+            self.set_rate(self.rate_mbit)
+            os.makedirs(STATE_DIR, exist_ok=True)
+            with open(_state_path(self.name), "w") as f:
+                json.dump(asdict(self), f)
+        except BaseException:
+            down(self.name)
+            raise
+        if not keep:
+            atexit.register(down, self.name)
+        return self
+
+    @property
+    def is_up(self) -> bool:
+        """Up, in this shape."""
+        try:
+            return attach(self.name) == self
+        except ConfigError:
+            return False
+
+    def _add_node(self, k: int) -> None:
+        ns = self.namespace(k)
+        _ip("netns", "add", ns)
+        # both ends made inside their namespaces: no interface ever appears in the machine's own
+        _ip(*f"link add n{k} netns {self.switch} type veth peer name eth0 netns {ns}".split())
+        self._in(self.switch, f"ip link set n{k} master br0 up")
+        self._in(ns, f"ip addr add {self.address(k)}/24 dev eth0")
+        self._in(ns, "ip link set eth0 up")
+        self._in(ns, "ip link set lo up")
+
+    def set_rate(self, rate_mbit: float | None) -> None:
+        """Shape every node's link, both ways, at `rate_mbit` (None: remove the shaping). tbf's bucket
+        holds 1 ms of traffic (at least 32 KiB): a message longer than that flows at the rate."""
+        for k in range(self.nodes):
+            for ns, dev in ((self.namespace(k), "eth0"), (self.switch, f"n{k}")):
+                if rate_mbit is None:
+                    subprocess.run(
+                        ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                        capture_output=True,
+                    )
+                    continue
+                burst = max(int(rate_mbit * 1e6 / 8 / 1000), 32 * 1024)
+                tbf = f"tc qdisc replace dev {dev} root tbf rate {rate_mbit}mbit burst {burst} latency 200ms"
+                self._in(ns, tbf)
+        self.rate_mbit = rate_mbit
+        if os.path.exists(_state_path(self.name)):
+            with open(_state_path(self.name), "w") as f:
+                json.dump(asdict(self), f)
+
+    def down(self) -> None:
+        down(self.name)
+
+    def __enter__(self) -> LocalCluster:
+        return self if self.is_up else self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    @staticmethod
+    def _in(ns: str, command: str) -> None:
+        _run(["ip", "netns", "exec", ns, *command.split()])
+
+
+def cluster(
+    name: str = "wb", *, nodes: int = 2, ranks_per_node: int = 2, rate_mbit: float | None = 1000.0
+) -> LocalCluster:
+    """A cluster of `nodes` × `ranks_per_node` on this machine, brought up (removed when this process
+    exits, or at the end of a `with` block): `wb.launch(config, cluster=c)` runs across it."""
+    return LocalCluster(
+        name=name, nodes=nodes, ranks_per_node=ranks_per_node, rate_mbit=rate_mbit
+    ).up()
+
+
+def require_root() -> None:
+    """A ConfigError naming what is missing where namespaces cannot be made."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(
+            f"a local cluster needs {' and '.join(missing)} (iproute2: apt-get install iproute2)"
+        )
+    if os.geteuid() != 0:
+        raise ConfigError(
+            "a local cluster makes network namespaces, veth links and a bridge, which needs root "
+            f"(CAP_NET_ADMIN); this process runs as uid {os.geteuid()}: run it with sudo, or in a "
+            f"container started with --cap-add NET_ADMIN"
+        )
+
+
+def clusters() -> list[str]:
+    """The names of every cluster whose namespaces exist on this machine."""
+    names = set()
+    for ns in _namespaces():
+        m = re.match(rf"^{_PREFIX}([a-z0-9]+)-(sw|n\d+)$", ns)
+        if m:
+            names.add(m.group(1))
+    return sorted(names)
+
+
+def status(name: str) -> dict:
+    """A cluster's shape (as it was brought up), its namespaces and each node's processes."""
+    ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
+    shape = {}
+    if os.path.exists(_state_path(name)):
+        with open(_state_path(name)) as f:
+            shape = json.load(f)
+    return {
+        "name": name,
+        "up": bool(ours),
+        **shape,
+        "namespaces": {ns: len(_pids(ns)) for ns in sorted(ours)},
+    }
+
+
+def attach(name: str) -> LocalCluster:
+    """The cluster `name` that is up (ConfigError naming the ones that are, if it is not)."""
+    path = _state_path(name)
+    if not os.path.exists(path) or name not in clusters():
+        up = clusters()
+        raise ConfigError(
+            f"cluster {name!r} is not up; "
+            + (f"the clusters up are {up}" if up else "no cluster is up")
+            + f" (start one: workbench cluster up --name {name})"
+        )
+    with open(path) as f:
+        return LocalCluster(**json.load(f))
+
+
+def down(name: str, grace_s: float = 5.0) -> None:
+    """Remove cluster `name`: its processes (SIGTERM, then SIGKILL after `grace_s`), its namespaces
+    (the links and the bridge go with them) and its state. Safe to call on a cluster half made, or one
+    whose run was killed."""
+    ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
+    _signal_all(ours, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_pids(ns) for ns in ours):
+        time.sleep(0.1)
+    _signal_all(ours, signal.SIGKILL)
+    for ns in ours:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if os.path.exists(_state_path(name)):
+        os.remove(_state_path(name))
+
+
+def _signal_all(namespaces: list[str], sig: int) -> None:
+    for ns in namespaces:
+        for pid in _pids(ns):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _state_path(name: str) -> str:
+    return os.path.join(STATE_DIR, f"{name}.json")
+
+
+def _namespaces() -> list[str]:
+    if shutil.which("ip") is None:
+        return []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _pids(ns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _ip(*argv: str) -> None:
+    _run(["ip", *argv])
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
