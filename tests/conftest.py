@@ -44,13 +44,12 @@ def launched(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_cluster_left_behind():
-    """Every local cluster a test brought up is gone after the suite (launching/local_cluster.py): one left
-    over is removed, and the suite fails saying which."""
+    """Every local cluster this test process brought up is gone after the suite (launching/local_cluster.py):
+    one left over is removed, and the suite fails saying which."""
     from workbench.launching import local_cluster
 
-    before = set(local_cluster.clusters())
     yield
-    left = sorted(set(local_cluster.clusters()) - before)
+    left = local_cluster.owned_by(os.getpid())
     for name in left:
         local_cluster.down(name)
     assert not left, f"clusters left up after the suite (now removed): {left}"

@@ -123,9 +123,7 @@ class LocalCluster:
             for k in range(self.nodes):
                 self._add_node(k)
             self.set_rate(self.rate_mbit)
-            os.makedirs(STATE_DIR, exist_ok=True)
-            with open(_state_path(self.name), "w") as f:
-                json.dump(asdict(self), f)
+            self._save(owner=os.getpid())
         except BaseException:
             down(self.name)
             raise
@@ -167,8 +165,13 @@ class LocalCluster:
                 self._in(ns, tbf)
         self.rate_mbit = rate_mbit
         if os.path.exists(_state_path(self.name)):
-            with open(_state_path(self.name), "w") as f:
-                json.dump(asdict(self), f)
+            self._save(owner=_read_state(self.name)["owner_pid"])
+
+    def _save(self, *, owner: int) -> None:
+        """The shape, and the process that brought the cluster up (its owner)."""
+        os.makedirs(STATE_DIR, exist_ok=True)
+        with open(_state_path(self.name), "w") as f:
+            json.dump({**asdict(self), "owner_pid": owner}, f)
 
     def down(self) -> None:
         down(self.name)
@@ -222,10 +225,7 @@ def clusters() -> list[str]:
 def status(name: str) -> dict:
     """A cluster's shape (as it was brought up), its namespaces and each node's processes."""
     ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
-    shape = {}
-    if os.path.exists(_state_path(name)):
-        with open(_state_path(name)) as f:
-            shape = json.load(f)
+    shape = _read_state(name) if os.path.exists(_state_path(name)) else {}
     return {
         "name": name,
         "up": bool(ours),
@@ -244,8 +244,18 @@ def attach(name: str) -> LocalCluster:
             + (f"the clusters up are {up}" if up else "no cluster is up")
             + f" (start one: workbench cluster up --name {name})"
         )
-    with open(path) as f:
-        return LocalCluster(**json.load(f))
+    shape = _read_state(name)
+    del shape["owner_pid"]
+    return LocalCluster(**shape)
+
+
+def owned_by(pid: int) -> list[str]:
+    """The clusters up that process `pid` brought up."""
+    return [
+        n
+        for n in clusters()
+        if os.path.exists(_state_path(n)) and _read_state(n)["owner_pid"] == pid
+    ]
 
 
 def down(name: str, grace_s: float = 5.0) -> None:
@@ -271,6 +281,11 @@ def _signal_all(namespaces: list[str], sig: int) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _read_state(name: str) -> dict:
+    with open(_state_path(name)) as f:
+        return json.load(f)
 
 
 def _state_path(name: str) -> str:
