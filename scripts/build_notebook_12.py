@@ -450,22 +450,34 @@ widgets.interact(dp_explorer,
                  link_GBps=widgets.FloatLogSlider(value=25, base=10, min=0, max=3, description="link GB/s"));
 """),
         md("""
-**Measured here**, under an emulated link: for each strategy, two runs of a small model, one on each side of
-its predicted crossover. F, the compute rate the formula needs, is measured from the larger run itself (its
-model FLOPs over its forward and backward time); the measured ratio is each run's communication time over its
-compute time, from its trace (rank 0, the steps after the first).
+**Measured here**, across a link: for each strategy, two runs of a small model, one on each side of its
+predicted crossover. F, the compute rate the formula needs, is measured from the larger run itself (its model
+FLOPs over its forward and backward time); the measured ratio is each run's communication time over its compute
+time, from its trace (rank 0, the steps after the first).
 
-**What this measures, and what it does not.** The emulated link (comm/emulated_link.py) holds each message for
-latency + bytes / bandwidth on the sending side: under it a communication time *is* the α–β formula, plus
-what gloo and the peer's lag add. So these points check the **compute half** of each crossover — that F,
-measured, puts the turn where the formula says — not the link's. The link's half is measured for real in
-notebook 09 (all-reduces of 1 KB to 64 MB, the α–β fit). And each point is a timing claim: two ranks share this
-machine's cores, so a busy core moves the ratio; the check below shows its margin and is not asserted.
+**The link.** Where this machine lets us make network namespaces (as root: CI does), DP, ZeRO-3 and TP run on
+a **cluster on this machine** (launching/local_cluster.py): two nodes, one rank each, whose links the kernel's
+token-bucket filter holds to 1.6 Gbit/s (0.2 GB/s) — every byte of their collectives crosses a real (virtual)
+wire, and the communication time is the clock's. A pipeline's crossover is about latency, which this machine
+cannot add to a link (no `netem`), so PP's link stays **emulated** (comm/emulated_link.py holds each transfer for
+20 ms on the sending side): its communication time is the emulator's formula, and its point checks the compute
+half only. Where no cluster can be made, all four use the emulated link (the cell says which ran). Each point
+is a timing claim: two ranks share this machine's cores, so a busy core moves the ratio; the check below shows
+its margin and is not asserted.
 """),
         code("""
 BW_LINK, LATENCY_S = 0.2e9, 0.02   # the emulated link: 0.2 GB/s (DP, ZeRO-3, TP); 20 ms a message (PP)
 SHORT = {"base": "small", "seq_len": 32}  # small, 32 tokens a sequence
 SHORT_N = wb.RunConfig(model=SHORT).model_config.param_count()
+from workbench.launching import local_cluster
+
+try:  # two nodes of one rank, their links at BW_LINK (tc tbf); removed when the kernel ends
+    WIRE = local_cluster.cluster("nb12", nodes=2, ranks_per_node=1, rate_mbit=BW_LINK * 8 / 1e6)
+    print(f"DP, ZeRO-3 and TP on a real wire: 2 nodes (network namespaces) joined by links of "
+          f"{BW_LINK * 8 / 1e9:.1f} Gbit/s (tc tbf); PP's 20 ms latency stays emulated (no netem here)")
+except wb.ConfigError as e:
+    WIRE = None
+    print(f"no cluster can be made on this machine ({e}): all four on the emulated link")
 PLANS = {  # strategy: (variable, low, high, settings for a value)
     # DP's far side at 1024: at 512 (1.6× its crossover of about 310) the ratio sat at 0.6–1.1 over five runs
     "DP": ("tokens a rank", 32, 1024, lambda v: dict(model=SHORT, dp=2, global_batch=2 * v // 32)),
@@ -487,9 +499,11 @@ def intervals(spans):  # a table's spans as (start_us, end_us)
 
 def launch_point(kind, value):
     variable, low, high, settings = PLANS[kind]
-    link = f"inter=100,{LATENCY_S * 1e6:.0f}" if kind == "PP" else f"inter={BW_LINK / 1e9},0"
+    wire = WIRE if kind != "PP" else None
+    link = None if wire else f"inter=100,{LATENCY_S * 1e6:.0f}" if kind == "PP" else f"inter={BW_LINK / 1e9},0"
     run = wb.launch(wb.RunConfig(steps=4, ranks_per_node=1, emulate_link=link, **settings(value)),
-                    out=os.path.join("..", "traces", "nb12", f"{kind}_{value}"), force=True, progress=False)
+                    out=os.path.join("..", "traces", "nb12", f"{kind}_{value}"), force=True, progress=False,
+                    cluster=wire)
     everything = run.events[run.events["rank"] == 0]
     ev = everything[everything.step >= 1]  # the steps after the first (which pays one-off costs)
     steps = ev.step.nunique()
@@ -530,6 +544,8 @@ def crossover_at(kind, F):  # the formula's crossover for a compute rate F, on t
 points, predicted = [], {}
 for kind, (variable, low, high, _) in PLANS.items():
     pair = [launch_point(kind, low), launch_point(kind, high)]
+    if WIRE and kind == "TP":  # the last to use it
+        WIRE.down()
     F = compute_rate(pair[1])
     predicted[kind] = crossover_at(kind, F)
     for p in pair:
@@ -561,8 +577,10 @@ for kind, g in measured.groupby("strategy", sort=False):
               high_tokens=high.value, crossover=predicted[kind], ratio_low=low["measured ratio"],
               ratio_high=high["measured ratio"],
               margin=min(viz.headroom(low["measured ratio"], 1, below=False), viz.headroom(high["measured ratio"], 1)),
-              regime=f"2 ranks on {os.cpu_count()} cores, small at 32 tokens a sequence, emulated link",
-              timing="two ranks' compute on shared cores; the link's time is the emulator's formula")
+              regime=f"2 ranks on {os.cpu_count()} cores, small at 32 tokens a sequence, "
+                     + ("a tbf-shaped link" if WIRE and kind != "PP" else "emulated link"),
+              timing="two ranks' compute on shared cores"
+                     + ("" if WIRE and kind != "PP" else "; the link's time is the emulator's formula"))
 measured.round(3)
 """),
         md("""
@@ -570,8 +588,9 @@ measured.round(3)
 error says little (F came from that run; for PP the link column is the trace's own holds), and the near points
 miss far more, because a step that small computes at a fraction of F (the column "this point's own GFLOP/s":
 each layer's fixed cost in Python and autograd, which no FLOP count sees). With each point's own rate, the
-compute half is taken out, and what error is left is communication: "link formula ms a step" is what the
-emulator holds for the bytes the run really sent, "comm ms a step" what the trace measured. Where the second
+compute half is taken out, and what error is left is communication: "link formula ms a step" is bytes / rate
+for the bytes the run really sent (what the emulator would hold them for), "comm ms a step" what the trace
+measured — on the tbf-shaped link, the wire's own time, with TCP's and gloo's overheads in it. Where the second
 is far above the first — TP at hidden 32, whose messages are a few kilobytes — the time is not the link's but
 each gloo call's own and the wait for the other rank, which the crossover formula leaves out; where the bytes
 sent exceed the formula's (TP: the one-layer model's embedding and loss all-reduce too), the link column
