@@ -32,6 +32,23 @@ def main() -> None:
     fig.write_image(os.path.join(IMAGES, "ring.png"), width=640, height=420)
     viz.memory_breakdown(dp2).write_image(os.path.join(IMAGES, "memory.png"), width=640, height=380)
     llama_validation()
+    cluster_timeline()
+
+
+def cluster_timeline() -> None:
+    """docs/guide/launchers.md's picture: dp 4 on a cluster on this machine (2 nodes × 2 ranks, 1 Gbit/s links),
+    the gradient buckets' all-reduces in flight across the link while backward runs (needs root)."""
+    config = wb.RunConfig(
+        model={"base": "small", "seq_len": 32}, dp=4, steps=4, global_batch=32, bucket_mb=1.0
+    )
+    with wb.cluster("readme", nodes=2, ranks_per_node=2, rate_mbit=1000) as c:
+        run = wb.launch(config, out=os.path.join(RUNS, "cluster"), force=True, cluster=c)
+    viz.timeline(
+        run,
+        steps=[3],
+        title="dp 4 on a cluster on one machine: 2 nodes (network namespaces) × 2 ranks,<br>1 Gbit/s "
+        "links (tc tbf): each bucket's all-reduce crosses the link while backward runs",
+    ).write_image(os.path.join(IMAGES, "cluster_timeline.png"), width=1000, height=560)
 
 
 #: the Llama run of docs/guide/models-and-data.md: small-llama on docs/architecture.md's bytes, last 10 % held out

@@ -30,13 +30,24 @@ LANE_ORDER = [
 ]
 
 
-def _rows(events: pd.DataFrame) -> pd.DataFrame:
+def _rows(events: pd.DataFrame, nodes: list[str] | None = None) -> pd.DataFrame:
+    """Each event's row: its rank and lane, and where the ranks ran on several nodes (`nodes`: each rank's,
+    config.json's `hosts`), the rank's node as well."""
     ev = events.copy()
     ev["row_lane"] = ev.lane.where(ev.kind != "async", "comm in flight")
     ev["cat"] = span_kinds(ev)
     ev = ev[~((ev.cat == "step") & (ev.lane == "compute"))]  # the step span encloses everything
-    ev["row"] = "rank " + ev["rank"].astype(str) + " · " + ev.row_lane
+    ev["row"] = ev["rank"].map(lambda r: _rank_label(int(r), nodes)) + " · " + ev.row_lane
     return ev
+
+
+def _rank_label(rank: int, nodes: list[str] | None) -> str:
+    """'rank 2', or 'rank 2 (node 1)' where the ranks ran on several nodes (numbered in the order the ranks
+    first name them: torchrun gives node 0 the first ranks)."""
+    order = list(dict.fromkeys(nodes or []))
+    if len(order) < 2 or rank >= len(nodes or []):
+        return f"rank {rank}"
+    return f"rank {rank} (node {order.index((nodes or [])[rank])})"
 
 
 def timeline(
@@ -58,13 +69,14 @@ def timeline(
         ev = ev[ev["rank"].isin(ranks)]
     if torch_ops:
         ev = pd.concat([ev, _torch_ops(run, ev)], ignore_index=True)
-    ev = _rows(ev)
+    nodes = run.config.get("hosts")
+    ev = _rows(ev, nodes)
     t0 = ev.start_us.min()
     order = [
-        f"rank {r} · {lane}"
+        f"{_rank_label(int(r), nodes)} · {lane}"
         for r in sorted(ev["rank"].unique())
         for lane in LANE_ORDER
-        if f"rank {r} · {lane}" in set(ev.row)
+        if f"{_rank_label(int(r), nodes)} · {lane}" in set(ev.row)
     ]
     height = max(300, 28 * len(order) + 120)
     fig = go.Figure()
