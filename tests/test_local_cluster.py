@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 
 import pytest
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
 from workbench.launching import local_cluster as lc
+from workbench.launching import namespace_host
 
 ROOT = os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
 needs_root = pytest.mark.skipif(
@@ -27,9 +30,10 @@ needs_root = pytest.mark.skipif(
 )
 
 
-def test_refused_without_root(monkeypatch):
+def test_refused_without_root_or_user_namespaces(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(ConfigError, match="needs root .*uid 1000"):
+    monkeypatch.setattr(namespace_host, "_userns_works", lambda: False)
+    with pytest.raises(ConfigError, match="needs root .*uid 1000 .*unshare -rn true` fails"):
         lc.LocalCluster(name="nonroot").up()
 
 
@@ -58,7 +62,7 @@ def test_run_must_fit_the_cluster(tmp_path):
 
 @needs_root
 def test_up_and_down_leave_nothing():
-    before = set(lc._namespaces())
+    before = set(namespace_host.NamespaceHost().namespaces())
     c = lc.LocalCluster(name="tupdown", nodes=3, ranks_per_node=1, rate_mbit=200).up()
     assert lc.status("tupdown")["namespaces"].keys() == {
         "wb-tupdown-n0",
@@ -74,7 +78,7 @@ def test_up_and_down_leave_nothing():
     sleeper = subprocess.Popen(c.exec_argv(2, ["sleep", "600"]))
     lc.down("tupdown")
     assert sleeper.wait(timeout=10) != 0
-    assert set(lc._namespaces()) == before
+    assert set(namespace_host.NamespaceHost().namespaces()) == before
     assert "tupdown" not in lc.clusters()
     root_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert "tupdown" not in root_links and "br0" not in root_links
@@ -99,3 +103,44 @@ def test_two_nodes_train_what_one_process_trains(tmp_path, grid):
     nodes = run.config["hosts"]
     assert nodes == ["wb-ttrain-n0", "wb-ttrain-n0", "wb-ttrain-n1", "wb-ttrain-n1"]
     assert "ttrain" not in lc.clusters()
+
+
+USERNS = (
+    subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+    if ROOT or os.geteuid() != 0
+    else False
+)
+
+
+@pytest.mark.skipif(not USERNS, reason="`unshare -rn true` fails here: no user namespaces")
+def test_in_a_user_namespace_and_gone_with_its_owner(tmp_path, monkeypatch):
+    """The unprivileged path (launching/namespace_host.py), asked for as root: the namespaces live in a
+    holder's user namespace, invisible to the machine's `ip netns list`; a dp run across them trains what one
+    process trains; and when the process that brought the cluster up is killed (SIGKILL: no clean-up of its
+    own runs), its holder dies with it, and the namespaces with the holder."""
+    monkeypatch.setenv("WORKBENCH_CLUSTER_HOST", "userns")
+    base = {"steps": 3, "global_batch": 8, "seed": 0, "timeout_s": 60}
+    with lc.LocalCluster(name="tuserns", nodes=2, ranks_per_node=1, rate_mbit=500) as c:
+        holder = lc.status("tuserns")["holder_pid"]
+        assert holder and "wb-tuserns-n0" not in namespace_host.NamespaceHost().namespaces()
+        run = wb.launch(RunConfig(dp=2, **base), out=str(tmp_path / "c"), cluster=c, progress=False)
+    one = wb.launch(RunConfig(**base), out=str(tmp_path / "one"), progress=False)
+    assert _losses(run) == pytest.approx(_losses(one), rel=1e-5)
+    assert not namespace_host.NamespaceHost(holder_pid=holder).alive
+    # the owner killed outright
+    script = (
+        "import os, sys, time; from workbench.launching import local_cluster as lc; "
+        "lc.LocalCluster(name='tkilled', nodes=2).up(); "
+        "print(lc.status('tkilled')['holder_pid'], flush=True); time.sleep(600)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    holder = int(owner.stdout.readline())
+    assert namespace_host.NamespaceHost(holder_pid=holder).alive
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while namespace_host.NamespaceHost(holder_pid=holder).alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not namespace_host.NamespaceHost(holder_pid=holder).alive
+    assert "tkilled" not in lc.clusters()
+    lc.down("tkilled")  # its state file, left by the killed owner

@@ -16,9 +16,11 @@ Nothing is created in the machine's own namespace: every interface lives in the 
 and deleting them (`down`) deletes the links and the bridge with them. Addresses are in 198.18.0.0/15, the
 range set aside for benchmarking (RFC 2544); traffic never leaves the namespaces made here.
 
-Needs root (CAP_NET_ADMIN and the right to mount /run/netns); elsewhere `require_root` refuses, naming what
-is missing. The cluster's shape is kept in /run/workbench/clusters/NAME.json (a tmpfs: gone at reboot, as
-the namespaces are). No torch here.
+Needs root, or unprivileged user namespaces where the kernel allows them: then the namespaces live inside
+one holder process's user namespace (launching/namespace_host.py). Elsewhere `up` refuses, naming what is
+missing. The cluster's shape (and its holder) is kept in /run/workbench/clusters/NAME.json as root (a tmpfs:
+gone at reboot, as the namespaces are), else in $XDG_RUNTIME_DIR (or the temporary directory). No torch
+here.
 """
 
 from __future__ import annotations
@@ -27,16 +29,24 @@ import atexit
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 from workbench.config import ConfigError
+from workbench.launching.namespace_host import NamespaceHost, how_to_host, start_holder
 
-#: where each cluster's shape is kept while it is up
-STATE_DIR = "/run/workbench/clusters"
+#: where each cluster's shape is kept while it is up: /run as root, else the user's runtime directory
+STATE_DIR = (
+    "/run/workbench/clusters"
+    if os.geteuid() == 0
+    else os.path.join(
+        os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
+        f"workbench-{os.geteuid()}",
+        "clusters",
+    )
+)
 #: node k's address is SUBNET.(k+1)/24: in the benchmarking range 198.18.0.0/15 (RFC 2544)
 SUBNET = "198.18.0"
 #: the rendezvous port on node 0 (each cluster's namespaces have ports of their own)
@@ -97,7 +107,7 @@ class LocalCluster:
 
     def exec_argv(self, node: int, argv: list[str]) -> list[str]:
         """`argv` run inside node `node`'s namespace."""
-        return ["ip", "netns", "exec", self.namespace(node), *argv]
+        return [*_host(self.name).prefix, "ip", "netns", "exec", self.namespace(node), *argv]
 
     def env(self, node: int) -> dict[str, str]:
         """What a process in node `node` needs: gloo and NCCL bind its `eth0` (the default, the machine's
@@ -113,17 +123,18 @@ class LocalCluster:
         """Create the namespaces, the bridge and the shaped links (an earlier cluster of this name is
         removed first). On any failure, whatever was made is removed before the error is raised; and
         unless `keep` (the CLI's `cluster up`, which ends at once), when this process exits."""
-        require_root()
+        how = how_to_host()
         down(self.name)
+        host = start_holder(keep=keep) if how == "userns" else NamespaceHost()
+        self._save(owner=os.getpid(), host=host)
         try:
-            _ip("netns", "add", self.switch)
+            host.run(["ip", "netns", "add", self.switch])
             self._in(self.switch, "ip link set lo up")
             self._in(self.switch, "ip link add br0 type bridge")
             self._in(self.switch, "ip link set br0 up")
             for k in range(self.nodes):
                 self._add_node(k)
             self.set_rate(self.rate_mbit)
-            self._save(owner=os.getpid())
         except BaseException:
             down(self.name)
             raise
@@ -141,9 +152,10 @@ class LocalCluster:
 
     def _add_node(self, k: int) -> None:
         ns = self.namespace(k)
-        _ip("netns", "add", ns)
+        _host(self.name).run(["ip", "netns", "add", ns])
         # both ends made inside their namespaces: no interface ever appears in the machine's own
-        _ip(*f"link add n{k} netns {self.switch} type veth peer name eth0 netns {ns}".split())
+        link = f"ip link add n{k} netns {self.switch} type veth peer name eth0 netns {ns}"
+        _host(self.name).run(link.split())
         self._in(self.switch, f"ip link set n{k} master br0 up")
         self._in(ns, f"ip addr add {self.address(k)}/24 dev eth0")
         self._in(ns, "ip link set eth0 up")
@@ -155,9 +167,9 @@ class LocalCluster:
         for k in range(self.nodes):
             for ns, dev in ((self.namespace(k), "eth0"), (self.switch, f"n{k}")):
                 if rate_mbit is None:
-                    subprocess.run(
-                        ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                        capture_output=True,
+                    _host(self.name).run(
+                        ["ip", "netns", "exec", ns, *f"tc qdisc del dev {dev} root".split()],
+                        check=False,
                     )
                     continue
                 burst = max(int(rate_mbit * 1e6 / 8 / 1000), 32 * 1024)
@@ -165,13 +177,14 @@ class LocalCluster:
                 self._in(ns, tbf)
         self.rate_mbit = rate_mbit
         if os.path.exists(_state_path(self.name)):
-            self._save(owner=_read_state(self.name)["owner_pid"])
+            state = _read_state(self.name)
+            self._save(owner=state["owner_pid"], host=NamespaceHost(holder_pid=state["holder_pid"]))
 
-    def _save(self, *, owner: int) -> None:
-        """The shape, and the process that brought the cluster up (its owner)."""
+    def _save(self, *, owner: int, host: NamespaceHost) -> None:
+        """The shape, the process that brought the cluster up (its owner), and where its namespaces are."""
         os.makedirs(STATE_DIR, exist_ok=True)
         with open(_state_path(self.name), "w") as f:
-            json.dump({**asdict(self), "owner_pid": owner}, f)
+            json.dump({**asdict(self), "owner_pid": owner, "holder_pid": host.holder_pid}, f)
 
     def down(self) -> None:
         down(self.name)
@@ -182,9 +195,8 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    @staticmethod
-    def _in(ns: str, command: str) -> None:
-        _run(["ip", "netns", "exec", ns, *command.split()])
+    def _in(self, ns: str, command: str) -> None:
+        _host(self.name).run(["ip", "netns", "exec", ns, *command.split()])
 
 
 def cluster(
@@ -197,40 +209,31 @@ def cluster(
     ).up()
 
 
-def require_root() -> None:
-    """A ConfigError naming what is missing where namespaces cannot be made."""
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        raise ConfigError(
-            f"a local cluster needs {' and '.join(missing)} (iproute2: apt-get install iproute2)"
-        )
-    if os.geteuid() != 0:
-        raise ConfigError(
-            "a local cluster makes network namespaces, veth links and a bridge, which needs root "
-            f"(CAP_NET_ADMIN); this process runs as uid {os.geteuid()}: run it with sudo, or in a "
-            f"container started with --cap-add NET_ADMIN"
-        )
-
-
 def clusters() -> list[str]:
-    """The names of every cluster whose namespaces exist on this machine."""
+    """The names of every cluster up on this machine that this user can see: as root, every one whose
+    namespaces exist (a killed run's too); and every one whose holder lives."""
     names = set()
-    for ns in _namespaces():
+    for ns in NamespaceHost().namespaces() if os.geteuid() == 0 else []:
         m = re.match(rf"^{_PREFIX}([a-z0-9]+)-(sw|n\d+)$", ns)
         if m:
             names.add(m.group(1))
+    if os.path.isdir(STATE_DIR):
+        for file in os.listdir(STATE_DIR):
+            name = file.removesuffix(".json")
+            if file.endswith(".json") and _host(name).alive and _namespaces(name):
+                names.add(name)
     return sorted(names)
 
 
 def status(name: str) -> dict:
     """A cluster's shape (as it was brought up), its namespaces and each node's processes."""
-    ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
+    ours = _namespaces(name)
     shape = _read_state(name) if os.path.exists(_state_path(name)) else {}
     return {
         "name": name,
         "up": bool(ours),
         **shape,
-        "namespaces": {ns: len(_pids(ns)) for ns in sorted(ours)},
+        "namespaces": {ns: len(_host(name).pids(ns)) for ns in ours},
     }
 
 
@@ -245,7 +248,7 @@ def attach(name: str) -> LocalCluster:
             + f" (start one: workbench cluster up --name {name})"
         )
     shape = _read_state(name)
-    del shape["owner_pid"]
+    del shape["owner_pid"], shape["holder_pid"]
     return LocalCluster(**shape)
 
 
@@ -260,27 +263,40 @@ def owned_by(pid: int) -> list[str]:
 
 def down(name: str, grace_s: float = 5.0) -> None:
     """Remove cluster `name`: its processes (SIGTERM, then SIGKILL after `grace_s`), its namespaces
-    (the links and the bridge go with them) and its state. Safe to call on a cluster half made, or one
-    whose run was killed."""
-    ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
-    _signal_all(ours, signal.SIGTERM)
+    (the links and the bridge go with them), its holder if it has one, and its state. Safe to call on a
+    cluster half made, or one whose run was killed."""
+    host, ours = _host(name), _namespaces(name)
+    _signal_all(host, ours, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_pids(ns) for ns in ours):
+    while time.monotonic() < deadline and any(host.pids(ns) for ns in ours):
         time.sleep(0.1)
-    _signal_all(ours, signal.SIGKILL)
+    _signal_all(host, ours, signal.SIGKILL)
     for ns in ours:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        host.run(["ip", "netns", "del", ns], check=False)
+    host.stop()
     if os.path.exists(_state_path(name)):
         os.remove(_state_path(name))
 
 
-def _signal_all(namespaces: list[str], sig: int) -> None:
+def _signal_all(host: NamespaceHost, namespaces: list[str], sig: int) -> None:
     for ns in namespaces:
-        for pid in _pids(ns):
+        for pid in host.pids(ns):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _host(name: str) -> NamespaceHost:
+    """Where cluster `name`'s namespaces are: its holder's, as its state says, else the machine's."""
+    if not os.path.exists(_state_path(name)):
+        return NamespaceHost()
+    return NamespaceHost(holder_pid=_read_state(name).get("holder_pid"))
+
+
+def _namespaces(name: str) -> list[str]:
+    """Cluster `name`'s namespaces, sorted."""
+    return sorted(ns for ns in _host(name).namespaces() if ns.startswith(f"{_PREFIX}{name}-"))
 
 
 def _read_state(name: str) -> dict:
@@ -290,25 +306,3 @@ def _read_state(name: str) -> dict:
 
 def _state_path(name: str) -> str:
     return os.path.join(STATE_DIR, f"{name}.json")
-
-
-def _namespaces() -> list[str]:
-    if shutil.which("ip") is None:
-        return []
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _ip(*argv: str) -> None:
-    _run(["ip", *argv])
-
-
-def _run(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
