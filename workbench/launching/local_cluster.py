@@ -18,7 +18,7 @@ range set aside for benchmarking (RFC 2544); traffic never leaves the namespaces
 
 Needs root (CAP_NET_ADMIN and the right to mount /run/netns); elsewhere `require_root` refuses, naming what
 is missing. The cluster's shape is kept in /run/workbench/clusters/NAME.json (a tmpfs: gone at reboot, as
-the namespaces are). No torch here.
+the namespaces are), and what runs on it keeps its files in NAME.d/ beside it (`scratch_dir`). No torch here.
 """
 
 from __future__ import annotations
@@ -258,10 +258,16 @@ def owned_by(pid: int) -> list[str]:
     ]
 
 
+def scratch_dir(name: str) -> str:
+    """A folder for what runs on cluster `name` keeps (a local Slurm's configuration, key, state and logs:
+    launching/local_slurm.py); `down` removes it with the cluster."""
+    return os.path.join(STATE_DIR, f"{name}.d")
+
+
 def down(name: str, grace_s: float = 5.0) -> None:
     """Remove cluster `name`: its processes (SIGTERM, then SIGKILL after `grace_s`), its namespaces
-    (the links and the bridge go with them) and its state. Safe to call on a cluster half made, or one
-    whose run was killed."""
+    (the links and the bridge go with them), its state and its scratch folder. Safe to call on a cluster
+    half made, or one whose run was killed."""
     ours = [ns for ns in _namespaces() if ns.startswith(f"{_PREFIX}{name}-")]
     _signal_all(ours, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -272,6 +278,7 @@ def down(name: str, grace_s: float = 5.0) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     if os.path.exists(_state_path(name)):
         os.remove(_state_path(name))
+    shutil.rmtree(scratch_dir(name), ignore_errors=True)
 
 
 def _signal_all(namespaces: list[str], sig: int) -> None:
