@@ -32,7 +32,7 @@ test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); ea
 
 # a Slurm cluster on this machine (launching/local_slurm.py: munge, slurmctld and a slurmd in each node of a local
 # cluster) and a job from `workbench slurm-script` across 2 nodes: installs Debian's Slurm and munge where we are root
-# with apt-get (elsewhere the cases skip, saying why); ~1 minute once installed
+# with apt-get (elsewhere the cases skip, saying why); ~30 s once installed
 test-slurm: setup compile
 	bash scripts/slurm_setup.sh
 	OMP_NUM_THREADS=1 timeout 300 $(PY) -m pytest -q -rs -m slurm tests/test_slurm_cluster.py
