@@ -139,10 +139,10 @@ class LocalSlurm:
             if ids:
                 self._client(["scancel", *ids], check=False)
                 _until(lambda: not self._client(["squeue", "-h"], check=False).strip(), grace_s)
+        # all at once (each takes ~2 s to end): with the jobs gone, none needs another
         pid_files = [f"{self.cluster.namespace(k)}.pid" for k in range(self.cluster.nodes)]
-        for group in (pid_files, ["slurmctld.pid"], ["munged.pid"]):
-            pids = [p for p in (self._pid(f) for f in group) if p is not None]
-            _stop(pids, grace_s)
+        pid_files += ["slurmctld.pid", "munged.pid"]
+        _stop([p for p in map(self._pid, pid_files) if p is not None], grace_s)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> LocalSlurm:
