@@ -24,10 +24,19 @@ def _job_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs each node gives (0: CPUs)")
     p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs each node's task gets")
     p.add_argument("--time", default="00:30:00", help="the job's time limit")
-    p.add_argument("--job-name", default="workbench")
+    p.add_argument("--job-name", default="workbench", help="the job's name in squeue")
     p.add_argument("--port", type=int, default=RDZV_PORT, help="the rendezvous port")
     p.add_argument("--command", default="workbench", help="how a node runs the workbench")
     return p
+
+
+def help_text() -> str:
+    """What `workbench slurm-script --help` prints: the job's options, then where the run's flags are."""
+    return (
+        _job_parser().format_help()
+        + "\nThe run: workbench run's flags (workbench run --help); --nnodes is the job's nodes, and\n"
+        "--out its directory (default traces/slurm-<job id>; each node writes OUT/node<K>)."
+    )
 
 
 def run(argv: list[str]) -> int:
@@ -35,7 +44,7 @@ def run(argv: list[str]) -> int:
     from workbench.launching.slurm_script import DEFAULT_OUT, SlurmJob, slurm_script
 
     if "-h" in argv or "--help" in argv:
-        print(_job_parser().format_help() + "\nand workbench run's flags: workbench run --help")
+        print(help_text())
         return 0
     job_args, run_argv = _job_parser().parse_known_args(argv)
     try:
