@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --dp 2 --steps 100 --global-batch 16 --bucket-mb 0.03
 
-.PHONY: setup compile demo test test-all test-gpu test-browser lint notebook docs benchmark clean
+.PHONY: setup compile demo test test-all test-gpu test-slurm test-browser lint notebook docs benchmark clean
 
 setup: $(VENV)/.installed
 
@@ -21,14 +21,21 @@ compile: setup
 	$(PY) -m compileall -q workbench tests tests_browser conftest.py
 
 test: lint compile
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu" tests --nbmake notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not gpu and not slurm" tests --nbmake notebooks
 
 test-all: setup compile  # also the `slow` cases: more strategies for behaviours `make test` checks once each
 	$(PY) -m pip install -q -e ".[ray]"   # --launcher ray's cases run on a local Ray
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu" tests --nbmake notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not slurm" tests --nbmake notebooks
 
 test-gpu: setup  # every strategy on NCCL on this machine's GPUs (tests/gpu); each case skips without its GPUs
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m gpu tests/gpu
+
+# a Slurm cluster on this machine (launching/local_slurm.py: munge, slurmctld and a slurmd in each node of a local
+# cluster) and a job from `workbench slurm-script` across 2 nodes: installs Debian's Slurm and munge where we are root
+# with apt-get (elsewhere the cases skip, saying why); ~30 s once installed
+test-slurm: setup compile
+	bash scripts/slurm_setup.sh
+	OMP_NUM_THREADS=1 timeout 300 $(PY) -m pytest -q -rs -m slurm tests/test_slurm_cluster.py
 
 # every notebook in JupyterLab in a real chromium (installs it), and the docs site built and opened; screenshots in
 # traces/browser/

@@ -62,6 +62,7 @@ PREDICTION_WIDGETS = {
 def cli_reference() -> str:
     """The `workbench` command's help, every subcommand's, and `workbench run`'s flags, as the parser prints them."""
     os.environ.update(COLUMNS="110", NO_COLOR="1", TERM="dumb")
+    from workbench.cli import slurm_command
     from workbench.cli.parser import build_parser
     from workbench.cli.run_command import parse_run
 
@@ -91,7 +92,9 @@ def cli_reference() -> str:
     ]
     (subparsers,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     for name, sub in subparsers.choices.items():
-        if name != "run":
+        if name == "slurm-script":  # parses its own options, then workbench run's flags
+            parts += [f"## workbench {name}", "", "```text", slurm_command.help_text(), "```", ""]
+        elif name != "run":
             parts += [f"## workbench {name}", "", "```text", sub.format_help().rstrip(), "```", ""]
     return "\n".join(parts)
 

@@ -22,6 +22,7 @@ def test_workbench_help_lists_the_table_in_its_order():
     assert names == [
         "run",
         "cluster",
+        "slurm-script",
         "compare",
         "validate",
         "show",

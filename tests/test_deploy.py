@@ -1,13 +1,18 @@
-"""deploy/kubernetes/workbench-job.yaml: a manifest Kubernetes would accept the shape of, whose command line
-is one `workbench run` accepts (parsed by our own parser and validated, the torchrun node settings
-included)."""
+"""The deploy files: a Kubernetes Indexed Job, a Slurm batch script and a Volcano job, each running a command line
+`workbench run` accepts (parsed by our own parser and validated, the torchrun node settings included); the Slurm
+script is the one `workbench slurm-script` writes, and a run config survives being written as flags and read back."""
 
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from workbench import ConfigError, ModelConfig, RunConfig
 from workbench.cli.run_command import parse_run
+from workbench.launching.slurm_script import SlurmJob, run_flags, slurm_script
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "workbench-job.yaml"
 
@@ -48,8 +53,6 @@ def _accepted(line: str, env: dict[str, str]):
 
 
 def test_the_slurm_script_runs_a_command_workbench_accepts():
-    import subprocess
-
     text = SBATCH.read_text()
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0, "valid bash"
     directives = dict(
@@ -67,14 +70,76 @@ def test_the_slurm_script_runs_a_command_workbench_accepts():
             "SLURM_NNODES": str(nodes),
             "SLURM_NODEID": "1",
             "WORKBENCH_RDZV": "node0:29500",
-            "SLURM_JOB_ID": "42",
+            "WORKBENCH_OUT": "traces/slurm-42",
         },
     )
     assert a.nnodes == str(nodes) and a.node_rank == 1 and a.rdzv_endpoint == "node0:29500"
+    assert a.out == "traces/slurm-42/node1", "each node writes a run directory of its own"
+    assert config.checkpoint_dir == "traces/slurm-42/checkpoints", (
+        "one place every node resumes from"
+    )
     assert config.world_size == nodes * gpus, "one rank per GPU over all nodes"
-    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text, (
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)' in text, (
         "the first node hosts it"
     )
+
+
+def test_the_slurm_script_is_the_one_workbench_writes():
+    """deploy/slurm/workbench.sbatch is `workbench slurm-script`'s output for the command its header names."""
+    lines = SBATCH.read_text().splitlines()
+    first = lines.index("# Written by:") + 1
+    command = []
+    for line in lines[first:]:
+        if not line.startswith("#   "):
+            break
+        command += shlex.split(line[4:])
+    assert command[:2] == ["workbench", "slurm-script"], command
+    written = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *command[1:]], capture_output=True, text=True
+    )
+    assert written.returncode == 0, written.stderr
+    assert written.stdout == SBATCH.read_text(), (
+        "deploy/slurm/workbench.sbatch differs from what workbench writes: run the command in its header "
+        "again, into it"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"dp": 4, "tp": 2, "precision": "bf16", "grad_clip": None, "trace": False},
+        {"model": ModelConfig(hidden=64, heads=8, bias=False), "lr": 1e-4, "name": "a b"},
+        {"emulate_link": "ib", "sequence_parallel": True, "tp": 2, "dp": 2},
+    ],
+)
+def test_run_flags_give_back_the_same_config(changes):
+    config = RunConfig(**changes)
+    parsed, _ = parse_run(run_flags(config))
+    assert parsed == config
+
+
+@pytest.mark.parametrize(
+    ("config", "job", "match"),
+    [
+        (RunConfig(dp=3, global_batch=12), SlurmJob(nodes=2), "3 ranks .* 2 nodes cannot share"),
+        (RunConfig(dp=4), SlurmJob(nodes=2, gpus_per_node=4), "2 a node.* 4 GPUs a node"),
+        (RunConfig(dp=2), SlurmJob(nodes=2, time="half an hour"), "time='half an hour'"),
+        (RunConfig(dp=2), SlurmJob(nodes=0), "at least one node"),
+    ],
+)
+def test_a_job_that_cannot_run_the_config_is_refused(config, job, match):
+    with pytest.raises(ConfigError, match=match):
+        slurm_script(config.validate(), job)
+
+
+def test_the_slurm_script_command_refuses_what_it_places_itself(capsys):
+    from workbench.cli.parser import main
+
+    assert main(["slurm-script", "--dp", "2", "--nnodes", "2", "--node-rank", "1"]) == 2
+    assert "--node-rank: the script places" in capsys.readouterr().err
+    assert main(["slurm-script", "--dp", "2", "--nnodes", "1:2"]) == 2
+    assert "fixed when it is submitted" in capsys.readouterr().err
 
 
 def test_the_volcano_job_is_gang_scheduled_and_runs_a_command_workbench_accepts():

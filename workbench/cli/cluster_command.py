@@ -5,12 +5,14 @@ shaped links (launching/local_cluster.py); `workbench run --cluster NAME` runs a
     workbench run --dp 4 --cluster lab --out traces/lab-dp4
     workbench cluster status            # every cluster up, its nodes and their processes
     workbench cluster down --name lab   # also after a killed run; --all: every cluster
+    workbench cluster up --name lab --slurm  # and Slurm on its nodes (launching/local_slurm.py): sbatch runs there
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 from workbench.config import ConfigError
@@ -30,6 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="each node's link rate in Mbit/s, shaped by tc tbf (up); 0: unshaped",
     )
     p.add_argument("--all", action="store_true", help="down: every cluster on this machine")
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="up: also start Slurm on the nodes (munge, slurmctld on node 0, a slurmd in each node)",
+    )
 
 
 def run(a: argparse.Namespace) -> int:
@@ -48,6 +55,8 @@ def run(a: argparse.Namespace) -> int:
                 f"cluster {c.name}: {c.nodes} nodes × {c.ranks_per_node} ranks, links {rate}, "
                 f"rendezvous {c.rdzv_endpoint}; run on it: workbench run --cluster {c.name} ..."
             )
+            if a.slurm:
+                _slurm_up(c)
         elif a.action == "down":
             names = lc.clusters() if a.all else [a.name]
             for name in names:
@@ -56,7 +65,24 @@ def run(a: argparse.Namespace) -> int:
         else:
             names = lc.clusters() if a.all or a.name == "wb" else [a.name]
             print(json.dumps([lc.status(n) for n in names], indent=1))
-    except (ConfigError, RuntimeError) as e:
+    except (ConfigError, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"workbench cluster: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _slurm_up(c) -> None:
+    """Slurm on cluster `c`, or the cluster taken down again and the error raised."""
+    from workbench.launching import local_cluster as lc
+    from workbench.launching.local_slurm import LocalSlurm
+
+    try:
+        slurm = LocalSlurm(cluster=c).up()
+    except BaseException:
+        lc.down(c.name)
+        raise
+    print(
+        f"slurm: controller {c.address(0)}:6817 in {c.namespace(0)}, a slurmd in each node; submit from a "
+        f"node, e.g.\n  SLURM_CONF={slurm.conf} ip netns exec {c.namespace(0)} sbatch JOB.sbatch"
+        f"\n(workbench slurm-script writes JOB.sbatch; workbench cluster down --name {c.name} stops it all)"
+    )

@@ -26,6 +26,7 @@ from workbench.cli import (
     commands,
     run_dir_commands,
     schedule_command,
+    slurm_command,
     what_if_command,
 )
 from workbench.cli.command import ArgvCommand, Command
@@ -44,6 +45,12 @@ COMMANDS: tuple[Command | ArgvCommand, ...] = (
         "(up, down, status); workbench run --cluster NAME runs across it",
         add_arguments=cluster_command.add_arguments,
         run=cluster_command.run,
+    ),
+    ArgvCommand(
+        name="slurm-script",
+        help="the sbatch script that runs a run on Slurm, one torchrun agent per node "
+        "(workbench run's flags, --nnodes the job's nodes)",
+        run=slurm_command.run,
     ),
     Command(
         name="compare",

@@ -19,8 +19,8 @@ range set aside for benchmarking (RFC 2544); traffic never leaves the namespaces
 Needs root, or unprivileged user namespaces where the kernel allows them: then the namespaces live inside
 one holder process's user namespace (launching/namespace_host.py). Elsewhere `up` refuses, naming what is
 missing. The cluster's shape (and its holder) is kept in /run/workbench/clusters/NAME.json as root (a tmpfs:
-gone at reboot, as the namespaces are), else in $XDG_RUNTIME_DIR (or the temporary directory). No torch
-here.
+gone at reboot, as the namespaces are), else in $XDG_RUNTIME_DIR (or the temporary directory); what runs
+on a cluster keeps its files in NAME.d/ beside it (`scratch_dir`). No torch here.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -261,10 +262,16 @@ def owned_by(pid: int) -> list[str]:
     ]
 
 
+def scratch_dir(name: str) -> str:
+    """A folder for what runs on cluster `name` keeps (a local Slurm's configuration, key, state and logs:
+    launching/local_slurm.py); `down` removes it with the cluster."""
+    return os.path.join(STATE_DIR, f"{name}.d")
+
+
 def down(name: str, grace_s: float = 5.0) -> None:
     """Remove cluster `name`: its processes (SIGTERM, then SIGKILL after `grace_s`), its namespaces
-    (the links and the bridge go with them), its holder if it has one, and its state. Safe to call on a
-    cluster half made, or one whose run was killed."""
+    (the links and the bridge go with them), its holder if it has one, its state and its scratch folder.
+    Safe to call on a cluster half made, or one whose run was killed."""
     host, ours = _host(name), _namespaces(name)
     _signal_all(host, ours, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -276,6 +283,7 @@ def down(name: str, grace_s: float = 5.0) -> None:
     host.stop()
     if os.path.exists(_state_path(name)):
         os.remove(_state_path(name))
+    shutil.rmtree(scratch_dir(name), ignore_errors=True)
 
 
 def _signal_all(host: NamespaceHost, namespaces: list[str], sig: int) -> None:

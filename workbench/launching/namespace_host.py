@@ -75,7 +75,9 @@ class NamespaceHost:
     def alive(self) -> bool:
         if self.holder_pid is None:
             return True
-        stat = _read(f"/proc/{self.holder_pid}/stat")  # a zombie (killed, not yet reaped) is not alive
+        stat = _read(
+            f"/proc/{self.holder_pid}/stat"
+        )  # a zombie (killed, not yet reaped) is not alive
         return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def stop(self) -> None:
