@@ -25,6 +25,10 @@ from workbench.launching.torchrun_command import Nodes, torchrun_command
 #: after one node's agent fails in a run of fixed membership, the others get this long to end on their
 #: own (their rendezvous closes, their collectives time out) before they are stopped
 _GRACE_S = 30.0
+#: after one node's agent of an elastic run ended well (the run is done), the others get this long: the
+#: agents of its last group end with it within a second or two, and a node cut off from the rendezvous
+#: (a partition: launching/lose_node.py) would wait for it until torchrun's join timeout, 600 s
+_DONE_GRACE_S = 5.0
 
 
 def cluster_nodes(config: ValidConfig, cluster: LocalCluster, nodes: Nodes) -> Nodes:
@@ -58,12 +62,15 @@ def cluster_nodes(config: ValidConfig, cluster: LocalCluster, nodes: Nodes) -> N
 class NodeAgents:
     """One torchrun agent per node, followed as one (launching/lifetime.Torchrun). Fixed membership: done
     when every agent is, its code the first failure's; an agent that failed gives the others `_GRACE_S`
-    to end before they are stopped. Elastic (MIN:MAX): the run is done when the agents still alive are,
-    and it succeeded if one of them ended well — a node lost on the way is what elasticity is for."""
+    to end before they are stopped. Elastic (MIN:MAX): the run succeeded if one of them ended well — a
+    node lost on the way is what elasticity is for —, and it is done when the agents still alive are, or
+    `_DONE_GRACE_S` after the first ended well (a lost node's agent, still waiting for a rendezvous it
+    cannot reach, is stopped then)."""
 
     def __init__(self, procs: list[subprocess.Popen], *, elastic: bool) -> None:
         self.procs, self.elastic = procs, elastic
         self._failed_at: float | None = None
+        self._done_at: float | None = None
 
     def poll(self) -> int | None:
         codes = [p.poll() for p in self.procs]
@@ -72,6 +79,12 @@ class NodeAgents:
             self._failed_at = self._failed_at or time.monotonic()
             if time.monotonic() - self._failed_at > _GRACE_S:
                 self.terminate()
+        if self.elastic and 0 in codes:
+            self._done_at = self._done_at or time.monotonic()
+            if time.monotonic() - self._done_at > _DONE_GRACE_S:
+                self.terminate()
+            if time.monotonic() - self._done_at > 2 * _DONE_GRACE_S:
+                self.kill()
         if any(c is None for c in codes):
             return None
         if self.elastic and 0 in codes:
