@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any
 
+from workbench.analysis.recovery import recoveries
 from workbench.comm import torch_flight_recorder
 from workbench.comm.flight_recorder import lagging
 from workbench.measure.gpu_health import HARMFUL
@@ -132,6 +133,7 @@ def diagnose(run_dir: str) -> str:
                 f"{run_dir}: no rank left an error file: the run did not fail (or died before it "
                 f"could write one)"
             ]
+            + recovery_view(run_dir)
             + balance(run_dir)
             + gpu_view(run_dir)
         )
@@ -160,7 +162,19 @@ def diagnose(run_dir: str) -> str:
                 f"  → rank {r} never reached seq {g['blocked_at']}: it was in "
                 f"{_last_frame(errors[r].get('traceback', ''))} when it was stopped"
             )
-    return "\n".join(lines + torch_view(run_dir) + gpu_view(run_dir))
+    return "\n".join(lines + torch_view(run_dir) + recovery_view(run_dir) + gpu_view(run_dir))
+
+
+def recovery_view(run_dir: str) -> list[str]:
+    """The nodes the run lost and recovered from (analysis/recovery.py): which, and each time from the
+    loss — detected, re-formed, first step done."""
+    found = recoveries(run_dir)
+    if not found:
+        return []
+    lines = ["", f"node losses the run recovered from ({len(found)}):"]
+    for r in found:
+        lines += ["  " + line for line in r.describe().splitlines()]
+    return lines
 
 
 def gpu_view(run_dir: str) -> list[str]:

@@ -6,6 +6,7 @@ run.events     # one row per span: rank, lane, name, cat, start_us, dur_us, end_
 run.memory     # one row per memory counter: rank, ts_us, and a column per category
 run.summary    # summary.json as a dict
 run.config     # config.json as a dict
+run.recoveries # the nodes it lost and recovered from, with the detection and recovery times
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.recovery import Recovery, recoveries
 from workbench.config import RunConfig
 from workbench.trace.merge import load_traces
 from workbench.trace.recorder import LANES
@@ -93,6 +95,12 @@ class Run:
             if name.startswith("error_rank") and name.endswith(".json"):
                 out.append(self._json(name))
         return out
+
+    @cached_property
+    def recoveries(self) -> list[Recovery]:
+        """The nodes this run lost and recovered from: when each was lost, detected, the group re-formed
+        and its first step done (analysis/recovery.py)."""
+        return recoveries(self.path)
 
     @cached_property
     def metrics(self) -> pd.DataFrame:
