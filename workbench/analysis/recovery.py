@@ -103,7 +103,13 @@ class Recovery:
 def _resumed(step: int | None, last: int | None) -> str:
     if step is None:
         return ""
-    redone = f"; steps {step}–{last} redone" if last is not None and last >= step else ""
+    redone = (
+        ""
+        if last is None or last < step
+        else f"; step {step} redone"
+        if last == step
+        else f"; steps {step}–{last} redone"
+    )
     return f", resuming at step {step} (the newest checkpoint{redone})"
 
 
@@ -203,9 +209,12 @@ def _loss(n: int, this: _Attempt, after: _Attempt, events: list[dict[str, Any]])
     )
 
 
-def _error_line(err: dict[str, Any], nodes: dict[int, str], limit: int = 160) -> str:
+def _error_line(err: dict[str, Any], nodes: dict[int, str], limit: int = 240) -> str:
+    """The error in one line: gloo's source locations and advice left out, the peer's address kept."""
     message = " ".join(str(err.get("message", "")).split())
-    message = re.sub(r"^\[[^\]]*\.(cc|cpp):\d+\] ", "", message)  # gloo's source location
+    message = re.sub(r"\[[^\]\s]*\.(cc|cpp|h|hpp):\d+\] ", "", message)
+    message = message.split(" This is typically caused by")[0]
+    message = re.sub(rf"^rank {err['rank']}: ", "", message)
     if len(message) > limit:
         message = message[:limit].rsplit(" ", 1)[0] + " …"
     node = nodes.get(err["rank"], "?")

@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         # after torchrun restarted or re-formed the group: keep what the last attempt left, then resume;
         # the number the group agreed on is passed on from here, to the trace and to training
         attempt = begin_attempt(args.run_dir, ctx.device)
+        if attempt and not restarts:
+            # torchrun restarts an agent's ranks without counting it when another node arrives at the
+            # rendezvous — as a node the group waited for does when its link is back, if its agent saw the
+            # arrival before its own ranks' failure: only the group says this is a restarted attempt, and
+            # this rank resumes as the others do (tests/test_node_loss.py)
+            ctx.config = restarted_config(ctx.config, args.run_dir, restarts=attempt)
         ctx.recorder.info["attempt"] = attempt
         ctx.recorder.open_partial(os.path.join(args.run_dir, f"trace_rank{rank}.partial.jsonl"))
         logs = train(ctx, attempt=attempt)["logs"]
