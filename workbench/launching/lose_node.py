@@ -23,12 +23,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
 from workbench.analysis.recovery import EVENTS
 from workbench.config import ConfigError
-from workbench.launching.local_cluster import LocalCluster
+from workbench.launching.local_cluster import LocalCluster, _host
 
 HOW = ("kill", "partition")
 
@@ -48,7 +47,7 @@ def lose_node(
         )
     at = time.time()
     if how == "kill":
-        _kill_all(cluster.namespace(node))
+        _kill_all(cluster, node)
     else:
         _switch_port(cluster, node, "down")
     if run_dir is not None:
@@ -71,12 +70,12 @@ def record(run_dir: str, *, node: str, event: str, at: float) -> None:
         f.write(json.dumps({"node": node, "event": event, "time": at}) + "\n")
 
 
-def _kill_all(namespace: str) -> None:
-    """SIGKILL every process of the namespace, then again for any it had started meanwhile (a rank that a
-    torchrun agent was forking as the first signal went out)."""
+def _kill_all(cluster: LocalCluster, node: int) -> None:
+    """SIGKILL every process of the node's namespace, then again for any it had started meanwhile (a rank
+    that a torchrun agent was forking as the first signal went out)."""
+    host = _host(cluster.name)  # the machine's namespaces, or an unprivileged holder's
     for _ in range(3):
-        out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
+        pids = host.pids(cluster.namespace(node))
         if not pids:
             return
         for pid in pids:
@@ -88,10 +87,6 @@ def _kill_all(namespace: str) -> None:
 
 
 def _switch_port(cluster: LocalCluster, node: int, state: str) -> None:
-    done = subprocess.run(
-        ["ip", "netns", "exec", cluster.switch, "ip", "link", "set", f"n{node}", state],
-        capture_output=True,
-        text=True,
+    _host(cluster.name).run(
+        ["ip", "netns", "exec", cluster.switch, "ip", "link", "set", f"n{node}", state]
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"node {node}'s switch port {state}: {done.stderr.strip()}")
