@@ -7,5 +7,9 @@
     lifetime.py         a run's processes die with whoever launched them
     progress.py         start-up, then steps, tokens/s and MFU as plain text
     worker.py           the rank's entry point torchrun starts: setup, train, the traces and summary.json
+    local_cluster.py    a cluster on this machine: nodes as network namespaces, links shaped by tbf
+    namespace_host.py   where its namespaces live: the machine's (root) or a user namespace's holder
+    cluster_launch.py   a run across its nodes: one torchrun agent in each
+    lose_node.py        one of its nodes lost mid-run: its processes killed, or its link cut
 No torch is imported by the launcher itself (worker.py runs in the ranks).
 """
