@@ -116,3 +116,51 @@ def test_sigterm_leaves_no_ray_process(tmp_path):
         time.sleep(0.5)
     assert _alive(family) == set(), "a Ray process outlived the launcher"
     assert cli.returncode == 130 and "partial results in" in out, out[-3000:]
+
+
+ROOT = os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ROOT, reason="a local cluster needs root and iproute2 (network namespaces)")
+def test_ray_across_the_nodes_of_a_cluster_equals_torchrun(launched, tmp_path):
+    """A Ray head in node 0's namespace, a Ray worker node in node 1's, the driver inside node 0
+    (launching/ray_cluster.py): one rank on each node, across the 1 Gbit/s link — the same losses as dp = 2 under
+    torchrun on one machine, exactly (the same ranks, the same arithmetic, another wire), and nothing of Ray left
+    in the nodes or in /tmp/ray's pointer to the current cluster."""
+    from workbench.launching import local_cluster as lc
+    from workbench.launching.ray_cluster import temp_dir
+
+    with lc.LocalCluster(name="cray", nodes=2, ranks_per_node=1, rate_mbit=1000) as c:
+        run = wb.launch(
+            RunConfig(dp=2, steps=6, timeout_s=60),
+            out=str(tmp_path / "ray"),
+            progress=False,
+            launcher="ray",
+            cluster=c,
+        )
+        left = lc.status("cray")["namespaces"]
+        assert set(left.values()) == {0}, f"Ray's processes outlived the run: {left}"
+        assert not os.path.exists(temp_dir(c))
+    # Ray places rank 0 on either node
+    assert sorted(run.config["hosts"]) == ["wb-cray-n0", "wb-cray-n1"], "one rank in each node"
+    torchrun = launched(dp=2, steps=6, timeout_s=60)
+    assert list(run.metrics.loss) == list(torchrun.metrics.loss)
+    with open(os.path.join(run.path, "launcher.log")) as f:
+        log = f.read()
+    assert "ray start" in log and "--head" in log and "--address 198.18.0.1:6379" in log, log[
+        -2000:
+    ]
+
+
+def test_ray_on_a_cluster_must_fill_it(tmp_path):
+    from workbench.launching.local_cluster import LocalCluster
+    from workbench.launching.ray_cluster import check_ray_on_cluster
+
+    c = LocalCluster(name="craychk", nodes=2, ranks_per_node=2)
+    with pytest.raises(ConfigError, match=r"3 ranks .* 2 nodes × 2 ranks = 4"):
+        check_ray_on_cluster(
+            RunConfig(dp=3, global_batch=6).validate(), c, nnodes=1, ray_address=None
+        )
+    with pytest.raises(ConfigError, match="starts Ray on its nodes itself"):
+        check_ray_on_cluster(RunConfig(dp=4).validate(), c, nnodes=1, ray_address="h:1")

@@ -47,6 +47,7 @@ class LaunchOptions:
     #: HOST:PORT of the first machine
     rdzv_endpoint: str | None = None
     #: a cluster on this machine (workbench cluster up --name NAME): one torchrun agent in each of its nodes
+    #: (--launcher ray: a Ray head in node 0, a Ray worker node in each other, the driver in node 0)
     cluster: str | None = None
     #: no progress line
     quiet: bool = False

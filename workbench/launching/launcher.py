@@ -34,6 +34,8 @@ from workbench.launching.lifetime import Torchrun, die_with_parent, stop
 from workbench.launching.local_cluster import LocalCluster, attach
 from workbench.launching.memory_fit import check_fits_memory
 from workbench.launching.progress import Progress, Speed
+from workbench.launching.ray_cluster import check_ray_on_cluster, start_driver, start_ray, stop_ray
+from workbench.launching.ray_cluster import ray_address as cluster_ray_address
 from workbench.launching.run_lock import RunLock
 from workbench.launching.torchrun_command import (
     ONE_MACHINE,
@@ -147,9 +149,12 @@ def launch(
     config = validated(config)
     if isinstance(cluster, str):
         cluster = attach(cluster)
-    if cluster is not None:
-        if launcher != "torchrun":
-            raise ConfigError(f"launcher={launcher!r} with a cluster: a cluster run is torchrun's")
+    if (
+        cluster is not None and launcher == "ray"
+    ):  # Ray started on its nodes (launching/ray_cluster.py)
+        check_ray_on_cluster(config, cluster, nnodes=nodes.nnodes, ray_address=ray_address)
+        ray_address = cluster_ray_address(cluster)
+    elif cluster is not None:
         nodes = cluster_nodes(config, cluster, nodes)
     backend = choose_backend(config, nodes, say=True)
     _check_launcher(launcher, config, backend, nodes, ray_address)
@@ -209,7 +214,18 @@ def _run(
     env = rank_env(backend)
     log_path = os.path.join(run_dir, "launcher.log")
     started = time.time()  # the ranks' error-file reservations are this launch's from here on
-    if launcher == "ray":
+    if launcher == "ray" and cluster is not None:
+        with open(log_path, "w") as log:
+            rc = _ray_on_cluster(
+                config,
+                run_dir,
+                cluster=cluster,
+                backend=backend,
+                env=env,
+                log=log,
+                progress=progress,
+            )
+    elif launcher == "ray":
         from workbench.launching.ray_launch import run_on_ray
 
         with open(log_path, "w") as log:
@@ -233,6 +249,30 @@ def _run(
     if rc != 0:
         raise _failure(run_dir, rc, log_path, config.world_size, started)
     return load(run_dir)
+
+
+def _ray_on_cluster(
+    config: ValidConfig,
+    run_dir: str,
+    *,
+    cluster: LocalCluster,
+    backend: str,
+    env: dict,
+    log,
+    progress: bool,
+) -> int:
+    """Ray on the cluster's nodes, the driver inside node 0, followed like torchrun; Ray stopped after."""
+    try:
+        address = start_ray(cluster, env=env, log=log)
+        driver = start_driver(
+            cluster, run_dir=run_dir, address=address, backend=backend, env=env, log=log
+        )
+        began = time.monotonic()
+        rc = _follow(driver, run_dir, config, progress)
+        log.write(f"ray driver: {time.monotonic() - began:.1f} s\n")
+        return rc
+    finally:
+        stop_ray(cluster)
 
 
 def _check_launcher(
