@@ -15,8 +15,11 @@ records its node.
 
 Ray keeps its files in a directory of the cluster's own (/tmp/wb-ray-NAME), not /tmp/ray: `ray start` leaves the
 head's address there (ray_current_cluster), and every `ray.init()` on this machine would then try to join a
-cluster it cannot reach. Ray is stopped by stopping every process of the cluster's nodes — never `ray stop`, which
-stops every Ray on the machine, other users' included. No torch here.
+cluster it cannot reach. Its processes authenticate with a token of the cluster's own (RAY_AUTH_MODE=token, the
+token in that directory): left to itself, `ray start --head` turns token authentication on when a token exists in
+~/.ray (a local `ray.init()` writes one) and a worker node's `ray start` does not, and the worker is refused. Ray
+is stopped by stopping every process of the cluster's nodes — never `ray stop`, which stops every Ray on the
+machine, other users' included. No torch here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -64,10 +68,23 @@ def temp_dir(cluster: LocalCluster) -> str:
     return os.path.join("/tmp", f"wb-ray-{cluster.name}")
 
 
+def ray_env(cluster: LocalCluster) -> dict[str, str]:
+    """What every Ray process of the cluster runs with: its token, no usage report."""
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": os.path.join(temp_dir(cluster), "auth_token"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
 def start_ray(cluster: LocalCluster, *, env: dict[str, str], log) -> str:
     """The head in node 0, a worker node in each other; the head's address. RuntimeError (Ray stopped again)
     where one does not start within _START_S."""
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    os.makedirs(temp_dir(cluster), mode=0o700, exist_ok=True)
+    token = ray_env(cluster)["RAY_AUTH_TOKEN_PATH"]
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(secrets.token_hex(32))
     common = ["--num-cpus", str(cluster.ranks_per_node), "--disable-usage-stats"]
     common += ["--temp-dir", temp_dir(cluster)]
     head = ["--head", "--port", str(RAY_PORT), "--include-dashboard=false"]
@@ -89,7 +106,7 @@ def _start(cluster: LocalCluster, node: int, argv: list[str], *, env: dict[str, 
     try:
         done = subprocess.run(
             cluster.exec_argv(node, argv),
-            env={**env, **cluster.env(node), "RAY_USAGE_STATS_ENABLED": "0"},
+            env={**env, **cluster.env(node), **ray_env(cluster)},
             capture_output=True,
             text=True,
             timeout=_START_S,
@@ -115,7 +132,7 @@ def start_driver(
         cluster.exec_argv(0, argv),
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**env, **cluster.env(0), "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**env, **cluster.env(0), **ray_env(cluster)},
         preexec_fn=die_with_parent,
     )
 
