@@ -11,5 +11,6 @@
     namespace_host.py   where its namespaces live: the machine's (root) or a user namespace's holder
     cluster_launch.py   a run across its nodes: one torchrun agent in each
     lose_node.py        one of its nodes lost mid-run: its processes killed, or its link cut
+    ray_cluster.py      Ray across its nodes: a head in node 0, a worker node in each other, the driver in node 0
 No torch is imported by the launcher itself (worker.py runs in the ranks).
 """
