@@ -180,3 +180,42 @@ def test_node_0_is_not_lost():
         lose_node(c, 0)
     with pytest.raises(ConfigError, match="'kill' or 'partition'"):
         lose_node(c, 1, how="unplug")
+
+
+def _trace(path, *, rank: int, node: str, epoch_s: float, steps: dict[int, float]) -> None:
+    """A rank's trace as the recorder writes its header and step spans (each step 0.1 s, ending at `steps[k]`
+    seconds after the epoch)."""
+    events = [
+        {"ph": "X", "name": f"ProfilerStep#{k}", "ts": (end - 0.1) * 1e6, "dur": 0.1e6}
+        for k, end in steps.items()
+    ]
+    header = {"node": node, "epoch_unix_us": epoch_s * 1e6}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"trace_rank{rank}.json").write_text(
+        json.dumps({"distributedInfo": {"rank": rank}, "workbench": header, "traceEvents": events})
+    )
+
+
+def test_a_loss_nobody_recorded_is_timed_from_the_lost_nodes_last_step(tmp_path):
+    """No node_events.jsonl (a machine that died on its own): the node missing from the re-formed group is the
+    lost one, its last finished step stands in for the moment of the loss, and a restart on the same nodes with
+    nothing recorded (a rank's own failure) is no node loss."""
+    run = tmp_path / "run"
+    first, second = run / "attempts" / "restart-0", run / "attempts" / "restart-1"
+    _trace(first, rank=0, node="n0", epoch_s=1000, steps={0: 1, 1: 2, 2: 3})
+    _trace(first, rank=1, node="n1", epoch_s=1000, steps={0: 1, 1: 2})
+    (first / "error_rank0.json").write_text(
+        json.dumps({"rank": 0, "time": 1012.5, "type": "RuntimeError", "message": "timed out"})
+    )
+    _trace(second, rank=0, node="n0", epoch_s=1020, steps={2: 1.5, 3: 2})
+    (second / "error_rank0.json").write_text(
+        json.dumps({"rank": 0, "time": 1023, "type": "RuntimeError", "message": "own fault"})
+    )
+    _trace(run, rank=0, node="n0", epoch_s=1030, steps={3: 1, 4: 2})
+
+    [r] = recoveries(str(run))
+    assert (r.attempt, r.nodes, r.ranks, r.how, r.nodes_after) == (0, ["n1"], [1], None, ["n0"])
+    assert r.lost_at == 1002 and r.last_step == 1, "rank 1's last finished step: step 1, at +2 s"
+    assert (r.detect_s, r.regroup_s, r.recover_s) == (10.5, 18, 19.5)
+    assert r.resumed_step == 2 and "not recorded" in r.describe()
+    assert r.detected_by == "rank 0 (n0): RuntimeError: timed out"
