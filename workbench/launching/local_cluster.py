@@ -106,9 +106,14 @@ class LocalCluster:
         """The node of a global rank: torchrun numbers each node's ranks consecutively."""
         return rank // self.ranks_per_node
 
+    @property
+    def host(self) -> NamespaceHost:
+        """Where this cluster's namespaces are: the machine's (root), or its unprivileged holder's."""
+        return _host(self.name)
+
     def exec_argv(self, node: int, argv: list[str]) -> list[str]:
         """`argv` run inside node `node`'s namespace."""
-        return [*_host(self.name).prefix, "ip", "netns", "exec", self.namespace(node), *argv]
+        return [*self.host.prefix, "ip", "netns", "exec", self.namespace(node), *argv]
 
     def env(self, node: int) -> dict[str, str]:
         """What a process in node `node` needs: gloo and NCCL bind its `eth0` (the default, the machine's
@@ -153,10 +158,10 @@ class LocalCluster:
 
     def _add_node(self, k: int) -> None:
         ns = self.namespace(k)
-        _host(self.name).run(["ip", "netns", "add", ns])
+        self.host.run(["ip", "netns", "add", ns])
         # both ends made inside their namespaces: no interface ever appears in the machine's own
         link = f"ip link add n{k} netns {self.switch} type veth peer name eth0 netns {ns}"
-        _host(self.name).run(link.split())
+        self.host.run(link.split())
         self._in(self.switch, f"ip link set n{k} master br0 up")
         self._in(ns, f"ip addr add {self.address(k)}/24 dev eth0")
         self._in(ns, "ip link set eth0 up")
@@ -168,7 +173,7 @@ class LocalCluster:
         for k in range(self.nodes):
             for ns, dev in ((self.namespace(k), "eth0"), (self.switch, f"n{k}")):
                 if rate_mbit is None:
-                    _host(self.name).run(
+                    self.host.run(
                         ["ip", "netns", "exec", ns, *f"tc qdisc del dev {dev} root".split()],
                         check=False,
                     )
@@ -197,7 +202,7 @@ class LocalCluster:
         self.down()
 
     def _in(self, ns: str, command: str) -> None:
-        _host(self.name).run(["ip", "netns", "exec", ns, *command.split()])
+        self.host.run(["ip", "netns", "exec", ns, *command.split()])
 
 
 def cluster(

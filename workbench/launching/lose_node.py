@@ -27,7 +27,7 @@ import time
 
 from workbench.analysis.recovery import EVENTS
 from workbench.config import ConfigError
-from workbench.launching.local_cluster import LocalCluster, _host
+from workbench.launching.local_cluster import LocalCluster
 
 HOW = ("kill", "partition")
 
@@ -73,7 +73,7 @@ def record(run_dir: str, *, node: str, event: str, at: float) -> None:
 def _kill_all(cluster: LocalCluster, node: int) -> None:
     """SIGKILL every process of the node's namespace, then again for any it had started meanwhile (a rank
     that a torchrun agent was forking as the first signal went out)."""
-    host = _host(cluster.name)  # the machine's namespaces, or an unprivileged holder's
+    host = cluster.host  # the machine's namespaces, or an unprivileged holder's
     for _ in range(3):
         pids = host.pids(cluster.namespace(node))
         if not pids:
@@ -87,6 +87,6 @@ def _kill_all(cluster: LocalCluster, node: int) -> None:
 
 
 def _switch_port(cluster: LocalCluster, node: int, state: str) -> None:
-    _host(cluster.name).run(
+    cluster.host.run(
         ["ip", "netns", "exec", cluster.switch, "ip", "link", "set", f"n{node}", state]
     )

@@ -36,7 +36,7 @@ import time
 
 from workbench.config import ConfigError, RunConfig, ValidConfig
 from workbench.launching.lifetime import die_with_parent
-from workbench.launching.local_cluster import LocalCluster, _host
+from workbench.launching.local_cluster import LocalCluster
 
 RAY_PORT = 6379
 #: how long one `ray start` may take (measured here: the head 10 s, a worker node 5 s, on 2 loaded cores)
@@ -139,7 +139,7 @@ def start_driver(
 
 def stop_ray(cluster: LocalCluster, grace_s: float = 10.0) -> None:
     """Every process of the cluster's nodes stopped (SIGTERM, SIGKILL after `grace_s`), Ray's files removed."""
-    host = _host(cluster.name)
+    host = cluster.host
     spaces = [cluster.namespace(k) for k in range(cluster.nodes)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in [p for ns in spaces for p in host.pids(ns)]:
