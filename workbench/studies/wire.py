@@ -38,19 +38,30 @@ from workbench.predict.formulas import node_link_bytes
 from workbench.studies.comm_calibration import alpha_beta
 from workbench.studies.wire_timing import WireTimes, link_bytes, wire_times
 
-#: the sizes α and β are fitted on: two the token bucket passes whole, three it shapes
-FIT_SIZES = (1 << 10, 1 << 12, 1 << 20, 1 << 22, 1 << 24)
+#: the sizes α is measured on: the token bucket passes them whole
+SMALL_SIZES = (1 << 10, 1 << 12)
 #: a size the shaper paces: at least 1 MiB and 8 token buckets (the bucket then speeds it by under 1/8)
 LARGE = 1 << 20
-#: at most this size, an all-reduce measures α (the bucket passes it whole)
-SMALL = 1 << 12
+
+
+def fit_sizes(rate_mbit: float | None) -> tuple[int, ...]:
+    """The sizes `link_fit` measures at `rate_mbit`: SMALL_SIZES, then 8 and 32 token buckets (≥ 1 and
+    4 MiB)."""
+    large = max(LARGE, int(8 * _burst(rate_mbit)))
+    return (*SMALL_SIZES, large, 4 * large)
+
+
+def _burst(rate_mbit: float | None) -> float:
+    """tbf's bucket on the cluster's links (local_cluster.set_rate): 1 ms of traffic, at least 32 KiB."""
+    return max((rate_mbit or 0) * 1e6 / 8 / 1000, 32 * 1024)
 
 
 @dataclass(kw_only=True)
 class LinkFit:
-    """t(S) = α + S/β for a 2-rank all-reduce of S bytes across the link (each rank sends S): α the median
-    of the small sizes, β the slope through the large ones; `wire_factor` the bytes the shaper charged per
-    byte of payload at the large sizes (headers: Ethernet, IP, TCP, and the other way's acknowledgements)."""
+    """t(S) = α + S/β for a 2-rank all-reduce of S bytes across the link (each rank sends S), on each
+    size's fastest repeat: α the small sizes' (median), β the slope through the large ones;
+    `wire_factor` the bytes the shaper charged per byte of payload at the large sizes (headers: Ethernet,
+    IP, TCP, and the acknowledgements of the other way's data)."""
 
     rate_mbit: float | None
     alpha_s: float
@@ -68,25 +79,29 @@ class LinkFit:
 
 
 def link_fit(
-    cluster: LocalCluster, *, sizes: Sequence[int] = FIT_SIZES, repeats: int = 6
+    cluster: LocalCluster, *, sizes: Sequence[int] | None = None, repeats: int = 6
 ) -> LinkFit:
-    """α and β across `cluster`'s link at its current rate (2 nodes × 1 rank, up), by the clock."""
+    """α and β across `cluster`'s link at its current rate (2 nodes × 1 rank, up), by the clock: α from
+    the sizes up to 4 KiB, β the slope through those of 8 token buckets or more."""
     if cluster.world_size != 2 or cluster.nodes != 2:
         raise ValueError(f"link_fit needs 2 nodes × 1 rank; cluster {cluster.name!r} is not")
-    burst = max((cluster.rate_mbit or 0) * 1e6 / 8 / 1000, 32 * 1024)
-    small = [s for s in sizes if s <= SMALL]
-    large = [s for s in sizes if s >= max(LARGE, 8 * burst)]
+    sizes = tuple(sizes or fit_sizes(cluster.rate_mbit))
+    large_at = max(LARGE, 8 * _burst(cluster.rate_mbit))
+    small = [s for s in sizes if s <= SMALL_SIZES[-1]]
+    large = [s for s in sizes if s >= large_at]
     if not small or len(large) < 2:
         raise ValueError(
-            f"sizes {list(sizes)}: at least one of ≤ {SMALL} bytes (α) and two of ≥ "
-            f"{max(LARGE, 8 * burst):.0f} (β, 8 token buckets at {cluster.rate_mbit} Mbit/s)"
+            f"sizes {list(sizes)}: at least one of ≤ {SMALL_SIZES[-1]} bytes (α) and two of ≥ "
+            f"{large_at:.0f} (β: 8 token buckets at {cluster.rate_mbit} Mbit/s)"
         )
-    times = wire_times(cluster, sizes=tuple(sizes), repeats=repeats)
-    median = {s: statistics.median(t) for s, t in times.seconds.items()}
-    _, beta = alpha_beta({s: median[s] for s in large}, 2)
+    times = wire_times(cluster, sizes=sizes, repeats=repeats)
+    # each size's fastest repeat: a shared machine only ever adds to a call (a wake-up of the other rank
+    # costs up to a few ms here, more than α itself), the link's cost is in every one
+    fastest = {s: min(t) for s, t in times.seconds.items()}
+    _, beta = alpha_beta({s: fastest[s] for s in large}, 2)
     return LinkFit(
         rate_mbit=cluster.rate_mbit,
-        alpha_s=statistics.median(median[s] for s in small),
+        alpha_s=statistics.median(fastest[s] for s in small),
         beta_Bps=beta,
         wire_factor=statistics.median(times.shaped_bytes[s] / s for s in large)
         if cluster.rate_mbit
@@ -179,7 +194,6 @@ def dp_against_rate(
     *,
     out: str,
     repeats: int = 1,
-    fit_sizes: Sequence[int] = (1 << 12, 1 << 20, 1 << 22),
 ) -> pd.DataFrame:
     """For each tbf rate (set live on `cluster`, 2 nodes × 1 rank): α and β fitted there, then `repeats`
     dp runs of `config`: the gradient all-reduce measured beside bytes / rate + α, the bytes those of the
@@ -187,7 +201,7 @@ def dp_against_rate(
     rows = []
     for rate in rates:
         cluster.set_rate(rate)
-        fit = link_fit(cluster, sizes=fit_sizes, repeats=5) if rate else None
+        fit = link_fit(cluster, repeats=5) if rate else None
         for i in range(repeats):
             w = measure_run(cluster, config, out=os.path.join(out, f"dp-{rate}-{i}"))
             row = {
