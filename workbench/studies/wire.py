@@ -255,6 +255,7 @@ def allreduce_schemes(
                     "bytes out of node 0 (shaper)": w.wire_bytes,
                     "formula's bytes per node link": formula,
                     "formula bytes / rate (ms)": 1e3 * formula * 8 / (cluster.rate_mbit or 1) / 1e6,
+                    "run": w.run.path,
                 }
             )
     return pd.DataFrame(rows)
@@ -288,6 +289,7 @@ def placements(
                     "dp communication a step (ms)": 1e3 * w.comm_s.get("dp", 0.0),
                     "bytes out of node 0 a step (shaper)": w.wire_bytes,
                     "bytes / rate (ms)": 1e3 * w.wire_bytes * 8 / (cluster.rate_mbit or 1) / 1e6,
+                    "run": w.run.path,
                 }
             )
     return pd.DataFrame(rows)
