@@ -31,6 +31,7 @@ from workbench.analysis.collectives import collectives
 from workbench.launching import local_cluster as lc
 from workbench.predict.formulas import node_link_bytes
 from workbench.studies import wire
+from workbench.studies.wire_timing import FULL_SEGMENT
 
 ROOT = os.geteuid() == 0 and subprocess.run(["which", "tc"], capture_output=True).returncode == 0
 needs_root = pytest.mark.skipif(
@@ -50,7 +51,7 @@ def test_dp_over_a_1_gbit_link_takes_its_bytes_over_the_rate_plus_alpha(tmp_path
         fit = wire.link_fit(c)
         config = RunConfig(model=MODEL, dp=2, global_batch=8, steps=8, seed=0, timeout_s=60)
         w = wire.measure_run(c, config, out=str(tmp_path / "dp"))
-    assert 1514 / 1448 - 0.005 < fit.wire_factor < 1.10
+    assert FULL_SEGMENT - 0.005 < fit.wire_factor < 1.10
     # the payload's bandwidth is the rate less the headers
     assert fit.beta_over_rate * fit.wire_factor == pytest.approx(1.0, rel=0.1)
     # real bytes on the wire: the gradient, once each way, with its headers (start-up: ~15 KB a run)
@@ -94,7 +95,7 @@ def test_round_robin_puts_each_tp_group_across_the_link_and_trains_the_same(tmp_
     assert w.run.metrics.loss.tolist() == pytest.approx(one.metrics.loss.tolist(), rel=1e-5)
     ops = collectives(w.run)
     tp_out = ops[(ops.group == "tp") & ops["rank"].isin([0, 2])].groupby("step").bytes.sum()
-    assert w.wire_bytes == pytest.approx(tp_out.median() * 1514 / 1448, rel=0.05)
+    assert w.wire_bytes == pytest.approx(tp_out.median() * FULL_SEGMENT, rel=0.05)
 
 
 def test_round_robin_on_one_machine_is_refused_before_any_process(tmp_path):
