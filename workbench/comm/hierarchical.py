@@ -8,9 +8,12 @@
     3. all-gather inside the machine: every rank holds the whole sum.
 
 Bytes one rank sends across machines: 2(m−1)/m · S/K, against the flat ring's 2(n−1)/n · S (n = m·K),
-every step of which crosses the slow link once the ring spans machines. With --emulate-link the
-difference shows in time (notebook 09). Each phase is a traced backend collective on its own group, so
-the trace's lanes show the intra and inter groups. Blocking, like our ring: no overlap with backward.
+every step of which crosses the slow link once the ring spans machines. Where a machine's K ranks share one
+link (a local cluster's node), that link carries 2(m−1)/m · S each way against the flat ring's 2(n−1)/n · S
+(predict.formulas.node_link_bytes: 1.5× for 2 machines of 2, measured in studies/wire.py). With --emulate-link
+(a link per rank) or on a cluster the difference shows in time (notebook 09). Each phase is a traced
+backend collective on its own group, so the trace's lanes show the intra and inter groups. Blocking, like
+our ring: no overlap with backward.
 """
 
 from __future__ import annotations

@@ -30,12 +30,13 @@ def check_communication(cfg: RunConfig) -> None:
             f"ranks evenly; valid: {valid} (0: the real machine's)"
         )
     if cfg.node_placement != "block" and (
-        cfg.emulate_link is None or not cfg.ranks_per_node or cfg.allreduce == "hierarchical"
+        not cfg.ranks_per_node or cfg.allreduce == "hierarchical"
     ):
         raise ConfigError(
-            f"node_placement={cfg.node_placement!r} places emulated machines' ranks: it needs "
-            "emulate_link and ranks_per_node ≥ 1, and the hierarchical all-reduce splits dp groups by "
-            "consecutive ranks; valid here: 'block'"
+            f"node_placement={cfg.node_placement!r} places ranks on machines of ranks_per_node ranks: it "
+            "needs emulate_link and ranks_per_node ≥ 1 (emulated machines), or ranks_per_node ≥ 1 on "
+            "several real nodes (launching: a multi-node run), and the hierarchical all-reduce splits dp "
+            "groups by consecutive ranks; valid here: 'block'"
         )
     if cfg.allreduce == "hierarchical" and cfg.ranks_per_node:
         try:

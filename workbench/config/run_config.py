@@ -146,9 +146,10 @@ class RunConfig:
     emulate_link: str | None = None
     #: ranks an emulated machine (0: LOCAL_WORLD_SIZE, the real machine's)
     ranks_per_node: int = 0
-    #: how the emulated machines take their ranks: 'block' (ranks_per_node consecutive ranks a machine, as
-    #: torchrun numbers them: each tp group on one machine) or 'round-robin' (rank r on machine r mod machines:
-    #: each tp group spread over them, as a grid in the wrong order would be)
+    #: how the machines take their ranks: 'block' (ranks_per_node consecutive ranks a machine, as torchrun
+    #: numbers them: each tp group on one machine) or 'round-robin' (rank r on machine r mod machines: each tp
+    #: group spread over them, as a grid in the wrong order would be) — the emulated machines, or without
+    #: emulate_link the real nodes of a multi-node run (engine/context.place_rank renumbers the ranks)
     node_placement: str = "block"
     #: 'adamw', or 'onebit-adam' (1-bit Adam: AdamW for onebit_warmup_steps, then frozen variance and a
     #: momentum all-reduced in signs with error feedback; optim/onebit_adam.py)

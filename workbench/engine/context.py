@@ -171,6 +171,28 @@ def node_info() -> dict[str, Any]:
     }
 
 
+def place_rank(config: RunConfig) -> int:
+    """This process's rank in the grid. torchrun numbers each node's ranks consecutively (RANK = GROUP_RANK ·
+    LOCAL_WORLD_SIZE + LOCAL_RANK), and Megatron's order (config/grid.py) then keeps each tp group inside a
+    node: the placement rule. node_placement='round-robin' on real nodes (no emulated link) breaks it on
+    purpose, to measure it: grid rank g runs on node g mod N (g = LOCAL_RANK · N + GROUP_RANK), each tp
+    group spread over the nodes. RANK is rewritten before the process group is joined, so that everything
+    after (the groups, the trace, the files) numbers this process as the grid does; rank 0, whose store
+    the others join, stays rank 0."""
+    rank = int(os.environ.get("RANK", 0))
+    if config.node_placement == "block" or config.emulate_link is not None:
+        return rank
+    local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
+    if local != config.ranks_per_node or world % local:
+        raise RuntimeError(
+            f"node_placement={config.node_placement!r} with ranks_per_node={config.ranks_per_node}: "
+            f"torchrun started {local} ranks on this node, {world} in all"
+        )
+    placed = int(os.environ["LOCAL_RANK"]) * (world // local) + int(os.environ["GROUP_RANK"])
+    os.environ["RANK"] = str(placed)
+    return placed
+
+
 def warm_up(groups: ProcessGroups, device: torch.device) -> None:
     """One small all-reduce on each of this rank's groups, in a fixed order (every rank goes through the
     same axes in the same order, so no two groups wait on each other). NCCL builds a group's communicator

@@ -279,6 +279,19 @@ def _check_launcher(
     launcher: str, config: ValidConfig, backend: str, nodes: Nodes, ray_address: str | None
 ) -> None:
     """torchrun (with --nsys where asked) or Ray (ray_launch.check_ray): what each cannot do, before launch."""
+    if config.node_placement != "block" and config.emulate_link is None:
+        if launcher != "torchrun" or nodes.range[1] == 1 or nodes.elastic:
+            raise ConfigError(
+                f"node_placement={config.node_placement!r} without emulate_link places the grid's ranks on "
+                "real nodes (engine/context.place_rank): it needs a torchrun run of a fixed number of "
+                "nodes, 2 or more (a cluster, or nnodes=N); on one machine give emulate_link"
+            )
+        if config.ranks_per_node * nodes.range[1] != config.world_size:
+            raise ConfigError(
+                f"node_placement={config.node_placement!r} with ranks_per_node={config.ranks_per_node} "
+                f"on {nodes.range[1]} nodes: the {config.world_size} ranks are "
+                f"{config.world_size // nodes.range[1]} a node; give ranks_per_node that"
+            )
     if launcher == "torchrun":
         check_nsys(config, backend)
         if ray_address is not None:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from workbench.analysis.summary import build_summary
 from workbench.comm import torch_flight_recorder
 from workbench.config import RunConfig
-from workbench.engine.context import RankContext, setup
+from workbench.engine.context import RankContext, place_rank, setup
 from workbench.engine.restart import (
     begin_attempt,
     elastic_world,
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         reserved = reserve_error_file(args.run_dir, rank)
         with open(os.path.join(args.run_dir, "request.json")) as f:
             config: RunConfig = RunConfig.from_dict(json.load(f)).validate()  # the rank's door
+        # its place in the grid: torchrun's, or round-robin over the nodes
+        rank = place_rank(config)
         restarts = restart_count()  # torchrun's: all this process knows before its group agrees
         config = restarted_config(elastic_world(config), args.run_dir, restarts=restarts)
         ctx = setup(config, args.run_dir)

@@ -30,6 +30,7 @@ from workbench.predict.formulas.comm import (
     bubble_fraction,
     dp_bytes_per_step,
     dp_link_bytes,
+    node_link_bytes,
     onebit_bytes_per_step,
     tp_comm_bytes_per_step,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "checkpoint_overhead",
     "dp_bytes_per_step",
     "dp_link_bytes",
+    "node_link_bytes",
     "embedding_activation_bytes",
     "head_activation_bytes",
     "korthikanti_activation_bytes_per_layer",

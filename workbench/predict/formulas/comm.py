@@ -89,3 +89,18 @@ def dp_link_bytes(
     if not hierarchical:
         return {"intra": 0.0, "inter": 2 * (dp - 1) / dp * nbytes}
     return {"intra": 2 * (k - 1) / k * nbytes, "inter": 2 * (m - 1) / m * nbytes / k}
+
+
+def node_link_bytes(nbytes: float, dp: int, ranks_per_node: int, hierarchical: bool) -> float:
+    """Bytes one machine's link carries each way for an all-reduce of `nbytes` over dp ranks packed on
+    machines of K = `ranks_per_node`, where the K ranks share that one link (a machine with one network
+    card; a local cluster's node). A flat ring enters and leaves each machine once: one rank's 2(n−1)/n · S
+    each way. Hierarchical: the machine's K inter-machine all-reduces, of S/K each, all cross it at once:
+    K · 2(m−1)/m · S/K = 2(m−1)/m · S. Per rank the hierarchical sends K times fewer bytes across
+    (dp_link_bytes: what a link per rank carries, as with a network card per GPU); per shared link the
+    ratio is (n−1)/n · m/(m−1) — 1.5 for 2 machines of 2."""
+    k = min(ranks_per_node, dp) if ranks_per_node > 0 else dp
+    m = max(dp // k, 1)
+    if dp <= 1 or m == 1:
+        return 0.0
+    return 2 * (m - 1) / m * nbytes if hierarchical else 2 * (dp - 1) / dp * nbytes
