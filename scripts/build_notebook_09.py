@@ -293,10 +293,10 @@ else:
         if algo == "hierarchical":
             hier = r
     flat_ms, hier_ms = rows["ring"]["measured step (ms)"], rows["hierarchical"]["measured step (ms)"]
-    viz.check("the hierarchical all-reduce's step is well under the flat ring's (less than 1/1.5)",
-              "flat_ring_ms > 1.5 * hierarchical_ms", flat_ring_ms=flat_ms, hierarchical_ms=hier_ms,
-              margin=viz.headroom(1.5 * hier_ms, flat_ms), regime="dp 4 on 2 cores as 2 emulated machines, tiny",
-              timing="step times of two runs on shared cores (the link's holds are the emulator's formula)")
+    # the claim itself is checked on a real wire (above, where a cluster can be made: CI's machines); here, the
+    # emulator's holds are its formula, so the ratio is shown, not checked
+    print(f"flat ring / hierarchical step: {flat_ms / hier_ms:.2f} (emulated link; the 2 × 2 cluster's formula "
+          f"for bytes on a node's link: 1.5)")
     table = pd.DataFrame(rows).T
 table
 """),

@@ -53,3 +53,13 @@ def no_cluster_left_behind():
     for name in left:
         local_cluster.down(name)
     assert not left, f"clusters left up after the suite (now removed): {left}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the cluster cases measured, shown at the end of the suite (tests/cluster_skip.REPORTED)."""
+    from tests.cluster_skip import REPORTED
+
+    if REPORTED:
+        terminalreporter.section("measured on a local cluster")
+        for line in REPORTED:
+            terminalreporter.write_line(line)

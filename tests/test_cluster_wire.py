@@ -20,12 +20,10 @@ Needs root (network namespaces): elsewhere the cluster cases skip, saying so."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 import workbench as wb
+from tests.cluster_skip import needs_cluster
 from workbench import ConfigError, RunConfig
 from workbench.analysis.collectives import collectives
 from workbench.launching import local_cluster as lc
@@ -33,15 +31,11 @@ from workbench.predict.formulas import node_link_bytes
 from workbench.studies import wire
 from workbench.studies.wire_timing import FULL_SEGMENT
 
-ROOT = os.geteuid() == 0 and subprocess.run(["which", "tc"], capture_output=True).returncode == 0
-needs_root = pytest.mark.skipif(
-    not ROOT, reason="a local cluster needs root and iproute2 (network namespaces, tc)"
-)
 #: 2 layers of `small`: 1.86 M parameters, a 7.4 MB gradient all-reduce (one bucket)
 MODEL = {"base": "small", "layers": 2}
 
 
-@needs_root
+@needs_cluster
 def test_dp_over_a_1_gbit_link_takes_its_bytes_over_the_rate_plus_alpha(tmp_path):
     """α and β fitted across the link, then a dp run across it: its all-reduce (from the trace, the last
     rank's entry to the last rank's exit, one bucket after backward: none of it hidden) is within 15 % of
@@ -60,7 +54,7 @@ def test_dp_over_a_1_gbit_link_takes_its_bytes_over_the_rate_plus_alpha(tmp_path
     assert w.sync == pytest.approx(predicted, rel=0.15), (w.sync_s, predicted, fit.alpha_s)
 
 
-@needs_root
+@needs_cluster
 def test_the_hierarchical_all_reduce_beats_the_flat_ring_by_the_formulas_ratio(tmp_path):
     """2 nodes × 2 ranks, one link a node at 200 Mbit/s. The flat ring enters and leaves each node once:
     2(n−1)/n · S = 1.5 S each way; the hierarchical's two inter-node all-reduces of S/2 cross the same
@@ -77,7 +71,7 @@ def test_the_hierarchical_all_reduce_beats_the_flat_ring_by_the_formulas_ratio(t
     assert t["ring"] / t["hierarchical"] == pytest.approx(formula, rel=0.2), t.to_dict()
 
 
-@needs_root
+@needs_cluster
 def test_round_robin_puts_each_tp_group_across_the_link_and_trains_the_same(tmp_path):
     """node_placement='round-robin' on real nodes renumbers the ranks (engine/context.place_rank): grid
     rank g on node g mod 2, so each tp pair spans the link and each dp pair shares a node. The losses equal

@@ -2,13 +2,11 @@
 links, one torchrun agent per node (launching/cluster_launch.py). 2 nodes × 2 ranks train what one process
 trains — dp, and dp × tp with each tp group inside a node — and nothing is left behind.
 
-The correctness oracle's tolerance is 0: dp over 4 ranks and over 1 process sum the same fp32 gradients
-(dp=4 adds 4 partial sums where dp=1 sums the whole batch) and these losses agree exactly in the existing
-single-machine tests of the same sizes (test_data_parallel.py); a cluster only moves the same bytes over
-another wire, so the losses must equal the same run on one machine exactly. Against one process, the
-tolerance of test_data_parallel.py (1e-5 relative) holds.
+The correctness oracle's tolerance is test_data_parallel.py's, 1e-5 relative: dp over 4 ranks adds 4 partial
+sums of the fp32 gradients where one process sums the whole batch, so the losses may differ by rounding; a
+cluster only moves the same bytes over another wire.
 
-Needs root (network namespaces): elsewhere every case skips, saying so."""
+The cluster cases need a local cluster here, as root (tests/cluster_skip.py): elsewhere they skip, saying so."""
 
 from __future__ import annotations
 
@@ -20,17 +18,14 @@ import time
 import pytest
 
 import workbench as wb
+from tests.cluster_skip import needs_cluster
 from workbench import ConfigError, RunConfig
 from workbench.launching import local_cluster as lc
 from workbench.launching import namespace_host
 
-ROOT = os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
-needs_root = pytest.mark.skipif(
-    not ROOT, reason="a local cluster needs root and iproute2 (network namespaces)"
-)
-
 
 def test_refused_without_root_or_user_namespaces(monkeypatch):
+    monkeypatch.setattr(namespace_host.shutil, "which", lambda program: f"/usr/bin/{program}")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(namespace_host, "_userns_works", lambda: False)
     with pytest.raises(ConfigError, match="needs root .*uid 1000 .*unshare -rn true` fails"):
@@ -51,7 +46,7 @@ def test_bad_shapes_refused(kwargs, match):
         lc.LocalCluster(**kwargs)
 
 
-@needs_root
+@needs_cluster
 def test_run_must_fit_the_cluster(tmp_path):
     with lc.LocalCluster(name="tfit", nodes=2, ranks_per_node=2) as c:
         with pytest.raises(ConfigError, match=r"3 ranks .* 2 nodes × 2 ranks = 4"):
@@ -60,7 +55,27 @@ def test_run_must_fit_the_cluster(tmp_path):
             wb.launch(RunConfig(dp=4), out=str(tmp_path / "r2"), cluster="nosuch")
 
 
-@needs_root
+@needs_cluster
+def test_a_cluster_another_live_process_brought_up_is_not_taken_over():
+    script = (
+        "import time; from workbench.launching import local_cluster as lc; "
+        "lc.LocalCluster(name='towned', nodes=1).up(); print('up', flush=True); time.sleep(600)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        with pytest.raises(
+            ConfigError, match=f"brought up by process {owner.pid}, which still runs"
+        ):
+            lc.LocalCluster(name="towned", nodes=1).up()
+        assert "towned" in lc.clusters()
+    finally:
+        owner.kill()
+        owner.wait()
+        lc.down("towned")
+
+
+@needs_cluster
 def test_up_and_down_leave_nothing():
     before = set(namespace_host.NamespaceHost().namespaces())
     c = lc.LocalCluster(name="tupdown", nodes=3, ranks_per_node=1, rate_mbit=200).up()
@@ -88,7 +103,7 @@ def _losses(run: wb.Run) -> list[float]:
     return run.metrics.sort_values("step")["loss"].tolist()
 
 
-@needs_root
+@needs_cluster
 @pytest.mark.parametrize("grid", [{"dp": 4}, {"dp": 2, "tp": 2}], ids=["dp4", "dp2xtp2"])
 def test_two_nodes_train_what_one_process_trains(tmp_path, grid):
     base = {"steps": 4, "global_batch": 8, "seed": 0, "timeout_s": 60}
@@ -105,11 +120,7 @@ def test_two_nodes_train_what_one_process_trains(tmp_path, grid):
     assert "ttrain" not in lc.clusters()
 
 
-USERNS = (
-    subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
-    if ROOT or os.geteuid() != 0
-    else False
-)
+USERNS = namespace_host._probe(["unshare", "-rn", "true"])
 
 
 @pytest.mark.skipif(not USERNS, reason="`unshare -rn true` fails here: no user namespaces")
@@ -121,26 +132,30 @@ def test_in_a_user_namespace_and_gone_with_its_owner(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CLUSTER_HOST", "userns")
     base = {"steps": 3, "global_batch": 8, "seed": 0, "timeout_s": 60}
     with lc.LocalCluster(name="tuserns", nodes=2, ranks_per_node=1, rate_mbit=500) as c:
-        holder = lc.status("tuserns")["holder_pid"]
-        assert holder and "wb-tuserns-n0" not in namespace_host.NamespaceHost().namespaces()
+        holder = c.host
+        assert (
+            holder.holder_pid and "wb-tuserns-n0" not in namespace_host.NamespaceHost().namespaces()
+        )
         run = wb.launch(RunConfig(dp=2, **base), out=str(tmp_path / "c"), cluster=c, progress=False)
     one = wb.launch(RunConfig(**base), out=str(tmp_path / "one"), progress=False)
     assert _losses(run) == pytest.approx(_losses(one), rel=1e-5)
-    assert not namespace_host.NamespaceHost(holder_pid=holder).alive
+    assert not holder.alive
     # the owner killed outright
     script = (
         "import os, sys, time; from workbench.launching import local_cluster as lc; "
         "lc.LocalCluster(name='tkilled', nodes=2).up(); "
-        "print(lc.status('tkilled')['holder_pid'], flush=True); time.sleep(600)"
+        "s = lc.status('tkilled'); print(s['holder_pid'], s['holder_start'], flush=True); "
+        "time.sleep(600)"
     )
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    holder = int(owner.stdout.readline())
-    assert namespace_host.NamespaceHost(holder_pid=holder).alive
+    pid, start = (int(v) for v in owner.stdout.readline().split())
+    holder = namespace_host.NamespaceHost(holder_pid=pid, holder_start=start)
+    assert holder.alive
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + 10
-    while namespace_host.NamespaceHost(holder_pid=holder).alive and time.monotonic() < deadline:
+    while holder.alive and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not namespace_host.NamespaceHost(holder_pid=holder).alive
+    assert not holder.alive
     assert "tkilled" not in lc.clusters()
     lc.down("tkilled")  # its state file, left by the killed owner

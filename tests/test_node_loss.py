@@ -27,23 +27,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 
 import pytest
 
 import workbench as wb
+from tests.cluster_skip import REPORTED, needs_cluster
 from workbench import ConfigError, RunConfig
 from workbench.analysis.recovery import Recovery, recoveries
 from workbench.launching import local_cluster as lc
 from workbench.launching.launcher import Nodes
 from workbench.launching.lose_node import lose_node, reconnect
-
-ROOT = os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
-needs_root = pytest.mark.skipif(
-    not ROOT, reason="a local cluster needs root and iproute2 (network namespaces)"
-)
 
 STEPS = 12
 #: the process-group timeout: a partition is detected after it
@@ -117,6 +112,7 @@ def _check_recovered(
     assert [r["step"] for r in rows] == list(range(STEPS)), "every step once (redone ones replace)"
     [r] = recoveries(run.path)
     print(f"\n{how}: {r.describe()}")
+    REPORTED.append(f"{how}: {r.describe()}")  # printed at the suite's end (tests/conftest.py)
     assert (r.nodes, r.ranks, r.how, r.nodes_after) == ([lost], ranks, how, after), r
     # the first of the survivors to fail (with two ranks on node 0, either one)
     assert re.match(rf"rank \d+ \({after[0]}\)", r.detected_by), r.detected_by
@@ -132,7 +128,7 @@ def _check_recovered(
     return r
 
 
-@needs_root
+@needs_cluster
 def test_a_killed_node_is_detected_at_once_and_the_run_goes_on_without_it(tmp_path, launched):
     """Elastic, 2 nodes × 1 rank: node 1's processes SIGKILLed; node 0 goes on alone."""
     with lc.LocalCluster(name="ckill", nodes=2, ranks_per_node=1, rate_mbit=1000) as c:
@@ -144,7 +140,7 @@ def test_a_killed_node_is_detected_at_once_and_the_run_goes_on_without_it(tmp_pa
     assert worlds[0] == 2 and worlds[-1] == 1, f"two nodes, then the one left: {worlds}"
 
 
-@needs_root
+@needs_cluster
 def test_a_partitioned_node_is_waited_for_and_the_group_re_forms_whole(tmp_path, launched):
     """Fixed membership, 2 nodes × 1 rank: node 1's link cut, and up again 2 s after the survivor's timeout. The
     group waits in the rendezvous (node 1's agent, blocked on the store across the cut, goes on once the link
@@ -161,7 +157,7 @@ def test_a_partitioned_node_is_waited_for_and_the_group_re_forms_whole(tmp_path,
 
 
 @pytest.mark.slow  # ~35 s: the two cases above cover kill and partition in make test
-@needs_root
+@needs_cluster
 def test_a_partitioned_node_is_left_behind_by_an_elastic_run(tmp_path, launched):
     """Elastic, 2 nodes × 2 ranks: node 1's link cut for good; node 0 goes on alone after the timeout (dp 4 → 2),
     and node 1's agent — blocked on the rendezvous store it cannot reach — is stopped when the run is done."""

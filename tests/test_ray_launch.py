@@ -12,6 +12,7 @@ import time
 import pytest
 
 import workbench as wb
+from tests.cluster_skip import needs_cluster
 from tests.test_launcher import _alive, _descendants
 from workbench import ConfigError, RunConfig
 from workbench.launching.launcher import Nodes
@@ -118,18 +119,17 @@ def test_sigterm_leaves_no_ray_process(tmp_path):
     assert cli.returncode == 130 and "partial results in" in out, out[-3000:]
 
 
-ROOT = os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not ROOT, reason="a local cluster needs root and iproute2 (network namespaces)")
+@needs_cluster
 def test_ray_across_the_nodes_of_a_cluster_equals_torchrun(launched, tmp_path):
     """A Ray head in node 0's namespace, a Ray worker node in node 1's, the driver inside node 0
     (launching/ray_cluster.py): one rank on each node, across the 1 Gbit/s link — the same losses as dp = 2 under
     torchrun on one machine, exactly (the same ranks, the same arithmetic, another wire), and nothing of Ray left
     in the nodes or in /tmp/ray's pointer to the current cluster."""
+    import glob
+    import tempfile
+
     from workbench.launching import local_cluster as lc
-    from workbench.launching.ray_cluster import temp_dir
 
     with lc.LocalCluster(name="cray", nodes=2, ranks_per_node=1, rate_mbit=1000) as c:
         run = wb.launch(
@@ -141,7 +141,7 @@ def test_ray_across_the_nodes_of_a_cluster_equals_torchrun(launched, tmp_path):
         )
         left = lc.status("cray")["namespaces"]
         assert set(left.values()) == {0}, f"Ray's processes outlived the run: {left}"
-        assert not os.path.exists(temp_dir(c))
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), "wb-ray-cray-*")), "Ray's files"
     # Ray places rank 0 on either node
     assert sorted(run.config["hosts"]) == ["wb-cray-n0", "wb-cray-n1"], "one rank in each node"
     torchrun = launched(dp=2, steps=6, timeout_s=60)

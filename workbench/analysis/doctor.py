@@ -168,7 +168,14 @@ def diagnose(run_dir: str) -> str:
 def recovery_view(run_dir: str) -> list[str]:
     """The nodes the run lost and recovered from (analysis/recovery.py): which, and each time from the
     loss — detected, re-formed, first step done."""
-    found = recoveries(run_dir)
+    try:
+        found = recoveries(run_dir)
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+    ) as e:  # a truncated trace must not hide the failure it explains
+        return ["", f"node losses: unreadable ({type(e).__name__}: {e})"]
     if not found:
         return []
     lines = ["", f"node losses the run recovered from ({len(found)}):"]

@@ -21,7 +21,9 @@ from workbench.config import ConfigError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument(
-        "--name", default="wb", help="the cluster's name (1–10 lowercase letters/digits)"
+        "--name",
+        default=None,
+        help="the cluster's name (1–10 lowercase letters/digits; up and down: wb; status: every cluster)",
     )
     p.add_argument("--nodes", type=int, default=2, help="nodes, each a network namespace (up)")
     p.add_argument("--ranks-per-node", type=int, default=2, help="ranks a node runs (up)")
@@ -45,7 +47,7 @@ def run(a: argparse.Namespace) -> int:
     try:
         if a.action == "up":
             c = lc.LocalCluster(
-                name=a.name,
+                name=a.name or "wb",
                 nodes=a.nodes,
                 ranks_per_node=a.ranks_per_node,
                 rate_mbit=a.rate_mbit or None,
@@ -58,12 +60,12 @@ def run(a: argparse.Namespace) -> int:
             if a.slurm:
                 _slurm_up(c)
         elif a.action == "down":
-            names = lc.clusters() if a.all else [a.name]
+            names = lc.clusters() if a.all else [a.name or "wb"]
             for name in names:
                 lc.down(name)
             print(f"down: {', '.join(names) or 'no cluster was up'}")
         else:
-            names = lc.clusters() if a.all or a.name == "wb" else [a.name]
+            names = lc.clusters() if a.all or a.name is None else [a.name]
             print(json.dumps([lc.status(n) for n in names], indent=1))
     except (ConfigError, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"workbench cluster: {e}", file=sys.stderr)

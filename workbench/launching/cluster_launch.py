@@ -77,19 +77,24 @@ class NodeAgents:
         failed = [c for c in codes if c not in (None, 0)]
         if failed and not self.elastic:
             self._failed_at = self._failed_at or time.monotonic()
-            if time.monotonic() - self._failed_at > _GRACE_S:
-                self.terminate()
+            self._end_the_rest(since=self._failed_at, grace_s=_GRACE_S)
         if self.elastic and 0 in codes:
             self._done_at = self._done_at or time.monotonic()
-            if time.monotonic() - self._done_at > _DONE_GRACE_S:
-                self.terminate()
-            if time.monotonic() - self._done_at > 2 * _DONE_GRACE_S:
-                self.kill()
+            self._end_the_rest(since=self._done_at, grace_s=_DONE_GRACE_S)
         if any(c is None for c in codes):
             return None
         if self.elastic and 0 in codes:
             return 0
         return failed[0] if failed else 0
+
+    def _end_the_rest(self, *, since: float, grace_s: float) -> None:
+        """SIGTERM to the agents still running `grace_s` after `since`, SIGKILL `grace_s` later (an agent
+        blocked in a store call may not act on SIGTERM)."""
+        waited = time.monotonic() - since
+        if waited > 2 * grace_s:
+            self.kill()
+        elif waited > grace_s:
+            self.terminate()
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -120,26 +125,46 @@ def start_agents(
     log,
 ) -> NodeAgents:
     """Start every node's torchrun agent in its namespace (`nodes` from cluster_nodes), writing into `log`."""
-    procs = []
-    for k in range(cluster.nodes):
-        node = Nodes(
-            nnodes=nodes.nnodes,
-            node_rank=k,
-            rdzv_endpoint=nodes.rdzv_endpoint,
-            rdzv_id=nodes.rdzv_id,
-            hosts_rendezvous=k == 0,
-            local_addr=cluster.address(k),
-        )
-        cmd = cluster.exec_argv(k, torchrun_command(config, run_dir, node))
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**env, **cluster.env(k)},
-                preexec_fn=die_with_parent,
+    procs: list[subprocess.Popen] = []
+    try:
+        for k in range(cluster.nodes):
+            procs.append(
+                _start_agent(
+                    config, run_dir, cluster=cluster, nodes=nodes, node=k, env=env, log=log
+                )
             )
-        )
+    except BaseException:  # the agents already started do not wait for ever for the others
+        NodeAgents(procs, elastic=False).kill()
+        raise
     return NodeAgents(procs, elastic=nodes.elastic)
+
+
+def _start_agent(
+    config: ValidConfig,
+    run_dir: str,
+    *,
+    cluster: LocalCluster,
+    nodes: Nodes,
+    node: int,
+    env: dict[str, str],
+    log,
+) -> subprocess.Popen:
+    """Node `node`'s torchrun agent, started in its namespace."""
+    this = Nodes(
+        nnodes=nodes.nnodes,
+        node_rank=node,
+        rdzv_endpoint=nodes.rdzv_endpoint,
+        rdzv_id=nodes.rdzv_id,
+        hosts_rendezvous=node == 0,
+        local_addr=cluster.address(node),
+    )
+    cmd = cluster.exec_argv(node, torchrun_command(config, run_dir, this))
+    log.write(" ".join(cmd) + "\n")
+    log.flush()
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**env, **cluster.env(node)},
+        preexec_fn=die_with_parent,
+    )

@@ -262,8 +262,8 @@ def _ray_on_cluster(
     progress: bool,
 ) -> int:
     """Ray on the cluster's nodes, the driver inside node 0, followed like torchrun; Ray stopped after."""
+    address = start_ray(cluster, env=env, log=log)  # stops what it started if it fails
     try:
-        address = start_ray(cluster, env=env, log=log)
         driver = start_driver(
             cluster, run_dir=run_dir, address=address, backend=backend, env=env, log=log
         )

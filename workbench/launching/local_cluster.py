@@ -26,6 +26,7 @@ on a cluster keeps its files in NAME.d/ beside it (`scratch_dir`). No torch here
 from __future__ import annotations
 
 import atexit
+import glob
 import json
 import os
 import re
@@ -33,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from workbench.config import ConfigError
 from workbench.launching.namespace_host import NamespaceHost, how_to_host, start_holder
@@ -66,6 +67,8 @@ class LocalCluster:
     nodes: int = 2
     ranks_per_node: int = 2
     rate_mbit: float | None = 1000.0
+    #: this object brought it up (a `with` block then removes it at its end)
+    _made: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -130,6 +133,12 @@ class LocalCluster:
         removed first). On any failure, whatever was made is removed before the error is raised; and
         unless `keep` (the CLI's `cluster up`, which ends at once), when this process exits."""
         how = how_to_host()
+        owner = _live_owner(self.name)
+        if owner is not None and owner != os.getpid():
+            raise ConfigError(
+                f"cluster {self.name!r} is up, brought up by process {owner}, which still runs: "
+                f"choose another name, or remove it (workbench cluster down --name {self.name})"
+            )
         down(self.name)
         host = start_holder(keep=keep) if how == "userns" else NamespaceHost()
         self._save(owner=os.getpid(), host=host)
@@ -145,7 +154,8 @@ class LocalCluster:
             down(self.name)
             raise
         if not keep:
-            atexit.register(down, self.name)
+            atexit.register(_down_if_owned, self.name, os.getpid())
+        self._made = True
         return self
 
     @property
@@ -184,22 +194,27 @@ class LocalCluster:
         self.rate_mbit = rate_mbit
         if os.path.exists(_state_path(self.name)):
             state = _read_state(self.name)
-            self._save(owner=state["owner_pid"], host=NamespaceHost(holder_pid=state["holder_pid"]))
+            self._save(owner=state["owner_pid"], host=self.host)
 
     def _save(self, *, owner: int, host: NamespaceHost) -> None:
         """The shape, the process that brought the cluster up (its owner), and where its namespaces are."""
         os.makedirs(STATE_DIR, exist_ok=True)
         with open(_state_path(self.name), "w") as f:
-            json.dump({**asdict(self), "owner_pid": owner, "holder_pid": host.holder_pid}, f)
+            shape = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+            holder = {"holder_pid": host.holder_pid, "holder_start": host.holder_start}
+            json.dump({**shape, "owner_pid": owner, **holder}, f)
 
     def down(self) -> None:
         down(self.name)
+        self._made = False
 
     def __enter__(self) -> LocalCluster:
-        return self if self.is_up else self.up()
+        """Up: this one (removed at the block's end), or the same shape already up (left as it was)."""
+        return self if self.is_up and not self._made else self.up()
 
     def __exit__(self, *exc: object) -> None:
-        self.down()
+        if self._made:
+            self.down()
 
     def _in(self, ns: str, command: str) -> None:
         self.host.run(["ip", "netns", "exec", ns, *command.split()])
@@ -254,7 +269,8 @@ def attach(name: str) -> LocalCluster:
             + f" (start one: workbench cluster up --name {name})"
         )
     shape = _read_state(name)
-    del shape["owner_pid"], shape["holder_pid"]
+    for key in ("owner_pid", "holder_pid", "holder_start"):
+        shape.pop(key, None)
     return LocalCluster(**shape)
 
 
@@ -288,7 +304,12 @@ def down(name: str, grace_s: float = 5.0) -> None:
     host.stop()
     if os.path.exists(_state_path(name)):
         os.remove(_state_path(name))
-    shutil.rmtree(scratch_dir(name), ignore_errors=True)
+    # and what a runner keeps outside the scratch folder, named in a remove-also.* file there (Ray's)
+    scratch = scratch_dir(name)
+    for named in glob.glob(os.path.join(scratch, "remove-also.*")):
+        with open(named) as f:
+            shutil.rmtree(f.read().strip(), ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _signal_all(host: NamespaceHost, namespaces: list[str], sig: int) -> None:
@@ -304,12 +325,36 @@ def _host(name: str) -> NamespaceHost:
     """Where cluster `name`'s namespaces are: its holder's, as its state says, else the machine's."""
     if not os.path.exists(_state_path(name)):
         return NamespaceHost()
-    return NamespaceHost(holder_pid=_read_state(name).get("holder_pid"))
+    state = _read_state(name)
+    return NamespaceHost(holder_pid=state.get("holder_pid"), holder_start=state.get("holder_start"))
 
 
 def _namespaces(name: str) -> list[str]:
     """Cluster `name`'s namespaces, sorted."""
     return sorted(ns for ns in _host(name).namespaces() if ns.startswith(f"{_PREFIX}{name}-"))
+
+
+def available() -> str | None:
+    """None where a local cluster can be made here, else why not (what a test's skip or a notebook says)."""
+    try:
+        how_to_host()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def _live_owner(name: str) -> int | None:
+    """The process that brought cluster `name` up, where that process still runs."""
+    if not os.path.exists(_state_path(name)):
+        return None
+    owner = _read_state(name).get("owner_pid")
+    return owner if owner is not None and os.path.exists(f"/proc/{owner}") else None
+
+
+def _down_if_owned(name: str, pid: int) -> None:
+    """At this process's exit: remove cluster `name` if it is still the one this process brought up."""
+    if os.path.exists(_state_path(name)) and _read_state(name).get("owner_pid") == pid:
+        down(name)
 
 
 def _read_state(name: str) -> dict:

@@ -47,6 +47,9 @@ class NamespaceHost:
     """The machine's namespace list (holder_pid None: root), or an unprivileged holder's."""
 
     holder_pid: int | None = None
+    #: the holder's start time (clock ticks since boot, /proc/PID/stat): a PID reused by another process is
+    #: never taken for the holder
+    holder_start: int | None = None
 
     @property
     def prefix(self) -> list[str]:
@@ -75,22 +78,23 @@ class NamespaceHost:
     def alive(self) -> bool:
         if self.holder_pid is None:
             return True
-        stat = _read(
-            f"/proc/{self.holder_pid}/stat"
-        )  # a zombie (killed, not yet reaped) is not alive
-        return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"
+        # a zombie (killed, not yet reaped) is not alive, nor another process under the same PID
+        fields = _stat(self.holder_pid)
+        return bool(fields) and fields[0] != "Z" and int(fields[19]) == self.holder_start
 
     def stop(self) -> None:
         """End the holder (and the `unshare` above it): what it held goes with it."""
-        if self.holder_pid is None:
+        if self.holder_pid is None or not self.alive:
             return
-        parent = _parent(self.holder_pid)
-        for pid in (self.holder_pid, parent):
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        parent = int(_stat(self.holder_pid)[1])
+        ours = [self.holder_pid] + (
+            [parent] if _read(f"/proc/{parent}/comm").strip() == "unshare" else []
+        )
+        for pid in ours:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def how_to_host() -> str:
@@ -101,7 +105,17 @@ def how_to_host() -> str:
             f"a local cluster needs {' and '.join(missing)} (iproute2: apt-get install iproute2)"
         )
     if os.geteuid() == 0 and os.environ.get("WORKBENCH_CLUSTER_HOST") != "userns":
-        return "root"
+        if _probe(["unshare", "--net", "true"]):
+            return "root"
+        if shutil.which("nsenter") and _probe(["unshare", "-rn", "true"]):
+            return (
+                "userns"  # root without the capabilities (a container's): a user namespace may do
+            )
+        raise ConfigError(
+            "a local cluster makes network namespaces, and this process, root, may not (`unshare --net "
+            "true` fails: a container without CAP_SYS_ADMIN and CAP_NET_ADMIN, nor user namespaces); "
+            "start the container with --cap-add SYS_ADMIN --cap-add NET_ADMIN, or --privileged"
+        )
     if shutil.which("unshare") and shutil.which("nsenter") and _userns_works():
         return "userns"
     raise ConfigError(
@@ -131,7 +145,7 @@ def start_holder(*, keep: bool) -> NamespaceHost:
     while time.monotonic() < deadline:
         child = _child(starter.pid)
         if child is not None and "workbench-netns" in _read(f"/proc/{child}/mounts"):
-            return NamespaceHost(holder_pid=child)
+            return NamespaceHost(holder_pid=child, holder_start=int(_stat(child)[19]))
         if starter.poll() is not None:
             err = starter.stderr.read().decode() if starter.stderr else ""
             raise ConfigError(f"the user namespace for a local cluster failed: {err.strip()}")
@@ -141,8 +155,15 @@ def start_holder(*, keep: bool) -> NamespaceHost:
 
 
 def _userns_works() -> bool:
-    done = subprocess.run(["unshare", "-rn", "true"], capture_output=True)
-    return done.returncode == 0
+    return _probe(["unshare", "-rn", "true"])
+
+
+def _probe(argv: list[str]) -> bool:
+    """Whether `argv` succeeds (a missing program: no)."""
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _child(pid: int) -> int | None:
@@ -154,12 +175,11 @@ def _child(pid: int) -> int | None:
     return int(kids[0]) if kids else None
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name (state first, then the parent, ..., the start time
+    at index 19); empty where the process is gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split() if stat else []
 
 
 def _read(path: str) -> str:

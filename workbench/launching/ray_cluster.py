@@ -32,11 +32,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from workbench.config import ConfigError, RunConfig, ValidConfig
 from workbench.launching.lifetime import die_with_parent
-from workbench.launching.local_cluster import LocalCluster
+from workbench.launching.local_cluster import LocalCluster, scratch_dir
 
 RAY_PORT = 6379
 #: how long one `ray start` may take (measured here: the head 10 s, a worker node 5 s, on 2 loaded cores)
@@ -65,7 +66,14 @@ def ray_address(cluster: LocalCluster) -> str:
 
 
 def temp_dir(cluster: LocalCluster) -> str:
-    return os.path.join("/tmp", f"wb-ray-{cluster.name}")
+    """Ray's files for this cluster: a fresh private folder in /tmp (short: Ray's socket paths must fit 107
+    characters), made by start_ray and named in the cluster's scratch folder, which `down` reads to remove it."""
+    with open(os.path.join(scratch_dir(cluster.name), RAY_TEMP)) as f:
+        return f.read().strip()
+
+
+#: the file in the cluster's scratch folder that names Ray's folder (local_cluster.down removes what it names)
+RAY_TEMP = "remove-also.ray"
 
 
 def ray_env(cluster: LocalCluster) -> dict[str, str]:
@@ -81,9 +89,21 @@ def start_ray(cluster: LocalCluster, *, env: dict[str, str], log) -> str:
     """The head in node 0, a worker node in each other; the head's address. RuntimeError (Ray stopped again)
     where one does not start within _START_S."""
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    os.makedirs(temp_dir(cluster), mode=0o700, exist_ok=True)
+    busy = {
+        ns: pids
+        for ns in map(cluster.namespace, range(cluster.nodes))
+        if (pids := cluster.host.pids(ns))
+    }
+    if busy:
+        raise ConfigError(
+            f"cluster {cluster.name!r}'s nodes run processes already ({busy}: a local Slurm, another run): "
+            f"Ray is stopped by ending every process of the nodes, so it needs them to itself"
+        )
+    os.makedirs(scratch_dir(cluster.name), exist_ok=True)
+    with open(os.path.join(scratch_dir(cluster.name), RAY_TEMP), "w") as f:
+        f.write(tempfile.mkdtemp(prefix=f"wb-ray-{cluster.name}-"))  # 0700, new: nothing planted
     token = ray_env(cluster)["RAY_AUTH_TOKEN_PATH"]
-    with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(secrets.token_hex(32))
     common = ["--num-cpus", str(cluster.ranks_per_node), "--disable-usage-stats"]
     common += ["--temp-dir", temp_dir(cluster)]
@@ -150,7 +170,10 @@ def stop_ray(cluster: LocalCluster, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(host.pids(ns) for ns in spaces):
             time.sleep(0.2)
-    shutil.rmtree(temp_dir(cluster), ignore_errors=True)
+    named = os.path.join(scratch_dir(cluster.name), RAY_TEMP)
+    if os.path.exists(named):
+        shutil.rmtree(temp_dir(cluster), ignore_errors=True)
+        os.remove(named)
 
 
 def main(argv: list[str] | None = None) -> int:
