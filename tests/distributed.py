@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -53,3 +54,12 @@ def make_comm(rank: int, world: int, dp: int = 1, tp: int = 1, name: str = "test
             rank=rank, world_size=world, backend="gloo", coords=grid.coords(rank), run_name=name
         ),
     )
+
+
+def metrics_rows(run_dir: str) -> list[dict]:
+    """A run's metrics.jsonl as rows, so far (none while it does not exist or a row is half written)."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError):
+        return []

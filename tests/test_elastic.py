@@ -2,7 +2,6 @@
 goes on when one machine leaves and again when it rejoins, dp following the world each time, and ends
 with the losses of the uninterrupted run."""
 
-import json
 import os
 import signal
 import socket
@@ -12,6 +11,7 @@ import time
 
 import pytest
 
+from tests.distributed import metrics_rows
 from workbench import ConfigError, RunConfig, load
 from workbench.launching.launcher import Nodes, elastic_config, rank_env, torchrun_command
 
@@ -83,14 +83,6 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-def _rows(run_dir: str) -> list[dict]:
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError):
-        return []
-
-
 def _wait_for(what: str, predicate, agents: list[subprocess.Popen], timeout_s: float = 60) -> None:
     end = time.monotonic() + timeout_s
     while not predicate():
@@ -111,13 +103,13 @@ def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_
     b = _agent(run_dir, endpoint)
     _wait_for(
         "steps on two machines",
-        lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in _rows(run_dir)),
+        lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in metrics_rows(run_dir)),
         [a, b],
     )
     _lose_machine(b)
     _wait_for(
         "the run to go on with one machine",
-        lambda: any(r["world_size"] == 1 for r in _rows(run_dir)),
+        lambda: any(r["world_size"] == 1 for r in metrics_rows(run_dir)),
         [a],
     )
     b = _agent(run_dir, endpoint)
@@ -126,7 +118,7 @@ def test_an_elastic_run_goes_on_when_a_machine_leaves_and_rejoins(launched, tmp_
         assert agent.returncode == 0, out[-3000:]
 
     run = load(run_dir)
-    rows = _rows(run_dir)
+    rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(STEPS)), (
         "every step once (redone steps replace the lost ones)"
     )

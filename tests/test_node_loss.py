@@ -25,7 +25,6 @@ Needs root (network namespaces): elsewhere every case skips, saying so."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -34,6 +33,7 @@ import pytest
 
 import workbench as wb
 from tests.cluster_skip import REPORTED, needs_cluster
+from tests.distributed import metrics_rows
 from workbench import ConfigError, RunConfig
 from workbench.analysis.recovery import Recovery, recoveries
 from workbench.launching import local_cluster as lc
@@ -46,14 +46,6 @@ TIMEOUT_S = 8.0
 #: rank 0 sleeps this long in every step (fault 'straggle'), so that node 1 is lost mid-run, not at its end
 DELAY_S = 0.2
 LOSE_AFTER = 5  # node 1 is lost once step 5 is in metrics.jsonl
-
-
-def _rows(run_dir: str) -> list[dict]:
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError):
-        return []
 
 
 def _run_and_lose(
@@ -89,7 +81,7 @@ def _run_and_lose(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 90
-    while not any(r["step"] >= LOSE_AFTER for r in _rows(run_dir)):
+    while not any(r["step"] >= LOSE_AFTER for r in metrics_rows(run_dir)):
         assert thread.is_alive(), f"the run ended before node 1 was lost: {result}"
         assert time.monotonic() < deadline, f"no step {LOSE_AFTER} within 90 s"
         time.sleep(0.05)
@@ -108,7 +100,7 @@ def _check_recovered(
     run: wb.Run, whole: wb.Run, *, lost: str, ranks: list[int], how: str, after: list[str]
 ) -> Recovery:
     """Every step once, the loss recorded and measured in order, the losses the uninterrupted run's."""
-    rows = _rows(run.path)
+    rows = metrics_rows(run.path)
     assert [r["step"] for r in rows] == list(range(STEPS)), "every step once (redone ones replace)"
     [r] = recoveries(run.path)
     print(f"\n{how}: {r.describe()}")
@@ -136,7 +128,7 @@ def test_a_killed_node_is_detected_at_once_and_the_run_goes_on_without_it(tmp_pa
         lost, left = c.namespace(1), c.namespace(0)
     whole = launched(dp=2, steps=STEPS, global_batch=8, timeout_s=TIMEOUT_S)
     _check_recovered(run, whole, lost=lost, ranks=[1], how="kill", after=[left])
-    worlds = [r["world_size"] for r in _rows(run.path)]
+    worlds = [r["world_size"] for r in metrics_rows(run.path)]
     assert worlds[0] == 2 and worlds[-1] == 1, f"two nodes, then the one left: {worlds}"
 
 
@@ -153,7 +145,7 @@ def test_a_partitioned_node_is_waited_for_and_the_group_re_forms_whole(tmp_path,
     whole = launched(dp=2, steps=STEPS, global_batch=8, timeout_s=TIMEOUT_S)
     r = _check_recovered(run, whole, lost=both[1], ranks=[1], how="partition", after=both)
     assert r.detected_at < r.back_at < r.regrouped_at, "it waited for the node"
-    assert {row["world_size"] for row in _rows(run.path)} == {2}
+    assert {row["world_size"] for row in metrics_rows(run.path)} == {2}
 
 
 @pytest.mark.slow  # ~35 s: the two cases above cover kill and partition in make test
@@ -166,7 +158,7 @@ def test_a_partitioned_node_is_left_behind_by_an_elastic_run(tmp_path, launched)
         lost, left = c.namespace(1), c.namespace(0)
     whole = launched(dp=4, steps=STEPS, global_batch=8, timeout_s=TIMEOUT_S)
     _check_recovered(run, whole, lost=lost, ranks=[2, 3], how="partition", after=[left])
-    worlds = [r["world_size"] for r in _rows(run.path)]
+    worlds = [r["world_size"] for r in metrics_rows(run.path)]
     assert worlds[0] == 4 and worlds[-1] == 2, f"two nodes, then the one left: {worlds}"
 
 
