@@ -31,9 +31,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 
 from workbench.config import ConfigError
@@ -294,11 +292,7 @@ def down(name: str, grace_s: float = 5.0) -> None:
     (the links and the bridge go with them), its holder if it has one, its state and its scratch folder.
     Safe to call on a cluster half made, or one whose run was killed."""
     host, ours = _host(name), _namespaces(name)
-    _signal_all(host, ours, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(host.pids(ns) for ns in ours):
-        time.sleep(0.1)
-    _signal_all(host, ours, signal.SIGKILL)
+    host.stop_processes(ours, grace_s=grace_s)
     for ns in ours:
         host.run(["ip", "netns", "del", ns], check=False)
     host.stop()
@@ -310,15 +304,6 @@ def down(name: str, grace_s: float = 5.0) -> None:
         with open(named) as f:
             shutil.rmtree(f.read().strip(), ignore_errors=True)
     shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _signal_all(host: NamespaceHost, namespaces: list[str], sig: int) -> None:
-    for ns in namespaces:
-        for pid in host.pids(ns):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 def _host(name: str) -> NamespaceHost:

@@ -74,6 +74,19 @@ class NamespaceHost:
     def pids(self, ns: str) -> list[int]:
         return [int(p) for p in self.run(["ip", "netns", "pids", ns], check=False).split()]
 
+    def stop_processes(self, namespaces: list[str], *, grace_s: float) -> None:
+        """Every process in `namespaces` stopped: SIGTERM (a rank writes what it has), then SIGKILL to those
+        left after `grace_s` — a process started meanwhile (a rank an agent was forking) is caught then."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in [p for ns in namespaces for p in self.pids(ns)]:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(self.pids(ns) for ns in namespaces):
+                time.sleep(0.1)
+
     @property
     def alive(self) -> bool:
         if self.holder_pid is None:

@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -159,17 +158,9 @@ def start_driver(
 
 def stop_ray(cluster: LocalCluster, grace_s: float = 10.0) -> None:
     """Every process of the cluster's nodes stopped (SIGTERM, SIGKILL after `grace_s`), Ray's files removed."""
-    host = cluster.host
-    spaces = [cluster.namespace(k) for k in range(cluster.nodes)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in [p for ns in spaces for p in host.pids(ns)]:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(host.pids(ns) for ns in spaces):
-            time.sleep(0.2)
+    cluster.host.stop_processes(
+        [cluster.namespace(k) for k in range(cluster.nodes)], grace_s=grace_s
+    )
     named = os.path.join(scratch_dir(cluster.name), RAY_TEMP)
     if os.path.exists(named):
         shutil.rmtree(temp_dir(cluster), ignore_errors=True)
