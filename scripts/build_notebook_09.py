@@ -295,8 +295,8 @@ else:
     flat_ms, hier_ms = rows["ring"]["measured step (ms)"], rows["hierarchical"]["measured step (ms)"]
     # the claim itself is checked on a real wire (above, where a cluster can be made: CI's machines); here, the
     # emulator's holds are its formula, so the ratio is shown, not checked
-    print(f"flat ring / hierarchical step: {flat_ms / hier_ms:.2f} (emulated link; the 2 × 2 cluster's formula "
-          f"for bytes on a node's link: 1.5)")
+    print(f"flat ring / hierarchical step: {flat_ms / hier_ms:.2f} (emulated link, where each rank has a link of "
+          f"its own: the formula's ratio of bytes across per rank is 3)")
     table = pd.DataFrame(rows).T
 table
 """),
@@ -317,7 +317,8 @@ the estimate's communication is right and its miss is elsewhere (compute stretch
 cores); where they differ, the estimate prices the link's traffic otherwise than the run sent it.
 
 Either way the point of the section holds: the hierarchical all-reduce sends a K-th of the bytes across per
-rank, and its all-reduce is the shorter.
+rank (each rank's 2(m−1)/m · S/K against the flat ring's 2(n−1)/n · S: a third here), two thirds of the flat
+ring's through each node's one shared link (the 1.5 measured above), and its all-reduce is the shorter.
 """),
         code("""
 viz.timeline(hier, steps=[2]).show()
@@ -326,24 +327,25 @@ viz.timeline(hier, steps=[2]).show()
 ## Bandwidth-bound DP, latency-bound PP
 
 Each strategy on two machines (one rank each), its step time as the link between them gets thinner (lower
-bandwidth) and longer (higher latency). The extremes, 5 MB/s and 5 ms, are four orders of magnitude off a
+bandwidth) and longer (higher latency). The extremes, 5 MB/s and 5 ms, are three to four orders of magnitude off a
 real InfiniBand link (50 GB/s, a few µs): they are what makes a 0.1 MB model on a CPU, whose step already
 takes milliseconds, feel the link the way a multi-gigabyte model feels a real one.
 
 **Where a local cluster can be made** the thinner pipe is real: two nodes of one rank each, their links
 shaped by tbf at 160 and 40 Mbit/s (0.02 and 0.005 GB/s), and the link's time a step is the bytes node 0's
-shaper let out over the rate (its latency is the kernel's, about 0.1 ms, not shaped). The longer pipe stays
+shaper let out over the rate (its latency is not shaped: α across it measured 0.1–0.3 ms, gloo's and the
+kernel's). The longer pipe stays
 **emulated** everywhere: this kind of machine has no `netem`, so no delay can be put on a link; the latency
 points (1 ms and 5 ms, bandwidth 100 GB/s) run on one machine with the emulator's holds, the link's time a
 step being the holds on the busiest rank. **Without a cluster** the bandwidth points are emulated too
 (latency 10 µs). The point with no link is one machine's run in both sweeps.
 
-*Predict first:* which strategy will the thin pipe hurt, which the long one? Data parallelism all-reduces
-4Ψ bytes of gradients in a few collectives per step; pipeline parallelism sends small activations
-2m = 16 times per step, each on the critical path. The dotted lines are the estimator's prediction for each
-point (its emulated link priced at the same bandwidth and latency). Each measured point is the fastest of a
-run's steps after the first: on a shared machine other work only ever adds time to a step (at times several
-times a PP step), while the link's time is in every one of them.
+*Predict first:* which strategy will the thin pipe hurt, which the long one? Data parallelism all-reduces 4Ψ
+bytes of gradients in a few collectives per step; pipeline parallelism sends small activations in 2m = 16
+messages a step (8 each way), most of them on the critical path. The dotted lines are the estimator's
+prediction for each point (its emulated link priced at the same bandwidth and latency). Each measured point is
+the fastest of a run's steps after the first: on a shared machine other work only ever adds time to a step (at
+times several times a PP step), while the link's time is in every one of them.
 """),
         code("""
 FOUR = {"layers": 4}
@@ -387,6 +389,7 @@ for name in STRATEGIES:
                           "measured (ms)": 1e3 * r.metrics.step_time_s.iloc[1:].min(),
                           "predicted (ms)": 1e3 * e.step_time_s,
                           "link a step (ms)": link_ms,
+                          # a mean over the measured steps, where "measured (ms)" is the fastest step
                           "compute a step, rank 0 (ms)": 1e3 * rank0["compute_s"] / len(rank0["measured_steps"]),
                           "compute, estimated (ms)": 1e3 * e.step_terms["compute"]})
 if across is not None:
@@ -397,8 +400,8 @@ sweep.round(3)
 """),
         code("""
 # Each miss past 25 %, split: the no-link step (compute, this machine's) and what the link added, measured against
-# the estimate's, beside the link's own time a step (the shaper's bytes over the rate, or the emulator's hold: what
-# the link would cost with nothing hiding it)
+# the estimate's, beside the link's own time a step (the shaper's bytes over the rate; emulated, the holds rank 0's
+# trace recorded — an asynchronous all-reduce records only what is left of its hold when its wait() comes)
 for _, row in sweep[sweep.error.abs() > 0.25].iterrows():
     base = sweep[(sweep.strategy == row.strategy) & (sweep.kind == row.kind) & sweep["no link"]].iloc[0]
     added = row["measured (ms)"] - base["measured (ms)"]
@@ -407,7 +410,8 @@ for _, row in sweep[sweep.error.abs() > 0.25].iterrows():
     compute_part, link_part = base["predicted (ms)"] - base["measured (ms)"], est_added - added
     if abs(compute_part) > abs(link_part):
         why = (f"the no-link step, {base['measured (ms)']:.1f} ms measured against {base['predicted (ms)']:.1f} "
-               f"estimated: rank 0 spent {base['compute a step, rank 0 (ms)']:.1f} ms a step computing here, where "
+               f"estimated (the fastest step; rank 0's compute averaged {base['compute a step, rank 0 (ms)']:.1f} ms "
+               f"a step over all of them), where "
                f"the calibration (another run, timed once) gives {base['compute, estimated (ms)']:.1f} ms of compute "
                "and the rest of its step as per-step overhead")
     elif added < 0:
@@ -415,7 +419,8 @@ for _, row in sweep[sweep.error.abs() > 0.25].iterrows():
                f"{hold:.1f} ms) but the difference of two runs on shared cores (the estimate adds {est_added:.1f} ms)")
     elif abs(added - hold) <= max(1.0, 0.25 * hold):
         why = (f"the link's time lands on the step whole (added {added:.1f} ms, the link {hold:.1f}); the estimate "
-               f"adds {est_added:.1f} ms, overlapping the rest with compute")
+               + (f"adds {est_added:.1f} ms, more than the link's own time: it prices more bytes than the run sent"
+                  if est_added > hold else f"adds {est_added:.1f} ms, overlapping the rest with compute"))
     elif added < hold:
         why = (f"the step grew by {added:.1f} ms of the link's {hold:.1f} ms: the rest overlapped compute, and in the "
                f"estimate more of it does (it adds {est_added:.1f} ms)")
@@ -475,8 +480,9 @@ pd.DataFrame({kind: {name: f"{added(name, kind):+.1f} ms" for name in STRATEGIES
 """),
         md("""
 Cutting the bandwidth costs DP far more than PP: its gradient all-reduce carries the whole model's
-bytes. Raising the latency costs PP more than DP: it pays the latency 16 times per step, on the critical
-path, while DP pays it in a handful of collectives.
+bytes. Raising the latency costs PP more than DP: each of its 16 messages a step pays it, most on the
+critical path, while DP pays it in a handful of collectives. (The bandwidth is a real link's on a cluster,
+tbf-shaped; the latency is the emulator's everywhere.)
 
 What this means for placing a large job on machines of 8 GPUs (notebooks 05 and 07): **tensor
 parallelism goes inside a machine**, on NVLink — its all-reduces are in every layer's forward and
@@ -492,7 +498,8 @@ On a local cluster the rule itself has been measured (benchmarks/cluster_wire.py
 real wire"): dp 2 × tp 2 on two nodes of two ranks, `small` with 2 layers and a batch of 32 sequences, with
 each tp pair across the link (`node_placement="round-robin"`) instead of inside a node, put 2.8× the bytes
 on the wire a step (22.0 against 7.9 MB) and took 1.9× as long a step at 200 Mbit/s; at 1 Gbit/s, where two
-shared cores' loopback is not much faster than the wire, 1.1×.
+shared cores' loopback is not much faster than the wire, 1.1× — and with 16 sequences a batch there, tp across
+was the faster: the rule needs the link inside a node to be the faster by far, as NVLink is beside InfiniBand.
 """),
     ],
     "09_communication.ipynb",
