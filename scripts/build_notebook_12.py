@@ -562,8 +562,10 @@ measured = pd.DataFrame(points)
 measured["error %"] = 100 * (measured["predicted ratio"] / measured["measured ratio"] - 1)
 measured["error %, own rate"] = 100 * (measured["predicted ratio, own rate"] / measured["measured ratio"] - 1)
 # PP's communication is the emulator's holds, its formula: with the point's own compute rate, the formula would be
-# compared with itself, so that error is not given
-measured.loc[measured.strategy == "PP", "error %, own rate"] = float("nan")
+# compared with itself, so that error is not given (a dash, not a number)
+own = measured["error %, own rate"].round(3).astype(object)
+own[measured.strategy == "PP"] = "— (formula against itself)"
+measured["error %, own rate"] = own
 fig = make_subplots(rows=1, cols=4, subplot_titles=list(PLANS))
 for i, (kind, g) in enumerate(measured.groupby("strategy", sort=False), start=1):
     fig.add_trace(go.Scatter(x=g.value, y=g["measured ratio"], mode="markers+lines", name="measured",
