@@ -84,7 +84,8 @@ class RunConfig:
     router_bias_rate: float = 0.0
     #: ZeRO stage over dp: 1 optimizer states, 2 + gradients, 3 + parameters partitioned (0: none)
     zero: int = 0
-    #: pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, or csv:FILE (torch pipelining's CSV: 0F0, 0I0 ...)
+    #: pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipe, dualpipev, or csv:FILE (torch
+    #: pipelining's CSV: 0F0, 0I0 ...)
     schedule: str = "1f1b"
     #: microbatches a step: a pipeline's, or gradient accumulation's without one
     microbatches: int = 1
@@ -234,7 +235,9 @@ class RunConfig:
 
     # ---- derived -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
-        if self.schedule == "zbv" and self.virtual_stages == 1:  # a V is two stages per rank
+        if (
+            self.schedule in ("zbv", "dualpipe", "dualpipev") and self.virtual_stages == 1
+        ):  # a V (and DualPipe) is two stages per rank
             object.__setattr__(self, "virtual_stages", 2)
 
     @property

@@ -66,6 +66,7 @@ from workbench.parallel.tensor_parallel import (
     tensor_parallel_role,
 )
 from workbench.parallel.tp_communications import TPContext
+from workbench.parallel.twin_grads import TwinGradients
 from workbench.parallel.zero3 import Zero3DataParallel
 from workbench.pipeline.executor import PipelineExecutor
 from workbench.pipeline.stages import build_stages
@@ -173,7 +174,12 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
         model = build_chunk(cfg, ctx, parts)
-    facts = param_facts(cfg, model)
+    copies: set[nn.Parameter] = (
+        set()
+    )  # DualPipe: the second copy of each part (the pipeline going up)
+    if schedule is not None and chunks is not None and schedule.placement == "dual":
+        copies = {p for k, c in chunks.items() if k >= schedule.p for p in c.parameters()}
+    facts = param_facts(cfg, model, copies=copies)
     # filled by the data-parallel grad sync; read by TP's sums and the updater
     main_grads = MainGrads()
     host_grads = None
@@ -192,6 +198,8 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
     if parts.tp is not None and cfg.ep == 1:  # ZeRO is refused with tp (config/rules.py)
         tp_grads = TensorParallelGrads(model, parts.tp, facts=facts, main_grads=main_grads)
         grad_sync = ChainedGradSync([dp_sync, tp_grads])
+    if schedule is not None and chunks is not None and schedule.placement == "dual":
+        grad_sync = ChainedGradSync([grad_sync, twin_gradients(ctx, schedule, chunks, main_grads)])
     updater = build_updater(
         cfg,
         ctx,
@@ -280,10 +288,24 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     )
 
 
-def param_facts(cfg: RunConfig, model: nn.Module) -> ParamTable:
+def twin_gradients(
+    ctx: RankContext, schedule: Schedule, chunks: dict[int, nn.Module], main_grads: MainGrads
+) -> TwinGradients:
+    """DualPipe: the sum of each part's two copies' gradients, with the pp rank that holds the same parts
+    (pp − 1 − r), each rank's chunks listed by part (parallel/twin_grads.py)."""
+    pp = ctx.groups.index("pp")
+    twin = ctx.groups.ranks["pp"][schedule.p - 1 - pp]
+    by_part = [chunks[k] for k in sorted(chunks, key=lambda k: schedule.model_part(k)[0])]
+    return TwinGradients(by_part, ctx.comm, twin=twin, main_grads=main_grads)
+
+
+def param_facts(
+    cfg: RunConfig, model: nn.Module, *, copies: set[nn.Parameter] | None = None
+) -> ParamTable:
     """Each parameter's facts, said once (parallel/param_facts.py): whether it decays (by its name and
     shape, optim/weight_decay.py), whether it is a tensor-parallel shard or has a sequence-parallel partial
-    gradient (by its module's type, after the swap), whether it is an expert-parallel shard. A tied head is
+    gradient (by its module's type, after the swap), whether it is an expert-parallel shard, whether it
+    is DualPipe's second copy (`copies`). A tied head is
     the token table: it is answered by that name (its first)."""
     sequence_parallel = cfg.tp > 1 and cfg.sequence_parallel
     facts: dict[torch.Tensor, ParamFacts] = {}
@@ -298,6 +320,7 @@ def param_facts(cfg: RunConfig, model: nn.Module) -> ParamTable:
                 tp_sharded=tp_sharded,
                 sequence_parallel_partial=partial,
                 expert_sharded=is_expert_shard(module),
+                pipeline_copy=copies is not None and p in copies,
             )
     return ParamTable(facts)
 

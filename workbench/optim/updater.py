@@ -157,14 +157,16 @@ def global_grad_norm(
     grads: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """‖g‖ of the whole model when each rank holds whole or tensor-parallel parameters: shards' squares
-    summed over tp, replicated ones counted once, every stage's share summed over pp (which is which: the
-    parameters' `facts`). `grads`: one per parameter (a 16-bit model's fp32 ones), else each `p.grad`."""
+    summed over tp, replicated ones counted once, every stage's share summed over pp, DualPipe's second
+    copies not counted (which is which: the parameters' `facts`). `grads`: one per parameter (a 16-bit
+    model's fp32 ones), else each `p.grad`."""
     device = params[0].device
     pairs = [
         (p, g)
         for p, g in zip(params, [p.grad for p in params] if grads is None else grads, strict=True)
         if g is not None
     ]
+    pairs = [(p, g) for p, g in pairs if not facts[p].pipeline_copy]  # DualPipe: counted once
     experts = [g for p, g in pairs if facts[p].expert_sharded]
     pairs = [(p, g) for p, g in pairs if not facts[p].expert_sharded]
     sharded = [g for p, g in pairs if facts[p].tp_sharded]

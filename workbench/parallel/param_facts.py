@@ -12,6 +12,8 @@ A parameter's facts decide how every later piece treats it:
     expert_sharded                expert parallelism's modules              the grad syncs (reduced over edp),
                                   (parallel/expert_parallel.py)             the norm (over ep), the checkpoint
     zero_group                    ZeRO, for each slice it cuts              the sharded gradient norm
+    pipeline_copy                 DualPipe (engine/parallelize.py): the     the gradient norm (not counted),
+                                  copy in the pipeline going up             the checkpoint's owner (not written)
 
 `engine/parallelize.py` builds the table for the model once its parameters exist, and hands it by keyword
 to whoever reads it: the grad syncs, the updaters, the checkpoint's layout. A ZeRO grad sync gives the
@@ -52,6 +54,9 @@ class ParamFacts:
     expert_sharded: bool = False
     #: a ZeRO slice: the group it was cut over (its norm's squares are summed over it); None: not a slice
     zero_group: str | None = None
+    #: DualPipe's second copy of a part another pp rank holds too (schedules/dualpipe.py): equal to the
+    #: first after every step, so its norm's squares and its checkpoint pieces are the first copy's
+    pipeline_copy: bool = False
 
     def decayed(self, numel: int) -> list[tuple[int, int]]:
         """The ranges weight decay shrinks in a tensor of `numel` elements."""

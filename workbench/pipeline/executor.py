@@ -12,6 +12,10 @@
                 last I and last W both run outside `no_sync()`: I completes the layer norms' gradients,
                 W the Linears', so each bucket launches once all of its gradients are in
     (a V)       two stages on this rank hand the activation (and, backward, its gradient) over in memory
+    F&B         DualPipe's pair (schedules/actions.py): its F then its B, one after the other — both inputs
+                were received before it, both outputs are sent after it; on a GPU the two would overlap
+                each other's communication, a CPU thread runs them in turn (torch's runtime does the same
+                without a custom overlap function). Each carries `pair` in its span's args
     (step end)  wait for every batch still in flight
 
 A rank blocks only where it needs data: each wait is a span on the `wait` lane (a pipeline's bubble, as
@@ -122,6 +126,8 @@ class PipelineExecutor:
                 "microbatch": item.microbatch,
                 "action": item.kind,
             }
+            if item.pair is not None:  # an F&B pair: issued with the next (or the previous) action
+                args["pair"] = item.pair
             run = {"F": self._forward, "W": self._weight}.get(item.kind, self._backward)
             with rec.span(str(item), "schedule", "schedule", **args):
                 run(st, item, key, args, i)
@@ -216,8 +222,10 @@ class PipelineExecutor:
         st.stage_out[key] = out
         if chunk.last:
             st.loss_sum = st.loss_sum + out.detach()
-        elif self.schedule.local(a.stage, a.stage + 1):  # a V's turn: the next stage is here too
-            st.stage_in[(a.stage + 1, a.microbatch)] = out.detach().requires_grad_()
+        elif (nxt := self.schedule.next_stage(a.stage)) is not None and self.schedule.local(
+            a.stage, nxt
+        ):  # a V's turn: the next stage is here too
+            st.stage_in[(nxt, a.microbatch)] = out.detach().requires_grad_()
 
     def _backward(
         self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int
@@ -236,8 +244,9 @@ class PipelineExecutor:
                 (out * st.loss_scale if st.loss_scale != 1.0 else out).backward()
             self.recorder.sync_compute()
         # a V's turn: hand the gradient over
-        if a.stage > 0 and self.schedule.local(a.stage - 1, a.stage):
-            st.grad_out[(a.stage - 1, a.microbatch)] = grad_of(st.stage_in.pop(key))
+        prev = self.schedule.prev_stage(a.stage)
+        if prev is not None and self.schedule.local(prev, a.stage):
+            st.grad_out[(prev, a.microbatch)] = grad_of(st.stage_in.pop(key))
         self.memory.snapshot()
 
     def _weight(self, st: _StepState, a: Action, key: tuple[int, int], args: dict, i: int) -> None:

@@ -2,7 +2,8 @@
 
 Stage k holds layers [k·L/S, (k+1)·L/S); stage 0 also holds the embeddings, stage S − 1 the final
 layer norm, the head and the loss. Stage k lives on pipeline rank k mod pp as its chunk k // pp (in a V,
-ZBV's placement, rank r holds stages r and 2·pp − 1 − r: `Schedule.rank_of`).
+ZBV's placement, rank r holds stages r and 2·pp − 1 − r: `Schedule.rank_of`). DualPipe's two pipelines each
+cut the model in pp parts: stage k and stage pp + k hold copies of part k (`Schedule.model_part`).
 Which module a stage is, is the caller's business (`engine/parallelize.py` builds a GPT with just those
 layers, initialised by parameter name, so it holds exactly its slice of the single-process model).
 """
@@ -42,8 +43,8 @@ def build_stages(
 ) -> dict[int, nn.Module]:
     """The chunks (stage index → module) of pipeline rank `pp_rank`; `make_stage(layers, first, last)`
     builds one."""
-    last = schedule.stages - 1
-    return {
-        stage: make_stage(stage_layers(layers, schedule.stages, stage), stage == 0, stage == last)
-        for stage in stages_of_rank(schedule, pp_rank)
-    }
+    chunks = {}
+    for stage in stages_of_rank(schedule, pp_rank):
+        part, parts = schedule.model_part(stage)
+        chunks[stage] = make_stage(stage_layers(layers, parts, part), part == 0, part == parts - 1)
+    return chunks

@@ -5,7 +5,11 @@ executor runs.
 Stages: the model is cut into S = p·v stages. With `placement="loop"` stage k lives on rank k mod p as
 its chunk k // p (Megatron-LM's interleaving; v = 1 is the usual one stage per rank); with
 `placement="v"` (v = 2, ZBV and DualPipeV) rank r holds stages r and 2p − 1 − r, so the model runs down
-the ranks and back up, and stage 0 and the loss both live on rank 0. An action is
+the ranks and back up, and stage 0 and the loss both live on rank 0. With `placement="dual"` (v = 2,
+DeepSeek-V3's DualPipe) there are two pipelines of p stages each, over two copies of the model: stages
+0 … p − 1 run down the ranks (the model's part k on rank k) and carry the first m/2 microbatches,
+stages p … 2p − 1 run up them (part k on rank p − 1 − k, stage p + k) and carry the rest; rank r holds
+stages r and 2p − 1 − r, as in a V, but nothing flows from stage p − 1 to stage p. An action is
 
     F  / B               forward / backward of `microbatch` on `stage`
     I  / W               the backward split in two (Qi et al. 2024, zero bubble): I computes the gradient
@@ -18,6 +22,13 @@ the ranks and back up, and stage 0 and the loss both live on rank 0. An action i
 written as torch pipelining does: "2F5" is stage 2's forward of microbatch 5. Two stages on one rank
 (stage p − 1 to p in a V) hand their tensors over in memory: no transfer is listed.
 
+**F&B** (DualPipe, DeepSeek-V3 §3.2.1): an F and a B of two different microbatches issued together, as
+one step of the rank (`Action.pair`, the same number on both): what one needs and what the other needs
+is received before the pair, what both produce is sent after it. On a GPU the two computations overlap
+each other's communication (an expert-parallel all-to-all, a send); a single CPU thread runs them one
+after the other, as torch's runtime does without a custom overlap function. In torch's CSV a pair is
+`(0F3;3B1)OVERLAP_F_B`.
+
 **Posting.** The transfers of one lockstep round (`Action.batch`, schedule.py) are posted together, as
 one `P2PBatch` (one `torch.distributed.batch_isend_irecv`, one NCCL group); the rank waits for a batch
 only when a compute action needs what it receives. That is what makes 1F1B safe on NCCL: a rank's
@@ -29,16 +40,28 @@ can show it deadlock).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 COMPUTE = ("F", "B", "I", "W")
 # what needs the gradient of the stage's output, and sends the input's gradient back
 BACKWARD = ("B", "I")
 KINDS = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
-PLACEMENTS = ("loop", "v")
+PLACEMENTS = ("loop", "v", "dual")
 
 # a transfer as both its sides name it: (F or B, from stage, to stage, microbatch)
 Transfer = tuple[str, int, int, int]
+# (kind, stage, microbatch) of a compute action; a rank's order is a list of them, or of F&B pairs
+Compute = tuple[str, int, int]
+Step = Compute | tuple[Compute, Compute]
+
+
+def flatten(order: Sequence[Step]) -> list[Compute]:
+    """A rank's compute order with its F&B pairs written as their two actions, F first."""
+    out: list[Compute] = []
+    for step in order:
+        out.extend(step if isinstance(step[0], tuple) else [step])
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +72,8 @@ class Action:
     peer: int | None = None  # the other stage of a send or receive
     # transfers: the round they are posted in (one P2PBatch per round and rank)
     batch: int | None = None
+    # an F and a B issued together (F&B: module docstring): the same number on both, per rank
+    pair: int | None = None
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
@@ -109,9 +134,42 @@ class Schedule:
         return self.p * self.v
 
     def rank_of(self, stage: int) -> int:
-        if self.placement == "v":
+        if self.placement in ("v", "dual"):
             return stage if stage < self.p else 2 * self.p - 1 - stage
         return stage % self.p
+
+    def next_stage(self, stage: int) -> int | None:
+        """The stage that stage's output feeds (None: it computes the loss)."""
+        nxt = stage + 1
+        if nxt >= self.stages or (self.placement == "dual" and nxt == self.p):
+            return None
+        return nxt
+
+    def prev_stage(self, stage: int) -> int | None:
+        """The stage that feeds stage's input (None: it starts from the tokens)."""
+        if stage == 0 or (self.placement == "dual" and stage == self.p):
+            return None
+        return stage - 1
+
+    def carries(self, stage: int, microbatch: int) -> bool:
+        """Whether the microbatch passes through the stage: always, but in DualPipe, where the first
+        m/2 microbatches take the pipeline down the ranks (stages < p) and the rest the one up them."""
+        if self.placement != "dual":
+            return True
+        return (stage < self.p) == (microbatch < self.m // 2)
+
+    def model_part(self, stage: int) -> tuple[int, int]:
+        """(which part, of how many): the slice of the model's layers the stage holds. DualPipe's two
+        pipelines each cut the model in p parts (stage k and stage p + k hold copies of part k)."""
+        if self.placement == "dual":
+            return stage % self.p, self.p
+        return stage, self.stages
+
+    def twin(self, stage: int) -> int | None:
+        """DualPipe: the stage holding the other copy of this stage's part (None elsewhere)."""
+        if self.placement != "dual":
+            return None
+        return (stage + self.p) % (2 * self.p)
 
     def chunk_of(self, stage: int) -> int:
         return stage // self.p
@@ -173,6 +231,7 @@ class Schedule:
                     microbatch=a["microbatch"],
                     peer=a.get("peer"),
                     batch=a.get("batch"),
+                    pair=a.get("pair"),
                 )
                 for a in rank
             ]
@@ -188,11 +247,28 @@ class Schedule:
         )
 
     def grid(self) -> str:
-        """The compute actions as text, one line per rank (torch pipelining's printout)."""
+        """The compute actions as text, one line per rank (torch pipelining's printout; an F&B pair as
+        `(0F3;3B1)`)."""
         return "\n".join(
-            f"rank {r}: " + " ".join(str(a) for a in acts if a.kind in COMPUTE)
-            for r, acts in enumerate(self.actions)
+            f"rank {r}: " + " ".join(compute_cells(acts)) for r, acts in enumerate(self.actions)
         )
+
+
+def compute_cells(acts: list[Action]) -> list[str]:
+    """A rank's compute actions as torch writes them: "2F5", and an F&B pair as "(2F5;5B1)"."""
+    cells: list[str] = []
+    pairs: dict[int, int] = {}  # pair number → its cell
+    for a in acts:
+        if a.kind not in COMPUTE:
+            continue
+        if a.pair is not None and a.pair in pairs:
+            i = pairs[a.pair]
+            cells[i] = f"({cells[i]};{a})"
+            continue
+        if a.pair is not None:
+            pairs[a.pair] = len(cells)
+        cells.append(str(a))
+    return cells
 
 
 def peak_in_flight(s: Schedule) -> list[int]:

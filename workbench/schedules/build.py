@@ -10,7 +10,10 @@ Schedules (p stages, m microbatches):
 - Interleaved 1F1B (Narayanan et al. 2021, §2.2): v chunks per rank, microbatches in groups of p;
   warm-up of 2(p − r − 1) + (v − 1)·p forward chunks on rank r. Bubble shrinks by v.
 - ZB-H1 and ZBV (Qi et al. 2024): the backward split into I and W, W filling the bubbles
-  (zero_bubble.py). `csv:FILE`: any schedule in torch pipelining's CSV form (torch_csv.py).
+  (zero_bubble.py).
+- DualPipe and DualPipeV (DeepSeek-V3, 2024): bidirectional, one microbatch's forward issued with
+  another's backward (F&B pairs), the tail split into I and W (dualpipe.py).
+- `csv:FILE`: any schedule in torch pipelining's CSV form (torch_csv.py).
 
 Each forward is preceded by the receive of its input and followed by the send of its output (the reverse
 for backward), placed by placement.py; the executor posts the transfers between two compute actions as
@@ -28,6 +31,7 @@ from workbench.schedules.actions import (
     peak_in_flight,
     peak_pending_w,
 )
+from workbench.schedules.dualpipe import dualpipe_orders, dualpipev_orders
 from workbench.schedules.placement import schedule_from_orders
 from workbench.schedules.simulator import ScheduleError, Timeline, simulate
 from workbench.schedules.torch_csv import read_csv
@@ -49,7 +53,7 @@ __all__ = [
     "simulate",
     "validate",
 ]
-NAMES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
+NAMES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipe", "dualpipev")
 
 
 # ---- generators -------------------------------------------------------------------------------
@@ -95,6 +99,19 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, placement: str = "lock
     one at a time (kept to show why that deadlocks on NCCL: tests/test_pipeline_schedule.py)."""
     if name.startswith("csv:"):
         return read_csv(name[4:], m, placement=placement)
+    if name in ("dualpipe", "dualpipev"):
+        if v not in (1, 2):
+            raise ValueError(f"{name} runs 2 stages per rank: virtual_stages must be 2, got {v}")
+        steps = dualpipe_orders(p, m) if name == "dualpipe" else dualpipev_orders(p, m)
+        return schedule_from_orders(
+            name,
+            p,
+            m,
+            2,
+            steps,
+            stage_placement="dual" if name == "dualpipe" else "v",
+            placement=placement,
+        )
     if name in ("zbh1", "zbv"):
         orders, stage_placement, v_needed = zero_bubble_orders(name, p, m)
         if p < 2 or v not in (1, v_needed):

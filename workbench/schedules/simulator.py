@@ -156,13 +156,18 @@ def simulate(
     rule: str = "nccl",
     batched: bool = True,
     t_w: float | None = None,
+    t_fb: float | None = None,
 ) -> Timeline:
     """The timeline of a schedule from per-action costs, without starting a process. Raises
     ScheduleError on a deadlock under `rule`.
 
-    Uniform costs (the formula's world): a chunk's forward costs t_f / v, its backward t_b / v, a
+    Uniform costs (the formula's world): t_f, t_b are one rank's share of the model (1/p of it); a chunk's
+    forward costs t_f / v, its backward t_b / v (DualPipe's stages are each 1/p of a copy: t_f, t_b), a
     transfer t_comm, posting nothing; a split backward's W costs t_w / v (t_b / 2 unless given) and its
-    I the rest of t_b. `cost(rank, item) -> (advance, busy)` replaces them per item —
+    I the rest of t_b; an F&B pair (actions.py) costs t_fb / v in all (t_f + t_b unless given: on one
+    stream nothing overlaps; DualPipe's point is t_fb < t_f + t_b, each half hiding the other's
+    communication), shared between its F and its B in proportion. `cost(rank, item) -> (advance,
+    busy)` replaces them per item —
     measured costs: a compute action advances the rank's clock by `advance` and is busy for `busy` of it;
     a batch of transfers, once it can run, takes `advance` to finish. `start`: when each rank begins
     (measured: ranks do not enter a step at the same instant); all at 0 by default. `batched=False`
@@ -170,8 +175,15 @@ def simulate(
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}: valid rules are {list(RULES)}")
     t_w = t_b / 2 if t_w is None else t_w
-    per = {"F": t_f / s.v, "B": t_b / s.v, "I": (t_b - t_w) / s.v, "W": t_w / s.v}
-    cost = cost or (lambda r, item: (per.get(item.kind, 0.0), per.get(item.kind, 0.0)))
+    v = s.model_part(0)[1] / s.p  # stages per rank's share of the model: v, but 1 in DualPipe
+    per = {"F": t_f / v, "B": t_b / v, "I": (t_b - t_w) / v, "W": t_w / v}
+    paired = 1.0 if t_fb is None else t_fb / (t_f + t_b)  # an F&B pair's share of its parts' cost
+
+    def uniform(rank: int, item: Item) -> tuple[float, float]:
+        c = per.get(item.kind, 0.0) * (paired if getattr(item, "pair", None) is not None else 1.0)
+        return c, c
+
+    cost = cost or uniform
     programs = [s.program(r, batched) for r in range(s.p)]
     pos, clock = [0] * s.p, list(start) if start is not None else [0.0] * s.p
     streams = _Streams(s.p, rule, t_comm, cost)

@@ -5,6 +5,7 @@
   stage on exactly one rank;
 - two stages on one rank (a V's turn) hand over in order: a stage's forward after the forward that
   feeds it, its backward after the backward that feeds it;
+- an F&B pair (`Action.pair`) is an F followed at once by a B of another microbatch, on one rank;
 - every send matched by exactly one receive, and the reverse;
 - **order between two ranks**: NCCL ignores tags, so the transfers from rank A to rank B are matched
   in the order they are posted — A's sends to B must come in the order B posts its receives from A, or
@@ -83,9 +84,16 @@ def coverage(s: Schedule) -> list[str]:
         for st, r in sorted(ranks_of.items())
         if len(r) > 1
     ]
+    errors += _fb_pairs(s)
     for stage in range(s.stages):
         for mb in range(s.m):
             n = {k: seen.get((k, stage, mb), 0) for k in COMPUTE}
+            if not s.carries(stage, mb):
+                if any(n.values()):
+                    errors.append(
+                        f"stage {stage} runs microbatch {mb}, which takes DualPipe's other pipeline"
+                    )
+                continue
             if n["F"] != 1:
                 errors.append(f"{stage}F{mb} appears {n['F']} times (want 1)")
             if n["I"] != n["W"]:
@@ -109,10 +117,10 @@ def _order_on_rank(s: Schedule, rank: int, a: Action, done: set[tuple[str, int, 
         return [
             f"rank {rank}: {a} runs before its I (a weight gradient needs the output's gradient)"
         ]
-    feed = st - 1 if a.kind == "F" else st + 1
+    feed = s.prev_stage(st) if a.kind == "F" else s.next_stage(st)
     if (
         a.kind != "W"
-        and 0 <= feed < s.stages
+        and feed is not None
         and s.local(feed, st)
         and not any((k, feed, mb) in done for k in ((a.kind,) if a.kind == "F" else BACKWARD))
     ):
@@ -121,6 +129,25 @@ def _order_on_rank(s: Schedule, rank: int, a: Action, done: set[tuple[str, int, 
             f"of microbatch {mb}, on the same rank, hands it its {'input' if a.kind == 'F' else 'gradient'}"
         ]
     return []
+
+
+def _fb_pairs(s: Schedule) -> list[str]:
+    """Each F&B pair: an F and, next among the rank's compute actions, a B of another microbatch."""
+    errors = []
+    for rank, acts in enumerate(s.actions):
+        compute = [a for a in acts if a.kind in COMPUTE]
+        numbers = [a.pair for a in compute if a.pair is not None]
+        for n in sorted(set(numbers)):
+            i = next(k for k, a in enumerate(compute) if a.pair == n)
+            pair = compute[i : i + 2]
+            if numbers.count(n) != 2 or [a.kind for a in pair] != ["F", "B"] or pair[1].pair != n:
+                errors.append(
+                    f"rank {rank}: F&B pair {n} is {' '.join(str(a) for a in pair)} "
+                    f"(want an F followed at once by a B, both numbered {n})"
+                )
+            elif pair[0].microbatch == pair[1].microbatch and pair[0].stage == pair[1].stage:
+                errors.append(f"rank {rank}: F&B pair {n} pairs {pair[0]} with its own backward")
+    return errors
 
 
 def pair_order(s: Schedule) -> list[str]:

@@ -16,7 +16,8 @@ cp ranks hold the same parameters), and for a parameter every tensor-parallel ra
 tensor-parallel rank 0 — so the bytes on disk are the sharded states, once; ZeRO's slices are each one
 rank's of its dp (dp×cp) group. Context parallelism shards no state, so a checkpoint reshards across cp;
 expert parallelism's expert shards are located like tensor-parallel ones (by `shard_param`), written by the
-first of the ranks holding them (edp index 0), so it reshards across ep.
+first of the ranks holding them (edp index 0), so it reshards across ep. DualPipe's second copy of a part
+(`pipeline_copy`) is not written: the first copy, equal to it, is; loading fills both.
 Loading asks for the saved pieces that overlap each of its own and copies the overlaps in place.
 """
 
@@ -122,7 +123,12 @@ def pieces(strategy: Strategy, state: dict[str, torch.Tensor]) -> list[Piece]:
         # an expert-parallel shard's first holder is the first of the ranks holding the same experts (edp)
         facts = strategy.facts[p]
         first = (groups.index("edp") if facts.expert_sharded else dp_rank) == 0
-        owned = first and cp_rank == 0 and (tp_rank == 0 or facts.tp_sharded)
+        owned = (
+            first
+            and cp_rank == 0
+            and (tp_rank == 0 or facts.tp_sharded)
+            and not facts.pipeline_copy  # DualPipe: the first copy's rank writes the part
+        )
         tensors = {"model": p.data}
         if zero is None:
             tensors |= {kind: state[f"{i}.{kind}"] for kind in ("exp_avg", "exp_avg_sq")}
