@@ -13,6 +13,19 @@ schedule re-planned for them (its automatic scheduler); the orders generated her
 times, as its handcrafted ones are, so away from them the simulation (`pipeline.simulate` with the
 costs) is the prediction: the bubble comes back on both sides of T_W = T_F (tests/test_zero_bubble.py).
 
+DualPipe and DualPipeV (DeepSeek-V3, 2024; the deepseek-ai/DualPipe README's table), in time per rank
+over a step, with PP pipeline stages and F, B, W the times of one stage's forward, full backward and
+weight pass, F&B of an overlapped pair (F + B where nothing overlaps, as on one CPU thread):
+
+    bubble      (PP/2 − 1)(F&B + B − 3W)     DualPipe: PP = p (each stage 1/p of a copy of the model)
+                                             DualPipeV: PP = 2p (each stage half a rank's share)
+    parameters  2 stages per rank: DualPipe 2× a p-stage pipeline's (two copies), DualPipeV 1× (2p halves)
+    activations PP + 1 stages' worth of microbatches on the rank that holds the most
+
+`dualpipe_bubble` is that idle time; the simulation at free transfers (`simulate(..., rule="gloo")`,
+where a send never waits for its receive, as the formula assumes) gives it exactly for p = 2 … 8
+(tests/test_dualpipe.py).
+
 The weight-gradient stash: from a microbatch's I until its W, each Linear keeps its input x and its
 output gradient dy (pipeline/weight_grad.py), per token and layer of our GPT at tp = t:
 
@@ -40,6 +53,16 @@ RATES = {
     "zbh1": "(p − 1)/3m",
     "zbv": "0",
 }
+
+
+def dualpipe_bubble(stages: int, *, f: float, b: float, w: float, fb: float | None = None) -> float:
+    """DeepSeek's bubble, (PP/2 − 1)(F&B + B − 3W): the idle time per rank over a step of DualPipe or
+    DualPipeV with `stages` = PP pipeline stages, f, b, w one stage's forward, full backward and weight
+    times, fb an F&B pair's (f + b unless given)."""
+    if stages < 2 or stages % 2:
+        raise ValueError(f"DualPipe's bubble needs an even number of stages ≥ 2, got {stages}")
+    pair = f + b if fb is None else fb
+    return (stages / 2 - 1) * (pair + b - 3 * w)
 
 
 def bubble_rate(schedule: str, p: int, m: int, v: int = 1) -> float:
