@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from workbench.cli.config_flags import add_config_flag
+
+if TYPE_CHECKING:
+    from workbench.schedules.actions import Schedule
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +42,7 @@ def run(a: argparse.Namespace) -> int:
         simulate,
         validate,
     )
-    from workbench.schedules.torch_csv import write_csv
+    from workbench.schedules.torch_csv import csv_rows, write_csv
 
     try:
         s = build_schedule(a.schedule, a.pp, a.microbatches, a.virtual_stages)
@@ -55,6 +59,8 @@ def run(a: argparse.Namespace) -> int:
             f"bubble rate at T_F = T_I = T_W: {t.bubble_rate():.4f}; activations in flight per rank "
             f"{peak_in_flight(s)}; weight-gradient stashes per rank {peak_pending_w(s)}"
         )
+        if a.schedule in ("dualpipe", "dualpipev"):
+            print(deepseek_line(s))
         return 0
     if a.format == "json":
         text = json.dumps(s.to_dict(), indent=1)
@@ -67,10 +73,22 @@ def run(a: argparse.Namespace) -> int:
     if a.out:
         write_csv(s, a.out)
     else:
-        print(
-            "\n".join(
-                ",".join(str(x) for x in acts if x.kind in ("F", "B", "I", "W"))
-                for acts in s.actions
-            )
-        )
+        print("\n".join(",".join(row) for row in csv_rows(s)))
     return 0
+
+
+def deepseek_line(s: Schedule) -> str:
+    """DeepSeek's bubble beside the simulation's idle per rank, at T_F = T_W = T_B / 2 and free transfers."""
+    from workbench.predict.formulas.zero_bubble import dualpipe_bubble
+    from workbench.schedules.build import simulate
+
+    t = simulate(s, 1.0, 2.0, t_w=1.0, rule="gloo")
+    idle = max(t.makespan - sum(e - b for _, b, e in spans) for spans in t.spans)
+    stages, k = (
+        (s.p, 1.0) if s.placement == "dual" else (2 * s.p, 0.5)
+    )  # a V's stage: half a rank's
+    formula = dualpipe_bubble(stages, f=k, b=2 * k, w=k)
+    return (
+        f"idle per rank at F = W = 1, B = 2 per rank's share, free transfers: simulated {idle:g}, "
+        f"DeepSeek's (PP/2 − 1)(F&B + B − 3W) with PP = {stages}: {formula:g}"
+    )

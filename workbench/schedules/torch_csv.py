@@ -54,15 +54,19 @@ def _compute(row_no: int, cell: str) -> Compute | None:
     return (kind, int(stage), int(mb))
 
 
-def write_csv(s: Schedule, path: str) -> None:
-    """`s` in torch's compute-only CSV: one row per rank, its compute actions in order, an F&B pair as
+def csv_rows(s: Schedule) -> list[list[str]]:
+    """`s`'s rows of torch's compute-only CSV: per rank its compute actions in order, an F&B pair as
     torch's OVERLAP_F_B cell."""
+    return [
+        [c + "OVERLAP_F_B" if c.startswith("(") else c for c in compute_cells(acts)]
+        for acts in s.actions
+    ]
+
+
+def write_csv(s: Schedule, path: str) -> None:
+    """`s` in torch's compute-only CSV (`csv_rows`)."""
     with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        for acts in s.actions:
-            writer.writerow(
-                [c + "OVERLAP_F_B" if c.startswith("(") else c for c in compute_cells(acts)]
-            )
+        csv.writer(f).writerows(csv_rows(s))
 
 
 def read_csv(path: str, m: int | None = None, placement: str = "lockstep") -> Schedule:

@@ -1,0 +1,195 @@
+"""DualPipe and DualPipeV (DeepSeek-V3, 2024): generated as data, validated for every pp and microbatches
+they accept and refused elsewhere, their F&B pairs issued as one step, their idle time DeepSeek's formula.
+"""
+
+import dataclasses
+
+import pytest
+
+from workbench import ConfigError, ModelConfig, RunConfig
+from workbench.cli import main as cli
+from workbench.predict.formulas.zero_bubble import dualpipe_bubble
+from workbench.schedules.actions import P2PBatch, flatten
+from workbench.schedules.build import build_schedule, peak_in_flight, simulate, validate
+from workbench.schedules.dualpipe import dualpipe_orders, dualpipev_orders
+from workbench.schedules.torch_csv import read_csv, write_csv
+
+
+# ---- schedules as data ---------------------------------------------------------------------------
+def accepted(name: str, p: int) -> list[int]:
+    """Microbatch counts each schedule accepts at pp = p (a sample: 2p and the next few)."""
+    step = 2 if name == "dualpipe" else 1
+    return list(range(2 * p, 2 * p + 6 * step + 1, step)) + [8 * p]
+
+
+@pytest.mark.parametrize(
+    "name, p",
+    [("dualpipev", p) for p in (2, 3, 4, 5, 6, 8)] + [("dualpipe", p) for p in (2, 4, 6, 8)],
+)
+def test_every_accepted_pp_and_microbatches_validates_under_nccls_rule(name, p):
+    """Coverage, the hand-overs, every transfer matched and in the same order on both ranks, and no
+    deadlock when a send waits for its receive (NCCL's rule, which implies gloo's)."""
+    for m in accepted(name, p):
+        s = build_schedule(name, p, m)
+        assert validate(s) == [], (name, p, m)
+        assert s.v == 2 and s.placement == ("dual" if name == "dualpipe" else "v")
+
+
+@pytest.mark.parametrize(
+    "name, p, m, says",
+    [
+        ("dualpipev", 1, 4, "pp ≥ 2"),
+        ("dualpipev", 4, 7, "microbatches ≥ 2·pp"),
+        ("dualpipe", 3, 8, "even pp"),
+        ("dualpipe", 4, 9, "even number of microbatches"),
+        ("dualpipe", 4, 6, "≥ 2·pp"),
+    ],
+)
+def test_other_sizes_are_refused_naming_what_is_valid(name, p, m, says):
+    with pytest.raises(ValueError, match=says) as e:
+        build_schedule(name, p, m)
+    assert f"pp={p}" in str(e.value) and f"microbatches={m}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ({"schedule": "dualpipe", "pp": 3, "microbatches": 6}, "pp must be even, got pp=3"),
+        ({"schedule": "dualpipe", "pp": 2, "microbatches": 5}, "microbatches must be even"),
+        ({"schedule": "dualpipev", "pp": 2, "microbatches": 2}, "valid: 4 or more"),
+        ({"schedule": "dualpipe", "pp": 2, "microbatches": 4, "zero": 1}, "use zero=0"),
+        ({"schedule": "dualpipev", "pp": 2, "microbatches": 4, "zero": 3}, "zero ≤ 2"),
+        ({"schedule": "dualpipev", "pp": 2, "virtual_stages": 3}, "virtual_stages must be 2"),
+        # DualPipe cuts each copy in pp parts, DualPipeV the model in 2·pp
+        ({"schedule": "dualpipev", "pp": 2, "microbatches": 4, "model": {"layers": 6}}, "valid"),
+    ],
+)
+def test_bad_configurations_fail_before_anything_starts(config, says):
+    config = {"global_batch": 8, **config}
+    with pytest.raises(ConfigError, match=says):
+        RunConfig(**config).validate()
+
+
+def test_dualpipe_cuts_each_copy_in_pp_parts():
+    """Six layers on pp 2: DualPipe's two copies take 3 layers a stage; DualPipeV's V needs 4 stages."""
+    RunConfig(
+        schedule="dualpipe", pp=2, microbatches=4, global_batch=8, model=ModelConfig(layers=6)
+    ).validate()
+
+
+@pytest.mark.parametrize("name, p", [("dualpipev", 2), ("dualpipev", 4), ("dualpipe", 4)])
+def test_an_fb_pair_is_one_step_its_transfers_before_and_after_it(name, p):
+    """No batch of transfers between a pair's F and its B: what both need was received before, what both
+    made is sent after (DeepSeek's `_forward_backward_chunk`). Every rank runs pairs in the steady state."""
+    s = build_schedule(name, p, 4 * p)
+    for rank in range(p):
+        program = s.program(rank)
+        pairs = [i for i, item in enumerate(program) if getattr(item, "pair", None) is not None]
+        assert pairs, rank
+        for i in pairs[::2]:
+            f, b = program[i], program[i + 1]
+            assert not isinstance(b, P2PBatch) and (f.kind, b.kind) == ("F", "B"), (rank, i)
+            assert f.pair == b.pair and (f.stage, f.microbatch) != (b.stage, b.microbatch)
+
+
+@pytest.mark.parametrize(
+    "kind, says",
+    [
+        ("a pair of two forwards", "want an F followed at once by a B"),
+        ("a pair numbered once", "want an F followed at once by a B"),
+        ("a microbatch on the other pipeline", "takes DualPipe's other pipeline"),
+    ],
+)
+def test_each_rule_catches_its_malformed_pair(kind, says):
+    s = build_schedule("dualpipe", 2, 4)
+    acts = s.actions[0]
+    i = next(k for k, a in enumerate(acts) if a.pair is not None)
+    if kind == "a pair of two forwards":
+        j = max(k for k, a in enumerate(acts) if k < i and a.kind == "F" and a.pair is None)
+        acts[j] = dataclasses.replace(acts[j], pair=acts[i].pair)
+        acts[i + 1] = dataclasses.replace(acts[i + 1], pair=None)
+    elif kind == "a pair numbered once":
+        acts[i + 1] = dataclasses.replace(acts[i + 1], pair=None)
+    else:
+        f0 = next(k for k, a in enumerate(acts) if a.kind == "F" and a.stage == 0)
+        acts[f0] = dataclasses.replace(
+            acts[f0], microbatch=s.m - 1
+        )  # stage 0 carries the first half
+    assert any(says in e for e in validate(s)), validate(s)
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+@pytest.mark.parametrize("fb", [None, 2.0, 2.5])
+def test_the_idle_per_rank_is_deepseeks_formula(p, fb):
+    """(PP/2 − 1)(F&B + B − 3W), DeepSeek's bubble, is our simulated idle per rank over the step — with
+    free transfers (rule="gloo": a send never waits, as the formula assumes) — for DualPipe (PP = p, each
+    stage 1/p of a copy) and DualPipeV (PP = 2p, each stage half a rank's share), whether the pair costs
+    F + B (one thread, nothing overlaps) or less (a GPU overlapping them)."""
+    for name, m in (
+        ("dualpipe", 2 * p),
+        ("dualpipe", 4 * p),
+        ("dualpipev", 2 * p),
+        ("dualpipev", 3 * p),
+    ):
+        s = build_schedule(name, p, m)
+        t = simulate(s, 1.0, 2.0, t_w=1.0, t_fb=fb, rule="gloo")
+        idle = max(t.makespan - sum(e - b for _, b, e in spans) for spans in t.spans)
+        stages, k = (p, 1.0) if name == "dualpipe" else (2 * p, 0.5)
+        formula = dualpipe_bubble(stages, f=k, b=2 * k, w=k, fb=None if fb is None else fb * k)
+        assert idle == pytest.approx(formula, abs=1e-9), (name, p, m)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_activations_in_flight_are_deepseeks_pp_plus_one(p):
+    """DeepSeek's table: PP + 1 stages' worth of microbatches on a rank — DualPipe p + 1 (its stages are
+    whole parts), DualPipeV 2p + 1 chunks (half a rank's share each); ZBV holds 2p."""
+    assert max(peak_in_flight(build_schedule("dualpipe", p, 4 * p))) == p + 1
+    assert max(peak_in_flight(build_schedule("dualpipev", p, 4 * p))) == 2 * p + 1
+    assert max(peak_in_flight(build_schedule("zbv", p, 4 * p))) == 2 * p
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_dualpipe_folded_at_its_middle_is_dualpipev(p):
+    """The cut-in-half: rank r of DualPipe runs what rank min(r, p − 1 − r) of DualPipeV over p/2 ranks runs
+    with m/2 microbatches — the same kinds in the same order — the phase that enters at its end first."""
+    m = 4 * p
+    dual, v = dualpipe_orders(p, m), dualpipev_orders(p // 2, m // 2) if p > 2 else None
+    for r in range(p):
+        kinds = [k for k, _, _ in flatten(dual[r])]
+        if v is not None:
+            assert kinds == [k for k, _, _ in flatten(v[min(r, p - 1 - r)])], r
+        stages = {st for _, st, _ in flatten(dual[r])}
+        assert stages == {r, 2 * p - 1 - r}, (
+            "a rank holds its part of one copy and p − 1 − r of the other"
+        )
+    s = build_schedule("dualpipe", p, m)
+    for st in range(2 * p):  # each microbatch through the p stages of its own pipeline only
+        assert {
+            a.microbatch for acts in s.actions for a in acts if a.kind == "F" and a.stage == st
+        } == (set(range(m // 2)) if st < p else set(range(m // 2, m)))
+    assert s.model_part(p + 1) == (1, p) and s.twin(1) == p + 1 and s.next_stage(p - 1) is None
+
+
+def test_dualpipe_round_trips_through_torch_csv_as_two_pipelines(tmp_path):
+    """Torch's CSV has no word for DualPipe's two pipelines: a file whose stages sit in a V but whose
+    microbatches each pass one half is read back as DualPipe, pairs and all."""
+    for name in ("dualpipe", "dualpipev"):
+        s = build_schedule(name, 4, 8)
+        path = str(tmp_path / f"{name}.csv")
+        write_csv(s, path)
+        back = read_csv(path, 8)
+        assert back.actions == s.actions and back.placement == s.placement, name
+
+
+def test_schedule_show_prints_deepseeks_bubble_beside_the_simulation(capsys):
+    assert (
+        cli(["schedule", "show", "--schedule", "dualpipev", "--pp", "4", "--microbatches", "8"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "(0F7;7B3)" in out and "simulated 3, DeepSeek's" in out and "PP = 8: 3" in out
+    assert (
+        cli(["schedule", "export", "--schedule", "dualpipe", "--pp", "2", "--microbatches", "4"])
+        == 0
+    )
+    assert "OVERLAP_F_B" in capsys.readouterr().out
