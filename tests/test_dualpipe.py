@@ -3,6 +3,7 @@ they accept and refused elsewhere, their F&B pairs issued as one step, their idl
 """
 
 import dataclasses
+import os
 
 import pytest
 
@@ -193,3 +194,23 @@ def test_schedule_show_prints_deepseeks_bubble_beside_the_simulation(capsys):
         == 0
     )
     assert "OVERLAP_F_B" in capsys.readouterr().out
+
+
+# ---- DualPipe's two copies -----------------------------------------------------------------------
+def test_dualpipe_resumes_bit_identically_from_the_first_copys_checkpoint(launched):
+    """The checkpoint holds each part once (the second copy, `pipeline_copy`, is not written) and loading
+    fills both copies: the resumed run continues exactly (tolerance 0), its gradient norm too (the second
+    copy is not counted twice)."""
+    config = {
+        "model": ModelConfig(layers=4),
+        "pp": 2,
+        "schedule": "dualpipe",
+        "microbatches": 4,
+        "steps": 4,
+        "checkpoint_every": 2,
+    }
+    run = launched(**config)
+    resumed = launched(resume=os.path.join(run.path, "checkpoints", "step_000002"), **config)
+    tail = run.metrics[run.metrics.step >= 2].reset_index(drop=True)
+    assert list(resumed.metrics.loss) == list(tail.loss)
+    assert list(resumed.metrics.grad_norm) == list(tail.grad_norm)
