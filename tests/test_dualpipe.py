@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.test_data_parallel import assert_same_training
 from workbench import ConfigError, ModelConfig, RunConfig
 from workbench.cli import main as cli
 from workbench.predict.formulas.zero_bubble import dualpipe_bubble
@@ -196,7 +197,29 @@ def test_schedule_show_prints_deepseeks_bubble_beside_the_simulation(capsys):
     assert "OVERLAP_F_B" in capsys.readouterr().out
 
 
-# ---- DualPipe's two copies -----------------------------------------------------------------------
+# ---- runs: DualPipe's two copies, data parallelism ----------------------------------------------
+def test_a_stage_that_runs_b_then_i_and_w_syncs_its_gradients_after_the_last_i_and_w():
+    """DualPipe's tail turns a stage's backwards from B to I/W: the gradient sync must launch after the
+    stage's last I (the layer norms' last gradient) and its last W (the Linears'), not at its last B —
+    launched there, data parallelism all-reduced half-made gradients (found at dp 2: loss off by 2e-3)."""
+    from workbench.pipeline.executor import last_contributions
+    from workbench.schedules.actions import Action
+
+    def a(kind, stage, mb):
+        return Action(kind=kind, stage=stage, microbatch=mb)
+
+    program = [a("F", 0, 0), a("F", 0, 1), a("B", 0, 0), a("F", 1, 0), a("I", 0, 1), a("B", 1, 0)]
+    program += [a("W", 0, 1)]
+    assert last_contributions(program) == {4, 5, 6}  # stage 0's last I and W, stage 1's only B
+
+
+def test_dp2_dualpipev_trains_the_same_model_as_one_process(launched):
+    """Four ranks: the data-parallel buckets launch once per chunk after its last gradient (above)."""
+    model = ModelConfig(layers=4)
+    run = launched(model=model, dp=2, pp=2, schedule="dualpipev", microbatches=4, bucket_mb=0.02)
+    assert_same_training(run, launched(model=model))
+
+
 def test_dualpipe_resumes_bit_identically_from_the_first_copys_checkpoint(launched):
     """The checkpoint holds each part once (the second copy, `pipeline_copy`, is not written) and loading
     fills both copies: the resumed run continues exactly (tolerance 0), its gradient norm too (the second

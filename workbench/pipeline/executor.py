@@ -72,11 +72,7 @@ class PipelineExecutor:
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.program = schedule.program(rank)
         self.pp_ranks = comm.members("pp")
-        last: dict[tuple[int, str], int] = {}  # (stage, B|I|W) → its last position in the program
-        for i, item in enumerate(self.program):
-            if isinstance(item, Action) and item.kind != "F":
-                last[(item.stage, item.kind)] = i
-        self.last_backward = set(last.values())
+        self.last_backward = last_contributions(self.program)
         self.forward_program: list | None = None  # the validation loss's: built at its first use
         self.store = WeightGradStore(memory)
         # backward split
@@ -280,6 +276,19 @@ class _StepState:
     grad_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     arriving: dict[tuple[str, tuple[int, int]], Handle] = field(default_factory=dict)
     posted: list[tuple[Handle, list[torch.Tensor]]] = field(default_factory=list)
+
+
+def last_contributions(program: list) -> set[int]:
+    """The program positions after which a chunk's gradients are complete, where the gradient sync may
+    launch: per stage, the last of its B and I passes (the layer norms' and embeddings' last gradient)
+    and the last of its B and W passes (the Linears'). A stage that runs B for some microbatches and
+    I/W for later ones (DualPipe's tail, ZBV) launches at its last I and last W, not at its last B."""
+    last: dict[tuple[int, str], int] = {}  # (stage, "I" or "W") → the last position contributing
+    for i, item in enumerate(program):
+        if isinstance(item, Action) and item.kind != "F":
+            for part in ("I", "W") if item.kind == "B" else (item.kind,):
+                last[(item.stage, part)] = i
+    return set(last.values())
 
 
 def _let_go(st: _StepState) -> None:
