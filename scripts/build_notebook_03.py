@@ -229,7 +229,7 @@ zb_runs = {"1 process": run_small("small-single"),
 zb_losses = viz.compare_losses(zb_runs, baseline="1 process")
 viz.check("ZB-H1 and ZBV equal one process within 1e-5 × loss",
           "difference <= 1e-5 * loss", difference=zb_losses.max_abs_diff, loss=zb_losses.final_loss)
-zb_runs.pop("1 process")
+small_single = zb_runs.pop("1 process")
 bubbles = {k: r.summary["bubble_fraction"]["measured"] for k, r in zb_runs.items()}
 viz.check("with real work per micro-batch, ZB-H1 idles less than 1F1B",
           "zbh1 < one_f_one_b", zbh1=bubbles["ZB-H1 p=2 m=4"],
@@ -285,6 +285,250 @@ zbh1 = build_schedule("zbh1", 2, 4)
 write_csv(zbh1, os.path.join(OUT, "zbh1.csv"))
 print(open(os.path.join(OUT, "zbh1.csv")).read())
 viz.torch_grid(zbh1)
+"""),
+        md("""
+## DualPipe and DualPipeV: micro-batches from both ends (DeepSeek-V3, 2024)
+
+DeepSeek-V3's pipeline (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1) feeds micro-batches in
+from **both ends at once**. **DualPipe** keeps two copies of the model on P ranks: rank r holds stage r of the
+copy the first half of the micro-batches goes *down*, and stage P − 1 − r of the copy the second half comes
+*up*. In the steady state a rank issues one micro-batch's forward together with another's backward, an
+**F&B pair**: on a GPU the two overlap, each computing while the other communicates (an expert-parallel
+all-to-all, a pipeline send). The last backwards leave their weight gradients (W) for the tail, as ZB-H1
+and ZBV do. **DualPipeV** (Sea AI Lab's "cut-in-half") folds it into a V over one copy: P ranks, 2P stages,
+rank r holding stages r and 2P − 1 − r — ZBV's placement.
+
+The deepseek-ai/DualPipe README compares them "based on the same number of PP stages" (PP: pipeline
+stages; F, B, W one stage's forward, full backward and weight pass; F&B an overlapped pair):
+
+| | bubble (idle per rank over a step) | parameters per rank | activations per rank | ranks |
+|---|---|---|---|---|
+| 1F1B | (PP − 1)(F + B) | 1× | PP | PP |
+| ZB1P (our ZB-H1) | (PP − 1)(F + B − 2W) | 1× | PP | PP |
+| DualPipe | (PP/2 − 1)(F&B + B − 3W) | 2× | PP + 1 | PP |
+| DualPipeV | (PP/2 − 1)(F&B + B − 3W) | 2× | PP + 1 | PP/2 |
+
+Activations count micro-batch-stages: one micro-batch's activations on one stage. On P ranks DualPipe's PP
+is P (the stages of each copy) and DualPipeV's 2P. DualPipeV's 2× is against a pipeline with one stage per
+rank: on the same ranks as ZBV, whose V it shares, it holds the same parameters; DualPipe's second copy is
+twice what any one-copy schedule holds. Both are data here, like the others — DualPipeV at P = 2 and m = 4,
+a pair printed `(0F3;3B1)`, and DualPipe, its second half numbered from m/2:
+"""),
+        code("""
+from workbench.viz import dualpipe as dualpipe_viz, dualpipe_runs
+
+for name in ("dualpipev", "dualpipe"):
+    print(f"{name}, P = 2, m = 4:")
+    print(build_schedule(name, 2, 4).grid())
+built = {(n, p, m): build_schedule(n, p, m)
+         for n in ("dualpipev", "dualpipe") for p in (2, 4, 6) for m in (2 * p, 2 * p + 2, 4 * p)}
+viz.check("DualPipe and DualPipeV pass the validator (NCCL's rule) at P = 2, 4, 6 and three m each",
+          "problems == 0", problems=[len(validate(s)) for s in built.values()])
+viz.check("each holds at most PP + 1 micro-batch-stages of activations on a rank (the schedule walked)",
+          "held == pp + 1", held=[max(peak_in_flight(s)) for s in built.values()],
+          pp=[2 * p if n == "dualpipev" else p for n, p, _ in built]);
+"""),
+        md("""
+### Planned: DualPipe beside ZBV and 1F1B
+
+The simulator replays the four schedules from per-action costs, one time axis, each F&B pair outlined.
+The costs are a rank's share of the model, as everywhere above: a V's stage (ZBV, DualPipeV) costs half of
+F, a DualPipe stage all of it. `W ÷ B` sets the weight pass's share of a backward, `F&B ÷ (F + B)` what a
+pair costs: 1 where nothing overlaps, as on this machine, less where the pair hides communication. Each
+title gives the step, the most idle time of any rank, and the README's formula with each stage's costs.
+Transfers are free here (gloo's rule: a send never waits for its receive), because the formula assumes
+they are.
+"""),
+        code("""
+dualpipe_viz.dualpipe_explorer()
+"""),
+        md("""
+Where does the formula hold? Below: the idle per rank simulated with free transfers beside the README's
+formula at P = 2, 4, 8 (m = 4P), in four cases of costs, and the same schedules under NCCL's rule (the
+validator's: a send may wait until its receive is posted), which the formula does not count.
+"""),
+        code("""
+plan = pd.DataFrame(dualpipe_viz.formula_table())
+sim, nccl = plan["idle per rank, simulated (free transfers)"], plan["simulated under NCCL's rule"]
+exact = plan.case.str.startswith("F = I = W")
+viz.check("at F = I = W, with F&B between B and F + B, the simulation (free transfers) gives the README's formula",
+          "abs(simulated - formula) < 1e-9", simulated=sim[exact], formula=plan["README's formula"][exact])
+for case in plan.case[~exact].unique():
+    off = (sim - plan["README's formula"])[plan.case == case]
+    print(f"{case}: the simulation is {off.min():+.2f} to {off.max():+.2f} off the formula")
+worse = (nccl - sim)[plan["P ranks"] >= 4]
+print(f"under NCCL's rule, from P = 4 on: {worse.min():+.2f} to {worse.max():+.2f} more idle than with free transfers")
+plan.round(3)
+"""),
+        code("""
+equal = pd.DataFrame([{"P": p, "m": 4 * p, **{dualpipe_runs.LABELS[n]: dualpipe_runs.idle_per_rank(
+            dualpipe_viz.timeline(n, p, 4 * p, t_f=1.0, t_b=2.0, t_w=1.0))
+        for n in ("1f1b", "zbh1", "zbv", "dualpipev", "dualpipe")}} for p in (2, 4, 8)])
+viz.check("at F = I = W with nothing overlapping, DualPipeV idles as much as ZB-H1: twice what ZBV idles",
+          "np.all(abs(dualpipev - zbh1) < 1e-9) and np.all(abs(dualpipev - 2 * zbv) < 1e-9)",
+          dualpipev=equal["DualPipeV"], zbh1=equal["ZB-H1 (the README's ZB1P)"], zbv=equal["ZBV"])
+equal
+"""),
+        md("""
+Exact where the costs are the zero-bubble paper's equal ones and the pair takes between B and F + B; an
+estimate elsewhere (the lines above say by how much). Without overlap, what DualPipeV buys over ZBV is not
+its bubble: the pairs are its point, and they pay only where they hide communication.
+
+### Measured: DualPipeV and DualPipe on 2 ranks
+
+The same `small` model, P = 2, m = 4, as the zero-bubble runs above. DualPipe's second copy is a second
+set of stage modules whose gradients are summed with the first's after backward, so both take the same
+update: it must still train exactly like one process.
+"""),
+        code("""
+dp_runs = {"1 process": small_single,
+           "DualPipeV p=2 m=4": run_small("small-dualpipev", pp=2, schedule="dualpipev", microbatches=4),
+           "DualPipe p=2 m=4": run_small("small-dualpipe", pp=2, schedule="dualpipe", microbatches=4)}
+dp_losses = viz.compare_losses(dp_runs, baseline="1 process")
+viz.check("DualPipeV and DualPipe equal one process within 1e-5 × loss",
+          "difference <= 1e-5 * loss", difference=dp_losses.max_abs_diff, loss=dp_losses.final_loss)
+dp_runs.pop("1 process")
+dp_losses
+"""),
+        md("""
+Their timelines, planned (simulated with the run's mean cost of each kind of action) above what the ranks
+recorded, each F&B pair outlined in black — DeepSeek's figures draw a pair so:
+"""),
+        code("""
+viz.planned_vs_measured(dp_runs["DualPipeV p=2 m=4"]).show()
+viz.planned_vs_measured(dp_runs["DualPipe p=2 m=4"]).show()
+"""),
+        md("""
+**The overlap of F&B cannot be seen here.** Each rank is one CPU thread: it runs a pair's F, then its B,
+and has no second stream for one to communicate on while the other computes. torch's runtime does the same
+(`ScheduleDualPipeV` runs an `OVERLAP_F_B` action's forward, then its backward, unless an overlap function
+is registered with `register_custom_function`). The trace shows it: each pair's B starts after its F ends.
+Where the gap is more than a fraction of a millisecond, the rank waited in between for the B's input
+gradient (received lazily: posted before the pair, waited on when the B needs it) — idle time, not the
+pair's. A pair's cost in the formula below is its compute, its F's time plus its B's:
+"""),
+        code("""
+pair_rows = pd.concat([dualpipe_runs.pairs(r).assign(run=k) for k, r in dp_runs.items()], ignore_index=True)
+viz.check("every F&B pair ran its F, then its B: none overlapped",
+          "gap >= 0", gap=pair_rows["B starts after F ends by (ms)"])
+costs = {k: dualpipe_runs.measured_costs(r) for k, r in dp_runs.items()}
+print("; ".join(f"{k}: a pair computed {c['F&B']:.1f} ms, its F then its B (a stage's mean F + B: "
+                f"{c['F'] + c['B']:.1f} ms)" for k, c in costs.items()))
+pair_rows.groupby("run")[["F ms", "B ms", "B starts after F ends by (ms)"]].mean().round(3)
+"""),
+        md("""
+### The measured bubble beside the formula
+
+The idle time per rank over a step, measured: the step's window from the first compute action of any rank
+to the last, less the rank's own compute time (the most idle rank; median over the steps after the first),
+beside the README's formula with the run's own mean F, B, W and F&B (one stage's, in ms) and the schedule
+simulated with the same costs (which, unlike the formula, takes them as they are). The 1F1B, ZB-H1 and
+ZBV runs are those above, at the same P and m. The last two columns are the rates used above: the bubble
+fraction of the step and the zero-bubble paper's rate (idle ÷ work).
+"""),
+        code("""
+same = {k: zb_runs[k] for k in ("1F1B p=2 m=4", "ZB-H1 p=2 m=4", "ZBV p=2 m=4")} | dp_runs
+bubble_dp = dualpipe_runs.bubble_table(same).set_index("run")
+idle = bubble_dp["idle per rank, measured (ms)"]
+viz.check("DualPipe (formula: 0 at P = 2) idles less per rank than ZBV",
+          "dualpipe < zbv", dualpipe=idle["DualPipe p=2 m=4"], zbv=idle["ZBV p=2 m=4"],
+          margin=viz.headroom(idle["DualPipe p=2 m=4"], idle["ZBV p=2 m=4"]),
+          regime="pp 2 on 2 cores, small, m 4", timing="idle measured in two runs on shared cores")
+terms = {k: {t: v for t, v in r.summary["bubble_fraction"]["split"].items() if t not in ("measured", "formula")}
+         for k, r in same.items()}
+print("the largest measured part of each bubble beyond its formula (the summary's split, share of the step): "
+      + "; ".join(f"{k}: {max(t, key=lambda n: abs(t[n])).replace('_', ' ')} {max(t.values(), key=abs):+.3f}"
+                  for k, t in terms.items()))
+bubble_dp.round(3)
+"""),
+        md("""
+### Memory: twice the parameters, PP + 1 micro-batch-stages
+
+Per rank, from the run summaries' `peak_bytes` (the memory counter, by category), and the micro-batch-stages
+each rank held at its measured activation peak: the forwards it had begun by then, less the backwards (B
+or I) it had finished — beside what the schedule walk says and the README's figure.
+"""),
+        code("""
+act_guess = viz.predict("ZBV's rank 0 holds 4 micro-batch-stages of activations at its peak (2P = 4 stages at "
+                        "P = 2). How many will DualPipeV's rank 0 hold?", unit="")
+act_guess
+"""),
+        code("""
+memory_dp = dualpipe_runs.memory_table(same)
+peak = {k: {c: [r["peak_bytes"][c] for r in run.summary["ranks"]] for c in ("parameter", "activation", "wgrad_stash")}
+        for k, run in same.items()}
+viz.check("DualPipe holds twice a 2-stage pipeline's parameters on each rank: both 1F1B ranks' together",
+          "dualpipe == 2 * np.mean(one_f_one_b)", dualpipe=peak["DualPipe p=2 m=4"]["parameter"],
+          one_f_one_b=peak["1F1B p=2 m=4"]["parameter"])
+viz.check("DualPipeV holds ZBV's parameters on each rank, to the byte (the same V of stages)",
+          "dualpipev == zbv", dualpipev=peak["DualPipeV p=2 m=4"]["parameter"], zbv=peak["ZBV p=2 m=4"]["parameter"])
+held = memory_dp["micro-batch-stages held at the peak"]
+viz.check("at its measured activation peak each rank held what the schedule walk says",
+          "held == walked", held=held, walked=memory_dp["schedule's walk"])
+dual = memory_dp.run.str.startswith("Dual")
+viz.check("DualPipe and DualPipeV held PP + 1 micro-batch-stages at their peak, the README's figure",
+          "held == readme", held=held[dual], readme=memory_dp["README"][dual].astype(int))
+v, z = peak["DualPipeV p=2 m=4"], peak["ZBV p=2 m=4"]
+viz.check("DualPipeV holds more activation bytes than ZBV on each rank, and a smaller W stash",
+          "np.all(act_v > act_z) and np.all(stash_v < stash_z)", act_v=v["activation"], act_z=z["activation"],
+          stash_v=v["wgrad_stash"], stash_z=z["wgrad_stash"])
+memory_dp.round(2)
+"""),
+        code("""
+rank0 = memory_dp[(memory_dp.run == "DualPipeV p=2 m=4") & (memory_dp["rank"] == 0)].iloc[0]
+act_guess.reveal(rank0["micro-batch-stages held at the peak"],
+                 f"PP + 1 = 5 with PP = 4 stages: {rank0['activations MB']:.1f} MB of activations, where ZBV's "
+                 f"rank 0 held {peak['ZBV p=2 m=4']['activation'][0] / 1e6:.1f} MB; but a W stash of "
+                 f"{rank0['W stash MB']:.1f} MB against ZBV's {peak['ZBV p=2 m=4']['wgrad_stash'][0] / 1e6:.1f}: "
+                 f"DualPipeV holds at most {peak_pending_w(build_schedule('dualpipev', 2, 4))[0]} W stashes there, "
+                 f"ZBV {peak_pending_w(build_schedule('zbv', 2, 4))[0]} — DualPipeV splits a backward only before its "
+                 "steady state and in its tail, ZBV wherever a W can fill a gap.")
+"""),
+        md("""
+### What the pairs would buy on a GPU: a what-if
+
+On a GPU an F&B pair hides communication: the forward's expert all-to-all or send runs while the backward
+computes, and the other way round. DualPipe was built for that: on DeepSeek-V3's H800 cluster, cross-node
+expert parallelism left "an inefficient computation-to-communication ratio of approximately 1:1" (the
+report, §3.2.1), time a pair can hide. Here nothing overlaps, so the table below
+is a **what-if, predicted, not measured**: the schedules simulated (free transfers) with the DualPipeV run's
+measured F, B and W, each pair costing (1 − c)(F + B) — it hides a share c of its F's and its B's time, up
+to ½, where communication is as long as computation. 1F1B, ZB-H1 and ZBV have no pairs: their steps do
+not move. The explorer above does the same with any costs.
+"""),
+        code("""
+c = costs["DualPipeV p=2 m=4"]
+rank_costs = {"t_f": 2 * c["F"], "t_b": 2 * c["B"], "t_w": 2 * c["W"]}  # a rank's share: two of the V's stages
+what = pd.concat([pd.DataFrame(dualpipe_viz.what_if(rank_costs, 2, m)).assign(m=m) for m in (4, 16)])
+half = what[what["pair hides (share of F + B)"] == 0.5].set_index("m")
+viz.check("in the what-if, with pairs hiding half of F + B, DualPipeV's and DualPipe's steps are shorter than ZBV's "
+          "at m = 4 and 16", "np.all(dualpipev < zbv) and np.all(dualpipe < zbv)",
+          dualpipev=half["DualPipeV step (ms)"], dualpipe=half["DualPipe step (ms)"], zbv=half["ZBV step (ms)"],
+          margin=min(viz.headroom(a, z) for k in ("DualPipeV step (ms)", "DualPipe step (ms)")
+                     for a, z in zip(half[k], half["ZBV step (ms)"])),
+          regime="pp 2, small, predicted from costs measured on 2 shared cores",
+          timing="a prediction from F, B and W measured on shared cores")
+what.set_index(["m", "pair hides (share of F + B)"]).round(1)
+"""),
+        md("""
+### Where DualPipe beats ZBV, and where it loses
+
+Read from the checks and tables above (P = 2, m = 4, the `small` model):
+
+- **Parameters.** DualPipeV holds ZBV's, to the byte; DualPipe twice a 2-stage pipeline's on each rank —
+  the whole model, its gradients and optimizer state with it. That is DualPipe's price, and why DualPipeV
+  exists.
+- **Activations.** DualPipeV holds PP + 1 = 5 micro-batch-stages at its peak where ZBV holds 4: more bytes
+  on each rank. But ZBV fills its bubbles with deferred W's and pays for them in its W stash, which
+  DualPipeV keeps smaller on each rank.
+- **Bubble, without overlap.** At F = I = W DualPipeV idles twice what ZBV idles (as much as ZB-H1); DualPipe
+  at P = 2 idles nothing by the formula and by the simulation with the measured costs. What the runs idled
+  here is in the bubble table: on shared cores it moves from run to run (the timing claim beside it says
+  how this one came out), and the summary's split names its largest part.
+- **Bubble, with overlap.** Only where the pair hides communication does DualPipe pay off: in the what-if,
+  with half of F + B hidden, DualPipeV and DualPipe finish a step before ZBV (its check gives the margin with
+  these costs). On this machine the pair hides nothing, so that table is a prediction; measuring it takes a
+  GPU and an overlap function.
 """),
         md("""
 ## The bubble against m, measured beside the formula

@@ -15,8 +15,10 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.run import Run
 from workbench.predict import formulas
+from workbench.predict.formulas.zero_bubble import dualpipe_bubble
 from workbench.schedules.actions import peak_in_flight
 from workbench.schedules.build import build_schedule, simulate
+from workbench.schedules.simulator import Timeline
 
 PALETTE = qualitative.Plotly + qualitative.D3
 #: per kind of compute action: its name and the pattern its bars carry (forward solid)
@@ -91,13 +93,18 @@ def planned(
     t_b: float = 2.0,
     t_comm: float = 0.0,
     t_w: float | None = None,
+    t_fb: float | None = None,
 ) -> go.Figure:
     """The simulated timeline of a schedule (each transfer between stages taking t_comm; a split
-    backward's W taking t_w of t_b, half by default); the title carries its bubble beside the formula
-    (which assumes free transfers, and for the zero-bubble schedules T_F = T_I = T_W) and the paper's bubble
-    rate, and each rank's label the most micro-batches whose activations it holds at once."""
+    backward's W taking t_w of t_b, half by default; DualPipe's F&B pair t_fb, t_f + t_b by default); the
+    title carries its bubble beside the formula (which assumes free transfers, and for the zero-bubble
+    schedules T_F = T_I = T_W) and the paper's bubble rate, and each rank's label the most micro-batches
+    whose activations it holds at once. DualPipe and DualPipeV are simulated under gloo's rule (a send
+    never waits for its receive), as DeepSeek's formula, in their title, assumes; the others under
+    NCCL's."""
     s = build_schedule(name, p, m, v)
-    tl = simulate(s, t_f, t_b, t_comm, t_w=t_w)
+    dual = name in ("dualpipe", "dualpipev")
+    tl = simulate(s, t_f, t_b, t_comm, t_w=t_w, t_fb=t_fb, rule="gloo" if dual else "nccl")
     held = peak_in_flight(s)
     v = s.v
     fig = go.Figure()
@@ -109,6 +116,7 @@ def planned(
             for a, b, e in spans
         ],
     )
+    _outline_pairs(fig, [(r, a.pair, b, e) for r, sp in enumerate(tl.spans) for a, b, e in sp])
     fig.update_layout(
         barmode="overlay",
         xaxis_title="time (one forward = 1)",
@@ -119,14 +127,86 @@ def planned(
             "ticktext": [f"rank {r} · {held[r]}" for r in range(p)],
         },
         uniformtext={"minsize": 9, "mode": "hide"},
-        title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} of the step "
-        f"(formula {formulas.schedule_bubble_fraction(s):.3f}"
-        + (f", free transfers; here each takes {t_comm:g})" if t_comm else ")")
-        + f"<br>bubble rate {tl.bubble_rate():.3f} (idle ÷ work; at T_F = T_I = T_W the paper's "
-        f"{formulas.RATES.get(name, '?')} = {_rate(name, p, m, v)})",
+        title=f"{name}: p={p}, m={m}, v={v} — bubble {tl.bubble_fraction():.3f} of the step"
+        + (
+            _dualpipe_line(
+                name,
+                tl,
+                t_f=t_f,
+                t_b=t_b,
+                t_w=t_b / 2 if t_w is None else t_w,
+                t_fb=t_fb,
+                t_comm=t_comm,
+            )
+            if dual
+            else f" (formula {formulas.schedule_bubble_fraction(s):.3f}"
+            + (f", free transfers; here each takes {t_comm:g})" if t_comm else ")")
+            + f"<br>bubble rate {tl.bubble_rate():.3f} (idle ÷ work; at T_F = T_I = T_W the paper's "
+            f"{formulas.RATES.get(name, '?')} = {_rate(name, p, m, v)})"
+        ),
         height=140 + 45 * p,
     )
     return fig
+
+
+def _dualpipe_line(
+    name: str,
+    tl: Timeline,
+    *,
+    t_f: float,
+    t_b: float,
+    t_w: float,
+    t_fb: float | None,
+    t_comm: float = 0.0,
+) -> str:
+    """DualPipe(V)'s idle per rank beside DeepSeek's (PP/2 − 1)(F&B + B − 3W), with each stage's costs (a
+    V's stage: half a rank's)."""
+    k = 0.5 if name == "dualpipev" else 1.0
+    stages = 2 * len(tl.spans) if name == "dualpipev" else len(tl.spans)
+    formula = dualpipe_bubble(
+        stages, f=k * t_f, b=k * t_b, w=k * t_w, fb=None if t_fb is None else k * t_fb
+    )
+    idle = max(tl.makespan - sum(e - b for _, b, e in rank) for rank in tl.spans)
+    return (
+        f"<br>idle per rank {idle:.2f}; DeepSeek's (PP/2 − 1)(F&B + B − 3W) = {formula:.2f} "
+        f"(PP = {stages} stages; gloo's rule: sends never wait, as the formula assumes"
+        + (f"; here each transfer takes {t_comm:g})" if t_comm else ")")
+    )
+
+
+def _outline_pairs(
+    fig: go.Figure, spans: list[tuple[int, int | None, float, float]], row: int | None = None
+) -> None:
+    """A black border around each F&B pair's two bars (DeepSeek's figures draw pairs so): spans are
+    (rank, pair or None, start, end); the rank's bar row is its index on the y axis."""
+    boxes: dict[tuple[int, int], list[float]] = {}
+    for rank, pair, start, end in spans:
+        if pair is not None:
+            boxes.setdefault((rank, pair), []).extend((start, end))
+    for (rank, _), ends in boxes.items():
+        fig.add_shape(
+            type="rect",
+            x0=min(ends),
+            x1=max(ends),
+            y0=rank - 0.45,
+            y1=rank + 0.45,
+            line={"color": "black", "width": 2},
+            row=row,
+            col=1 if row else None,
+        )
+    if boxes:
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="lines",
+                line={"color": "black", "width": 2},
+                name="F&B pair (outlined: its F, then its B)",
+                showlegend=row in (None, 1),
+            ),
+            row=row,
+            col=1 if row else None,
+        )
 
 
 def _rate(name: str, p: int, m: int, v: int) -> str:
@@ -153,9 +233,25 @@ def measured_rows(run: Run, step: int) -> list[tuple[int, str, int, int, float, 
     ]
 
 
+def pair_numbers(run: Run) -> dict[tuple[int, int, int, int, str], int]:
+    """(rank, step, stage, microbatch, F/B/I/W) → the number of the F&B pair that action belonged to, from
+    the compute spans' args (the executor writes `pair` there; the events table does not keep it)."""
+    out = {}
+    for trace in run.traces:
+        rank = trace["distributedInfo"]["rank"]
+        for e in trace["traceEvents"]:
+            a = e.get("args", {})
+            if e.get("ph") == "X" and e.get("name") in SPAN_KIND and a.get("pair") is not None:
+                out[(rank, a["step"], a["stage"], a["microbatch"], SPAN_KIND[e["name"]])] = a[
+                    "pair"
+                ]
+    return out
+
+
 def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
     """Top: the run's schedule simulated with its measured mean forward and backward times.
-    Bottom: what the ranks recorded in one step (default: the last)."""
+    Bottom: what the ranks recorded in one step (default: the last). DualPipe's F&B pairs outlined in
+    both."""
     c = run.config
     ev = run.events
     step = int(ev.step.max()) if step is None else step
@@ -194,6 +290,13 @@ def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:
         row=1,
     )
     _bars(fig, rows, row=2, legend=False)
+    pair = pair_numbers(run)
+    _outline_pairs(
+        fig, [(r, a.pair, b, e) for r, sp in enumerate(tl.spans) for a, b, e in sp], row=1
+    )
+    _outline_pairs(
+        fig, [(r, pair.get((r, step, st, mb, k)), b, e) for r, k, st, mb, b, e in rows], row=2
+    )
     fig.update_layout(
         barmode="overlay",
         height=260 + 90 * s.p,
@@ -244,18 +347,28 @@ def bubble_vs_m(runs: list[Run]) -> go.Figure:
     return fig
 
 
+def _m_rule(schedule: str, p: int) -> tuple[int, int]:
+    """The least m and its step a schedule accepts at p: interleaved a multiple of p, DualPipeV at least
+    2p (one microbatch per stage), DualPipe an even number at least 2p (half enter at each end)."""
+    return {"interleaved": (p, p), "dualpipev": (2 * p, 1), "dualpipe": (2 * p, 2)}.get(
+        schedule, (1, 1)
+    )
+
+
 def bubble_explorer():  # an ipywidgets box
     """Sliders for p, m, v and the schedule, driving the simulator (no processes). A control the chosen
-    schedule ignores is disabled (v for all but interleaved, T_W / T_B for all but the zero-bubble
-    schedules), and interleaved's rule — m a multiple of p — is the m slider's own step, so the slider
-    always shows the m that is drawn. T_W / T_B is the share of a backward that is weight gradient: ½ is
-    T_I = T_W, where ZBV's bubble is zero; move it and the bubble comes back."""
+    schedule ignores is disabled (v for all but interleaved, T_W / T_B for the schedules without a split
+    backward, F&B for all but DualPipe(V)), and each schedule's rule on m — interleaved's a multiple of
+    p, DualPipe(V)'s at least 2p (DualPipe's even, with p even) — is the sliders' own minimum and step, so
+    the sliders always show what is drawn. T_W / T_B is the share of a backward that is weight gradient:
+    ½ is T_I = T_W, where ZBV's bubble is zero; move it and the bubble comes back. F&B ÷ (t_f + t_b) is
+    DualPipe's pair: 1 where nothing overlaps (one CPU thread), less where the pair hides communication."""
     import ipywidgets as widgets
 
     out = widgets.Output(layout={"width": "100%"})
     wide = {"style": {"description_width": "initial"}, "layout": {"width": "32%"}}
     schedule = widgets.Dropdown(
-        options=["gpipe", "1f1b", "interleaved", "zbh1", "zbv"],
+        options=["gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev", "dualpipe"],
         value="1f1b",
         description="schedule",
         **wide,
@@ -272,17 +385,36 @@ def bubble_explorer():  # an ipywidgets box
     w_share = widgets.FloatSlider(
         value=0.5, min=0.1, max=0.9, step=0.05, description="T_W / T_B", **wide
     )
+    fb_share = widgets.FloatSlider(
+        value=1.0, min=0.5, max=1.0, step=0.05, description="F&B ÷ (t_f + t_b)", **wide
+    )
+    settling = [False]  # the sliders being moved to a valid place: no drawing until they are
+
+    def settle() -> None:
+        dual = schedule.value == "dualpipe"
+        p.step = 2 if dual else 1
+        if dual and p.value % 2:
+            p.value += 1  # DualPipe's two pipelines meet in the middle: p even
+        lo, step = _m_rule(schedule.value, p.value)
+        target = max(lo, m.value - m.value % step)
+        if (m.min, m.step, m.value) != (lo, step, target):
+            m.min = min(m.min, lo)
+            m.value = target
+            m.min, m.step = lo, step
 
     def draw(_: object = None) -> None:
+        if settling[0]:
+            return
+        settling[0] = True
+        try:
+            settle()
+        finally:
+            settling[0] = False
         interleaved = schedule.value == "interleaved"
-        w_share.disabled = schedule.value not in ("zbh1", "zbv")
+        w_share.disabled = schedule.value not in ("zbh1", "zbv", "dualpipev", "dualpipe")
+        fb_share.disabled = schedule.value not in ("dualpipev", "dualpipe")
         v.disabled = not interleaved
         v.description = "v (chunks per rank)" if interleaved else "v (interleaved only)"
-        step = p.value if interleaved else 1
-        # interleaving needs m to be a multiple of p: the slider moves in steps of p
-        if m.step != step:
-            m.value = max(step, m.value - m.value % step)
-            m.min, m.step = step, step
         out.clear_output(wait=True)
         with out:
             planned(
@@ -294,16 +426,17 @@ def bubble_explorer():  # an ipywidgets box
                 t_b=ratio.value,
                 t_comm=comm.value,
                 t_w=w_share.value * ratio.value,
+                t_fb=fb_share.value * (1.0 + ratio.value),
             ).show()
 
-    for w in (schedule, p, m, v, ratio, comm, w_share):
+    for w in (schedule, p, m, v, ratio, comm, w_share, fb_share):
         w.observe(draw, names="value")
     draw()
     return widgets.VBox(
         [
             widgets.HBox([schedule, ratio, comm]),
             widgets.HBox([p, m, v]),
-            widgets.HBox([w_share]),
+            widgets.HBox([w_share, fb_share]),
             out,
         ],
         layout={"width": "100%"},
