@@ -4,21 +4,32 @@ interleaved in one invocation.
     python benchmarks/pp_vs_torch_pipelining.py                    # 1F1B, 2 stages, `small`, m = 4
     python benchmarks/pp_vs_torch_pipelining.py --schedule zbh1     # ZB-H1: ours vs torch's runtime on our CSV
     python benchmarks/pp_vs_torch_pipelining.py --schedule zbv      # ZBV: ours vs torch's ScheduleZBVZeroBubble
+    python benchmarks/pp_vs_torch_pipelining.py --schedule dualpipev   # ours vs torch's ScheduleDualPipeV
+    python benchmarks/pp_vs_torch_pipelining.py --schedule dualpipev --reference csv  # vs torch's runtime on our CSV
     python benchmarks/pp_vs_torch_pipelining.py --ranks 4 --microbatches 8
     python benchmarks/pp_vs_torch_pipelining.py --bubble           # also: measured bubbles vs formula and simulation
 
-The reference for each schedule: 1F1B → torch's Schedule1F1B; ZB-H1 → torch's `_PipelineScheduleRuntime`
-running our ZB-H1 exported as its CSV (torch's ScheduleInterleavedZeroBubble needs two stages per rank,
-another sharding); ZBV → torch's ScheduleZBVZeroBubble (the same V of stages). Both sides use the same GPT
-stages (workbench.pipeline.stages), the same batch cut into the same microbatches, and AdamW; the losses
-are checked equal first, then each round runs one training step of each, alternating the order. Rank 0
+The reference for each schedule (`--reference torch`, the default): 1F1B → torch's Schedule1F1B; ZB-H1 →
+torch's `_PipelineScheduleRuntime` running our ZB-H1 exported as its CSV (torch's
+ScheduleInterleavedZeroBubble needs two stages per rank, another sharding); ZBV → torch's
+ScheduleZBVZeroBubble and DualPipeV → torch's ScheduleDualPipeV (the same V of stages: rank r holds
+stages r and 2p − 1 − r; both need m ≥ 2p, so m defaults to 4, or 2p where that is more). With
+`--reference csv` the reference is torch's `_PipelineScheduleRuntime` running our schedule exported as
+its compute-only CSV (F&B pairs as its OVERLAP_F_B cells), which lowers it to sends and receives
+itself: the same actions in the same order on both sides, two executors compared (for DualPipeV the
+same as the default, whose order ours equals action for action: tests/test_dualpipe.py). DeepSeek's
+bidirectional DualPipe (two copies of the model, micro-batches entering at both ends) has no reference
+here: torch's runtime has one entry stage and one loss stage. Both sides use the same GPT stages
+(workbench.pipeline.stages), the same batch cut into the same microbatches, and AdamW; the losses are
+checked equal first, then each round runs one training step of each, alternating the order. Rank 0
 prints the median step times and the ratio ours / torch (with its 95 % interval).
 
-With --bubble it then launches our runs of 1F1B, ZB-H1 and ZBV (m = 8, the `small` model unless
---model says otherwise) and prints each measured bubble rate (idle between a rank's first and last pass
-÷ its work, the zero-bubble paper's measure) beside the formula's ((p − 1)/m, (p − 1)/3m, 0 at equal
-pass times) and the simulation with the run's measured costs, and each measured bubble fraction beside
-the simulated one (the stated band: within 10 %).
+With --bubble it then launches our runs of 1F1B, ZB-H1, ZBV, DualPipeV and DualPipe (m = 8, the
+`small` model unless --model says otherwise) and prints each measured bubble rate (idle between a
+rank's first and last pass ÷ its work, the zero-bubble paper's measure) beside the formula's ((p − 1)/m,
+(p − 1)/3m, 0 at equal pass times; for DualPipe(V) DeepSeek's idle time per rank (PP/2 − 1)(F&B + B −
+3W) at those times over the rank's work) and the simulation with the run's measured costs, and each
+measured bubble fraction beside the simulated one (the stated band: within 10 %).
 """
 
 from __future__ import annotations
@@ -29,14 +40,48 @@ import sys
 
 from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
+SCHEDULES = ("1f1b", "zbh1", "zbv", "dualpipev")
+# torch's own generated schedule for ours, where it has one
+OWN = {"1f1b": "Schedule1F1B", "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+BUBBLE_SCHEDULES = ("1f1b", "zbh1", "zbv", "dualpipev", "dualpipe")
+# one pass's time at the formulas' equal pass times: F = I = W, a full backward B = I + W
+UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+def deepseek_rate(name: str, p: int, m: int) -> float:
+    """DeepSeek's DualPipe(V) bubble, (PP/2 − 1)(F&B + B − 3W) idle per rank, at F = I = W (F&B =
+    F + B: nothing overlaps), over a rank's work at those times: the zero-bubble paper's rate. PP:
+    DualPipeV's 2p stages, DualPipe's p (predict/formulas/zero_bubble.py)."""
+    from workbench.predict.formulas.zero_bubble import dualpipe_bubble
+    from workbench.schedules.build import COMPUTE, build_schedule
+
+    s = build_schedule(name, p, m)
+    work = sum(UNIT[a.kind] for a in s.actions[0] if a.kind in COMPUTE)  # the same on every rank
+    idle = dualpipe_bubble(2 * p if name == "dualpipev" else p, f=1.0, b=2.0, w=1.0)
+    return idle / work
+
+
+def summary_or_deepseek(name: str, p: int, summary_rate: float) -> tuple[float, str]:
+    """The formula's rate for the table: the run summary's where predict.formulas names one for this
+    schedule, else (DualPipe and DualPipeV before the summary covers them) DeepSeek's computed here,
+    marked "*"."""
+    from workbench.predict import formulas
+
+    try:
+        formulas.bubble_rate(name, p, 8)
+    except ValueError:
+        return deepseek_rate(name, p, 8), "*"
+    return summary_rate, ""
+
 
 def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     import tempfile
 
     import workbench as wb
     from workbench.config import PRESETS
+    from workbench.schedules.build import build_schedule
 
-    # ZBV's 2p stages divide them
+    # ZBV's and DualPipe's 2p stages divide them
     layers = -(-PRESETS[args.model].layers // (2 * args.ranks)) * 2 * args.ranks
     model = {"base": args.model, "layers": layers}  # the same model for every schedule
     print(
@@ -49,8 +94,14 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     print(
         f"  {'schedule':<9} {'rate':>6} {'formula':>8} {'sim.':>6} │ {'fraction':>8} {'sim.':>6} {'within':>7}"
     )
+    marked = False
     with tempfile.TemporaryDirectory() as d:
-        for name in ("1f1b", "zbh1", "zbv"):
+        for name in BUBBLE_SCHEDULES:
+            try:
+                build_schedule(name, args.ranks, 8)
+            except ValueError as e:  # DualPipe: an even p only
+                print(f"  {name:<9} not run: {e}")
+                continue
             run = wb.launch(
                 wb.RunConfig(
                     model=model,
@@ -67,27 +118,69 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
             split = b["split"]
             sim = split["measured"] - split["unexplained"]
             within = abs(split["unexplained"]) <= band * sim
+            formula, mark = summary_or_deepseek(name, args.ranks, b["formula_rate"])
+            marked = marked or bool(mark)
             print(
-                f"  {name:<9} {b['measured_rate']:>6.3f} {b['formula_rate']:>8.3f} {b['simulated_rate']:>6.3f} │ "
+                f"  {name:<9} {b['measured_rate']:>6.3f} {formula:>7.3f}{mark:1} {b['simulated_rate']:>6.3f} │ "
                 f"{split['measured']:>8.3f} {sim:>6.3f} {str(within):>7}"
             )
     print(
         "  The formula assumes equal pass times (T_F = T_I = T_W) and free transfers; the simulation takes\n"
         "  each kind of pass's measured mean and the measured transfer time. On a CPU, ranks beyond the\n"
-        "  cores share them, and each microbatch boundary adds a gloo send/receive to the critical path."
+        "  cores share them, and each microbatch boundary adds a gloo send/receive to the critical path.\n"
+        "  DualPipe(V)'s formula is DeepSeek's idle per rank, (PP/2 − 1)(F&B + B − 3W) with PP = 2p for the\n"
+        "  V and p for DualPipe, at F&B = F + B (one CPU thread overlaps nothing: the pairs' overlap cannot\n"
+        "  be seen here), over the rank's work."
+        + (
+            "\n  * computed here (deepseek_rate): the run summary's formula_rate does not cover DualPipe(V)\n"
+            "    yet (predict.formulas.bubble_rate names no formula for them; the summary falls back to the\n"
+            "    schedule's simulation at equal pass times)."
+            if marked
+            else ""
+        )
     )
 
 
+def torch_reference(
+    args: argparse.Namespace, schedule: object, stages: list, loss_fn: object
+) -> tuple[object, str]:
+    """Torch's side (module docstring): its own generated schedule for ours, or (`--reference csv`,
+    and ZB-H1 always) its `_PipelineScheduleRuntime` running our schedule from its CSV."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import Schedule1F1B
+    from torch.distributed.pipelining.schedules import (
+        ScheduleDualPipeV,
+        ScheduleZBVZeroBubble,
+        _PipelineScheduleRuntime,
+    )
+
+    from workbench.schedules.torch_csv import write_csv
+
+    m = args.microbatches
+    if args.reference == "torch" and args.schedule in OWN:
+        cls = {"1f1b": Schedule1F1B, "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+        first = stages[0] if args.schedule == "1f1b" else stages  # one stage per rank, else the V
+        return cls[args.schedule](first, m, loss_fn=loss_fn), OWN[args.schedule]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    path = os.path.abspath(f".wb_bench_{args.schedule}_{run_id}.csv")
+    if dist.get_rank() == 0:
+        write_csv(schedule, path)
+    dist.barrier()
+    runtime = _PipelineScheduleRuntime(stages, m, loss_fn=loss_fn)
+    runtime._load_csv(path, format="compute_only")  # lowered to sends and receives by torch
+    dist.barrier()
+    if dist.get_rank() == 0:
+        os.remove(path)
+    return runtime, "torch runtime (our CSV)"
+
+
 def worker(args: argparse.Namespace) -> None:
+    import dataclasses
 
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from torch.distributed.pipelining.schedules import (
-        ScheduleZBVZeroBubble,
-        _PipelineScheduleRuntime,
-    )
+    from torch.distributed.pipelining import PipelineStage
 
     from workbench.config import PRESETS
     from workbench.data.synthetic import global_batch
@@ -96,17 +189,18 @@ def worker(args: argparse.Namespace) -> None:
     from workbench.pipeline.executor import PipelineExecutor
     from workbench.pipeline.stages import build_stages
     from workbench.schedules.build import build_schedule
-    from workbench.schedules.torch_csv import write_csv
 
     rank, world, make_comm = join("pp")
-    cfg = PRESETS[args.model]
     m = args.microbatches
+    schedule = build_schedule(args.schedule, world, m)
+    cfg = PRESETS[args.model]
+    # the layers rounded up to a multiple of the stages (a V at p = 4: 8 stages of `small`'s 4 layers)
+    cfg = dataclasses.replace(cfg, layers=-(-cfg.layers // schedule.stages) * schedule.stages)
     x, y = global_batch(0, 0, args.batch, cfg.seq_len, cfg.vocab_size)
     device = torch.device("cpu")
 
     comm = make_comm(args.trace)
     rec = comm.recorder
-    schedule = build_schedule(args.schedule, world, m)
 
     def stage(layers: range, first: bool, last: bool) -> GPT:
         return GPT(cfg, seed=0, layers=layers, first=first, last=last)
@@ -131,26 +225,7 @@ def worker(args: argparse.Namespace) -> None:
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
 
-    if args.schedule == "zbv":
-        ref_schedule, ref_name = (
-            ScheduleZBVZeroBubble(ref_stages, m, loss_fn=loss_fn),
-            "ScheduleZBVZeroBubble",
-        )
-    elif args.schedule == "zbh1":  # torch's runtime on our schedule, as its CSV
-        path = os.path.abspath(f".wb_bench_zbh1_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.csv")
-        if rank == 0:
-            write_csv(schedule, path)
-        dist.barrier()
-        ref_schedule, ref_name = (
-            _PipelineScheduleRuntime(ref_stages, m, loss_fn=loss_fn),
-            "torch runtime (our CSV)",
-        )
-        ref_schedule._load_csv(path, format="compute_only")
-        dist.barrier()
-        if rank == 0:
-            os.remove(path)
-    else:
-        ref_schedule, ref_name = Schedule1F1B(ref_stages[0], m, loss_fn=loss_fn), "Schedule1F1B"
+    ref_schedule, ref_name = torch_reference(args, schedule, ref_stages, loss_fn)
     ref_opt = torch.optim.AdamW(
         [p for c in ref_modules.values() for p in c.parameters()], lr=1e-4, foreach=False
     )
@@ -182,8 +257,9 @@ def worker(args: argparse.Namespace) -> None:
     med = interleaved_rounds({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
     if rank == 0:
         print(
-            f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model}, "
-            f"p={world}, m={m}, batch {args.batch}, {args.rounds} rounds interleaved "
+            f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model} "
+            f"({cfg.layers} layers, {schedule.stages} stages), p={world}, m={m}, batch {args.batch}, "
+            f"{args.rounds} rounds interleaved "
             f"(torch {torch.__version__}, gloo)"
         )
         print(
@@ -197,10 +273,42 @@ def worker(args: argparse.Namespace) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = common_arguments(__doc__)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "zbh1", "zbv"))
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="default 4, or 2p for zbv and dualpipev where that is more (torch needs m ≥ 2p)",
+    )
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    p.add_argument(
+        "--reference",
+        default="torch",
+        choices=("torch", "csv"),
+        help="torch: torch's own schedule class (zbh1 has none: its runtime on our CSV); csv: torch's "
+        "_PipelineScheduleRuntime running our schedule's CSV",
+    )
     p.add_argument("--bubble", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.microbatches is None:
+        v_shaped = args.schedule in ("zbv", "dualpipev")
+        args.microbatches = max(4, 2 * args.ranks) if v_shaped else 4
+    problem = schedule_problem(args)
+    if problem:
+        p.error(problem)
+    return args
+
+
+def schedule_problem(args: argparse.Namespace) -> str | None:
+    """What makes this schedule unrunnable here (before any process starts), or None."""
+    from workbench.schedules.build import build_schedule
+
+    try:
+        build_schedule(args.schedule, args.ranks, args.microbatches)
+    except ValueError as e:
+        return f"--schedule {args.schedule} --ranks {args.ranks} --microbatches {args.microbatches}: {e}"
+    if args.batch % args.microbatches:
+        return f"--batch {args.batch} does not split into --microbatches {args.microbatches}"
+    return None
 
 
 if __name__ == "__main__":

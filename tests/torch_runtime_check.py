@@ -2,15 +2,18 @@
 (`torch.distributed.pipelining.schedules._PipelineScheduleRuntime`, which lowers a compute-only CSV to
 sends and receives itself) and check it trains the same model as one process.
 
-    torchrun --nproc-per-node P tests/torch_runtime_check.py CSV MICROBATCHES LAYERS STEPS [DUMP_DIR]
+    torchrun --nproc-per-node P tests/torch_runtime_check.py CSVS MICROBATCHES LAYERS STEPS [DUMP]
 
-Each rank builds its stages of our GPT (`pipeline.stages`, initialised by parameter name, so they hold
-exactly their slice of the single-process model) and wraps them in torch's `PipelineStage`; rank 0
-also trains the whole model in one process on the same batches. Both use torch's AdamW (lr 3e-3, no
-weight decay, no clipping). Rank 0 prints one JSON line: the per-step losses of each. With DUMP_DIR,
-rank 0 also writes torch's own generated schedules for these ranks and microbatches there, as CSV
-(ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV, ScheduleInterleaved1F1B:
-two stages per rank), for the reverse check. Used by tests/test_zero_bubble.py.
+For each CSV in CSVS (comma-separated: several in one launch share its start-up and one
+single-process reference; a loop such as ZB-H1 and a V such as DualPipeV alike), each rank builds
+its stages of our GPT (`pipeline.stages`, initialised by parameter name, so they hold exactly their
+slice of the single-process model) and wraps them in torch's `PipelineStage`; rank 0 also trains
+the whole model in one process on the same batches. Both use torch's AdamW (lr 3e-3, no weight
+decay, no clipping). Rank 0 prints one JSON line: {"torch_runtime": {CSV: per-step losses},
+"one_process": per-step losses}. With DUMP (a folder), rank 0 also writes torch's own generated
+schedules for these ranks and microbatches there, as CSV (ScheduleInterleavedZeroBubble,
+ScheduleZBVZeroBubble, ScheduleDualPipeV, ScheduleInterleaved1F1B: two stages per rank), for the
+reverse check. Used by tests/test_zero_bubble.py.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-from workbench.config.model_config import PRESETS
+from workbench.config.model_config import PRESETS, ModelConfig
 from workbench.data.synthetic import global_batch
 from workbench.model.gpt import GPT
 from workbench.pipeline.stages import build_stages
@@ -63,11 +66,9 @@ def dump_torch_schedules(out: str, world: int, rank: int, m: int) -> None:
                 sched._dump_csv(path)
 
 
-def main(path: str, m: int, layers: int, steps: int, dump: str | None = None) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = dataclasses.replace(PRESETS["tiny"], layers=layers)
+def train_in_torchs_runtime(path: str, m: int, cfg: ModelConfig, steps: int) -> list[float]:
+    """Per-step losses (the same on every rank) of our schedule `path` run by torch's runtime."""
+    rank = dist.get_rank()
     ours = read_csv(path, m)  # validated; its stage → rank placement is the one torch infers too
     chunks = build_stages(
         cfg.layers,
@@ -95,18 +96,34 @@ def main(path: str, m: int, layers: int, steps: int, dump: str | None = None) ->
         loss = torch.stack(out).mean().detach().reshape(1) if out else torch.zeros(1)
         dist.all_reduce(loss)
         losses.append(loss.item())
+    return losses
+
+
+def one_process(cfg: ModelConfig, steps: int) -> list[float]:
+    """Per-step losses of the whole model trained in this process on the same batches."""
+    whole = GPT(cfg, seed=0)
+    opt = torch.optim.AdamW(whole.parameters(), lr=LR, weight_decay=0.0, foreach=False)
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(0, step, BATCH, cfg.seq_len, cfg.vocab_size)
+        loss = loss_fn(whole(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def main(paths: str, m: int, layers: int, steps: int, dump: str | None = None) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = dataclasses.replace(PRESETS["tiny"], layers=layers)
+    runs = {path: train_in_torchs_runtime(path, m, cfg, steps) for path in paths.split(",")}
     if rank == 0:
-        whole = GPT(cfg, seed=0)
-        ref_opt = torch.optim.AdamW(whole.parameters(), lr=LR, weight_decay=0.0, foreach=False)
-        reference = []
-        for step in range(steps):
-            x, y = global_batch(0, step, BATCH, cfg.seq_len, cfg.vocab_size)
-            loss = loss_fn(whole(x), y)
-            loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            reference.append(loss.item())
-        print(json.dumps({"torch_runtime": losses, "one_process": reference}), flush=True)
+        print(
+            json.dumps({"torch_runtime": runs, "one_process": one_process(cfg, steps)}), flush=True
+        )
     if dump:
         dump_torch_schedules(dump, world, rank, m)
     dist.barrier()
