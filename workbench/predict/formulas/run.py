@@ -308,6 +308,33 @@ def loss_stages(s: Schedule) -> set[int]:
     return {k for k in range(s.stages) if s.next_stage(k) is None}
 
 
+def stage_shape(schedule: str, p: int, m: int, v: int = 1) -> Schedule:
+    """A schedule's stages without its actions: which rank holds which stage, which part of the model each
+    is (DualPipe: part k of p, in two copies) and the microbatches each runs — what a cost or a byte count
+    needs of it, without generating the actions (a CSV schedule is read from its file)."""
+    if p == 1:
+        return Schedule(name="1f1b", p=1, m=m, v=1)
+    if schedule.startswith("csv:"):
+        return build_schedule(schedule, p, m, v)
+    return Schedule(name=schedule, p=p, m=m, v=v, placement=placement_of(schedule))
+
+
+def pp_sends(s: Schedule) -> int:
+    """The most transfers any rank sends a step: per stage it holds, an activation forward and a gradient
+    back per microbatch it runs, where the neighbouring stage is on another rank (a V's turn hands over in
+    memory; DualPipe's copies do not meet)."""
+    most = 0
+    for r in range(s.p):
+        sends = 0
+        for k in (k for k in range(s.stages) if s.rank_of(k) == r):
+            nxt, prev = s.next_stage(k), s.prev_stage(k)
+            sends += (nxt is not None and not s.local(k, nxt)) + (
+                prev is not None and not s.local(prev, k)
+            )
+        most = max(most, sends * carried(s))
+    return most
+
+
 def carried(s: Schedule) -> int:
     """Microbatches each stage of the schedule runs: all m, but half in DualPipe (each copy's own)."""
     return sum(s.carries(0, mb) for mb in range(s.m))
