@@ -121,16 +121,17 @@ def pipeline_schedules(
     names: tuple[str, ...], *, model: ModelConfig, pp: int, m: int, zero: int
 ) -> list[tuple[str, int]]:
     """(schedule, virtual stages) of each of `names` valid for this layout (config/pipeline_rules.py's
-    rules): ZB-H1 and ZBV, which defer weight gradients, with ZeRO ≤ 2; ZBV and DualPipeV with 2·pp stages
-    dividing the layers; DualPipeV with m ≥ 2·pp; DualPipe with pp and m even, m ≥ 2·pp, pp dividing the
+    rules): ZB-H1 and ZBV, which defer weight gradients, with ZeRO ≤ 2; ZBV and DualPipeV with 2·pp equal
+    stages dividing the layers; DualPipeV with m ≥ 2·pp; DualPipe with pp and m even, m ≥ 2·pp, pp dividing the
     layers and zero = 0 (its twin copies sum whole gradients). Without a pipeline, one: ("1f1b", 1)."""
     if pp == 1:
         return [("1f1b", 1)]
     out = []
     for name in names:
         two = name in ("zbv", "dualpipe", "dualpipev")
-        stages = pp if name == "dualpipe" else pp * (2 if two else 1)
-        if model.layers % stages or (name in ("zbh1", "zbv") and zero > 2):
+        stages = pp if name == "dualpipe" else 2 * pp
+        # one stage a rank: the layouts' own rule (uneven stages included); two: equal stages only
+        if (two and model.layers % stages) or (name in ("zbh1", "zbv") and zero > 2):
             continue
         if name == "dualpipev" and m < 2 * pp:
             continue
