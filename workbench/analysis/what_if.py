@@ -3,6 +3,7 @@
 
     wb.what_if("traces/dp2", dp=4)                          # twice the data-parallel ranks
     wb.what_if("traces/pp2", schedule="gpipe", microbatches=8)
+    wb.what_if("traces/pp2", schedule="dualpipev")              # a 1F1B trace re-laid as DeepSeek's V
     wb.what_if("traces/dp2", bucket_mb=0.05)
     wb.what_if("traces/dp2", emulate_link="inter=0.5,200", ranks_per_node=1)
     wb.what_if("traces/dp2", straggler=(1, 0.02))           # rank 1 sleeps 20 ms each step
@@ -18,9 +19,12 @@ MLSys 2025, edits its graph the same way):
   stretched by the share of a core a rank gets (`Hardware.contention` from calibrate(), else processor
   sharing).
 - **microbatches, schedule, virtual_stages** (a pipeline run; analysis/edit_pipeline.py): the schedule
-  re-laid by the simulator from the run's own mean forward and backward cost per stage (scaled to the new
-  micro-batch as above; a split backward's I and W each half of B) and its measured transfer time; the
-  step is the replayed one with the simulated pipeline span swapped for the new one.
+  re-laid by the simulator from the run's own mean forward and backward cost per stage — each new stage
+  what the run spent on the same layers: a V's (ZBV, DualPipeV) half-stages half a 1F1B stage, DualPipe's
+  a whole one — scaled to the new micro-batch as above (a split backward's I and W each half of B), its
+  measured transfer time and each rank's host time per send; the step is the replayed one
+  with the simulated pipeline span swapped for the new one. (DualPipe's twin-gradient exchange and its
+  optimizer over twice the parameters are not added: the note says so.)
 - **bucket_mb** (analysis/edit_buckets.py): the data-parallel gradient buckets re-cut, each issued when
   backward has produced its bytes (in proportion to the last backward's time; on a CPU the ranks fill, all
   when backward ends, one at a time) and costed by the fitted α–β.

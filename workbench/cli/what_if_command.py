@@ -3,6 +3,7 @@
 
     workbench what-if traces/dp2 --dp 4
     workbench what-if traces/pp2 --schedule gpipe --microbatches 8
+    workbench what-if traces/pp2 --schedule dualpipev          (or dualpipe, zbv, zbh1, interleaved)
     workbench what-if traces/dp2 --bucket-mb 0.05
     workbench what-if traces/dp2 --emulate-link 'inter=1,200' --ranks-per-node 1
     workbench what-if traces/dp2 --straggler 1 0.02

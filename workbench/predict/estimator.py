@@ -30,6 +30,7 @@ from typing import Any
 from workbench.config import ModelConfig, RunConfig
 from workbench.predict import formulas
 from workbench.predict.action_costs import Layout
+from workbench.predict.formulas.run import carried, pp_sends, stage_shape
 
 # the presets and the input types, re-exported: wb.Hardware and estimator.A100_80GB are where users find them
 from workbench.predict.hardware import A100_80GB as A100_80GB
@@ -131,7 +132,12 @@ def estimate(
         params / (layout.tp * layout.pp)
         if model is None
         else formulas.params_per_rank(
-            model, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages, ep=layout.ep
+            model,
+            tp=layout.tp,
+            pp=layout.pp,
+            virtual_stages=layout.virtual_stages,
+            ep=layout.ep,
+            placement=formulas.placement_of(layout.schedule),  # DualPipe: two copies' parts
         )
     )
     out = _model_states(layout, params, local)
@@ -250,8 +256,12 @@ def _megatron_per_layer(model: ModelConfig, layout: RunLayout) -> float:
 
 def _megatron_activations(model: ModelConfig, layout: RunLayout) -> float:
     """Korthikanti et al.'s 16-bit bytes per layer × the first stage's layers × the micro-batches it holds
-    (GPipe: all m; the others: min(p, m))."""
+    (GPipe: all m; DualPipe and DualPipeV: DeepSeek's PP + 1 stages of L/PP layers; the others: min(p, m))."""
     pp, m = layout.pp, layout.microbatches
+    if pp > 1 and layout.schedule in ("dualpipe", "dualpipev"):
+        held = formulas.deepseek_memory(layout.schedule, pp)
+        layers = held.activations * (model.layers // held.stages)
+        return layers * _megatron_per_layer(model, layout)
     in_flight = (m if layout.schedule == "gpipe" else min(pp, m)) if pp > 1 else 1
     return in_flight * (model.layers // pp) * _megatron_per_layer(model, layout)
 
@@ -259,18 +269,23 @@ def _megatron_activations(model: ModelConfig, layout: RunLayout) -> float:
 def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) -> None:
     """Bytes each rank sends per step for the activations: tensor-parallel collectives (bus share), the
     context-parallel ring's K/V (or, all-gathering, its bus share) and the pipeline's transfers."""
-    tp, pp, cp, m = layout.tp, layout.pp, layout.cp, layout.microbatches
+    tp, pp, cp = layout.tp, layout.pp, layout.cp
     micro, w, sp = layout.micro, layout.width, layout.sequence_parallel
     acts, _ = formulas.cp_local(model, cp, layout.cp_rotate)
+    # rank 0's stages, each running its microbatches (DualPipe: two parts of 1/p, half of them each)
+    held = stage_shape(layout.schedule, pp, layout.microbatches, layout.virtual_stages)
+    mine = [k for k in range(held.stages) if held.rank_of(k) == 0]
+    layers = sum(model.layers // held.model_part(k)[1] for k in mine)
+    m = carried(held)
     tp_bytes = formulas.tp_comm_bytes_per_step(
         acts,
         micro,
         tp,
         sequence_parallel=sp,
         microbatches=m,
-        layers=model.layers // pp,
+        layers=layers,
         first=True,
-        last=pp == 1,
+        last=any(held.next_stage(k) is None for k in mine),
         bytes_per_value=w,
         recompute=layout.recompute,
         grad_bytes=layout.gradient_width,
@@ -283,7 +298,7 @@ def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) ->
             micro,
             model.kv_dim,
             cp,
-            layers=model.layers // pp,
+            layers=layers,
             microbatches=m,
             tp=tp,
             width=w,
@@ -296,11 +311,12 @@ def _activation_traffic(out: Estimate, layout: RunLayout, model: ModelConfig) ->
     # four all-to-alls per MoE layer and microbatch, (ep − 1)/ep of their T·k rows leave
     if out.ep > 1:
         rows = micro * model.seq_len * model.top_k * model.hidden * w
-        out.comm_bytes_per_step["ep"] = 4 * rows * (out.ep - 1) / out.ep * (model.layers // pp) * m
-    if pp > 1:
-        out.comm_bytes_per_step["pp"] = (
-            2 * m * micro * acts.seq_len // (tp if sp else 1) * model.hidden * w
-        )
+        out.comm_bytes_per_step["ep"] = 4 * rows * (out.ep - 1) / out.ep * layers * m
+    if pp > 1:  # the busiest rank's activations and gradients; DualPipe's twin gradients
+        buffer = micro * acts.seq_len // (tp if sp else 1) * model.hidden * w
+        # DualPipe runs at zero = 0 (config/pipeline_rules.py): each rank sends its whole gradient
+        twin = out.model_state_bytes["gradient"] if held.placement == "dual" else 0.0
+        out.comm_bytes_per_step["pp"] = pp_sends(held) * buffer + twin
 
 
 def _timed(

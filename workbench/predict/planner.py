@@ -5,8 +5,11 @@ memory, rank by estimated step time, and say why.
          recompute="selective").best        # tp 8, pp 12, dp 8: the brief's (and Megatron's) layout
 
 Rules, the field's: tensor parallelism stays inside a node (t divides the GPUs per node and the heads);
-pipeline stages divide the layers; 1F1B with microbatches of `micro_batch` sequences; memory per GPU
-must fit `usable_memory` of the device (allocator and workspace headroom).
+pipeline stages divide the layers; 1F1B with microbatches of `micro_batch` sequences (or each of
+`schedules` where it is valid: `pipeline_schedules`); memory per GPU must fit `usable_memory` of the
+device (allocator and workspace headroom).
+
+    plan(model, cluster, global_batch=512, schedules=("1f1b", "zbv", "dualpipev", "dualpipe"))
 """
 
 from __future__ import annotations
@@ -110,6 +113,34 @@ def _layouts(
                     yield tp, pp, cp, dp, ep, global_batch // (dp * micro_batch)
 
 
+#: the schedules the planner can try (interleaved needs a chunk count of its own: not searched)
+PLANNED = ("gpipe", "1f1b", "zbh1", "zbv", "dualpipe", "dualpipev")
+
+
+def pipeline_schedules(
+    names: tuple[str, ...], *, model: ModelConfig, pp: int, m: int, zero: int
+) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) of each of `names` valid for this layout (config/pipeline_rules.py's
+    rules): ZB-H1 and ZBV, which defer weight gradients, with ZeRO ≤ 2; ZBV and DualPipeV with 2·pp equal
+    stages dividing the layers; DualPipeV with m ≥ 2·pp; DualPipe with pp and m even, m ≥ 2·pp, pp dividing the
+    layers and zero = 0 (its twin copies sum whole gradients). Without a pipeline, one: ("1f1b", 1)."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = []
+    for name in names:
+        two = name in ("zbv", "dualpipe", "dualpipev")
+        stages = pp if name == "dualpipe" else 2 * pp
+        # one stage a rank: the layouts' own rule (uneven stages included); two: equal stages only
+        if (two and model.layers % stages) or (name in ("zbh1", "zbv") and zero > 2):
+            continue
+        if name == "dualpipev" and m < 2 * pp:
+            continue
+        if name == "dualpipe" and (pp % 2 or m % 2 or m < 2 * pp or zero):
+            continue
+        out.append((name, 2 if two else 1))
+    return out
+
+
 def plan(
     model: ModelConfig,
     cluster: Cluster,
@@ -125,11 +156,16 @@ def plan(
     activations: str = "megatron",
     attention: str = "eager",
     uneven_stages: bool = False,
+    schedules: tuple[str, ...] = ("1f1b",),
 ) -> Plan:
     """Every layout of `_layouts` (context parallelism: the degrees in `cp`) with each ZeRO stage and offload
     choice, estimated; the table sorted by fit, then step time. `activations`: 'megatron' (Korthikanti et
     al.'s GPT formula) or 'ours' (what this engine's block saves — Llama's too — with `attention` 'sdpa' for
-    a flash kernel); `uneven_stages`: Llama 3's pipelines (run_layout.uneven)."""
+    a flash kernel); `uneven_stages`: Llama 3's pipelines (run_layout.uneven); `schedules`: the pipeline
+    schedules tried on each layout with pp > 1, where valid (`pipeline_schedules`; PLANNED)."""
+    unknown = [name for name in schedules if name not in PLANNED]
+    if unknown or not schedules:
+        raise ConfigError(f"plan: schedules={schedules!r}; valid: {', '.join(PLANNED)}")
     hw, world = cluster.hardware, cluster.gpus
     every = RunLayout(  # what every layout tried shares
         model=model,
@@ -155,10 +191,21 @@ def plan(
             if zero >= 2 and pp > 1 or zero and ep > 1:
                 continue  # partitioned gradients and parameters per microbatch: not with pipelines; ZeRO's
                 # slices of experts and dense weights over two groups: not built (config/rules.check_experts)
-            layout = replace(
-                every, dp=dp, tp=tp, pp=pp, cp=c, ep=ep, zero=zero, offload=off, microbatches=m
-            )
-            rows.append(_row(layout, estimate(layout, hardware=hw, activations=activations)))
+            for name, v in pipeline_schedules(schedules, model=model, pp=pp, m=m, zero=zero):
+                layout = replace(
+                    every,
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    cp=c,
+                    ep=ep,
+                    zero=zero,
+                    offload=off,
+                    microbatches=m,
+                    schedule=name,
+                    virtual_stages=v,
+                )
+                rows.append(_row(layout, estimate(layout, hardware=hw, activations=activations)))
     table = pd.DataFrame(rows).sort_values(
         ["fits", "step_time_s", "memory_GB"], ascending=[False, True, True]
     )
@@ -181,6 +228,7 @@ def _row(layout: RunLayout, e: Estimate) -> dict[str, Any]:
         "zero": layout.zero,
         "offload": layout.offload,
         "microbatches": layout.microbatches,
+        "schedule": layout.schedule,
         "host_GB": sum(e.host_bytes.values()) / 1e9,
         "model_states_GB": e.model_state_bytes_per_rank / 1e9,
         "activations_GB": e.activation_bytes_per_rank / 1e9,
@@ -213,7 +261,8 @@ def _explain(
         why.append(
             f"best: {grid} × dp {best['dp']}, ZeRO-{best['zero']}"
             f"{' with the optimizer offloaded to the host' if best['offload'] else ''}, "
-            f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "
+            + (f"schedule {best['schedule']}, " if best["pp"] > 1 else "")
+            + f"{best['microbatches']} microbatches — {best['memory_GB']:.1f} GB per GPU "
             f"({best['model_states_GB']:.1f} model states + {best['activations_GB']:.1f} activations), "
             f"bubble {best['bubble']:.1%}, about {best['step_time_s']:.1f} s per step."
         )

@@ -7,7 +7,10 @@ the optimizer, and a fixed cost per step.
 - no pipeline: m · (forward + backward) of the rank's one stage;
 - a pipeline: pipeline.simulate with each stage's forward and backward cost, α_p2p + activation bytes /
   β per transfer, under the backend's rule (NCCL's or gloo's) — the bubble comes out of the schedule,
-  uneven first and last stages included, instead of the formula's (p − 1)/(v·m + p − 1);
+  uneven first and last stages included, instead of the formula's (p − 1)/(v·m + p − 1); DualPipe's
+  stages are each 1/p of a copy of the model and run half the microbatches, an F&B pair costs its F
+  plus its B (no overlap modelled), and the twin copies' gradients cross the pipeline's link once after
+  backward (`_twin_gradients`);
 - ZeRO-3: each layer's all-gather before its forward and its backward, and its gradients'
   reduce-scatter, inside the actions (α + bytes / β each);
 - data parallel (Li et al. 2020, PyTorch DDP): buckets of `bucket_mb`, ready as the last micro-batch's
@@ -34,8 +37,9 @@ from workbench.predict.action_costs import (
     cost_context,
     layer_costs,
 )
-from workbench.predict.formulas import params_per_rank
-from workbench.schedules.build import Action, build_schedule, simulate
+from workbench.predict.formulas import params_per_rank, placement_of
+from workbench.predict.formulas.run import carried, stage_shape
+from workbench.schedules.build import Action, Schedule, build_schedule, simulate
 
 TERMS = ("compute", "overhead", "tp", "cp", "ep", "zero3", "pipeline", "dp", "optimizer", "step")
 
@@ -53,14 +57,20 @@ class StepTime:
         return {"total_s": self.total_s, "terms": dict(self.terms), "dominant": self.dominant}
 
 
+def shape(L: Layout) -> Schedule:
+    """The layout's schedule without its actions (formulas/run.py's `stage_shape`)."""
+    return stage_shape(L.schedule, L.pp, L.m, L.v)
+
+
 def stage_costs(L: Layout, hw: Any, c: CostContext) -> list[dict[str, tuple[float, float]]]:
     """Per stage (pp · v of them): each term's (forward, backward) seconds for one micro-batch."""
-    stages = L.pp * L.v
-    per_stage = L.model.layers // stages
+    sched = shape(L)
     layer = layer_costs(L, hw, c)
     out = []
-    for s in range(stages):
-        ends = _ends(L, hw, c, first=s == 0, last=s == stages - 1)
+    for s in range(sched.stages):
+        part, parts = sched.model_part(s)
+        per_stage = L.model.layers // parts
+        ends = _ends(L, hw, c, first=part == 0, last=part == parts - 1)
         cost = {
             k: (
                 per_stage * layer[k][0] + ends.get(k, (0.0, 0.0))[0],
@@ -75,7 +85,7 @@ def stage_costs(L: Layout, hw: Any, c: CostContext) -> list[dict[str, tuple[floa
         # each layer gathered before forward and backward; its gradients reduce-scattered
         if L.zero == 3:
             n = L.dp * L.cp  # ZeRO shards over dp×cp
-            held = params_per_rank(L.model, tp=L.tp, pp=stages, virtual_stages=1, pp_rank=s)
+            held = params_per_rank(L.model, tp=L.tp, pp=parts, virtual_stages=1, pp_rank=part)
             layer_bytes = held / max(per_stage, 1) * L.width
             launch = c.stretch * hw.launch_s  # each is launched asynchronously, then waited for
             gather = launch + _collective(c, layer_bytes, (n - 1) / n, c.beta_dp)
@@ -100,7 +110,12 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: CostCon
     seq = L.model.seq_len // L.cp // (L.tp if L.sequence_parallel else 1)
     t_comm = c.alpha_p2p + c.stretch * L.micro * seq * L.model.hidden * L.width / c.beta_pp
     if 2 * L.pp * L.v * L.m > SIMULATE_UP_TO:
-        per_rank = [sum(fwd[s] + bwd[s] for s in range(r, L.pp * L.v, L.pp)) for r in range(L.pp)]
+        held = shape(L)
+        share = carried(held) / L.m  # DualPipe: each stage runs half the microbatches
+        per_rank = [
+            share * sum(fwd[s] + bwd[s] for s in range(held.stages) if held.rank_of(s) == r)
+            for r in range(L.pp)
+        ]
         return (
             sum(per_rank) / L.v + (L.m - 1) * (max(per_rank) + 2 * t_comm) + 2 * (L.pp - 1) * t_comm
         )
@@ -121,6 +136,14 @@ def _pipeline(L: Layout, hw: Any, fwd: list[float], bwd: list[float], c: CostCon
         return t, t
 
     return simulate(sched, cost=cost, t_comm=t_comm, rule=L.rule).makespan
+
+
+def _twin_gradients(L: Layout, c: CostContext, local: float) -> float:
+    """DualPipe: the seconds of each rank's exchange of its whole gradient with its twin's after backward
+    (parallel/twin_grads.py), one transfer on the pipeline's link, exposed: nothing runs beside it."""
+    if placement_of(L.schedule) != "dual" or L.pp == 1:
+        return 0.0
+    return c.alpha_p2p + c.stretch * local * L.grad_bytes / c.beta_pp
 
 
 def _buckets(total_bytes: float, bucket_mb: float) -> list[float]:
@@ -170,7 +193,7 @@ def _optimizer(L: Layout, hw: Any, c: CostContext, local: float) -> float:
     tensors = (
         len(_buckets(local * L.grad_bytes, L.bucket_mb))
         if L.zero
-        else 12 * L.model.layers // L.pp
+        else 12 * L.model.layers // L.pp * (2 if placement_of(L.schedule) == "dual" else 1)
         + 2 * (1 if L.pp == 1 else 0)
         + 4 * (1 if stages == 1 else 0)
         + 2
@@ -186,11 +209,22 @@ def predict_step(L: Layout, hw: Any) -> StepTime:
     stages = stage_costs(L, hw, c)
     fwd = [sum(v[0] for v in st.values()) for st in stages]
     bwd = [sum(v[1] for v in st.values()) for st in stages]
-    mine = range(0, L.pp * L.v, L.pp)  # rank 0's stages
-    terms = {k: L.m * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:6]}
+    held = shape(L)
+    mine = [s for s in range(held.stages) if held.rank_of(s) == 0]  # rank 0's stages
+    runs = carried(held)  # the microbatches each stage runs (DualPipe's: half)
+    terms = {k: runs * sum(sum(stages[s].get(k, (0.0, 0.0))) for s in mine) for k in TERMS[:6]}
     busy = sum(terms.values())
-    terms["pipeline"] = _pipeline(L, hw, fwd, bwd, c) - busy if L.pp > 1 else 0.0
-    local = params_per_rank(L.model, tp=L.tp, pp=L.pp, virtual_stages=L.v, ep=L.ep)
+    local = params_per_rank(
+        L.model,
+        tp=L.tp,
+        pp=L.pp,
+        virtual_stages=L.v,
+        ep=L.ep,
+        placement=placement_of(L.schedule),
+    )
+    terms["pipeline"] = (
+        _pipeline(L, hw, fwd, bwd, c) - busy + _twin_gradients(L, c, local) if L.pp > 1 else 0.0
+    )
     # the loss; the gradient norm's parts
     small = (L.world > 1) + (L.zero > 0 or L.tp > 1 or L.pp > 1)
     terms["dp"] = _data_parallel(L, hw, c, local, bwd[0]) + small * c.alpha

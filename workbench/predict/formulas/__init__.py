@@ -12,7 +12,8 @@ s sequence length, b microbatch size, h hidden size, a heads, L layers, V vocabu
     expert_parallel.py   the MoE dispatch's bytes, expert parameters ÷ ep, imbalance from router counts
     analysis/run.py           a run's predicted memory and bytes per step, from its config
     faults.py        how often to checkpoint (Young/Daly) and what failures cost
-    zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash
+    zero_bubble.py   the zero-bubble schedules' bubble rates and weight-gradient stash; DualPipe's
+                     bubble (DeepSeek's formula) and memory per rank beside the paper's table
 """
 
 from workbench.predict.formulas.activations import (
@@ -55,6 +56,7 @@ from workbench.predict.formulas.memory import (
     model_state_bytes,
     offload_host_bytes,
     params_per_rank,
+    placement_of,
     stage_params,
 )
 from workbench.predict.formulas.run import (
@@ -70,7 +72,11 @@ from workbench.predict.formulas.run import (
 )
 from workbench.predict.formulas.zero_bubble import (
     RATES,
+    PipelineMemory,
     bubble_rate,
+    deepseek_memory,
+    dualpipe_bubble,
+    dualpipe_rate,
     named_bubble_fraction,
     schedule_bubble_fraction,
     wgrad_stash_bytes,
@@ -114,6 +120,11 @@ __all__ = [
     "model_flops_per_token",
     "young_daly_interval",
     "bubble_rate",
+    "deepseek_memory",
+    "dualpipe_bubble",
+    "dualpipe_rate",
+    "PipelineMemory",
+    "placement_of",
     "named_bubble_fraction",
     "schedule_bubble_fraction",
     "wgrad_stash_bytes",

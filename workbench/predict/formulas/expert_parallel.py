@@ -58,11 +58,14 @@ def moe_comm_bytes(
     micro: int,
     layers: int,
     wire: int,
+    microbatches: int | None = None,
 ) -> None:
     """Into `out` (formulas.predicted_comm_bytes's dict): the gradient all-reduce split — dense parameters
     over dp, experts over edp (the ranks holding the same ones, dp/ep of them) —, the expert gradient norm's
-    sum over ep, the counts all-reduced over dp (E per layer and microbatch, fp32), and the dispatch."""
-    dp, ep, m = config["dp"], config.get("ep", 1), config.get("microbatches", 1)
+    sum over ep, the counts all-reduced over dp (E per layer and microbatch, fp32), and the dispatch.
+    `microbatches`: those each of the rank's `layers` runs (the config's, unless DualPipe's half)."""
+    dp, ep = config["dp"], config.get("ep", 1)
+    m = config.get("microbatches", 1) if microbatches is None else microbatches
     if dp > 1:
         out["all_reduce"]["dp"] = out["all_reduce"].get("dp", 0.0) + 4 * model.experts * layers * m
     if ep == 1:

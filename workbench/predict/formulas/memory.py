@@ -80,10 +80,24 @@ def params_per_rank(
     ep: int = 1,
 ) -> int:
     """Parameters one rank holds: its stages' (pp_rank, pp_rank + p, … in a loop; pp_rank and 2p − 1 −
-    pp_rank in ZBV's V) share under tensor parallelism."""
+    pp_rank in a V: ZBV, DualPipeV) share under tensor parallelism. DualPipe (`placement="dual"`): parts
+    pp_rank and p − 1 − pp_rank of a model cut in p parts, one of each copy — twice a 1F1B rank's (DeepSeek's
+    "2× parameters")."""
+    if placement == "dual":
+        return sum(stage_params(cfg, k, pp, tp, ep) for k in (pp_rank, pp - 1 - pp_rank))
     stages = pp * virtual_stages
     mine = [pp_rank, 2 * pp - 1 - pp_rank] if placement == "v" else range(pp_rank, stages, pp)
     return sum(stage_params(cfg, k, stages, tp, ep) for k in mine)
+
+
+#: which rank holds which stage (schedules/actions.py's placements), by schedule name; the others: "loop"
+STAGE_PLACEMENT = {"zbv": "v", "dualpipev": "v", "dualpipe": "dual"}
+
+
+def placement_of(schedule: str) -> str:
+    """The stage placement of a named schedule: "v" for ZBV and DualPipeV, "dual" for DualPipe, else
+    "loop" (a CSV schedule's is in its file: formulas/run.py's `placement`)."""
+    return STAGE_PLACEMENT.get(schedule, "loop")
 
 
 #: ZeRO-2 buckets (ZeRO-3 units) whose full-size gradient copy may be in flight at once (parallel/zero.py)

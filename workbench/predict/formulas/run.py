@@ -24,6 +24,7 @@ from workbench.predict.formulas.memory import (
     model_state_bytes,
     offload_host_bytes,
     params_per_rank,
+    placement_of,
 )
 from workbench.predict.formulas.zero_bubble import wgrad_stash_bytes
 from workbench.schedules.build import Schedule, build_schedule
@@ -140,27 +141,29 @@ def _categories(
     # pipelined: walk this rank's schedule, adding a microbatch's stage bytes at each forward and
     # releasing them at its backward (after the rise a recomputing backward makes); the peak is what the
     # schedule makes the rank hold at once
+    # each stage as the part of the model it holds (DualPipe: part k of p, twice; else stage k of p·v)
     sched = run_schedule(config)
-    last = sched.stages - 1
+    parts = {k: sched.model_part(k) for k in range(sched.stages)}
+    lasts = loss_stages(sched)
     stage_bytes = {
-        k: stage_activation_bytes(acts, micro, stage=k, stages=sched.stages, **options)
-        for k in range(sched.stages)
+        k: stage_activation_bytes(acts, micro, stage=part, stages=n, **options)
+        for k, (part, n) in parts.items()
     }
     extra = {
-        k: backward_extra_bytes(acts, micro, last=k == last, **options) for k in range(sched.stages)
+        k: backward_extra_bytes(acts, micro, last=k in lasts, **options)
+        for k in range(sched.stages)
     }
-    layers = model.layers // sched.stages
     stash = {
         k: wgrad_stash_bytes(
             acts,
             micro,
-            layers=layers,
-            last=k == last,
+            layers=model.layers // n,
+            last=k in lasts,
             bytes_per_value=width,
             tp=tp,
             sequence_parallel=options["sequence_parallel"],
         )
-        for k in range(sched.stages)
+        for k, (_, n) in parts.items()
     }
     live = peak = stashed = peak_stash = together = at_loss = 0.0
     for a in sched.actions[pp_rank]:
@@ -169,7 +172,7 @@ def _categories(
             peak = max(peak, live)
         elif a.kind in ("B", "I"):
             # the loss's backward starts this one: its logits unpacked, its bytes held
-            if a.stage == last:
+            if a.stage in lasts:
                 at_loss = max(at_loss, live + stashed - logits + loss)
             peak = max(peak, live + extra[a.stage])
             together = max(together, live + extra[a.stage] + stashed)
@@ -179,7 +182,7 @@ def _categories(
             stashed += stash[a.stage] if a.kind == "I" else -stash[a.stage]
             peak_stash = max(peak_stash, stashed)
         together = max(together, live + stashed)
-    holds_loss = any(a.stage == last for a in sched.actions[pp_rank])
+    holds_loss = any(a.stage in lasts for a in sched.actions[pp_rank])
     return (
         {
             **states,
@@ -291,14 +294,50 @@ def cp_local(model: ModelConfig, cp: int, rotate: str = "ring") -> tuple[ModelCo
 
 
 def placement(config: dict[str, Any]) -> str:
-    """Which rank holds which stage: "v" for ZBV (and a CSV schedule in a V), else "loop"."""
+    """Which rank holds which stage: "v" for ZBV and DualPipeV (and a CSV schedule in a V), "dual" for
+    DualPipe, else "loop"."""
     if config.get("pp", 1) == 1:
         return "loop"
-    return (
-        run_schedule(config).placement
-        if str(config.get("schedule", "")).startswith("csv:")
-        else ("v" if config.get("schedule") == "zbv" else "loop")
-    )
+    name = str(config.get("schedule", "1f1b"))
+    return run_schedule(config).placement if name.startswith("csv:") else placement_of(name)
+
+
+def loss_stages(s: Schedule) -> set[int]:
+    """The stages that end a pipeline and compute the loss: the last, and DualPipe's two (p − 1 and 2p − 1,
+    one per copy)."""
+    return {k for k in range(s.stages) if s.next_stage(k) is None}
+
+
+def stage_shape(schedule: str, p: int, m: int, v: int = 1) -> Schedule:
+    """A schedule's stages without its actions: which rank holds which stage, which part of the model each
+    is (DualPipe: part k of p, in two copies) and the microbatches each runs — what a cost or a byte count
+    needs of it, without generating the actions (a CSV schedule is read from its file)."""
+    if p == 1:
+        return Schedule(name="1f1b", p=1, m=m, v=1)
+    if schedule.startswith("csv:"):
+        return build_schedule(schedule, p, m, v)
+    return Schedule(name=schedule, p=p, m=m, v=v, placement=placement_of(schedule))
+
+
+def pp_sends(s: Schedule) -> int:
+    """The most transfers any rank sends a step: per stage it holds, an activation forward and a gradient
+    back per microbatch it runs, where the neighbouring stage is on another rank (a V's turn hands over in
+    memory; DualPipe's copies do not meet)."""
+    most = 0
+    for r in range(s.p):
+        sends = 0
+        for k in (k for k in range(s.stages) if s.rank_of(k) == r):
+            nxt, prev = s.next_stage(k), s.prev_stage(k)
+            sends += (nxt is not None and not s.local(k, nxt)) + (
+                prev is not None and not s.local(prev, k)
+            )
+        most = max(most, sends * carried(s))
+    return most
+
+
+def carried(s: Schedule) -> int:
+    """Microbatches each stage of the schedule runs: all m, but half in DualPipe (each copy's own)."""
+    return sum(s.carries(0, mb) for mb in range(s.m))
 
 
 def grad_width(config: dict[str, Any]) -> int:
@@ -331,7 +370,9 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     context parallelism — (4 bytes per local parameter) and the loss's one value, where that group has more
     than one rank; the tensor-parallel collectives of the layers; the context-parallel ring's K/V and dK/dV; and for
     pipelines the activations and gradients sent between stages (one b·s/cp·h buffer per microbatch and
-    boundary), the loss brought to every stage and the gradient norm's share."""
+    boundary), the loss brought to every stage and the gradient norm's share; DualPipe's twin gradients
+    (parallel/twin_grads.py: each rank sends its whole gradient to the rank holding the same parts, once a
+    step, on the `pp` group)."""
     model = run_model(config)
     dp, tp, pp, cp = config["dp"], config.get("tp", 1), config.get("pp", 1), config.get("cp", 1)
     v, m, sp = (
@@ -364,10 +405,11 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
     else:  # one replica: no gradient to average and no loss to sum (a group of one rank is not called)
         out = {}
     micro = config["global_batch"] // dp // m
-    stages = pp * v
     sched = run_schedule(config) if pp > 1 else None
-    mine = [k for k in range(stages) if sched is None or sched.rank_of(k) == pp_rank]
-    layers = model.layers // stages * len(mine)
+    mine = [0] if sched is None else [k for k in range(sched.stages) if sched.rank_of(k) == pp_rank]
+    # the layers this rank holds, each stage with the microbatches it runs (DualPipe's: half of them)
+    layers = sum(model.layers // (1 if sched is None else sched.model_part(k)[1]) for k in mine)
+    runs = m if sched is None else carried(sched)
     width = 4 if config.get("precision", "fp32") == "fp32" else 2
     acts, _ = cp_local(model, cp)
     tp_bytes = tp_comm_bytes_per_step(
@@ -375,10 +417,10 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         micro,
         tp,
         sequence_parallel=sp,
-        microbatches=m,
+        microbatches=runs,
         layers=layers,
-        first=0 in mine,
-        last=stages - 1 in mine,
+        first=sched is None or any(sched.prev_stage(k) is None for k in mine),
+        last=sched is None or any(sched.next_stage(k) is None for k in mine),
         bytes_per_value=width,
         recompute=config.get("recompute", "none"),
         grad_bytes=grad_width(config),
@@ -388,14 +430,14 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out.setdefault(op, {})["tp"] = nbytes
     # the dispatch, the counts, experts' gradients over edp (formulas/expert_parallel.py)
     if model.experts:
-        moe_comm_bytes(out, config, model, micro=micro, layers=layers, wire=wire)
+        moe_comm_bytes(out, config, model, micro=micro, layers=layers, wire=wire, microbatches=runs)
     for op, nbytes in cp_comm_bytes_per_step(
         model.seq_len,
         micro,
         model.kv_dim,
         cp,
         layers=layers,
-        microbatches=m,
+        microbatches=runs,
         tp=tp,
         width=width,
         rotate=config.get("cp_rotate", "ring"),
@@ -411,6 +453,12 @@ def predicted_comm_bytes(config: dict[str, Any], pp_rank: int = 0) -> dict[str, 
         out.setdefault("send", {})["pp"] = sum(a.is_send for a in acts_of_rank) * buffer
         out.setdefault("recv", {})["pp"] = sum(a.is_recv for a in acts_of_rank) * buffer
         out.setdefault("all_reduce", {})["pp"] = 4 + 4  # the loss, and the gradient norm's squares
+        if (
+            sched.placement == "dual"
+        ):  # DualPipe: the rank's whole gradients swapped with its twin's
+            twin = grad_width(config) * local
+            out["send"]["pp"] += twin
+            out["recv"]["pp"] += twin
     return out
 
 

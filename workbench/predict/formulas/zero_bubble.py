@@ -41,6 +41,8 @@ function), so only the rows stash: x (1 + r)·h/t and dy 2h.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from workbench.config import ModelConfig
 from workbench.predict.formulas.comm import bubble_fraction
 from workbench.schedules.actions import Schedule
@@ -52,6 +54,9 @@ RATES = {
     "interleaved": "(p − 1)/(v·m)",
     "zbh1": "(p − 1)/3m",
     "zbv": "0",
+    # DeepSeek's (PP/2 − 1)(F&B + B − 3W) over a rank's work, F&B = F + B (`dualpipe_rate`)
+    "dualpipe": "(p − 2)/3m",
+    "dualpipev": "(p − 1)/3m",
 }
 
 
@@ -65,6 +70,19 @@ def dualpipe_bubble(stages: int, *, f: float, b: float, w: float, fb: float | No
     return (stages / 2 - 1) * (pair + b - 3 * w)
 
 
+def dualpipe_rate(schedule: str, p: int, m: int) -> float:
+    """DeepSeek's bubble as the zero-bubble paper's rate, at T_F = T_I = T_W and F&B = F + B (one thread:
+    nothing overlaps): `dualpipe_bubble` over a rank's work. A stage's F costs 1 in DualPipe (1/p of a copy,
+    a 1F1B stage) and 1/2 in DualPipeV (1/2p of the model); each rank runs 2 stages × m/2 microbatches
+    (DualPipe) or 2 × m (DualPipeV) of F + I + W, 3m in all, so the rate is (p − 2)/3m for DualPipe
+    (PP = p) and (p − 1)/3m for DualPipeV (PP = 2p) — ZB-H1's at p ranks, for DualPipeV. NaN where the
+    schedule does not exist (m < 2p; DualPipe: p or m odd)."""
+    if m < 2 * p or (schedule == "dualpipe" and (p % 2 or m % 2)):
+        return float("nan")
+    stages, f = (p, 1.0) if schedule == "dualpipe" else (2 * p, 0.5)
+    return dualpipe_bubble(stages, f=f, b=2 * f, w=f) / (3.0 * m)
+
+
 def bubble_rate(schedule: str, p: int, m: int, v: int = 1) -> float:
     """The paper's bubble rate of `schedule` at T_F = T_I = T_W (module docstring)."""
     if schedule in ("gpipe", "1f1b"):
@@ -75,16 +93,78 @@ def bubble_rate(schedule: str, p: int, m: int, v: int = 1) -> float:
         return (p - 1) / (3 * m)
     if schedule == "zbv":
         return 0.0 if m >= 2 * p else float("nan")
+    if schedule in ("dualpipe", "dualpipev"):
+        return dualpipe_rate(schedule, p, m)
     raise ValueError(f"no bubble-rate formula for schedule {schedule!r}; valid: {sorted(RATES)}")
+
+
+#: the DualPipe README's table ("based on the same number of PP stages"): per device, parameters in a
+#: PP-stage 1F1B device's, activations in stage-microbatches beyond PP
+PUBLISHED = {"1f1b": (1, 0), "zbh1": (1, 0), "dualpipe": (2, 1), "dualpipev": (2, 1)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineMemory:
+    """A schedule's memory per rank as DeepSeek's table gives it, in our units, beside what our generated
+    schedule holds (`in_flight`)."""
+
+    schedule: str
+    p: int  # ranks
+    stages: int  # PP: the pipeline's stages (DualPipe: p per copy; DualPipeV: 2p; 1F1B, ZB-H1: p)
+    #: per rank, in a p-rank 1F1B rank's parameters: DeepSeek's 2× of a PP-stage device's is 2 for
+    #: DualPipe (two copies' parts) and 1 for DualPipeV (two half-stages)
+    parameters: float
+    activations: (
+        int  # DeepSeek's: stage-microbatches the busiest rank holds at its peak (PP + 1; 1F1B: PP)
+    )
+    stage_share: float  # one stage's share of the model (of one copy): 1/PP
+    #: ours: per rank, the most stage-microbatches whose forward ran and whose I (or B) has not
+    #: (`peak_in_flight` of the generated schedule); None without m
+    in_flight: list[int] | None = None
+
+    @property
+    def activation_share(self) -> float:
+        """DeepSeek's activations in whole-model microbatches, activations × stage_share: 1 for 1F1B (p
+        stages of 1/p), (p + 1)/p for DualPipe, (2p + 1)/2p for DualPipeV."""
+        return self.activations * self.stage_share
+
+
+def deepseek_memory(schedule: str, p: int, m: int | None = None) -> PipelineMemory:
+    """DeepSeek's per-rank memory of `schedule` over p ranks (the DualPipe README's table) in our units,
+    with our schedule's peak in flight beside it when m is given. DualPipe and DualPipeV hold PP + 1
+    stage-microbatches — ours on every rank, for every p and m tried (tests/test_dualpipe.py): the F of an
+    F&B pair runs before its B releases the other microbatch (counted B first, all but the ranks at the
+    fold — DualPipeV's last, DualPipe's middle two — would hold PP); 1F1B and ZB-H1 PP on their first rank."""
+    if schedule not in PUBLISHED:
+        raise ValueError(
+            f"DeepSeek's table has no {schedule!r}; valid: {', '.join(sorted(PUBLISHED))}"
+        )
+    from workbench.schedules.build import build_schedule, peak_in_flight
+
+    stages = 2 * p if schedule == "dualpipev" else p
+    factor, extra = PUBLISHED[schedule]
+    return PipelineMemory(
+        schedule=schedule,
+        p=p,
+        stages=stages,
+        parameters=factor * p / stages,
+        activations=stages + extra,
+        stage_share=1 / stages,
+        in_flight=None if m is None else peak_in_flight(build_schedule(schedule, p, m)),
+    )
 
 
 def schedule_bubble_fraction(s: Schedule) -> float:
     """The idle share of a step (`Timeline.bubble_fraction`, the summary's `predicted`) at equal costs and
     free transfers: (p − 1)/(v·m + p − 1) for the schedules without a split backward; for those with one,
-    their simulation at T_F = T_I = T_W (the formula's world, no closed form needed)."""
+    their simulation at T_F = T_I = T_W (the formula's world, no closed form needed), where a send never
+    waits for its receive (rule "gloo"), as the papers' formulas assume: ZB-H1 and ZBV give the same under
+    NCCL's rule, DualPipe and DualPipeV do not (their lockstep rounds post receives a later pair needs in
+    the batch before an earlier pair, and an NCCL group finishes as one: DualPipeV's p = 4, m = 8 step
+    takes 30 units instead of 27) — a run's `uneven_stage_costs` term holds that where it runs on NCCL."""
     if not any(a.kind == "I" for rank in s.actions for a in rank):
         return bubble_fraction(s.p, s.m, s.v)
-    return simulate(s, t_f=1.0, t_b=2.0, t_w=1.0).bubble_fraction()
+    return simulate(s, t_f=1.0, t_b=2.0, t_w=1.0, rule="gloo").bubble_fraction()
 
 
 def named_bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
