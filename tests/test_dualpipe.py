@@ -150,8 +150,9 @@ def test_each_rule_catches_its_malformed_pair(kind, says):
 def test_the_idle_per_rank_is_deepseeks_formula(p, fb):
     """(PP/2 − 1)(F&B + B − 3W), DeepSeek's bubble, is our simulated idle per rank over the step — with
     free transfers (rule="gloo": a send never waits, as the formula assumes) — for DualPipe (PP = p, each
-    stage 1/p of a copy) and DualPipeV (PP = 2p, each stage half a rank's share), whether the pair costs
-    F + B (one thread, nothing overlaps) or less (a GPU overlapping them)."""
+    stage 1/p of a copy) and DualPipeV (PP = 2p, each stage half a rank's share), at T_F = T_I = T_W and
+    any pair cost from B (a GPU hiding one half) to F + B (one thread, nothing overlaps): the regime the
+    schedule is planned for (the next test shows the formula leave it)."""
     for name, m in (
         ("dualpipe", 2 * p),
         ("dualpipe", 4 * p),
@@ -164,6 +165,21 @@ def test_the_idle_per_rank_is_deepseeks_formula(p, fb):
         stages, k = (p, 1.0) if name == "dualpipe" else (2 * p, 0.5)
         formula = dualpipe_bubble(stages, f=k, b=2 * k, w=k, fb=None if fb is None else fb * k)
         assert idle == pytest.approx(formula, abs=1e-9), (name, p, m)
+
+
+def test_away_from_its_regime_the_formula_departs_from_the_simulation_both_ways():
+    """DualPipe, p = 4, m = 16, F = 1 (a rank's share): a pair cheaper than B idles more than the formula
+    says (the warm-up and the tail do not shrink with it), a W longer than I too (the deferred W no
+    longer fits the bubbles), a W shorter than I less. The simulation is the prediction there."""
+
+    def both(t_w: float, fb: float) -> tuple[float, float]:
+        t = simulate(build_schedule("dualpipe", 4, 16), 1.0, 2.0, t_w=t_w, t_fb=fb, rule="gloo")
+        idle = max(t.makespan - sum(e - b for _, b, e in spans) for spans in t.spans)
+        return idle, dualpipe_bubble(4, f=1.0, b=2.0, w=t_w, fb=fb)
+
+    assert both(1.0, 1.5) == (1.5, 0.5)
+    assert both(1.5, 3.0) == (2.0, 0.5)
+    assert both(0.5, 3.0) == (3.0, 3.5)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])

@@ -23,8 +23,11 @@ weight pass, F&B of an overlapped pair (F + B where nothing overlaps, as on one 
     activations PP + 1 stages' worth of microbatches on the rank that holds the most
 
 `dualpipe_bubble` is that idle time; the simulation at free transfers (`simulate(..., rule="gloo")`,
-where a send never waits for its receive, as the formula assumes) gives it exactly for p = 2 … 8
-(tests/test_dualpipe.py).
+where a send never waits for its receive, as the formula assumes) gives it exactly for p = 2 … 8 in the
+regime the schedule is planned for — T_F = T_I = T_W and B ≤ F&B ≤ F + B. Away from it the simulation is
+the prediction and the formula departs from it both ways (tests/test_dualpipe.py): at DualPipe p = 4,
+F = I = W = 1, F&B = 1.5 (below B) it idles 1.5 where the formula says 0.5; with W = 1.5, I = 0.5 it idles
+2.0 where the formula says 0.5; with W = 0.5, I = 1.5 it idles 3.0 against the formula's 3.5.
 
 The weight-gradient stash: from a microbatch's I until its W, each Linear keeps its input x and its
 output gradient dy (pipeline/weight_grad.py), per token and layer of our GPT at tp = t:
