@@ -44,34 +44,6 @@ SCHEDULES = ("1f1b", "zbh1", "zbv", "dualpipev")
 # torch's own generated schedule for ours, where it has one
 OWN = {"1f1b": "Schedule1F1B", "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
 BUBBLE_SCHEDULES = ("1f1b", "zbh1", "zbv", "dualpipev", "dualpipe")
-# one pass's time at the formulas' equal pass times: F = I = W, a full backward B = I + W
-UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-
-
-def deepseek_rate(name: str, p: int, m: int) -> float:
-    """DeepSeek's DualPipe(V) bubble, (PP/2 − 1)(F&B + B − 3W) idle per rank, at F = I = W (F&B =
-    F + B: nothing overlaps), over a rank's work at those times: the zero-bubble paper's rate. PP:
-    DualPipeV's 2p stages, DualPipe's p (predict/formulas/zero_bubble.py)."""
-    from workbench.predict.formulas.zero_bubble import dualpipe_bubble
-    from workbench.schedules.build import COMPUTE, build_schedule
-
-    s = build_schedule(name, p, m)
-    work = sum(UNIT[a.kind] for a in s.actions[0] if a.kind in COMPUTE)  # the same on every rank
-    idle = dualpipe_bubble(2 * p if name == "dualpipev" else p, f=1.0, b=2.0, w=1.0)
-    return idle / work
-
-
-def summary_or_deepseek(name: str, p: int, summary_rate: float) -> tuple[float, str]:
-    """The formula's rate for the table: the run summary's where predict.formulas names one for this
-    schedule, else (DualPipe and DualPipeV before the summary covers them) DeepSeek's computed here,
-    marked "*"."""
-    from workbench.predict import formulas
-
-    try:
-        formulas.bubble_rate(name, p, 8)
-    except ValueError:
-        return deepseek_rate(name, p, 8), "*"
-    return summary_rate, ""
 
 
 def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
@@ -94,7 +66,6 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
     print(
         f"  {'schedule':<9} {'rate':>6} {'formula':>8} {'sim.':>6} │ {'fraction':>8} {'sim.':>6} {'within':>7}"
     )
-    marked = False
     with tempfile.TemporaryDirectory() as d:
         for name in BUBBLE_SCHEDULES:
             try:
@@ -118,10 +89,8 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
             split = b["split"]
             sim = split["measured"] - split["unexplained"]
             within = abs(split["unexplained"]) <= band * sim
-            formula, mark = summary_or_deepseek(name, args.ranks, b["formula_rate"])
-            marked = marked or bool(mark)
             print(
-                f"  {name:<9} {b['measured_rate']:>6.3f} {formula:>7.3f}{mark:1} {b['simulated_rate']:>6.3f} │ "
+                f"  {name:<9} {b['measured_rate']:>6.3f} {b['formula_rate']:>8.3f} {b['simulated_rate']:>6.3f} │ "
                 f"{split['measured']:>8.3f} {sim:>6.3f} {str(within):>7}"
             )
     print(
@@ -130,14 +99,7 @@ def bubble_table(args: argparse.Namespace, band: float = 0.10) -> None:
         "  cores share them, and each microbatch boundary adds a gloo send/receive to the critical path.\n"
         "  DualPipe(V)'s formula is DeepSeek's idle per rank, (PP/2 − 1)(F&B + B − 3W) with PP = 2p for the\n"
         "  V and p for DualPipe, at F&B = F + B (one CPU thread overlaps nothing: the pairs' overlap cannot\n"
-        "  be seen here), over the rank's work."
-        + (
-            "\n  * computed here (deepseek_rate): the run summary's formula_rate does not cover DualPipe(V)\n"
-            "    yet (predict.formulas.bubble_rate names no formula for them; the summary falls back to the\n"
-            "    schedule's simulation at equal pass times)."
-            if marked
-            else ""
-        )
+        "  be seen here), over the rank's work (summary.json's formula_rate: formulas.dualpipe_rate)."
     )
 
 

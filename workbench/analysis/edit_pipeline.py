@@ -49,6 +49,12 @@ def relay_pipeline(
             f"{name1} cuts the model in {parts} stages, which must divide the {layers} layers, and dp × "
             f"microbatches={edited['dp'] * m1} must divide the global batch {batch}"
         )
+    if name1 == "dualpipe" and (source.get("zero", 0) or source["model"].get("experts", 0)):
+        raise ConfigError(
+            f"what-if schedule='dualpipe' on a run with zero={source.get('zero', 0)}, model.experts="
+            f"{source['model'].get('experts', 0)}: DualPipe runs with zero=0 and a dense model "
+            f"(config/pipeline_rules.py); try schedule='dualpipev'"
+        )
     try:
         old, new = build_schedule(name, p, m, v), build_schedule(name1, p, m1, v1)
     except ValueError as e:

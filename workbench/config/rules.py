@@ -13,7 +13,7 @@ from workbench.config.data_spec import check_data
 from workbench.config.grid import RankGrid, node_groups
 from workbench.config.links import parse_links
 from workbench.config.model_config import ConfigError, divisors
-from workbench.config.pipeline_rules import SPLIT_BACKWARD
+from workbench.config.pipeline_rules import splits_backward
 
 if TYPE_CHECKING:  # the rules take the RunConfig whose validate() calls them
     from workbench.config.run_config import RunConfig
@@ -140,7 +140,7 @@ def check_compile(cfg: RunConfig) -> None:
             "recompute='none' (a recomputed block reruns under our traced autograd function)",
         ),
         "schedule": (
-            cfg.pp > 1 and cfg.schedule in SPLIT_BACKWARD,
+            splits_backward(cfg),
             "a schedule without the zero-bubble split (its Linears stash inputs for W)",
         ),
     }

@@ -296,7 +296,7 @@ def twin_gradients(
     pp = ctx.groups.index("pp")
     twin = ctx.groups.ranks["pp"][schedule.p - 1 - pp]
     by_part = [chunks[k] for k in sorted(chunks, key=lambda k: schedule.model_part(k)[0])]
-    return TwinGradients(by_part, ctx.comm, twin=twin, main_grads=main_grads)
+    return TwinGradients(by_part, ctx.comm, twin=twin, main_grads=main_grads, memory=ctx.memory)
 
 
 def param_facts(

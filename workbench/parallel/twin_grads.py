@@ -9,6 +9,10 @@ hold the same two parts, swap their parts' gradients in one point-to-point excha
 (each sends all of its gradients once, as a two-rank all-reduce would) and each adds the other's. Both
 add the same two numbers (a + b = b + a, exactly), so both copies take the same update and stay equal.
 
+Memory: the exchange packs the rank's gradients into one flat buffer and receives the twin's into
+another, `comm_buffer` for the exchange's duration (2× the rank's gradient bytes, after backward, when
+the activations are gone; predict/formulas/run.py counts the same).
+
 Sharded: nothing — each rank holds its two parts whole (ZeRO over dp composes with it only at zero=0:
 config/pipeline_rules.py). Collectives: none in forward; after backward (and after the data-parallel
 all-reduce, which it commutes with) one send and one receive of the rank's gradients.
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from workbench.comm.traced import Communicator
+from workbench.measure.memory import NO_MEMORY, MemoryCounter
 from workbench.parallel.flat import pack, unpack
 from workbench.parallel.grad_sync import SyncToggle
 from workbench.parallel.main_grad import MainGrads
@@ -39,9 +44,10 @@ class TwinGradients(SyncToggle):
         *,
         twin: int,
         main_grads: MainGrads | None = None,
+        memory: MemoryCounter = NO_MEMORY,
     ) -> None:
         self.params = [p for c in chunks for p in c.parameters()]
-        self.comm, self.twin = comm, twin
+        self.comm, self.twin, self.memory = comm, twin, memory
         self.main_grads = MainGrads() if main_grads is None else main_grads
 
     def wait(self) -> None:
@@ -53,6 +59,9 @@ class TwinGradients(SyncToggle):
             )
         mine = pack(present)
         theirs = torch.empty_like(mine)
+        buffers = 2 * mine.numel() * mine.element_size()
+        self.memory.add("comm_buffer", buffers)
+        self.memory.snapshot()
         self.comm.batch_isend_irecv(
             [
                 ("send", mine, self.twin, "twin gradients"),
@@ -62,6 +71,7 @@ class TwinGradients(SyncToggle):
         ).wait()
         mine.add_(theirs)
         unpack(mine, present)
+        self.memory.add("comm_buffer", -buffers)
 
     def zero_grad(self) -> None:
         return None  # the data-parallel synchroniser owns and zeroes the gradients

@@ -41,7 +41,7 @@ can show it deadlock).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 COMPUTE = ("F", "B", "I", "W")
 # what needs the gradient of the stage's output, and sends the input's gradient back
@@ -198,15 +198,20 @@ class Schedule:
 
     def forward_only(self) -> Schedule:
         """The same schedule without its backwards: each rank's F actions and the transfers of activations,
-        in their order (the validation loss's forward pass: pipeline/executor.py's `evaluate`). Forward data
-        flows one way, stage to stage, so what was deadlock-free with the backwards stays so."""
+        in their order, F&B pairs undone (the validation loss's forward pass: pipeline/executor.py's
+        `evaluate`). Removing the backwards' transfers from each batch keeps every rank's batches in
+        the same order on both sides of a pair of ranks; in a V and in DualPipe activations cross a pair
+        of ranks both ways, so freedom from deadlock is not inherited by argument: tests/test_dualpipe.py
+        simulates every schedule's forward-only program under NCCL's rule."""
         keep = ("F", "SEND_F", "RECV_F")
         return Schedule(
             name=f"{self.name} (forward only)",
             p=self.p,
             m=self.m,
             v=self.v,
-            actions=[[a for a in acts if a.kind in keep] for acts in self.actions],
+            actions=[
+                [replace(a, pair=None) for a in acts if a.kind in keep] for acts in self.actions
+            ],
             placement=self.placement,
         )
 

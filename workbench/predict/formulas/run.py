@@ -229,6 +229,10 @@ def _state_categories(
     if config.get("grad_compression", "none") != "none" and shards > 1:
         # every bucket's 16-bit copy, in flight until wait() after backward
         states["comm_buffer"] += 2 * params
+    if (
+        placement(config) == "dual"
+    ):  # DualPipe's twin exchange: the rank's gradients out, the twin's in
+        states["comm_buffer"] += 2 * grad_width(config) * params
     return states, masters
 
 
