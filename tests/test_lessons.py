@@ -342,6 +342,8 @@ def test_a_prediction_says_how_far_off_it_was():
     assert "Type your prediction in the box above, then run this cell again" in guess.verdict(10.0)
     guess.box.value = "12"
     assert guess.verdict(10.0) == "You said 12 ms; measured 10 ms: 20% too high."
+    # an answer counted, not read off a clock, says so
+    assert guess.verdict(10.0, label="counted") == "You said 12 ms; counted 10 ms: 20% too high."
     guess.box.value = "not a number"
     assert guess.value is None
     assert (

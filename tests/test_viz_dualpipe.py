@@ -9,7 +9,7 @@ import pytest
 from workbench import viz
 from workbench.config import ModelConfig
 from workbench.schedules.build import build_schedule, peak_in_flight
-from workbench.viz import dualpipe, dualpipe_runs
+from workbench.viz import bubble_split, dualpipe, dualpipe_runs
 from workbench.viz.pipeline import bubble_explorer
 
 
@@ -17,7 +17,7 @@ def test_the_readme_formula_is_exact_at_equal_costs_and_an_estimate_elsewhere():
     """At F = I = W with B ≤ F&B ≤ F + B the simulation at free transfers is the README's bubble; with W
     shorter than I DualPipeV idles less than it says, with F&B shorter than B more."""
     rows = dualpipe.formula_table(ps=(2, 4))
-    sim, formula = "idle per rank, simulated (free transfers)", "README's formula"
+    sim, formula = dualpipe.SIMULATED, dualpipe.README
     for r in rows:
         if r["case"].startswith("F = I = W"):
             assert r[sim] == pytest.approx(r[formula], abs=1e-9), r
@@ -26,9 +26,64 @@ def test_the_readme_formula_is_exact_at_equal_costs_and_an_estimate_elsewhere():
     assert at4["F&B shorter than B"][sim] > at4["F&B shorter than B"][formula]
     # NCCL's rule (a send may wait for its receive) adds idle time the formula does not count
     assert (
-        at4["F = I = W, nothing overlaps"]["simulated under NCCL's rule"]
+        at4["F = I = W, nothing overlaps"][dualpipe.UNDER_NCCL]
         > at4["F = I = W, nothing overlaps"][sim]
     )
+    # the formula takes a stage's costs: half a rank's on DualPipeV's V, all of it on DualPipe
+    at2 = {(r["schedule"], r["case"]): r for r in rows if r["P ranks"] == 2}
+    assert at2["DualPipeV", "F = I = W, nothing overlaps"]["costs (a stage's)"] == (
+        "F 0.5, B 1, W 0.5, F&B 1.5"
+    )
+    assert (
+        at2["DualPipe", "F = I = W, nothing overlaps"]["costs (a stage's)"]
+        == "F 1, B 2, W 1, F&B 3"
+    )
+
+
+def test_the_what_if_hides_a_share_of_f_and_i_in_a_pair_and_nothing_else():
+    """A pair costs (1 − c)(F + I) + W; the schedules without pairs do not move with c; at c = 0 the pair
+    costs F + B, as on one CPU thread."""
+    costs = {"t_f": 2.0, "t_b": 4.0, "t_w": 1.0}  # I = 3
+    assert dualpipe.pair_cost(costs, 0.5) == pytest.approx(0.5 * (2.0 + 3.0) + 1.0)
+    assert dualpipe.pair_cost(costs, 0.0) == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="c=0.6"):
+        dualpipe.pair_cost(costs, 0.6)
+    rows = dualpipe.what_if(costs, 2, 8, hidden=(0.0, 0.5))
+    assert list(rows[0]) == [
+        "pair hides c of F and I",
+        *(f"{dualpipe_runs.LABELS[n]} step (ms)" for n in dualpipe.WHAT_IF),
+    ]
+    for n in ("1f1b", "zbh1", "zbv"):
+        key = f"{dualpipe_runs.LABELS[n]} step (ms)"
+        assert rows[0][key] == rows[1][key]
+    assert rows[1]["DualPipeV step (ms)"] < rows[0]["DualPipeV step (ms)"]
+    assert rows[0]["DualPipeV step (ms)"] == pytest.approx(
+        dualpipe.timeline("dualpipev", 2, 8, **costs).makespan
+    )
+
+
+def test_zbvs_order_idles_more_with_m_once_w_is_shorter_than_i():
+    """ZBV's order is generated at T_F = T_I = T_W: there its idle per rank is the start-up stagger, the
+    same at every m; with W shorter than I it grows with m. DualPipeV's (P = 2) does not."""
+    ms = (4, 8, 16)
+    equal = dualpipe.idle_against_m({"t_f": 1.0, "t_b": 2.0, "t_w": 1.0}, 2, ms)
+    short_w = dualpipe.idle_against_m({"t_f": 1.0, "t_b": 2.0, "t_w": 0.6}, 2, ms)
+    assert len({round(r["ZBV"], 9) for r in equal}) == 1
+    assert short_w[0]["ZBV"] < short_w[1]["ZBV"] < short_w[2]["ZBV"]
+    assert len({round(r["DualPipeV"], 9) for r in short_w}) == 1
+
+
+def test_torchs_grid_keeps_each_ranks_actions_in_its_own_row():
+    """torch 2.13's add_schedule_op_spacing renumbers the ranks once one has no actions left; padded, each
+    row holds its rank's actions in their order."""
+    from workbench.viz.zero_bubble import torch_grid, torch_rows
+
+    for name in ("zbh1", "zbv", "1f1b"):
+        s = build_schedule(name, 2, 4)
+        own = [[str(a) for a in rank if a.kind in ("F", "B", "I", "W")] for rank in s.actions]
+        assert [[c for c in row if c] for row in torch_rows(s)] == own, name
+    grid = torch_grid(build_schedule("zbh1", 2, 4))
+    assert list(grid.index) == ["rank 0", "rank 1"] and grid.iloc[1].iloc[-1] == "1W3"
 
 
 @pytest.mark.parametrize(("name", "p", "expected"), [("1f1b", 4, 9.0), ("zbh1", 4, 3.0)])
@@ -98,7 +153,26 @@ def test_a_dualpipev_runs_pairs_bubble_and_activations_from_its_trace(launched):
         assert not table.isna().any().any()
     row = dualpipe_runs.bubble_table({"v": run}).iloc[0]
     formula = (4 / 2 - 1) * (cost["F&B"] + cost["B"] - 3 * cost["W"])
-    assert math.isclose(row["README's formula, measured costs (ms)"], formula, abs_tol=0.006)
+    assert math.isclose(row[dualpipe_runs.FORMULA_IDLE], formula, abs_tol=0.006)
+    # pairs beside the same stages' unpaired actions, forwards by what ran before them, no missing value
+    pairing = dualpipe_runs.pairing(run)
+    assert pairing.pairs.sum() == len(pairs) and not pairing.isna().any().any()
+    ratio = pairing["paired F + B ÷ unpaired"]
+    assert all(r == "—" or r > 0 for r in ratio)
+    after = dualpipe_runs.forwards_after(run)
+    assert list(after.stage) == [0, 1, 2, 3] and not after.isna().any().any()
+    assert list(after[after["holds the head"]].stage) == dualpipe_runs.head_stages(run) == [3]
+    # counted in rank shares, a V's stage is half of one
+    memory = dualpipe_runs.memory_table({"v": run})
+    assert list(memory["= rank shares"]) == [2.5, 2.5]
+    # the summary's split, by the notebook's names: its terms add up to the measured bubble; in ms each
+    # is the share times the step's window
+    share, ms = bubble_split.split(run), bubble_split.split_ms(run)
+    assert list(share) == list(bubble_split.WORDS.values())
+    assert sum(share.values()) == pytest.approx(run.summary["bubble_fraction"]["split"]["measured"])
+    window = bubble_split.window_ms(run)
+    assert window > 0 and all(ms[k] == pytest.approx(v * window) for k, v in share.items())
+    assert "costs ≠ the formula's" in bubble_split.line(run)
     fig = viz.planned_vs_measured(run)
     # the pairs outlined in the plan and in the measured step
     assert len(fig.layout.shapes) == 2 * sum(per_rank)

@@ -6,8 +6,9 @@ and ZBV: no process, the schedules as data (schedules/dualpipe.py) replayed from
                                             deepseek-ai/DualPipe README's formula for it
     formula_table(...)                      the idle per rank simulated beside the README's formula, for
                                             several P and costs: free transfers, and NCCL's rule
-    what_if(costs, p, m, hidden=)           the step re-costed for a GPU whose F&B pair hides a share of
-                                            its F's and B's time (their communication): predicted
+    what_if(costs, p, m, hidden=)           the step re-costed for a GPU whose F&B pair hides a share c
+                                            of its F's and I's time (their communication): predicted
+    idle_against_m(costs, p, ms)            the idle per rank of each schedule at several m, nothing hidden
     dualpipe_explorer()                     sliders for P, m and the F, B, W and F&B costs over `beside`
 
 Costs are one rank's share of the model, as in `simulate`: a V's stage (ZBV, DualPipeV: 2p stages over p
@@ -196,10 +197,21 @@ CASES = (
 )
 
 
+#: formula_table's columns: the idle per rank, in a rank's F (the costs' unit)
+SIMULATED = "idle per rank (in a rank's F), simulated, free transfers"
+README = "README's formula, with a stage's costs"
+UNDER_NCCL = "simulated under NCCL's rule"
+
+
+def _costs_text(k: float, t_f: float, t_b: float, t_w: float, t_fb: float) -> str:
+    return f"F {k * t_f:g}, B {k * t_b:g}, W {k * t_w:g}, F&B {k * t_fb:g}"
+
+
 def formula_table(ps: tuple[int, ...] = (2, 4, 8), cases: tuple = CASES) -> list[dict]:
     """Rows: DualPipeV and DualPipe at each P (m = 4P) and each case of costs (`CASES`: a rank's t_f, t_b,
-    t_w, t_fb): the idle per rank simulated under free transfers, the README's formula, and the
-    simulation under NCCL's rule."""
+    t_w, t_fb), with the stage's costs the README's formula takes (half a rank's on the V): the idle per
+    rank simulated under free transfers (`SIMULATED`), the README's formula (`README`), and the
+    simulation under NCCL's rule (`UNDER_NCCL`), all in a rank's F."""
     rows = []
     for name in ("dualpipev", "dualpipe"):
         for p in ps:
@@ -210,43 +222,72 @@ def formula_table(ps: tuple[int, ...] = (2, 4, 8), cases: tuple = CASES) -> list
                         "schedule": LABELS[name],
                         "P ranks": p,
                         "m": 4 * p,
-                        "costs (a rank's)": f"F {t_f:g}, B {t_b:g}, W {t_w:g}, F&B {t_fb:g}",
+                        "costs (a rank's)": _costs_text(1.0, t_f, t_b, t_w, t_fb),
+                        "costs (a stage's)": _costs_text(_share(name), t_f, t_b, t_w, t_fb),
                         "case": case,
-                        "idle per rank, simulated (free transfers)": idle_per_rank(
-                            timeline(name, p, 4 * p, **costs)
-                        ),
-                        "README's formula": readme_idle(name, p, **costs),
-                        "simulated under NCCL's rule": idle_per_rank(
-                            timeline(name, p, 4 * p, **costs, rule="nccl")
-                        ),
+                        SIMULATED: idle_per_rank(timeline(name, p, 4 * p, **costs)),
+                        README: readme_idle(name, p, **costs),
+                        UNDER_NCCL: idle_per_rank(timeline(name, p, 4 * p, **costs, rule="nccl")),
                     }
                 )
     return rows
 
 
+#: the schedules of the what-if, in its columns' order
+WHAT_IF = ("1f1b", "zbh1", "zbv", "dualpipev", "dualpipe")
+
+
+def pair_cost(costs: dict[str, float], c: float) -> float:
+    """An F&B pair's time on a GPU whose measured F and B hold a share c of communication (an expert
+    all-to-all, a send) in their F and I: in a pair each runs beside the other's computation, so the pair
+    costs (1 − c)(F + I) + W, I = B − W. W has no communication: nothing hides it. c ≤ ½: past it the
+    communication, c(F + I), would be the longer part."""
+    if not 0.0 <= c <= 0.5:
+        raise ValueError(f"c={c}: the share of F and I that is communication must be in [0, 0.5]")
+    return (1 - c) * (costs["t_f"] + costs["t_b"] - costs["t_w"]) + costs["t_w"]
+
+
 def what_if(
     costs: dict[str, float], p: int, m: int, *, hidden: tuple[float, ...] = (0.0, 0.25, 0.5)
 ) -> list[dict]:
-    """The step (ms) of 1F1B, ZBV, DualPipeV and DualPipe at p ranks and m microbatches, simulated with a
-    rank's measured costs (`costs`: t_f, t_b, t_w in ms) and an F&B pair that hides a share c of its F's
-    and its B's time (their communication, run beside the other's computation): F&B = (1 − c)(F + B).
-    c = 0 is this machine, where nothing overlaps; c ≤ ½ (past it, the communication is the longer part and
-    the pair cannot be shorter than it). Predicted, not measured."""
+    """The step (ms) of 1F1B, ZB-H1, ZBV, DualPipeV and DualPipe at p ranks and m microbatches, simulated
+    under free transfers with a rank's measured costs (`costs`: t_f, t_b, t_w in ms), read as a GPU's
+    of which a share c (each of `hidden`) in F and I is communication that a pair hides (`pair_cost`).
+    An action outside a pair keeps its whole time; c = 0 is this machine, where nothing overlaps. The
+    pipeline only: DualPipe's exchange of gradients with its twin and its update of twice the parameters
+    are not in it. Predicted, not measured."""
     rows = []
     for c in hidden:
-        t_fb = (1 - c) * (costs["t_f"] + costs["t_b"])
+        t_fb = pair_cost(costs, c)
         rows.append(
             {
-                "pair hides (share of F + B)": c,
+                "pair hides c of F and I": c,
                 **{
                     f"{LABELS[n]} step (ms)": timeline(
                         n, p, m, t_f=costs["t_f"], t_b=costs["t_b"], t_w=costs["t_w"], t_fb=t_fb
                     ).makespan
-                    for n in BESIDE
+                    for n in WHAT_IF
                 },
             }
         )
     return rows
+
+
+def idle_against_m(costs: dict[str, float], p: int, ms: tuple[int, ...]) -> list[dict]:
+    """Per m: the idle per rank (ms) of each schedule of `WHAT_IF`, simulated under free transfers with a
+    rank's costs (`costs`: t_f, t_b, t_w) and nothing hidden (c = 0)."""
+    return [
+        {
+            "m": m,
+            **{
+                LABELS[n]: idle_per_rank(
+                    timeline(n, p, m, t_f=costs["t_f"], t_b=costs["t_b"], t_w=costs["t_w"])
+                )
+                for n in WHAT_IF
+            },
+        }
+        for m in ms
+    ]
 
 
 def dualpipe_explorer():  # an ipywidgets box

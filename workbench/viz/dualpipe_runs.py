@@ -10,6 +10,8 @@ beside DeepSeek's published costs (the deepseek-ai/DualPipe README's table) and 
     pairs(run)               each F&B pair as it ran: its F and its B, and the gap between them (one CPU
                              thread per rank runs the F, then the B: it waits between them when the B's
                              input, received lazily, has not arrived yet)
+    pairing(run)             per kind of pair, its F's and B's time beside the same stages' unpaired ones
+    forwards_after(run)      per stage, a forward's mean time by what the rank ran just before it
     held_at_peak(run)        per rank, the microbatch-stages whose activations it held when its measured
                              `activation` counter peaked: forwards begun before that moment less backwards
                              (B or I) ended before it
@@ -17,7 +19,13 @@ beside DeepSeek's published costs (the deepseek-ai/DualPipe README's table) and 
     bubble_table(runs)       the measured idle beside the README's formula and the simulation, with the
                              run's own costs
     memory_table(runs)       per rank: model states, activations and the W stash measured (the summary's
-                             `peak_bytes`), and the microbatch-stages held at the peak beside PP + 1
+                             `peak_bytes`), and the microbatch-stages held at the peak beside PP + 1, also
+                             in rank shares (`rank_shares`)
+
+Units: a micro-batch-stage is one microbatch's activations on one of the schedule's stages. A V's stage
+(ZBV, DualPipeV: 2P stages on P ranks) is half a rank's share of the model; a 1F1B, ZB-H1 or DualPipe
+stage (1/P of the model, or of one of DualPipe's two copies) a whole one. `rank_shares` counts in those
+whole ones, 1/P of the model each, so that schedules compare.
 
 Reads Runs (their events, traces and memory counters) only; no torch.
 """
@@ -32,7 +40,7 @@ import pandas as pd
 from workbench.analysis.run import Run
 from workbench.predict import formulas
 from workbench.predict.formulas.zero_bubble import dualpipe_bubble
-from workbench.schedules.actions import peak_in_flight
+from workbench.schedules.actions import Schedule, peak_in_flight
 from workbench.schedules.simulator import Timeline, simulate
 from workbench.viz.pipeline import SPAN_KIND, pair_numbers
 
@@ -114,6 +122,83 @@ def pairs(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _pair_label(f_stage: int, b_stage: int) -> str:
+    return f"F of stage {f_stage}; B of stage {b_stage}"
+
+
+def pairing(run: Run) -> pd.DataFrame:
+    """Per kind of pair (rank, its F's stage, its B's stage), over the steps after the first: the pair's F
+    and B (mean ms) beside the same stages' F and B outside a pair (I + W where the stage ran no unpaired
+    B), and the pair's F + B over theirs — 1 where pairing changes nothing, below 1 where a pair is
+    shorter than its parts would be alone (`—`: no unpaired action to compare with)."""
+    spans = compute_spans(run)
+    spans["ms"] = spans.dur_us / 1e3
+    alone = spans[spans.pair < 0]
+
+    def mean(stage: int, kind: str) -> float | None:
+        x = alone[(alone.stage == stage) & (alone.kind == kind)].ms
+        return float(x.mean()) if len(x) else None
+
+    rows: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+    for _, g in spans[spans.pair >= 0].groupby(["rank", "step", "pair"]):
+        f, b = g[g.kind == "F"].iloc[0], g[g.kind != "F"].iloc[0]
+        rows.setdefault((int(f["rank"]), int(f.stage), int(b.stage)), []).append((f.ms, b.ms))
+    out = []
+    for (rank, fs, bs), times in sorted(rows.items()):
+        f_alone = mean(fs, "F")
+        b_alone = mean(bs, "B")
+        i, w = mean(bs, "I"), mean(bs, "W")
+        if b_alone is None and i is not None and w is not None:
+            b_alone = i + w
+        f_ms = statistics.mean(f for f, _ in times)
+        b_ms = statistics.mean(b for _, b in times)
+        ratio = None if f_alone is None or b_alone is None else (f_ms + b_ms) / (f_alone + b_alone)
+        out.append(
+            {
+                "rank": rank,
+                "pair": _pair_label(fs, bs),
+                "pairs": len(times),
+                "F ms, paired": f_ms,
+                "F ms, unpaired": _cell(f_alone),
+                "B ms, paired": b_ms,
+                "B ms, unpaired (I + W where no B)": _cell(b_alone),
+                "paired F + B ÷ unpaired": _cell(ratio),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def head_stages(run: Run) -> list[int]:
+    """The stages that hold the model's last part (the head and the loss)."""
+    s = formulas.run_schedule(run.config)
+    last = s.model_part(0)[1] - 1
+    return [st for st in range(s.stages) if s.model_part(st)[0] == last]
+
+
+def forwards_after(run: Run) -> pd.DataFrame:
+    """Per stage, over the steps after the first: a forward's mean time (ms) when it is the rank's first
+    action of the step, when the rank's action just before it ran on the same stage, and on another
+    stage (`—`: no such forward)."""
+    spans = compute_spans(run).sort_values(["rank", "step", "start_us"])
+    before = spans.groupby(["rank", "step"]).stage.shift(1)
+    spans["after"] = [
+        "first of the step" if b != b else "the same stage" if b == st else "another stage"
+        for b, st in zip(before, spans.stage, strict=True)
+    ]
+    forwards = spans[spans.kind == "F"]
+    heads = head_stages(run)
+    rows = []
+    for stage, g in forwards.groupby("stage"):
+        row: dict[str, Any] = {"stage": int(stage), "holds the head": stage in heads}
+        for after in ("first of the step", "the same stage", "another stage"):
+            x = g[g.after == after].dur_us
+            row[
+                f"F ms after {after}" if after != "first of the step" else "F ms, first of the step"
+            ] = _cell(x.mean() / 1e3 if len(x) else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def measured_costs(run: Run) -> dict[str, float]:
     """Mean compute time (ms) of one stage's F, full B, I and W, and of an F&B pair (its F's time plus its
     B's: a wait between them, for the B's input, is idle time, not the pair's), over every stage and the
@@ -185,49 +270,76 @@ def _cell(x: float | None) -> Any:
     return "—" if x is None else round(float(x), 2)
 
 
+#: bubble_table's columns that the notebook reads
+MEASURED_IDLE = "idle per rank, measured (ms)"
+FORMULA_IDLE = "formula with the measured costs (ms)"
+SIMULATED_IDLE = "simulated, one mean cost per kind (ms)"
+
+
+def _formula_cell(schedule: str, p: int, cost: dict[str, float], b: float) -> Any:
+    """The README's idle per rank with the measured costs; for ZBV, which the README does not list, the
+    zero-bubble paper's rate 0 plus the start-up stagger it leaves out, (P − 1) stage forwards."""
+    formula = deepseek_idle(schedule, p, f=cost["F"], b=b, w=cost.get("W", 0.0), fb=cost.get("F&B"))
+    if formula is None and schedule == "zbv":
+        return f"ZB paper: 0, + the stagger (P − 1)·F = {(p - 1) * cost['F']:.2f}"
+    return _cell(formula)
+
+
 def bubble_table(runs: dict[str, Run]) -> pd.DataFrame:
-    """Per run: its measured F, B, W and F&B (ms), the idle per rank measured beside the README's formula
-    with those costs and the schedule simulated with them (`planned_idle`), and the summary's measured
-    bubble fraction and rate."""
-    rows = []
+    """Per run: its measured F, B, W and F&B (ms, one stage's: a V's stage is half a rank's share), the idle
+    per rank measured (`measured_idle`) beside the formula with those costs and the schedule simulated
+    with one mean cost per kind (`planned_idle`), and the summary's measured bubble fraction (idle share
+    of the step, averaged over the ranks) and rate (the most idle rank's idle between its first and last
+    action, over its work). B is I + W for a run that ran no B (named in the column)."""
+    rows, split = [], []
     for label, run in runs.items():
         c, cost = run.config, measured_costs(run)
+        if "B" not in cost:
+            split.append(LABELS.get(c["schedule"], label))
         b = cost.get("B", cost.get("I", 0.0) + cost.get("W", 0.0))
-        formula = deepseek_idle(
-            c["schedule"], c["pp"], f=cost["F"], b=b, w=cost.get("W", 0.0), fb=cost.get("F&B")
-        )
         bubble = run.summary["bubble_fraction"]
         rows.append(
             {
                 "run": label,
                 "PP stages": stages_pp(c["schedule"], c["pp"]),
-                "F ms": cost["F"],
+                "F ms (a stage's)": cost["F"],
                 "B ms": b,
                 "W ms": _cell(cost.get("W")),
                 "F&B ms": _cell(cost.get("F&B")),
-                "idle per rank, measured (ms)": measured_idle(run),
-                "README's formula, measured costs (ms)": _cell(formula),
-                "simulated with the measured costs (ms)": planned_idle(run, cost),
+                MEASURED_IDLE: measured_idle(run),
+                FORMULA_IDLE: _formula_cell(c["schedule"], c["pp"], cost, b),
+                SIMULATED_IDLE: planned_idle(run, cost),
                 "bubble fraction, measured": bubble["measured"],
                 "bubble rate, measured": bubble["measured_rate"],
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if split:
+        table = table.rename(columns={"B ms": f"B ms (I + W for {', '.join(split)})"})
+    return table
+
+
+def rank_shares(s: Schedule, stages: float) -> float:
+    """`stages` micro-batch-stages of schedule `s` counted in rank shares (1/P of the model each): a V's
+    stage is half of one, a 1F1B, ZB-H1 or DualPipe stage one (see the module's Units)."""
+    return stages / (s.model_part(0)[1] / s.p)
 
 
 def memory_table(runs: dict[str, Run]) -> pd.DataFrame:
     """Per run and rank: the measured parameters, model states (parameters, gradients, optimizer state),
     activations and W stash (MB, the summary's `peak_bytes`), and the microbatch-stages held at the
-    activation peak — measured (`held_at_peak`), walked from the schedule (`peak_in_flight`), and the
-    README's PP + 1 for DualPipe(V) (its PP for 1F1B and ZB1P, the most any rank holds)."""
+    activation peak — measured (`held_at_peak`), in rank shares (`rank_shares`), walked from the schedule
+    (`peak_in_flight`), and the README's PP + 1 for DualPipe(V) (its PP for 1F1B and ZB1P: the first
+    rank's, the most any rank holds)."""
     rows = []
     for label, run in runs.items():
         c = run.config
-        walked = peak_in_flight(formulas.run_schedule(c))
+        schedule = formulas.run_schedule(c)
+        walked = peak_in_flight(schedule)
         pp = stages_pp(c["schedule"], c["pp"])
         readme = pp + 1 if c["schedule"] in ("dualpipe", "dualpipev") else pp
         for r in run.summary["ranks"]:
-            peak = r["peak_bytes"]
+            peak, held = r["peak_bytes"], held_at_peak(run, r["rank"])
             rows.append(
                 {
                     "run": label,
@@ -239,7 +351,8 @@ def memory_table(runs: dict[str, Run]) -> pd.DataFrame:
                     / 1e6,
                     "activations MB": peak["activation"] / 1e6,
                     "W stash MB": peak.get("wgrad_stash", 0) / 1e6,
-                    "micro-batch-stages held at the peak": held_at_peak(run, r["rank"]),
+                    "micro-batch-stages held at the peak": held,
+                    "= rank shares": rank_shares(schedule, held),
                     "schedule's walk": walked[r["rank"]],
                     "README": readme if c["schedule"] != "zbv" else "— (not in the table)",
                 }

@@ -56,8 +56,8 @@ class Prediction:
     def _ipython_display_(self) -> None:
         display(HTML(f"<p><b>Predict first.</b> {html.escape(self.question)}</p>"), self.box)
 
-    def verdict(self, measured: float) -> str:
-        """What the learner is told against `measured`."""
+    def verdict(self, measured: float, *, label: str = "measured") -> str:
+        """What the learner is told against `measured` (`label`: how the answer was found)."""
         guess = self.value
         if guess is None:
             return (
@@ -65,21 +65,24 @@ class Prediction:
                 "were."
             )
         return (
-            f"You said {guess:.4g}{self.unit}; measured {measured:.4g}{self.unit}: "
+            f"You said {guess:.4g}{self.unit}; {label} {measured:.4g}{self.unit}: "
             f"{how_far_off(guess, measured)}."
         )
 
-    def reveal(self, measured: float, why: str = "") -> None:
+    def reveal(self, measured: float, why: str = "", *, label: str = "measured") -> None:
         """The learner's error against `measured` (from what the box holds when this runs), and the measured
-        answer in a closed fold. Plain HTML, no widget: a reopened notebook shows it as it was, and JupyterLab
-        restores one widget fewer (each restore races its 2 s wait for the model on a busy machine)."""
-        answer = f"measured: <b>{measured:.4g}{html.escape(self.unit)}</b>" + (
+        answer in a closed fold. `label` says how the answer was found where it is not read off a clock, the
+        allocator or the bytes (e.g. "counted at the measured peak"). Plain HTML, no widget: a reopened
+        notebook shows it as it was, and JupyterLab restores one widget fewer (each restore races its 2 s
+        wait for the model on a busy machine)."""
+        answer = f"{html.escape(label)}: <b>{measured:.4g}{html.escape(self.unit)}</b>" + (
             f". {html.escape(why)}" if why else ""
         )
+        verdict = html.escape(self.verdict(measured, label=label))
         display(
             HTML(
-                f"<p>{html.escape(self.verdict(measured))}</p><details><summary>The answer (open it after you "
-                f"predict)</summary><p>{answer}</p></details>"
+                f"<p>{verdict}</p><details><summary>The answer (open it after you predict)</summary>"
+                f"<p>{answer}</p></details>"
             )
         )
 

@@ -5,10 +5,11 @@ and torch's own picture of a schedule.
                                 is how far the schedule pushed the weight gradient to fill a bubble
     stash_over_time(runs)       measured: activations and the weight-gradient stash of one rank through
                                 one step, per run (the memory counter of the trace)
-    side_by_side(runs)          planned (unit-time simulation) beside measured, per schedule: bubble, peak
-                                in-flight activations, peak stash
+    side_by_side(runs)          the formula (the schedule simulated at T_F = T_I = T_W) beside measured, per
+                                schedule: bubble, peak in-flight activations, peak stash
     torch_grid(schedule)        the schedule as torch's visualizer spaces it (torch.distributed.pipelining.
-                                _schedule_visualizer.add_schedule_op_spacing, given our CSV's actions)
+                                _schedule_visualizer.add_schedule_op_spacing, given our CSV's actions), each
+                                rank's row holding its own actions (`torch_rows` says why that takes padding)
 """
 
 from __future__ import annotations
@@ -120,22 +121,25 @@ def stash_over_time(runs: dict[str, Run], rank: int = 0, step: int | None = None
 
 
 def side_by_side(runs: dict[str, Run]) -> pd.DataFrame:
-    """Per run: its schedule planned (simulated at T_F = T_I = T_W: the paper's bubble rate, peak in-flight
-    activations and stash on rank 0) beside what it measured (bubble fraction, peak activation and stash
-    bytes on rank 0)."""
+    """Per run: its schedule's formula (simulated at T_F = T_I = T_W: the paper's bubble rate and fraction,
+    peak in-flight activations and stash on rank 0) beside what it measured (bubble fraction, peak
+    activation and stash bytes on rank 0). In-flight activations in micro-batch-stages (a V's or an
+    interleaved chunk is a stage) and in rank shares (1/p of the model each)."""
     rows = []
     for label, run in runs.items():
         c = run.config
         s = formulas.run_schedule(c)
         tl = simulate(s, t_f=1.0, t_b=2.0, t_w=1.0)
         peak = run.summary["ranks"][0]["peak_bytes"]
+        held = peak_in_flight(s)[0]
         rows.append(
             {
                 "run": label,
-                "planned bubble rate": tl.bubble_rate(),
-                "planned bubble fraction": tl.bubble_fraction(),
+                "formula: bubble rate": tl.bubble_rate(),
+                "formula: bubble fraction": tl.bubble_fraction(),
                 "measured bubble fraction": run.summary["bubble_fraction"]["measured"],
-                "in-flight activations (rank 0, chunks)": peak_in_flight(s)[0],
+                "in-flight activations, rank 0 (micro-batch-stages)": held,
+                "= rank shares": held / (s.model_part(0)[1] / s.p),
                 "W stashes (rank 0)": peak_pending_w(s)[0],
                 "activation MB measured": peak["activation"] / 1e6,
                 "W stash MB measured": peak.get("wgrad_stash", 0) / 1e6,
@@ -144,18 +148,38 @@ def side_by_side(runs: dict[str, Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def torch_grid(s: Schedule) -> pd.DataFrame:
-    """The schedule's compute actions as torch's visualizer spaces them (one column per time step, an
-    empty cell where the rank waits): torch's `_Action`s from our CSV cells, through its
-    `add_schedule_op_spacing` (its prints silenced)."""
+def torch_rows(s: Schedule, *, pad: bool = True) -> list[list[str]]:
+    """Each rank's compute actions as torch's `add_schedule_op_spacing` spaces them ('' where the rank
+    waits; trailing waits dropped), its prints silenced.
+
+    torch 2.13's function drops a rank's queue once it is empty (`rank_ops = [q for q in rank_ops if q]`)
+    and goes on numbering the queues left from 0: after rank 0 finishes, rank 1's actions land in rank 0's
+    row, timed against rank 0's clock. `pad` (the default) gives every rank enough empty steps after its
+    last action that no queue empties before all the actions are placed; pad=False shows torch's own."""
     from torch.distributed.pipelining._schedule_visualizer import add_schedule_op_spacing
     from torch.distributed.pipelining.schedules import _Action
 
-    actions = [[_Action.from_str(str(a)) for a in rank if a.kind in COMPUTE] for rank in s.actions]
+    actions: list[list[_Action | None]] = [
+        [_Action.from_str(str(a)) for a in rank if a.kind in COMPUTE] for rank in s.actions
+    ]
+    if pad:  # more empty steps than the whole schedule could take, each action 3 steps at most
+        longest = 3 * sum(len(rank) for rank in actions)
+        actions = [rank + [None] * longest for rank in actions]
     with contextlib.redirect_stdout(io.StringIO()):
         spaced = add_schedule_op_spacing(actions)
-    width = max(len(r) for r in spaced)
+    rows = [["" if a is None else str(a) for a in rank] for rank in spaced]
+    for row in rows:
+        while row and not row[-1]:
+            row.pop()
+    return rows
+
+
+def torch_grid(s: Schedule) -> pd.DataFrame:
+    """The schedule's compute actions as torch's visualizer spaces them (one column per time step, an
+    empty cell where the rank waits), each rank's row its own (`torch_rows`, padded)."""
+    rows = torch_rows(s)
+    width = max(len(r) for r in rows)
     return pd.DataFrame(
-        [[str(a) if a is not None else "" for a in r] + [""] * (width - len(r)) for r in spaced],
-        index=[f"rank {r}" for r in range(len(spaced))],
+        [r + [""] * (width - len(r)) for r in rows],
+        index=[f"rank {r}" for r in range(len(rows))],
     )
