@@ -360,7 +360,8 @@ twice what any one-copy schedule holds. Both are data here, like the others — 
 a pair printed `(0F3;3B1)`, and DualPipe, its second half numbered from m/2:
 """),
         code("""
-from workbench.viz import dualpipe as dualpipe_viz, dualpipe_runs
+from workbench.analysis import dualpipe_runs
+from workbench.viz import dualpipe as dualpipe_viz
 
 def deferred_w(sched):  # per rank: the W's not right after their own I, and the actions from the first such I on
     out = []

@@ -7,9 +7,10 @@ import math
 import pytest
 
 from workbench import viz
+from workbench.analysis import dualpipe_runs
 from workbench.config import ModelConfig
 from workbench.schedules.build import build_schedule, peak_in_flight
-from workbench.viz import bubble_split, dualpipe, dualpipe_runs
+from workbench.viz import bubble_split, dualpipe
 from workbench.viz.pipeline import bubble_explorer
 
 

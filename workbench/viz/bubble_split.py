@@ -20,8 +20,8 @@ Reads a Run's summary and trace only; no torch.
 
 from __future__ import annotations
 
+from workbench.analysis.dualpipe_runs import compute_spans
 from workbench.analysis.run import Run
-from workbench.viz.dualpipe_runs import compute_spans
 
 #: summary.json's term → the notebooks' name for it
 WORDS = {

@@ -28,9 +28,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.analysis.dualpipe_runs import LABELS, deepseek_idle, idle_per_rank
 from workbench.schedules.build import build_schedule, simulate
 from workbench.schedules.simulator import Timeline
-from workbench.viz.dualpipe_runs import LABELS, deepseek_idle, idle_per_rank
 from workbench.viz.pipeline import KINDS, PALETTE
 
 #: the schedules drawn beside each other, in this order

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from workbench.analysis.dualpipe_runs import SPAN_KIND, pair_numbers
 from workbench.analysis.run import Run
 from workbench.predict import formulas
 from workbench.predict.formulas.zero_bubble import dualpipe_bubble
@@ -28,7 +29,6 @@ KINDS = {
     "I": ("input gradient (I)", "x"),
     "W": ("weight gradient (W)", "."),
 }
-SPAN_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
 
 
 def _bars(
@@ -231,21 +231,6 @@ def measured_rows(run: Run, step: int) -> list[tuple[int, str, int, int, float, 
         )
         for _, e in ev.iterrows()
     ]
-
-
-def pair_numbers(run: Run) -> dict[tuple[int, int, int, int, str], int]:
-    """(rank, step, stage, microbatch, F/B/I/W) → the number of the F&B pair that action belonged to, from
-    the compute spans' args (the executor writes `pair` there; the events table does not keep it)."""
-    out = {}
-    for trace in run.traces:
-        rank = trace["distributedInfo"]["rank"]
-        for e in trace["traceEvents"]:
-            a = e.get("args", {})
-            if e.get("ph") == "X" and e.get("name") in SPAN_KIND and a.get("pair") is not None:
-                out[(rank, a["step"], a["stage"], a["microbatch"], SPAN_KIND[e["name"]])] = a[
-                    "pair"
-                ]
-    return out
 
 
 def planned_vs_measured(run: Run, step: int | None = None) -> go.Figure:

@@ -42,7 +42,6 @@ from workbench.predict import formulas
 from workbench.predict.formulas.zero_bubble import dualpipe_bubble
 from workbench.schedules.actions import Schedule, peak_in_flight
 from workbench.schedules.simulator import Timeline, simulate
-from workbench.viz.pipeline import SPAN_KIND, pair_numbers
 
 #: the README's name for each of our schedules, and its pipeline stages PP at p ranks
 LABELS = {
@@ -52,6 +51,24 @@ LABELS = {
     "dualpipev": "DualPipeV",
     "dualpipe": "DualPipe",
 }
+
+#: the executor's compute span names → the action kinds
+SPAN_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
+
+
+def pair_numbers(run: Run) -> dict[tuple[int, int, int, int, str], int]:
+    """(rank, step, stage, microbatch, F/B/I/W) → the number of the F&B pair that action belonged to, from
+    the compute spans' args (the executor writes `pair` there; the events table does not keep it)."""
+    out = {}
+    for trace in run.traces:
+        rank = trace["distributedInfo"]["rank"]
+        for e in trace["traceEvents"]:
+            a = e.get("args", {})
+            if e.get("ph") == "X" and e.get("name") in SPAN_KIND and a.get("pair") is not None:
+                out[(rank, a["step"], a["stage"], a["microbatch"], SPAN_KIND[e["name"]])] = a[
+                    "pair"
+                ]
+    return out
 
 
 def stages_pp(schedule: str, p: int) -> int:
