@@ -389,6 +389,9 @@ def test_the_formula_rate_is_deepseeks_bubble_and_our_simulation(schedule, p):
     [
         (FOUR, {"pp": 2, "schedule": "dualpipev", "microbatches": 4}),
         (FOUR, {"pp": 2, "schedule": "dualpipe", "microbatches": 4}),
+        # more microbatches: the steady state's F&B pairs (one per microbatch past 2p)
+        (FOUR, {"pp": 2, "schedule": "dualpipev", "microbatches": 8}),
+        (FOUR, {"pp": 2, "schedule": "dualpipe", "microbatches": 8}),
         # four ranks on two cores: make test holds both at pp 2
         pytest.param(
             EIGHT, {"pp": 4, "schedule": "dualpipev", "microbatches": 8}, marks=pytest.mark.slow
@@ -397,7 +400,14 @@ def test_the_formula_rate_is_deepseeks_bubble_and_our_simulation(schedule, p):
             EIGHT, {"pp": 4, "schedule": "dualpipe", "microbatches": 8}, marks=pytest.mark.slow
         ),
     ],
-    ids=["dualpipev-pp2", "dualpipe-pp2", "dualpipev-pp4", "dualpipe-pp4"],
+    ids=[
+        "dualpipev-pp2",
+        "dualpipe-pp2",
+        "dualpipev-pp2-m8",
+        "dualpipe-pp2-m8",
+        "dualpipev-pp4",
+        "dualpipe-pp4",
+    ],
 )
 def test_dualpipe_trains_one_processs_model_and_measures_what_it_predicts(launched, model, config):
     single = launched(model=model)
