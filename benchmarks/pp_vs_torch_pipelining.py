@@ -24,6 +24,11 @@ here: torch's runtime has one entry stage and one loss stage. Both sides use the
 checked equal first, then each round runs one training step of each, alternating the order. Rank 0
 prints the median step times and the ratio ours / torch (with its 95 % interval).
 
+With --profile rank 0 also prints, per rank and side, the main thread's CPU time per step beside the
+step: a ratio above 1 from more work, or from more time off the CPU (waiting for a transfer, the
+schedule's idling, preemption on a busy machine). On zbv it also times our executor on torch's own ZBV
+order (read from its CSV), its losses checked against ours first: the two runtimes on the same actions.
+
 With --bubble it then launches our runs of 1F1B, ZB-H1, ZBV, DualPipeV and DualPipe (m = 8, the
 `small` model unless --model says otherwise) and prints each measured bubble rate (idle between a
 rank's first and last pass ÷ its work, the zero-bubble paper's measure) beside the formula's ((p − 1)/m,
@@ -37,6 +42,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 from harness import check_same_losses, common_arguments, entry, interleaved_rounds, join, report
 
@@ -136,6 +144,141 @@ def torch_reference(
     return runtime, "torch runtime (our CSV)"
 
 
+def kept(step: Callable[[], Any], out: list[Any]) -> Callable[[], Any]:
+    """`step`, keeping what each call returns in `out`."""
+
+    def keeping() -> Any:
+        out.append(step())
+        return out[-1]
+
+    return keeping
+
+
+def ours_on_torchs_order(
+    ref: Any,
+    *,
+    stage: Callable[..., Any],
+    comm: Any,
+    layers: int,
+    x: Any,
+    y: Any,
+    hidden: tuple,
+    losses: list,
+) -> Callable[[], Any]:
+    """--profile on zbv: a training step of our executor (fresh stages, AdamW) on torch's own ZBV order —
+    its compute actions written as CSV, read back with our transfers placed — so that the two runtimes
+    are timed on the same actions, and the rest of ours/torch is the orders'. Its first steps' losses are
+    checked against ours (`losses`, from the first check) before any timing."""
+    import torch
+    import torch.distributed as dist
+
+    from workbench.measure.memory import MemoryTracker
+    from workbench.pipeline.executor import PipelineExecutor
+    from workbench.pipeline.stages import build_stages
+    from workbench.schedules.torch_csv import read_csv
+
+    rank, m = dist.get_rank(), ref._n_microbatches
+    path = os.path.abspath(f".wb_bench_order_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.csv")
+    if rank == 0:
+        ref._dump_csv(path, format="compute_only")
+    dist.barrier()
+    schedule = read_csv(path, m)
+    dist.barrier()
+    if rank == 0:
+        os.remove(path)
+    chunks = build_stages(layers, schedule, rank, stage)
+    device = torch.device("cpu")
+    executor = PipelineExecutor(
+        schedule,
+        rank,
+        chunks,
+        comm,
+        recorder=comm.recorder,
+        memory=MemoryTracker(comm.recorder, device),
+        hidden_shape=hidden,
+        device=device,
+    )
+    params = [p for c in chunks.values() for p in c.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+
+    def step() -> Any:
+        loss = executor.run(x, y, 0)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    replay = iter(losses)
+    check_same_losses(("ours on torch's order", step), ("ours", lambda: next(replay)), reduce="sum")
+    return step
+
+
+def on_cpu(step: Callable[[], object], times: list[float]) -> Callable[[], object]:
+    """`step`, keeping the main thread's CPU time of each call in `times` (--profile)."""
+
+    def timed() -> object:
+        start = time.thread_time()
+        out = step()
+        times.append(time.thread_time() - start)
+        return out
+
+    return timed
+
+
+def profile_table(med: Any, cpu: dict[str, list[float]], warmup: int) -> None:
+    """--profile: per rank and side, the main thread's CPU time per step (median over the timed rounds)
+    beside the step (the slowest rank's, median): what a side computes and what it spends off the CPU —
+    waiting for a transfer, or preempted by another thread — so a ratio splits into work and idling."""
+    import statistics
+
+    import torch.distributed as dist
+
+    mine = {name: statistics.median(ts[warmup:]) for name, ts in cpu.items()}
+    every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() == 0:
+        print("  profile: each rank's main thread, CPU time per step beside the step (median, ms)")
+        for r, row in enumerate(every):
+            cells = [
+                f"{name} cpu {row[name] * 1e3:7.1f} off {(med[name] - row[name]) * 1e3:6.1f}"
+                for name in row
+            ]
+            print(f"    rank {r}  " + "   ".join(cells))
+
+
+def time_and_print(
+    args: argparse.Namespace, candidates: dict[str, Callable[[], Any]], ref_name: str, world: int
+) -> None:
+    """The interleaved rounds, and rank 0's report: median steps, ours/torch (with --profile on zbv also our
+    executor on torch's order / torch) and the --profile table."""
+    import torch
+    import torch.distributed as dist
+
+    rank, m = dist.get_rank(), args.microbatches
+    cpu: dict[str, list[float]] = {name: [] for name in candidates}
+    if args.profile:
+        candidates = {name: on_cpu(f, cpu[name]) for name, f in candidates.items()}
+    med = interleaved_rounds(candidates, args.rounds, args.warmup)
+    if rank == 0:
+        print(
+            f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model}, "
+            f"p={world}, m={m}, batch {args.batch}, {args.rounds} rounds interleaved "
+            f"(torch {torch.__version__}, gloo)"
+        )
+        print(
+            f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms"
+        )
+        print("  " + report("ratio ours/torch", med.ratio("ours", "torch")))
+        if "ours on torch's order" in candidates:
+            print(
+                "  "
+                + report(
+                    "ours on torch's order / torch", med.ratio("ours on torch's order", "torch")
+                )
+            )
+    if args.profile:
+        profile_table(med, cpu, args.warmup)
+
+
 def worker(args: argparse.Namespace) -> None:
     import dataclasses
 
@@ -215,19 +358,21 @@ def worker(args: argparse.Namespace) -> None:
             flush=True,
         )
     # the same arithmetic per microbatch; the gradient sums the microbatches (W: later, in the same sum)
-    check_same_losses(("ours", step_ours), (ref_name, step_ref), reduce="sum")
-    med = interleaved_rounds({"ours": step_ours, "torch": step_ref}, args.rounds, args.warmup)
-    if rank == 0:
-        print(
-            f"\nworkbench {args.schedule} vs torch.distributed.pipelining {ref_name} — model {args.model} "
-            f"({cfg.layers} layers, {schedule.stages} stages), p={world}, m={m}, batch {args.batch}, "
-            f"{args.rounds} rounds interleaved "
-            f"(torch {torch.__version__}, gloo)"
+    first_losses: list[torch.Tensor] = []
+    check_same_losses(("ours", kept(step_ours, first_losses)), (ref_name, step_ref), reduce="sum")
+    candidates = {"ours": step_ours, "torch": step_ref}
+    if args.profile and args.schedule == "zbv":  # the two runtimes on the same actions
+        candidates["ours on torch's order"] = ours_on_torchs_order(
+            ref_schedule,
+            stage=stage,
+            comm=comm,
+            layers=cfg.layers,
+            x=x,
+            y=y,
+            hidden=executor.hidden_shape,
+            losses=first_losses,
         )
-        print(
-            f"  median step   ours {med['ours'] * 1e3:8.2f} ms   torch {med['torch'] * 1e3:8.2f} ms"
-        )
-        print("  " + report("ratio ours/torch", med.ratio("ours", "torch")))
+    time_and_print(args, candidates, ref_name, world)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -250,6 +395,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "_PipelineScheduleRuntime running our schedule's CSV",
     )
     p.add_argument("--bubble", action="store_true")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print each rank's CPU time per step beside the step, for both sides",
+    )
     args = p.parse_args(argv)
     if args.microbatches is None:
         v_shaped = args.schedule in ("zbv", "dualpipev")

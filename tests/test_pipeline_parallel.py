@@ -167,3 +167,35 @@ def test_bad_pipeline_configurations_fail_before_launch(change, message):
     base = {"model": FOUR_LAYERS, **change}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         RunConfig(**base).validate()
+
+
+@pytest.mark.parametrize(
+    "name, p, m, v",
+    [("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zbh1", 4, 8, 1), ("zbv", 2, 4, 1)],
+)
+def test_gloos_receives_are_posted_one_batch_early_in_program_order(name, p, m, v):
+    """On the CPU the executor posts each batch's receives with the batch before it, the first batch's with
+    itself (executor.launch_plan; gloo moves a message only once both ends are posted): every transfer is
+    posted once, each send at its own batch, and the receives from each peer rank in program order (gloo
+    matches a pair's transfers in the order posted). On CUDA the plan is the program's batches."""
+    from workbench.pipeline.executor import launch_plan
+    from workbench.schedules.actions import P2PBatch
+    from workbench.schedules.build import build_schedule
+
+    s = build_schedule(name, p, m, v)
+    for rank in range(p):
+        program = s.program(rank)
+        batches = [(i, b) for i, b in enumerate(program) if isinstance(b, P2PBatch)]
+        assert launch_plan(program, receives_ahead=False) == {i: [b.actions] for i, b in batches}
+        plan = launch_plan(program, receives_ahead=True)
+        assert sorted(plan) == [i for i, _ in batches]
+        posted = [(n, a) for n, (i, _) in enumerate(batches) for group in plan[i] for a in group]
+        at = {a: n for n, a in posted}
+        assert len(at) == len(posted) == sum(len(b.actions) for _, b in batches), "each once"
+        for n, (_, b) in enumerate(batches):
+            for a in b.actions:
+                assert at[a] == (max(n - 1, 0) if a.is_recv else n), (rank, str(a))
+        program_order = [a for _, b in batches for a in b.actions]
+        for peer in range(p):
+            from_peer = [a for a in program_order if a.is_recv and s.rank_of(a.peer_stage) == peer]
+            assert [a for _, a in posted if a in from_peer] == from_peer, (rank, peer)

@@ -1,7 +1,10 @@
-"""Runs one rank's schedule — exactly the program `Schedule.program(rank)` gives, which `validate` checked.
+"""Runs one rank's schedule — exactly the program `Schedule.program(rank)` gives, which `validate` checked
+(on the CPU with each batch's receives posted one batch early: below).
 
-    P2P batch   post the round's transfers together (one batch_isend_irecv, no tags): sends of what this
-                rank computed, receives of what its neighbours computed for it; nothing is waited for here
+    P2P batch   post the round's transfers (batch_isend_irecv, no tags): sends of what this rank
+                computed, receives of what its neighbours computed for it; nothing is waited for here.
+                On CUDA (NCCL) the batch is posted together, as `validate` checked it. On the CPU (gloo)
+                its receives are posted one batch early, after the previous batch's sends (`launch_plan`)
     F           wait for the batch that brought its input, then run the chunk forward (the last stage
                 computes the loss, scaled by 1/m)
     B           wait for the batch that brought the output's gradient, then backward through the chunk
@@ -17,6 +20,17 @@
                 each other's communication, a CPU thread runs them in turn (torch's runtime does the same
                 without a custom overlap function). Each carries `pair` in its span's args
     (step end)  wait for every batch still in flight
+
+Why gloo's receives go early: gloo moves a message only once both ends are posted, and the end posted
+second starts it. A receive posted when its input is needed — after the peer's send, on the rank that is
+behind — waits for the peer's gloo thread to wake and write, which on a busy CPU takes a scheduler slice,
+on the critical path (ZBV on 2 ranks, `small`: ~2 ms at each such post of rank 0, 10–20 ms a step; torch's
+runtime posts its receives early too). Posted one batch ahead, the receive is usually there before the
+send, whose own thread then writes at once. It changes no matching — each peer's receives are still
+posted in program order, and gloo matches transfers between two ranks in the order posted — and cannot
+block anything: a posted receive waits for nothing, and every wait happens where it did, no later. NCCL
+has no such round trip on the host, and a receive posted early there would hold the peer pair's stream,
+so CUDA runs post exactly the validated batches.
 
 A rank blocks only where it needs data: each wait is a span on the `wait` lane (a pipeline's bubble, as
 the clock saw it, on gloo and on CUDA alike: comm/handle.py). Point-to-point operations go through the
@@ -71,9 +85,13 @@ class PipelineExecutor:
         self.hidden_shape, self.device = hidden_shape, device
         self.dtype = dtype  # of the activations and gradients that travel between stages
         self.program = schedule.program(rank)
+        # gloo's receives are posted a batch early (the module's docstring); NCCL's batches as validated
+        self.receives_ahead = device.type == "cpu"
+        self.launches = launch_plan(self.program, receives_ahead=self.receives_ahead)
         self.pp_ranks = comm.members("pp")
         self.last_backward = last_contributions(self.program)
         self.forward_program: list | None = None  # the validation loss's: built at its first use
+        self.forward_launches: dict[int, list[tuple[Action, ...]]] = {}
         self.store = WeightGradStore(memory)
         # backward split
         self.split = {(a.stage, a.microbatch) for a in schedule.actions[rank] if a.kind == "I"}
@@ -108,8 +126,10 @@ class PipelineExecutor:
                     step=step,
                     action="P2P",
                     transfers=[str(a) for a in item.actions],
+                    posted=[[str(a) for a in group] for group in self.launches[i]],
                 ):
-                    self._post(st, item)
+                    for group in self.launches[i]:
+                        self._post(st, group)
                 continue
             key = (item.stage, item.microbatch)
             if item.kind != "W":
@@ -138,6 +158,9 @@ class PipelineExecutor:
         returns: the summed 1/m-scaled loss where the last stage is, zero elsewhere."""
         if self.forward_program is None:
             self.forward_program = self.schedule.forward_only().program(self.rank)
+            self.forward_launches = launch_plan(
+                self.forward_program, receives_ahead=self.receives_ahead
+            )
         inputs, targets = ([t.clone() for t in z.chunk(self.schedule.m)] for z in (x, y))
         st = _StepState(
             inputs=inputs,
@@ -148,7 +171,8 @@ class PipelineExecutor:
         rec = self.recorder
         for i, item in enumerate(self.forward_program):
             if isinstance(item, P2PBatch):
-                self._post(st, item)
+                for group in self.forward_launches[i]:
+                    self._post(st, group)
                 continue
             key = (item.stage, item.microbatch)
             self._await(st, ("F", key))
@@ -168,11 +192,11 @@ class PipelineExecutor:
         return st.loss_sum
 
     # ---- transfers ---------------------------------------------------------------------------------
-    def _post(self, st: _StepState, batch: P2PBatch) -> None:
-        """Post the batch's transfers; remember which batch brings each received tensor."""
+    def _post(self, st: _StepState, actions: tuple[Action, ...]) -> None:
+        """Post these transfers together; remember which of the handles brings each received tensor."""
         transfers: list[tuple[str, torch.Tensor, int, str | None]] = []
         keep = []
-        for a in batch.actions:
+        for a in actions:
             key = (a.stage, a.microbatch)
             if a.is_recv:
                 buf = torch.empty(self.hidden_shape, device=self.device, dtype=self.dtype)
@@ -187,7 +211,7 @@ class PipelineExecutor:
                 transfers.append(("send", t, self._peer(a.peer_stage), str(a)))
             keep.append(transfers[-1][1])
         handle = self.comm.batch_isend_irecv(transfers, "pp")
-        for a in batch.actions:
+        for a in actions:
             if a.is_recv:
                 st.arriving[(a.kind[-1], (a.stage, a.microbatch))] = handle
         st.posted.append((handle, keep))  # the tensors stay alive until the batch is done
@@ -289,6 +313,26 @@ def last_contributions(program: list) -> set[int]:
             for part in ("I", "W") if item.kind == "B" else (item.kind,):
                 last[(item.stage, part)] = i
     return set(last.values())
+
+
+def launch_plan(
+    program: list[Action | P2PBatch], *, receives_ahead: bool
+) -> dict[int, list[tuple[Action, ...]]]:
+    """What to post at each P2P batch of `program` (its index → the groups, each one batch_isend_irecv).
+    Without `receives_ahead`: the batch itself. With it: the first batch's receives, then each batch's
+    sends, then the next batch's receives — every receive one batch early, each peer's in program order."""
+    batches = [(i, item) for i, item in enumerate(program) if isinstance(item, P2PBatch)]
+    if not receives_ahead:
+        return {i: [b.actions] for i, b in batches}
+    plan: dict[int, list[tuple[Action, ...]]] = {}
+    for n, (i, b) in enumerate(batches):
+        sends = tuple(a for a in b.actions if not a.is_recv)
+        now = tuple(a for a in b.actions if a.is_recv) if n == 0 else ()
+        ahead = (
+            tuple(a for a in batches[n + 1][1].actions if a.is_recv) if n + 1 < len(batches) else ()
+        )
+        plan[i] = [group for group in (now, sends, ahead) if group]
+    return plan
 
 
 def _let_go(st: _StepState) -> None:

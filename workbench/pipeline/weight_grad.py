@@ -10,9 +10,11 @@ For a Linear layer y = x·Wᵀ + b with output gradient dy:
 So a microbatch whose backward the schedule splits runs its forward through `_SplitLinear`, given the
 weights *detached* (no edge to their gradient accumulators: a Function that returns no gradient for a
 parameter still fires its post-accumulate hooks, which the data-parallel buckets count); its backward
-(I) returns dx and stashes (x, dy); W then computes dW and db exactly as autograd would have and hands
-them to autograd's accumulation of the parameter (`torch.autograd.backward` on the leaf), so every
-gradient hook — fp32 main gradients, the data-parallel buckets — fires once, as after a full backward.
+(I) returns dx and stashes (x, dy); W then computes dW and db exactly as autograd would have, inside one
+autograd pass whose node feeds the parameters' accumulators (`_StashedWeightGrads`), so every gradient
+hook — fp32 main gradients, the data-parallel buckets — fires once, as after a full backward, and each
+gradient is taken as it comes, not copied (a gradient handed in from Python, still referenced there, is
+copied at its first accumulation: W cost ~10 % more that way, one engine call per Linear).
 A microbatch run as B uses F.linear unchanged. Parameters that are not a Linear's (layer norms, the
 embeddings) get their gradients in I: they are small, and Megatron's zero-bubble implementation does
 the same. Under sequence parallelism the column-parallel layers (their own autograd function) compute
@@ -85,12 +87,12 @@ class WeightGradStore:
         self.memory.add("wgrad_stash", _nbytes(x) + _nbytes(dy))
 
     def weight_grad(self, key: Key) -> None:
-        """W of (stage, microbatch): each stashed Linear's dW (and db), accumulated through autograd."""
-        for weight, bias, x, dy in self.stash.pop(key, []):
-            dw, db = _weight_grads(x, dy, bias is not None)
-            leaves, grads = ([weight, bias], [dw, db]) if bias is not None else ([weight], [dw])
-            torch.autograd.backward(leaves, grads)
-            self.memory.add("wgrad_stash", -(_nbytes(x) + _nbytes(dy)))
+        """W of (stage, microbatch): each stashed Linear's dW (and db), accumulated through autograd —
+        one autograd pass for all of them (`_StashedWeightGrads`)."""
+        entries = self.stash.pop(key, [])
+        if entries:
+            params = [p for w, b, _, _ in entries for p in ((w,) if b is None else (w, b))]
+            torch.autograd.backward(_StashedWeightGrads.apply(self, entries, *params))
 
     def pending(self) -> list[Key]:
         return sorted(k for k, v in self.stash.items() if v)
@@ -106,6 +108,31 @@ def _weight_grads(
     """dW = dyᵀ·x and db = Σ dy over every token (what F.linear's backward computes)."""
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     return dy2.t().mm(x2), (dy2.sum(0) if bias else None)
+
+
+class _StashedWeightGrads(torch.autograd.Function):
+    """W as one autograd pass: a node whose inputs are the stashed Linears' parameters and whose backward
+    computes their dW (and db) from the stash, releasing each Linear's (x, dy) from the count as it goes.
+    Autograd's accumulation then takes each gradient as it comes (nothing else holds it: the first
+    microbatch's is kept, not copied, as a full backward's is) and fires every parameter's hooks once —
+    one engine call per W instead of one per Linear, each of which copied its first gradients."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, store: WeightGradStore, entries: list, *params: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.store, ctx.entries = store, entries
+        return torch.zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads: list[torch.Tensor | None] = []
+        for _w, bias, x, dy in ctx.entries:
+            dw, db = _weight_grads(x, dy, bias is not None)
+            grads += [dw] if bias is None else [dw, db]
+            ctx.store.memory.add("wgrad_stash", -(_nbytes(x) + _nbytes(dy)))
+        ctx.entries = None  # the stash goes now, not with the graph
+        return (None, None, *grads)
 
 
 @dataclass
