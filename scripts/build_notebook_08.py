@@ -272,8 +272,10 @@ The c10d rendezvous keeps its state in one store, served by whoever opened the e
 machine that hosts the store and every agent loses the rendezvous with it, so on a real cluster the endpoint
 is a machine that stays (a head node, or an etcd service), not one that may leave. Here that machine is this
 notebook: it opens the store (torch's `TCPStore`), and each agent, finding the endpoint taken, joins it as a
-client. Both machines then start together — the first round closes 2 s after its first agent joins
-(`last_call_timeout`), so a machine that started seconds later would only join the next one.
+client. The second machine starts as soon as the first has prepared the run's directory (its `request.json`):
+an agent that finds the same request there joins the run, one that came before it would find the directory
+locked by the first and be refused. Both then reach the first round — which closes 2 s after its first agent
+joins (`last_call_timeout`), so a machine that started seconds later would only join the next one.
 """),
         code("""
 import shutil, signal, subprocess, sys, time
@@ -306,7 +308,11 @@ def wait_for(what, done, timeout_s=120):
             raise TimeoutError(f"waited {timeout_s} s for {what}")
         time.sleep(0.2)
 
-first, second = machine(), machine()
+first = machine()
+# the second joins the run the first prepared (the same request.json there); started before that file exists,
+# it would find the directory locked by the first and be refused (launching/run_lock.py)
+wait_for("the first machine's request", lambda: os.path.exists(os.path.join(ELASTIC, "request.json")), 60)
+second = machine()
 wait_for("steps on two machines", lambda: any(r["world_size"] == 2 and r["step"] >= 4 for r in rows()))
 before = max(r["attempt"] for r in rows())
 second.kill()          # the machine goes: its agent, then (parent-death signals) its torchrun and rank
