@@ -260,7 +260,7 @@ def held_at_peak(run: Run, rank: int) -> int:
 def idle_per_rank(tl: Timeline) -> float:
     """The most idle time any rank has over a simulated step (from 0, when the first rank starts, to the
     end of the last action): the README's bubble, the same on every rank where nothing overlaps."""
-    return max(tl.makespan - sum(e - b for _, b, e in rank) for rank in tl.spans)
+    return tl.idle_per_rank()
 
 
 def planned_idle(run: Run, cost: dict[str, float]) -> float:

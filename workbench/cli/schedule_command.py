@@ -83,10 +83,9 @@ def deepseek_line(s: Schedule) -> str:
     from workbench.schedules.build import simulate
 
     t = simulate(s, 1.0, 2.0, t_w=1.0, rule="gloo")
-    idle = max(t.makespan - sum(e - b for _, b, e in spans) for spans in t.spans)
-    stages, k = (
-        (s.p, 1.0) if s.placement == "dual" else (2 * s.p, 0.5)
-    )  # a V's stage: half a rank's
+    idle = t.idle_per_rank()
+    # DualPipe's stages are 1/p of a copy; a V's stage is half a rank's share
+    stages, k = (s.p, 1.0) if s.placement == "dual" else (2 * s.p, 0.5)
     formula = dualpipe_bubble(stages, f=k, b=2 * k, w=k)
     return (
         f"idle per rank at F = W = 1, B = 2 per rank's share, free transfers: simulated {idle:g}, "

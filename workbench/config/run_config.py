@@ -23,7 +23,7 @@ from workbench.config.model_config import ConfigError as ConfigError
 from workbench.config.model_config import ModelConfig as ModelConfig
 from workbench.config.model_config import check_tensor_parallel, divisors, model_from_dict
 from workbench.config.pipeline_rules import SCHEDULES as SCHEDULES
-from workbench.config.pipeline_rules import check_pipeline, check_schedule_name
+from workbench.config.pipeline_rules import TWO_STAGES, check_pipeline, check_schedule_name
 from workbench.config.rules import (
     check_communication,
     check_compile,
@@ -235,9 +235,7 @@ class RunConfig:
 
     # ---- derived -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
-        if (
-            self.schedule in ("zbv", "dualpipe", "dualpipev") and self.virtual_stages == 1
-        ):  # a V (and DualPipe) is two stages per rank
+        if self.schedule in TWO_STAGES and self.virtual_stages == 1:  # a V, DualPipe: two per rank
             object.__setattr__(self, "virtual_stages", 2)
 
     @property

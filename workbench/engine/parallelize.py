@@ -174,9 +174,8 @@ def parallelize(cfg: RunConfig, ctx: RankContext) -> Strategy:
         model: nn.Module = nn.ModuleDict({str(k): c for k, c in chunks.items()})
     else:
         model = build_chunk(cfg, ctx, parts)
-    copies: set[nn.Parameter] = (
-        set()
-    )  # DualPipe: the second copy of each part (the pipeline going up)
+    # DualPipe: the second copy of each part (the pipeline going up)
+    copies: set[nn.Parameter] = set()
     if schedule is not None and chunks is not None and schedule.placement == "dual":
         copies = {p for k, c in chunks.items() if k >= schedule.p for p in c.parameters()}
     facts = param_facts(cfg, model, copies=copies)

@@ -50,6 +50,13 @@ class Timeline:
     def makespan(self) -> float:
         return max((e for rank in self.spans for _, _, e in rank), default=0.0)
 
+    def idle_per_rank(self) -> float:
+        """The most idle time any rank has over the step (from 0 to the end of the last action): DeepSeek's
+        bubble for DualPipe(V), the start-up stagger included."""
+        return max(
+            (self.makespan - sum(e - b for _, b, e in rank) for rank in self.spans), default=0.0
+        )
+
     def bubble_fraction(self) -> float:
         """Idle share of the step, averaged over ranks: 1 − busy / makespan."""
         total = self.makespan

@@ -166,7 +166,7 @@ def _dualpipe_line(
     formula = dualpipe_bubble(
         stages, f=k * t_f, b=k * t_b, w=k * t_w, fb=None if t_fb is None else k * t_fb
     )
-    idle = max(tl.makespan - sum(e - b for _, b, e in rank) for rank in tl.spans)
+    idle = tl.idle_per_rank()
     return (
         f"<br>idle per rank {idle:.2f}; DeepSeek's (PP/2 − 1)(F&B + B − 3W) = {formula:.2f} "
         f"(PP = {stages} stages; gloo's rule: sends never wait, as the formula assumes"
