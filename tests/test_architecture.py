@@ -31,6 +31,7 @@ LAYERS = (
     ("viz",),  # the charts
     ("launching",),  # starting runs and following them (its worker runs the engine in each rank)
     ("studies",),  # what launches runs to measure or calibrate
+    ("exercises",),  # graded exercises: the learner's code run on ranks beside the reference
     ("cli",),  # the command
 )
 LAYER = {f"workbench.{pkg}": i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}

@@ -39,7 +39,14 @@ _LAZY = {
 }
 
 
+#: subpackages reached as attributes (`wb.exercises`), imported on first use (not in __all__: a star import
+#: would import them)
+_LAZY_PACKAGES = ("exercises",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_PACKAGES:
+        return importlib.import_module(f"workbench.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)

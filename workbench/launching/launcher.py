@@ -47,7 +47,15 @@ from workbench.launching.torchrun_command import (
 from workbench.launching.warm_torchrun import WarmTorchrun, wanted
 from workbench.trace.merge import recover_partials, write_merged
 
-__all__ = ["Nodes", "RunFailed", "elastic_config", "launch", "ring_demo", "torchrun_command"]
+__all__ = [
+    "Nodes",
+    "RunFailed",
+    "elastic_config",
+    "launch",
+    "launch_module",
+    "ring_demo",
+    "torchrun_command",
+]
 
 
 class RunFailed(RuntimeError):
@@ -377,6 +385,22 @@ def ring_demo(
     config = RunConfig(
         dp=ranks, global_batch=numel * ranks, name="ring-demo", backend=backend
     ).validate()
+    files = {"ring_demo.json": json.dumps({"numel": numel})}
+    return launch_module(config, "workbench.engine.ring_demo", files=files, out=out, force=force)
+
+
+def launch_module(
+    config: ValidConfig,
+    module: str,
+    *,
+    files: dict[str, str],
+    out: str | None = None,
+    force: bool = False,
+) -> Run:
+    """torchrun `python -m module --run-dir DIR` on config's ranks (no training loop: a demo or an exercise
+    that sets itself up with engine/context.setup), DIR prepared as for a run — request.json and `files`
+    (name → text) written first —, and the Run it leaves loaded; RunFailed (what the ranks wrote kept) if a
+    rank fails."""
     chosen = choose_backend(config)
     run_dir = os.path.abspath(out or default_run_dir(config))
     lock = RunLock.acquire(run_dir)
@@ -384,13 +408,14 @@ def ring_demo(
         _prepare_dir(run_dir, force=force)
         with open(os.path.join(run_dir, "request.json"), "w") as f:
             f.write(config.to_json())
-        with open(os.path.join(run_dir, "ring_demo.json"), "w") as f:
-            json.dump({"numel": numel}, f)
+        for name, text in files.items():
+            with open(os.path.join(run_dir, name), "w") as f:
+                f.write(text)
         log_path = os.path.join(run_dir, "launcher.log")
         started = time.time()
         with open(log_path, "w") as log:
             proc = _start_torchrun(
-                torchrun_command(config, run_dir, module="workbench.engine.ring_demo"),
+                torchrun_command(config, run_dir, module=module),
                 rank_env(chosen),
                 log,
                 log_path,

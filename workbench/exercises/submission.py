@@ -1,0 +1,70 @@
+"""A learner's solution as text: what travels to the ranks (each rank runs it from `solution.py` in the run
+directory, so the run keeps what was submitted) and how a rank turns it back into a function.
+
+A function is sent as its own source (`inspect.getsource`: a cell's `def` works, a lambda or a builtin does
+not). On the ranks it runs with `torch` and `math` as its globals and whatever its arguments give it — not
+the notebook's other names: a helper it calls must be defined inside it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+#: the globals a solution runs with on a rank (and in the in-process checks)
+PROVIDED = ("torch", "math")
+
+
+class SolutionError(ValueError):
+    """A solution that cannot be checked as given: not a function, the wrong arguments, no source."""
+
+
+def function_source(fn: Any, *, exercise: str, params: tuple[str, ...]) -> str:
+    """`fn`'s source, dedented, ending with `SOLUTION = <its name>`; SolutionError (saying what the exercise
+    wants) if it is not a `def` taking `params`."""
+    wanted = f"def {exercise_function(exercise)}({', '.join(params)}): ..."
+    if not callable(fn):
+        raise SolutionError(
+            f"{exercise}: expected a function like `{wanted}`, got {type(fn).__name__}"
+        )
+    try:
+        names = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = ()
+    if len(names) != len(params):
+        raise SolutionError(
+            f"{exercise}: your function takes ({', '.join(names)}); the exercise calls it with "
+            f"{len(params)} arguments: `{wanted}`"
+        )
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as e:
+        raise SolutionError(
+            f"{exercise}: the ranks need your function's source and it has none ({e}); define it with "
+            f"`def` in a cell: `{wanted}`"
+        ) from e
+    tree = ast.parse(source)
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    if len(tree.body) != 1 or not defs:
+        raise SolutionError(
+            f"{exercise}: give a function defined with `def` (`{wanted}`), not a lambda"
+        )
+    return f"{source}\n\nSOLUTION = {defs[0].name}\n"
+
+
+def exercise_function(exercise: str) -> str:
+    """The name the task gives the learner's function (any name works)."""
+    return exercise.replace("-", "_")
+
+
+def load(source: str, filename: str = "<your solution>") -> Callable:
+    """The function in `source` (as `function_source` wrote it), run with PROVIDED as its globals.
+    `filename` is what tracebacks name (the run's solution.py: its lines are shown)."""
+    import torch
+
+    namespace: dict[str, Any] = {"torch": torch, "math": math, "__name__": "solution"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["SOLUTION"]
