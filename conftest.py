@@ -1,6 +1,7 @@
 """pytest, for `tests/` and the notebooks (`--nbmake`): strict communication checks everywhere, notebook
-claims that fail the notebook, the fix for a stall in jupyter_client's async channels
-(scripts/nbclient_poll.py says what it is), and each executed notebook kept for the documentation site."""
+claims that fail the notebook, the exercises notebook's empty cells filled with the reference answers, the
+fix for a stall in jupyter_client's async channels (scripts/nbclient_poll.py says what it is), and each
+executed notebook kept for the documentation site."""
 
 from __future__ import annotations
 
@@ -26,11 +27,15 @@ def _keep_executed_notebooks() -> None:
     except ModuleNotFoundError:
         return
     from executed_notebooks import keep
+    from exercise_answers import filled_in
 
     execute = NotebookRun.execute
 
     def execute_and_keep(self, *args, **kwargs):
-        result = execute(self, *args, **kwargs)
+        with (
+            filled_in()
+        ):  # the exercises notebook runs with its reference answers (scripts/exercise_answers.py)
+            result = execute(self, *args, **kwargs)
         if result.error is None:
             keep(result.nb, self.filename)
         return result

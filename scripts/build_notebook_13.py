@@ -1,0 +1,109 @@
+"""Regenerates notebooks/13_exercises.ipynb (outputs stripped). Edit here, then run it.
+
+Each exercise's empty cell is its stub from the package (workbench.exercises: one source for the task and the
+cell), tagged `exercise:<name>`: the notebook's test fills it with the reference answer
+(scripts/exercise_answers.py); the notebook as shipped keeps it empty."""
+
+import nbformat as nbf
+from notebook_cells import code, md, write
+
+from workbench.exercises import EXERCISES
+
+#: (exercise, the name its cell defines, the lesson that teaches it, what it asks in a sentence or two)
+SECTIONS = (
+    (
+        "ring",
+        "ring_all_reduce",
+        "09_communication.ipynb",
+        "The collective under data parallelism. Every rank sends to its right-hand neighbour and receives "
+        "from its left, 2(n−1) times; the chunk each step carries is the whole exercise.",
+    ),
+    (
+        "buckets",
+        "on_gradient",
+        "01_data_parallel.ipynb",
+        "Data parallelism hides its all-reduce behind backward by launching each bucket as soon as its last "
+        "gradient exists. You write the hook that decides when.",
+    ),
+    (
+        "zero1",
+        "zero1_step",
+        "04_zero.ipynb",
+        "ZeRO-1 keeps 1/n of the optimizer state on each rank: reduce-scatter the gradients, update your shard, "
+        "all-gather the parameters — and sends no more bytes than plain data parallelism.",
+    ),
+    (
+        "tensor-parallel",
+        "tp_mlp",
+        "02_tensor_parallel.ipynb",
+        "Megatron's MLP: the first matmul split by its output features, the second by its input features, one "
+        "all-reduce in forward (g) and one in backward (f). You place them.",
+    ),
+    (
+        "pipeline",
+        "one_f_one_b",
+        "03_pipeline_parallel.ipynb",
+        "1F1B for four stages and eight microbatches, written as data: each rank's forwards and backwards in "
+        "order. Any table you write is validated, trained for real and held to 1F1B's bubble and memory.",
+    ),
+    (
+        "checkpoint-interval",
+        "checkpoint_interval",
+        "08_fault_tolerance.ipynb",
+        "How often to save: often enough that a failure loses little, rarely enough that saving costs "
+        "little. The check measures a real checkpoint's cost and holds your interval to the least waste.",
+    ),
+)
+
+
+def exercise_cell(name: str):
+    cell = nbf.v4.new_code_cell(EXERCISES[name].stub.strip())
+    cell.metadata["tags"] = [f"exercise:{name}"]
+    return cell
+
+
+cells = [
+    md("""
+# 13 · Exercises
+
+Reading about a ring all-reduce is not the same as writing one. Here you write six mechanisms of distributed
+training yourself, and the workbench grades each one the way the engine is tested:
+
+1. **validate** — before any process starts: the signature, the shapes, and where it can be decided without
+   processes, the schedule rule and deadlock freedom (a deadlock is named by rank and step);
+2. **run** — on real ranks (gloo processes on this machine), traced like training;
+3. **one process** — the result compared with what one process computes (the sum, the losses, the gradients);
+4. **target** — held to what the mechanism is for, measured: bytes on the wire, overlap, memory, bubble, waste.
+
+A wrong answer gets a message that says what went wrong and where; a right one shows its timeline beside the
+reference's. The reference answers live inside the package and are never printed here. Each exercise names the
+lesson that teaches it: open that notebook first if a task is new to you.
+
+**How to work.** Read the task (`ex.show(...)`), fill in the cell below it, run the check. Run the check before
+you write anything to see what it says about an empty answer.
+"""),
+    code("""
+import os
+import workbench as wb
+
+ex = wb.exercises
+OUT = os.path.join("..", "traces", "nb13")
+ex.table()
+"""),
+]
+for number, (name, function, lesson, lead) in enumerate(SECTIONS, start=1):
+    cells += [
+        md(f"## {number} · {EXERCISES[name].title}\n\n{lead} (Taught in [{lesson}]({lesson}).)"),
+        code(f'ex.show("{name}")'),
+        exercise_cell(name),
+        code(f'ex.check("{name}", {function}, out=os.path.join(OUT, "{name}"))'),
+    ]
+cells.append(
+    md("""
+## Where next
+
+A schedule is data: write a table other than 1F1B (GPipe, an interleaved order you invent) and submit it to the
+`pipeline` check — it validates, trains and measures any table, and says how it compares with 1F1B.
+""")
+)
+write(cells, "13_exercises.ipynb")

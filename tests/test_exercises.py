@@ -1,0 +1,80 @@
+"""The exercises' framework (workbench/exercises/): bad submissions are refused before anything runs, saying
+what the exercise wants; a failed Result raises only when shown under test; the notebook ships its exercise
+cells empty, one per exercise, with the package's stubs, and its test fills them with answers of the same
+names; the notebook never shows an answer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import workbench as wb
+from workbench.exercises import EXERCISES, answers
+from workbench.exercises.result import ExerciseFailed, Result
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "13_exercises.ipynb"
+sys.path.insert(0, str(ROOT / "scripts"))
+from exercise_answers import exercise_of, fill  # noqa: E402
+
+
+def test_an_unknown_exercise_names_the_valid_ones():
+    with pytest.raises(KeyError, match="valid are .*'ring'"):
+        wb.exercises.check("rnig", answers.ring_all_reduce)
+
+
+@pytest.mark.parametrize(
+    ("solution", "says"),
+    [
+        (42, "expected a function like `def ring_all_reduce(ring, chunks): ...`, got int"),
+        (lambda ring, chunks: None, "not a lambda"),
+        (lambda ring: None, "your function takes (ring); the exercise calls it with 2 arguments"),
+        (print, "the exercise calls it with 2 arguments"),
+    ],
+)
+def test_a_submission_that_is_not_such_a_function_is_refused_before_anything_runs(solution, says):
+    result = wb.exercises.check("ring", solution)
+    assert not result.passed and result.stage == "validate"
+    assert says in result.message
+
+
+def test_a_failed_result_raises_only_when_shown_under_test(monkeypatch):
+    failed = Result(exercise="ring", passed=False, stage="validate", message="wrong")
+    passed = Result(exercise="ring", passed=True, stage="passed", message="right")
+    monkeypatch.setenv("WORKBENCH_CHECKS", "raise")
+    passed._ipython_display_()
+    with pytest.raises(ExerciseFailed, match="✗ ring: wrong"):
+        failed._ipython_display_()
+    monkeypatch.setenv("WORKBENCH_CHECKS", "print")
+    failed._ipython_display_()
+
+
+def _defined_name(source: str) -> str:
+    first = source.strip().splitlines()[0]
+    return first.split("(")[0].removeprefix("def ").split("=")[0].strip()
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_each_answer_defines_what_its_stub_defines(name):
+    assert _defined_name(answers.source(name)) == _defined_name(EXERCISES[name].stub)
+
+
+def test_the_notebook_ships_one_empty_cell_per_exercise_and_its_test_fills_them():
+    nb = nbformat.read(NOTEBOOK, 4)
+    tagged = {exercise_of(c): c.source for c in nb.cells if exercise_of(c)}
+    assert list(tagged) == list(EXERCISES)
+    assert all(tagged[n] == EXERCISES[n].stub.strip() for n in tagged)
+    filled = {exercise_of(c): c.source for c in fill(nb).cells if exercise_of(c)}
+    assert all(filled[n] == answers.source(n) for n in filled)
+
+
+def test_the_notebook_never_shows_an_answer():
+    text = "\n".join(c.source for c in nbformat.read(NOTEBOOK, 4).cells)
+    assert "answers" not in text
+    for name in EXERCISES:
+        stub = EXERCISES[name].stub
+        body = [line for line in answers.source(name).splitlines() if line.strip() not in stub]
+        assert not any(line.strip() in text for line in body if line.strip()), name
