@@ -37,6 +37,7 @@ import claims_ledger
 import nbformat
 import yaml
 from executed_notebooks import ROOT, executed
+from exercise_answers import exercise_of
 
 SRC = ROOT / "traces" / "site_src"
 SITE = ROOT / "traces" / "site"
@@ -135,6 +136,7 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     Output widgets showed when the notebook ran (an explorer's chart at its first setting); no widget state
     (whose scripts nbconvert would fetch from a CDN)."""
     state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    nb.cells = [folded_answer(cell) if exercise_of(cell) else cell for cell in nb.cells]
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
@@ -159,6 +161,15 @@ def static_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 note = "Below, what it showed when the notebook ran." if shown else ""
                 output["data"] = {"text/html": WIDGET_NOTE.format(shown=note) + shown}
     return nb
+
+
+def folded_answer(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """An exercise's cell, which ran with the reference answer: on the page, the answer folded away (a learner
+    opens it after trying; the notebook itself ships the cell empty)."""
+    return nbformat.v4.new_markdown_cell(
+        "<details><summary>The reference answer (open it after you have written yours)</summary>"
+        f"<pre><code>{html.escape(cell.source)}</code></pre></details>"
+    )
 
 
 def plotly_html(figure: dict) -> str:

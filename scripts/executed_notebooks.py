@@ -4,7 +4,8 @@
 error here, so `make docs` after `make test` (CI's order) executes nothing again. A copy is current when its
 cells are the notebook's cells and it was written after the last change to workbench/'s sources; any other is
 executed again, here, with nbclient (the channel fix of scripts/nbclient_poll.py installed first, as for nbmake).
-`make docs FRESH=1` executes every notebook.
+`make docs FRESH=1` executes every notebook. The exercises notebook runs with its reference answers filled in, as
+under test (scripts/exercise_answers.py); the site folds each answer away.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 
 import nbformat
+from exercise_answers import fill
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "traces" / "executed"
@@ -45,7 +47,8 @@ def current_copy(source: str | os.PathLike) -> nbformat.NotebookNode | None:
     if not target.exists() or target.stat().st_mtime < _sources_changed_at():
         return None
     copy = nbformat.read(target, as_version=4)
-    return copy if _cells(copy) == _cells(nbformat.read(source, as_version=4)) else None
+    # the exercises notebook ran with its answers filled in (scripts/exercise_answers.py)
+    return copy if _cells(copy) == _cells(fill(nbformat.read(source, as_version=4))) else None
 
 
 def executed(source: str | os.PathLike, fresh: bool = False) -> nbformat.NotebookNode:
@@ -59,7 +62,7 @@ def executed(source: str | os.PathLike, fresh: bool = False) -> nbformat.Noteboo
 
     install()
     print(f"{Path(source).name}: executing…", flush=True)
-    nb = nbformat.read(source, as_version=4)
+    nb = fill(nbformat.read(source, as_version=4))
     ExecutePreprocessor(timeout=900).preprocess(
         nb, {"metadata": {"path": str(Path(source).parent)}}
     )

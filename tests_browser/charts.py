@@ -150,3 +150,23 @@ def widget_labels_fit(page) -> None:
     """Every control's label shows its whole text: its box is as wide as the text it holds."""
     cut = page.evaluate(CUT_LABELS)
     assert not cut, f"widget labels cut: {cut}"
+
+
+def yours_beside_the_reference(page, stem: str) -> None:
+    """Notebook 13's checks: each exercise that ran on ranks draws the learner's timeline beside the
+    reference's — two panels, both with bars. The first is kept as a screenshot
+    (traces/browser/13_exercises-side-by-side.png)."""
+    found = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .map((g, i) => ({i, title: JSON.stringify(g.layout.title || ''),
+                         panels: (g.layout.annotations || []).map(a => a.text),
+                         bars: g.data.filter(t => t.type === 'bar' && t.x && t.x.length)
+                                     .map(t => t.xaxis || 'x')}))
+        .filter(g => g.title.includes("your timeline beside the reference"))""")
+    assert found, "a learner's timeline beside the reference's"
+    for chart in found:
+        assert {"your solution", "the reference"} <= set(chart["panels"]), chart
+        assert {"x", "x2"} <= set(chart["bars"]), ("bars in both panels", chart)
+    shot = page.locator(".js-plotly-plot").nth(found[0]["i"])
+    shot.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    shot.screenshot(path=str(SHOTS / f"{stem}-side-by-side.png"))

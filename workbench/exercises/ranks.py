@@ -13,6 +13,11 @@ from workbench.analysis.run import Run
 from workbench.config import RunConfig
 from workbench.launching.launcher import RunFailed, launch_module
 
+#: the reference runs launched in this process: (exercise, config, settings) → its Run. The reference answer is
+#: deterministic code, so a second check of the same exercise (a learner's next try, the next test) shows the
+#: run already made instead of launching it again
+_REFERENCES: dict[tuple[str, str, str], Run] = {}
+
 #: a rank that waits longer than this on a collective ends the run, naming itself and the operation: an
 #: exercise is seconds of work, and a learner's deadlock should say so quickly
 EXERCISE_TIMEOUT_S = 20.0
@@ -27,16 +32,21 @@ def run_on_ranks(
     out: str,
 ) -> Run:
     """Launch the exercise (config: its grid, on gloo; `solution`: the learner's source, None for the
-    reference) into `out` (replaced); the loaded Run, or RunFailed naming the rank that failed."""
-    config = config.replace(
-        backend="gloo", timeout_s=EXERCISE_TIMEOUT_S, name=os.path.basename(out)
-    )
+    reference — launched once per process and settings, its Run reused after) into `out` (replaced); the
+    loaded Run, or RunFailed naming the rank that failed."""
+    config = config.replace(backend="gloo", timeout_s=EXERCISE_TIMEOUT_S, name=exercise)
+    key = (exercise, config.to_json(), json.dumps(settings, sort_keys=True))
+    if solution is None and key in _REFERENCES and os.path.isdir(_REFERENCES[key].path):
+        return _REFERENCES[key]
     files = {"exercise.json": json.dumps({"exercise": exercise, "settings": settings})}
     if solution is not None:
         files["solution.py"] = solution
-    return launch_module(
+    run = launch_module(
         config.validate(), "workbench.exercises.on_rank", files=files, out=out, force=True
     )
+    if solution is None:
+        _REFERENCES[key] = run
+    return run
 
 
 def rank_results(run: Run) -> list[dict[str, Any]]:
