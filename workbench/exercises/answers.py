@@ -15,8 +15,23 @@ def ring_all_reduce(ring, chunks):
         chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
 
 
+# 1F1B, p = 4, m = 8: rank r runs p − r − 1 forwards (warm-up), then one forward and one backward in turn
+# (steady state), then the backwards left (cool-down)
+# fmt: off
+one_f_one_b = [
+    ["F0", "F1", "F2", "F3", "B0", "F4", "B1", "F5", "B2", "F6", "B3", "F7", "B4", "B5", "B6", "B7"],
+    ["F0", "F1", "F2", "B0", "F3", "B1", "F4", "B2", "F5", "B3", "F6", "B4", "F7", "B5", "B6", "B7"],
+    ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "F4", "B3", "F5", "B4", "F6", "B5", "F7", "B6", "B7"],
+    ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "F4", "B4", "F5", "B5", "F6", "B6", "F7", "B7"],
+]
+# fmt: on
+
 #: exercise name → its reference answer
 ANSWERS: dict[str, Any] = {"ring": ring_all_reduce}
+ANSWERS["pipeline"] = one_f_one_b
+
+#: the variable a table answer's cell assigns, where it is not the exercise's name
+VARIABLES: dict[str, str] = {"pipeline": "one_f_one_b"}
 
 
 def source(name: str) -> str:
@@ -24,4 +39,8 @@ def source(name: str) -> str:
     answer = ANSWERS[name]
     if callable(answer):
         return inspect.getsource(answer)
-    return f"{name.replace('-', '_')} = {answer!r}\n"
+    variable = VARIABLES.get(name, name.replace("-", "_"))
+    if isinstance(answer, list) and all(isinstance(row, list) for row in answer):
+        rows = "".join(f"    {row!r},\n" for row in answer)  # a table: one row a line
+        return f"{variable} = [\n{rows}]\n"
+    return f"{variable} = {answer!r}\n"
