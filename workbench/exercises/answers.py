@@ -15,8 +15,17 @@ def ring_all_reduce(ring, chunks):
         chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
 
 
+def on_gradient(param, dp):
+    bucket = dp.bucket_of(param)
+    param.grad.div_(dp.size)  # the all-reduce sums: the step wants the ranks' mean
+    bucket.ready.add(param)
+    if len(bucket.ready) == len(bucket.params):  # its last gradient: launch while backward goes on
+        dp.all_reduce(bucket)
+
+
 #: exercise name → its reference answer
 ANSWERS: dict[str, Any] = {"ring": ring_all_reduce}
+ANSWERS["buckets"] = on_gradient
 
 
 def source(name: str) -> str:
