@@ -6,6 +6,8 @@ until backward ends (the overlap target) on real ranks."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 import workbench as wb
@@ -79,6 +81,7 @@ def test_a_launch_per_gradient_is_named_as_the_bucket_reduced_many_times(tmp_pat
     r = wb.exercises.check("buckets", launch_per_gradient, out=str(tmp_path))
     assert (r.passed, r.stage) == (False, "validate")
     assert "bucket 0 was reduced 7 times in one backward" in r.message
+    assert "launched when 1, 2, 3, 4, 5, 6, 7 of its 7 gradients" in r.message
     assert "before any process started" in r.message
 
 
@@ -94,6 +97,32 @@ def test_a_bucket_never_launched_and_one_written_after_launch_are_caught_before_
     assert never is not None and "bucket 0 was never launched" in never
     late = buckets.validate(divide_after_launch)[1]
     assert late is not None and "bucket 0's gradients changed after dp.all_reduce launched" in late
+
+
+def replace_the_gradient(param, dp):
+    bucket = dp.bucket_of(param)
+    param.grad = param.grad / dp.size
+    bucket.ready.add(param)
+    if len(bucket.ready) == len(bucket.params):
+        dp.all_reduce(bucket)
+
+
+def test_a_gradient_replaced_instead_of_divided_in_place_is_named():
+    found = buckets.validate(replace_the_gradient)[1]
+    assert found is not None and "the gradient of head.bias is no longer a view" in found
+    assert "param.grad.div_(dp.size)" in found
+
+
+def test_the_shipped_empty_cell_runs_and_is_told_that_no_bucket_was_launched(tmp_path):
+    path = tmp_path / "stub.py"
+    path.write_text(buckets.EXERCISE.stub)
+    spec = importlib.util.spec_from_file_location("stub", path)
+    assert spec is not None and spec.loader is not None
+    stub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stub)
+    found = buckets.validate(stub.on_gradient)[1]
+    assert found is not None and "bucket 0 was never launched" in found
+    assert "bucket.ready held 0" in found
 
 
 def test_a_hook_that_raises_names_its_line():
@@ -116,7 +145,7 @@ def test_forgetting_to_average_trains_another_model_than_one_process(reference, 
     r = beside_the_reference(forget_to_average, reference, tmp_path)
     assert (r.passed, r.stage) == (False, "one process")
     assert "stepped with 2 × one process's gradient" in r.message
-    assert "divide each by dp.size" in r.message
+    assert "divide each by dp.size, once and before the launch" in r.message
 
 
 def test_launching_every_bucket_after_backward_is_correct_and_misses_the_overlap(

@@ -23,7 +23,7 @@ class Bucket:
     params: list[nn.Parameter]
     names: list[str]
     buffer: torch.Tensor
-    ready: set = field(default_factory=set)
+    ready: set[nn.Parameter] = field(default_factory=set)
 
     def __repr__(self) -> str:
         return f"Bucket(index={self.index}, params={len(self.params)}, ready={len(self.ready)})"
@@ -35,8 +35,6 @@ class Launch:
 
     bucket: int
     arrived: int
-    #: how many gradients of the whole model had arrived
-    after: int
     missing: list[str]
     snapshot: torch.Tensor
 
@@ -98,7 +96,6 @@ class BucketHooks:
             Launch(
                 bucket=bucket.index,
                 arrived=sum(id(p) in came for p in bucket.params),
-                after=len(self.arrived),
                 missing=[name for name, p in pairs if id(p) not in came],
                 snapshot=bucket.buffer.clone(),
             )
@@ -125,6 +122,18 @@ class BucketHooks:
         never = [b.index for b in self.buckets if all(x.bucket != b.index for x in self.launches)]
         if never:
             raise RuntimeError(f"buckets {never} were never launched: their gradients stayed local")
+
+    def replaced(self) -> list[str]:
+        """The parameters whose `.grad` is no longer the view of its bucket (a new tensor assigned to it): the
+        all-reduce would never see what is in it."""
+        from workbench.parallel.flat import views
+
+        return [
+            name
+            for b in self.buckets
+            for name, p, view in zip(b.names, b.params, views(b.buffer, b.params), strict=True)
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr()
+        ]
 
     def zero_grad(self) -> None:
         for bucket in self.buckets:

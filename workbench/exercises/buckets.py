@@ -98,15 +98,23 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
             f"your hook raised {type(e).__name__}: {e} ({your_lines(e, fn) or 'in the workbench'})"
         )
     dp = sim.dp
+    replaced = dp.replaced()
+    if replaced:
+        return (
+            f"the gradient of {replaced[0]} is no longer a view of its bucket's buffer: your hook assigned "
+            "a new tensor to param.grad (param.grad = param.grad / dp.size, say), which the bucket's "
+            "all-reduce never sees. Change a gradient in place: param.grad.div_(dp.size)."
+        )
     per = {b.index: [x for x in dp.launches if x.bucket == b.index] for b in dp.buckets}
     for b in dp.buckets:
         if len(per[b.index]) > 1:
+            k = len(per[b.index])
             when = ", ".join(str(x.arrived) for x in per[b.index])
             return (
-                f"bucket {b.index} was reduced {len(per[b.index])} times in one backward (launched when "
-                f"{when} of its {len(b.params)} gradients had arrived). Each all-reduce sends the whole "
-                "bucket: launching at every gradient multiplies the bytes on the wire and sums gradients "
-                "that are not there yet. Launch a bucket once, when the last of its gradients has arrived."
+                f"bucket {b.index} was reduced {k} times in one backward (launched when {when} of its "
+                f"{len(b.params)} gradients had arrived). Each all-reduce sends the whole bucket, so it went "
+                f"on the wire {k} times, and a launch before its last gradient sums gradients that are not "
+                "there yet. Launch a bucket once, when the last of its gradients has arrived."
             )
     for b in dp.buckets:
         if per[b.index] and per[b.index][0].missing:
@@ -361,8 +369,8 @@ def judge(yours: Any, reference: Any) -> Result:
         ratio = mine[0]["gradient_ratio"]
         why = (
             f"At step 0 your ranks stepped with {ratio:.3g} × one process's gradient: dp.all_reduce sums "
-            f"the {len(mine)} ranks' gradients, so divide each by dp.size (before the launch) to take "
-            "their mean."
+            f"the {len(mine)} ranks' gradients, so divide each by dp.size, once and before the launch, for "
+            "the step to take their mean."
             if abs(ratio - 1) > 1e-3
             else "The first step's gradient agreed; a later step's did not."
         )
@@ -403,7 +411,9 @@ EXERCISE = Exercise(
         "`bucket.params` (its parameters), `bucket.ready` (an empty set at each backward, yours to fill). "
         "`dp.buckets` lists them in the order backward fills them; `dp.size` is the number of ranks. "
         "`dp.all_reduce(bucket)` launches the *sum* of the bucket's gradients over the ranks and returns at "
-        "once; the workbench waits for every launch after backward, then takes an SGD step.\n\n"
+        "once; the workbench waits for every launch after backward, then takes an SGD step. Each "
+        "`param.grad` is a view of its bucket's flat buffer (what the all-reduce sends): change it in "
+        "place.\n\n"
         "```python\ndef on_gradient(param, dp):\n    bucket = dp.bucket_of(param)\n    ...\n```\n\n"
         "Rules: every bucket reduced exactly once per backward, after all its gradients have arrived, and "
         "not touched after its launch; the step must use the *mean* of the ranks' gradients. It runs first "
@@ -414,6 +424,7 @@ EXERCISE = Exercise(
     ),
     stub=(
         "def on_gradient(param, dp):\n"
+        "    bucket = dp.bucket_of(param)\n"
         "    # your code: note param's arrival in its bucket; launch the bucket once it is full\n"
     ),
     grade=grade,
