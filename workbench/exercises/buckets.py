@@ -179,7 +179,8 @@ def one_process() -> Oracle:
 
 
 def gradient_ratio(grads: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    """How many times one process's gradient `grads` is, projected on it (1: the mean of the ranks')."""
+    """`grads` as a multiple of one process's gradient `want` (projected on it): 1 for the mean of the
+    ranks' gradients, 2 on two ranks for their sum."""
     dot = sum(float((g * w).sum()) for g, w in zip(grads, want, strict=True))
     return dot / sum(float((w * w).sum()) for w in want)
 
