@@ -15,6 +15,14 @@ def ring_all_reduce(ring, chunks):
         chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
 
 
+def on_gradient(param, dp):
+    bucket = dp.bucket_of(param)
+    param.grad.div_(dp.size)  # the all-reduce sums: the step wants the ranks' mean
+    bucket.ready.add(param)
+    if len(bucket.ready) == len(bucket.params):  # its last gradient: launch while backward goes on
+        dp.all_reduce(bucket)
+
+
 # 1F1B, p = 4, m = 8: rank r runs p − r − 1 forwards (warm-up), then one forward and one backward in turn
 # (steady state), then the backwards left (cool-down)
 # fmt: off
@@ -27,8 +35,11 @@ one_f_one_b = [
 # fmt: on
 
 #: exercise name → its reference answer
-ANSWERS: dict[str, Any] = {"ring": ring_all_reduce}
-ANSWERS["pipeline"] = one_f_one_b
+ANSWERS: dict[str, Any] = {
+    "ring": ring_all_reduce,
+    "buckets": on_gradient,
+    "pipeline": one_f_one_b,
+}
 
 #: the variable a table answer's cell assigns, where it is not the exercise's name
 VARIABLES: dict[str, str] = {"pipeline": "one_f_one_b"}

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from workbench.exercises import pipeline, ring
+from workbench.exercises import buckets, pipeline, ring
 from workbench.exercises.exercise import Exercise
 
-EXERCISES: dict[str, Exercise] = {e.name: e for e in (ring.EXERCISE, pipeline.EXERCISE)}
+EXERCISES: dict[str, Exercise] = {
+    e.name: e
+    for e in (
+        ring.EXERCISE,
+        buckets.EXERCISE,
+        pipeline.EXERCISE,
+    )
+}
