@@ -28,13 +28,14 @@ LR = 1e-2
 class ShardAdamW:
     """`update(shard_params, shard_grads)`: AdamW (decoupled weight decay 0, the padding stays 0) on one shard,
     in place. Its moments (exp_avg, exp_avg_sq: 8 bytes a value) are made on the first call, as big as the
-    shard given; a later call must give as many values. Records the calls for the checks."""
+    shard given; a later call must give as many values. `recorder`: each call a span on the compute lane;
+    `keep`: a copy of what each call was given (the simulation's diagnosis reads it)."""
 
-    def __init__(self, *, lr: float = LR, recorder: Any = None) -> None:
+    def __init__(self, *, lr: float = LR, recorder: Any = None, keep: bool = False) -> None:
         self.lr, self.betas, self.eps = lr, (0.9, 0.999), 1e-8
         self.state: dict[str, torch.Tensor] = {}
         self.steps = 0
-        self.recorder = recorder
+        self.recorder, self.keep = recorder, keep
         #: (the parameters as they came, the gradients) of each call: what the simulation diagnoses
         self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -48,7 +49,8 @@ class ShardAdamW:
                 f"update(shard_params, shard_grads): shapes {tuple(shard_params.shape)} and "
                 f"{tuple(shard_grads.shape)} differ; give the gradients of the values you update"
             )
-        self.calls.append((shard_params.detach().clone(), shard_grads.detach().clone()))
+        if self.keep:
+            self.calls.append((shard_params.detach().clone(), shard_grads.detach().clone()))
         if not self.state:
             self.state = {
                 "exp_avg": torch.zeros_like(shard_params),
@@ -170,7 +172,7 @@ def simulate(fn: Any, n: int = RANKS) -> Simulation:
         start=start,
         grads=grads,
         params=[start.clone() for _ in range(n)],
-        updates=[ShardAdamW() for _ in range(n)],
+        updates=[ShardAdamW(keep=True) for _ in range(n)],
         made=group.made,
     )
 
