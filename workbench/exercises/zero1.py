@@ -325,7 +325,7 @@ EXERCISE = Exercise(
         "```python\ndef zero1_step(flat_params, flat_grads, dp, update):\n    n, r = dp.size, dp.rank\n"
         "    ...\n```\n\n"
         "When your function returns, every rank's `flat_params` must hold what one process's AdamW step on "
-        "the whole batch gives (the gradients' mean over the ranks, not their sum). It runs first on 4 "
+        "the whole batch gives (its loss is the mean over the whole batch). It runs first on 4 "
         "simulated ranks (a missing average, a wrong shard, a missing all-gather are named before any process "
         "starts), then on 4 gloo processes training a small MLP for 4 steps, traced, beside one process. "
         "Targets, measured: each rank sends at most 2(n−1)/n·S bytes a step — what plain data parallelism's "
