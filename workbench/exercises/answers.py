@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
+
 
 def ring_all_reduce(ring, chunks):
     n, i = ring.n, ring.rank
@@ -23,6 +25,20 @@ def on_gradient(param, dp):
         dp.all_reduce(bucket)
 
 
+def zero1_step(flat_params, flat_grads, dp, update):
+    n, r = dp.size, dp.rank
+    per = flat_params.numel() // n
+    # rank r owns the r-th 1/n: the slice the reduce-scatter leaves it
+    mine = slice(r * per, (r + 1) * per)
+    # the sum of my slice over the ranks: (n−1)/n of S on the wire
+    grads = torch.empty(per, dtype=flat_grads.dtype)
+    dp.reduce_scatter(grads, flat_grads)
+    grads /= n  # one process's gradient is the mean over the batch: the ranks' mean
+    update(flat_params[mine], grads)  # AdamW's moments for my slice only: 1/n of the state
+    # every rank gets every slice: (n−1)/n of S
+    dp.all_gather(flat_params, flat_params[mine].clone())
+
+
 # 1F1B, p = 4, m = 8: rank r runs p − r − 1 forwards (warm-up), then one forward and one backward in turn
 # (steady state), then the backwards left (cool-down)
 # fmt: off
@@ -38,6 +54,7 @@ one_f_one_b = [
 ANSWERS: dict[str, Any] = {
     "ring": ring_all_reduce,
     "buckets": on_gradient,
+    "zero1": zero1_step,
     "pipeline": one_f_one_b,
 }
 

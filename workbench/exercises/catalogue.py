@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.exercises import buckets, pipeline, ring
+from workbench.exercises import buckets, pipeline, ring, zero1
 from workbench.exercises.exercise import Exercise
 
 EXERCISES: dict[str, Exercise] = {
@@ -10,6 +10,7 @@ EXERCISES: dict[str, Exercise] = {
     for e in (
         ring.EXERCISE,
         buckets.EXERCISE,
+        zero1.EXERCISE,
         pipeline.EXERCISE,
     )
 }
