@@ -84,6 +84,7 @@ you write anything to see what it says about an empty answer.
 """),
     code("""
 import os
+import torch  # your functions run here first (simulated ranks) with this notebook's names, on the ranks with torch
 import workbench as wb
 
 ex = wb.exercises

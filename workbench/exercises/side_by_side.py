@@ -13,7 +13,7 @@ from workbench.viz.timeline import timeline
 def side_by_side(
     learner: Run, reference: Run, title: str, steps: list[int] | None = None
 ) -> go.Figure:
-    """Two timelines (viz.timeline) in columns, yours on the left; the x axes share their range."""
+    """Two timelines (viz.timeline) in columns, yours on the left, on one time axis (the x axes matched)."""
     yours, ref = timeline(learner, steps=steps), timeline(reference, steps=steps)
     fig = make_subplots(
         rows=1,
@@ -33,7 +33,9 @@ def side_by_side(
     rows = list(yours.layout.yaxis.categoryarray or [])
     rows += [r for r in (ref.layout.yaxis.categoryarray or []) if r not in rows]
     fig.update_yaxes(categoryorder="array", categoryarray=rows)
-    fig.update_xaxes(title_text="time (ms)")
+    fig.update_xaxes(
+        title_text="time (ms)", matches="x"
+    )  # one time scale: a longer step looks longer
     fig.update_layout(
         title=f"{title}: your timeline beside the reference's",
         barmode="overlay",
