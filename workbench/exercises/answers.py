@@ -4,6 +4,7 @@ notebook's test fills into its empty cells (scripts/exercise_answers.py). A note
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 
@@ -15,8 +16,14 @@ def ring_all_reduce(ring, chunks):
         chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
 
 
+def checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):
+    mtbf_s = 86_400 / (failures_per_node_day * nodes)  # the job stops when any node fails
+    return math.sqrt(2 * checkpoint_s * mtbf_s)  # Young's; Daly's − checkpoint_s passes too
+
+
 #: exercise name → its reference answer
 ANSWERS: dict[str, Any] = {"ring": ring_all_reduce}
+ANSWERS["checkpoint-interval"] = checkpoint_interval
 
 
 def source(name: str) -> str:
