@@ -51,7 +51,7 @@ SECONDS_PER_DAY = 86_400.0
 #: the learner's waste may exceed the least by this fraction (see the module's docstring)
 TOLERANCE = 0.01
 #: a checkpoint after every one of these steps; the first save also imports torch.distributed.checkpoint
-#: (~0.4 s, once per process), so δ is the median of the others
+#: (0.4 s and more, once per process), so δ is the median of the others
 MEASURED_STEPS = 5
 
 
@@ -90,6 +90,9 @@ MODELLED = (
     Setting(checkpoint_s=60.0, failures_per_node_day=0.02, nodes=256),
     Setting(checkpoint_s=10.0, failures_per_node_day=0.1, nodes=1024),
     Setting(checkpoint_s=120.0, failures_per_node_day=0.005, nodes=2048),
+)
+MODELLED_COSTS = (
+    f"{min(s.checkpoint_s for s in MODELLED):g}–{max(s.checkpoint_s for s in MODELLED):g} s"
 )
 #: (failures per node-day, nodes) at the measured cost
 AT_MEASURED = ((0.01, 1024), (0.1, 1024), (0.03, 4096))
@@ -217,8 +220,8 @@ RATIOS = (
     ),
     (
         1 / 60,
-        "a unit: seconds and minutes (or hours under the square root: √3600 = 60). δ comes in seconds, so M must "
-        "be in seconds too (1 day = 86 400 s), and the interval is returned in seconds",
+        "a unit: your intervals are in minutes, or M went under the square root in hours (√3600 = 60). δ comes "
+        "in seconds, so M must be in seconds too (1 day = 86 400 s), and the interval is returned in seconds",
     ),
     (
         1 / 3600,
@@ -241,13 +244,13 @@ RATIOS = (
 
 def _matches(found: list[Found], wanted: Any) -> bool:
     """Whether every interval is `wanted(setting)`, or that minus δ (Daly's form), within 2 %."""
-    return any(
-        all(
-            abs(f.yours_s / (wanted(f.setting) - daly * f.setting.checkpoint_s) - 1) < 0.02
-            for f in found
-        )
-        for daly in (0, 1)
-    )
+    for daly in (0, 1):
+        formula = [wanted(f.setting) - daly * f.setting.checkpoint_s for f in found]
+        if all(
+            w > 0 and abs(f.yours_s / w - 1) < 0.02 for f, w in zip(found, formula, strict=True)
+        ):
+            return True
+    return False
 
 
 def diagnose(found: list[Found]) -> str | None:
@@ -287,7 +290,13 @@ def measure_checkpoint(out: str) -> tuple[Run, list[float]]:
     import workbench as wb
 
     config = wb.RunConfig(
-        model="tiny", dp=2, global_batch=4, steps=MEASURED_STEPS, checkpoint_every=1, seed=0
+        model="tiny",
+        dp=2,
+        global_batch=4,
+        steps=MEASURED_STEPS,
+        checkpoint_every=1,
+        seed=0,
+        backend="gloo",
     )
     run = wb.launch(config, out=os.path.join(out, "measured"), force=True, progress=False)
     ev = run.events
@@ -315,7 +324,7 @@ def grade(solution: Any, out: str) -> Result:
             exercise=NAME,
             passed=False,
             stage="validate",
-            message=f"at the modelled settings, before any process started: {wrong}",
+            message=f"modelled, before any process started — {wrong}",
         )
     try:
         run, per_save_s = measure_checkpoint(out)
@@ -368,7 +377,7 @@ def judge(found: list[Found], *, run: Run, per_save_s: list[float]) -> Result:
         )
         rows.append(
             Row(
-                what=f"time lost there, % (modelled), ≤ least + {100 * TOLERANCE:g} %",
+                what=f"time lost there, % (modelled), ≤ {1 + TOLERANCE:g} × the least",
                 yours=100 * f.waste,
                 target=100 * f.least,
                 ok=f.ok,
@@ -379,7 +388,8 @@ def judge(found: list[Found], *, run: Run, per_save_s: list[float]) -> Result:
     chart = interval_chart(worst_first[0], per_save_s=per_save_s)
     if wrong is not None:
         message = (
-            f"your intervals held at the modelled costs (10–300 s) but not at the cost measured here: {wrong} "
+            f"your intervals held at the modelled costs ({MODELLED_COSTS}) but not at the cost measured here: "
+            f"{wrong} "
             "A cheap checkpoint is best taken often: τ = √(2δM) shrinks with δ."
         )
         return Result(
@@ -411,17 +421,18 @@ EXERCISE = Exercise(
     name=NAME,
     title="Checkpoint interval: Young/Daly from a measured cost",
     you_write="checkpoint_interval(checkpoint_s, failures_per_node_day, nodes): seconds between checkpoints",
-    target=f"time lost (modelled) ≤ the least + {100 * TOLERANCE:g} %, at the measured checkpoint cost",
+    target=f"time lost (modelled) ≤ {1 + TOLERANCE:g} × the least, also at the measured checkpoint cost",
     task=(
         "Write the checkpoint interval, in seconds, that loses the least time. `checkpoint_s` is δ, the seconds "
         "one checkpoint takes to write; each of the job's `nodes` nodes fails `failures_per_node_day` times a "
         "day on average, and the job stops when any of them does. Checkpointing every τ seconds loses δ/τ of "
         "the time writing and, per failure, the work since the last checkpoint (half an interval on average).\n\n"
         "```python\ndef checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):\n    ...\n```\n\n"
-        "It is checked first at five modelled settings (δ of 10–300 s, 128–2048 nodes, 0.005–0.1 failures per "
-        "node-day), then at the cost a real run measures here (the tiny model on two ranks, a checkpoint after "
-        f"each step; its checkpoint spans give δ). Target: the time lost at your interval (δ/τ + τ/(2M), "
-        f"modelled) within {100 * TOLERANCE:g} % of the least, at every setting."
+        f"It is checked first at five modelled settings (δ of {MODELLED_COSTS}, 128–2048 nodes, 0.005–0.1 "
+        "failures per node-day), then at the cost a real run measures here (the tiny model on two ranks, a "
+        "checkpoint after each step; its checkpoint spans give δ). Target: the time lost at your interval "
+        f"(δ/τ + τ/(2M), M the job's mean time between failures; modelled) within {100 * TOLERANCE:g} % of the "
+        "least, at every setting. Your function runs with `math` and `torch` as its only globals."
     ),
     stub=(
         "def checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):\n"
