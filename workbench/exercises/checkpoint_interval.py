@@ -187,9 +187,10 @@ def _times_nodes(s: Setting) -> float:
 SHAPES = (
     (
         _forgot,
-        "Your intervals are Young's with one node's MTBF ({node_mtbf:.0f} s): √{nodes} = {sqrt_nodes:.0f} times "
-        "too long at {nodes} nodes. The job stops when any of its {nodes} nodes fails: its MTBF is the node's "
-        "divided by {nodes}, M = 1 day / (failures per node-day × nodes) = {mtbf:.0f} s",
+        "Your intervals are Young's with one node's MTBF ({node_mtbf:.0f} s, {node_days:g} days): "
+        "√{nodes} = {sqrt_nodes:.0f} times too long at {nodes} nodes. The job stops when any of its {nodes} "
+        "nodes fails: its MTBF is the node's divided by {nodes}, "
+        "M = 1 day / (failures per node-day × nodes) = {mtbf:.0f} s",
     ),
     (
         _times_nodes,
@@ -264,6 +265,7 @@ def diagnose(found: list[Found]) -> str | None:
         "nodes": s.nodes,
         "sqrt_nodes": math.sqrt(s.nodes),
         "node_mtbf": SECONDS_PER_DAY / s.failures_per_node_day,
+        "node_days": 1 / s.failures_per_node_day,
         "mtbf": s.mtbf_s,
         "young": s.young_s,
         "yours": f.yours_s,
