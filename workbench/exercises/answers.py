@@ -4,6 +4,7 @@ notebook's test fills into its empty cells (scripts/exercise_answers.py). A note
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -50,12 +51,19 @@ one_f_one_b = [
 ]
 # fmt: on
 
+
+def checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):
+    mtbf_s = 86_400 / (failures_per_node_day * nodes)  # the job stops when any node fails
+    return math.sqrt(2 * checkpoint_s * mtbf_s)  # Young's; Daly's − checkpoint_s passes too
+
+
 #: exercise name → its reference answer
 ANSWERS: dict[str, Any] = {
     "ring": ring_all_reduce,
     "buckets": on_gradient,
     "zero1": zero1_step,
     "pipeline": one_f_one_b,
+    "checkpoint-interval": checkpoint_interval,
 }
 
 #: the variable a table answer's cell assigns, where it is not the exercise's name

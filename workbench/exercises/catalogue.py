@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.exercises import buckets, pipeline, ring, zero1
+from workbench.exercises import buckets, checkpoint_interval, pipeline, ring, zero1
 from workbench.exercises.exercise import Exercise
 
 EXERCISES: dict[str, Exercise] = {
@@ -12,5 +12,6 @@ EXERCISES: dict[str, Exercise] = {
         buckets.EXERCISE,
         zero1.EXERCISE,
         pipeline.EXERCISE,
+        checkpoint_interval.EXERCISE,
     )
 }
