@@ -176,7 +176,7 @@ def judge(yours: Any, reference: Any) -> Result:
             ok=correct,
         ),
         Row(
-            what=f"loss after {STEPS} SGD steps (target: one process's)",
+            what=f"loss at the last of {STEPS} SGD steps (target: one process's)",
             yours=mine[0]["losses"][-1],
             target=mine[0]["one_process_losses"][-1],
             ok=worst["losses"] <= RTOL,

@@ -71,6 +71,8 @@ def communication_problem(sim: Simulation, fn: Any) -> str | None:
             return f"rank {r}: {e}"
         where = your_lines(e, fn) or "in the workbench"
         message = f"rank {r} raised {type(e).__name__}: {e} ({where})"
+        if "process group" in str(e):
+            return f"{message}: communicate through tp.f and tp.g only (they are traced, and simulated here)"
         return f"{message}. {SPLIT_RULE}" if "shape" in str(e) else message
     mismatched = [e for e in sim.errors.values() if isinstance(e, Mismatch)]
     if mismatched:

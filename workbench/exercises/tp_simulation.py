@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -152,19 +152,13 @@ class BadOutput(Exception):
     """tp_mlp returned something that is not the MLP's [tokens, h] output."""
 
 
-@dataclass
 class SimGroup:
     """The simulated ranks' shared state: a barrier per all-reduce, a slot per rank, each rank's calls."""
 
-    n: int
-    barrier: threading.Barrier = field(init=False)
-    slots: list[Any] = field(init=False)
-    calls: list[list[Call]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.barrier = threading.Barrier(self.n, timeout=WAIT_S)
-        self.slots = [None] * self.n
-        self.calls = [[] for _ in range(self.n)]
+    def __init__(self, n: int) -> None:
+        self.barrier = threading.Barrier(n, timeout=WAIT_S)
+        self.slots: list[Any] = [None] * n
+        self.calls: list[list[Call]] = [[] for _ in range(n)]
 
 
 class SimComm:
