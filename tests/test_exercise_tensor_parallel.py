@@ -113,8 +113,8 @@ def test_gelu_after_g_and_calls_the_ranks_do_not_share_are_named():
     assert "GELU was applied after g" in str(diagnose(simulate(gelu_after_g), gelu_after_g))
     waits = diagnose(simulate(g_on_rank_0), g_on_rank_0)
     assert waits is not None and waits.startswith(
-        "deadlock: rank 0 waits at its all-reduce number 1 (g's all-reduce in forward) for ranks that made "
-        "[1, 0] all-reduces"
+        "deadlock: rank 0 waits at its all-reduce number 1 (g's all-reduce in forward) while the ranks made "
+        "[1, 0] all-reduces in all"
     )
 
 
@@ -169,3 +169,49 @@ def test_the_stub_as_shipped_and_a_lambda_are_refused_before_any_process(tmp_pat
     assert "tp_mlp returned NoneType" in message
     refused = check(lambda x, w1, w2: x, tmp_path)
     assert refused.stage == "validate" and "`def tp_mlp(x, w1, w2, tp): ...`" in refused.message
+
+
+class RecordedRun:
+    """What `judge` reads of a run — each rank's exercise_rank{r}.json, the trace's events, the config —
+    written by hand, to hold the judge to what real ranks could report."""
+
+    def __init__(self, path, *, worst: float, all_reduces: bool) -> None:
+        import json
+
+        import pandas as pd
+
+        self.path, self.config = str(path), wb.RunConfig(tp=2, global_batch=1).to_dict()
+        keys = ("output", "x gradient", "w1 gradient", "w2 gradient", "losses")
+        for r in range(2):
+            found = {"worst": dict.fromkeys(keys, 1e-15) | {"output": worst}, "losses": [7.0] * 3}
+            found["one_process_losses"] = [7.0] * 3
+            (path / f"exercise_rank{r}.json").write_text(json.dumps(found))
+        rows = [
+            {"rank": r, "step": s, "name": f"ProfilerStep#{s}", "cat": "step", "dur_us": 1e3}
+            for r in range(2)
+            for s in range(3)
+        ]
+        if all_reduces:
+            rows += [
+                {"rank": r, "step": s, "name": f"all_reduce {label}", "cat": "collective", "op": "all_reduce",
+                 "group": "tp", "label": label, "bytes": ACTIVATION_BYTES, "dur_us": 10.0}
+                for r in range(2)
+                for s in range(3)
+                for label in ("g forward", "f backward")
+            ]  # fmt: skip
+        columns = ["rank", "step", "name", "cat", "op", "group", "label", "bytes", "dur_us"]
+        self.events = pd.DataFrame(rows, columns=columns)  # a run's events have every column
+
+
+def test_the_judge_holds_real_ranks_to_one_process_and_to_communicating(tmp_path):
+    from workbench.exercises.tensor_parallel import judge
+
+    reference = RecordedRun(tmp_path, worst=1e-15, all_reduces=True)
+    assert judge(reference, reference).passed
+    (tmp_path / "off").mkdir()
+    off = judge(RecordedRun(tmp_path / "off", worst=0.5, all_reduces=True), reference)
+    assert off.stage == "one process"
+    assert off.message.startswith("on the real ranks the output differs from one process's by 0.5")
+    (tmp_path / "alone").mkdir()
+    alone = judge(RecordedRun(tmp_path / "alone", worst=0.0, all_reduces=False), reference)
+    assert alone.stage == "target" and "the ranks never communicated" in alone.message

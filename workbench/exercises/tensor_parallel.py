@@ -37,6 +37,7 @@ from workbench.exercises.result import Result, Row
 from workbench.exercises.submission import SolutionError, function_source
 from workbench.exercises.tp_diagnosis import diagnose
 from workbench.exercises.tp_simulation import (
+    FFN,
     HIDDEN,
     RANKS,
     RTOL,
@@ -222,15 +223,25 @@ def judge(yours: Any, reference: Any) -> Result:
             message=message,
             **verdict,
         )
+    (nf, bf), (nb, bb) = ops["forward"], ops["backward"]
+    if nf == nb == 0:
+        message = (
+            "your MLP computes what one process does, but the ranks never communicated: each computed the "
+            "whole MLP, one process's work on every rank. Tensor parallelism splits it — each rank computes "
+            f"4h/t = {FFN // RANKS} of the {FFN} hidden units — at the cost of one all-reduce each way of the "
+            f"[tokens, h] activation, {ACTIVATION_BYTES} bytes."
+        )
+        return Result(
+            exercise="tensor-parallel", passed=False, stage="target", message=message, **verdict
+        )
     if any(ops[d] != (1, ACTIVATION_BYTES) for d in ops):
-        (nf, bf), (nb, bb) = ops["forward"], ops["backward"]
         message = (
             f"your MLP computes what one process does, but each step all-reduced {bf} bytes in forward "
             f"({_count(nf)}) and {bb} in backward ({_count(nb)}); the target is one all-reduce each way of the "
             f"[tokens, h] = [{TOKENS}, {HIDDEN}] activation, {ACTIVATION_BYTES} bytes. Split w1 by its rows "
-            "(column-parallel) and the hidden layer stays split — GELU is elementwise, each rank applies it to "
-            "its own units without communicating —; only the row-parallel output's partial sums need summing "
-            "(g), and in backward only x's gradient (f). Summing the [tokens, 4h] hidden layer's inputs instead "
+            "(column-parallel) and the hidden layer stays split: GELU is elementwise, so each rank applies it "
+            "to its own units without communicating, and only the row-parallel output's partial sums need "
+            "summing (g) — in backward, only x's gradient (f). Summing the [tokens, 4h] hidden layer's inputs instead "
             "costs 4 × the bytes."
         )
         return Result(
@@ -259,8 +270,8 @@ EXERCISE = Exercise(
         "- `w1` [4h, h] and `w2` [h, 4h]: the FULL weights in nn.Linear's layout (x·w1ᵀ): take this rank's "
         "shards by slicing them (their gradients then land in the full weights' places);\n"
         "- `tp.rank`, `tp.size`: this rank j, and t;\n"
-        "- `tp.f(t)`: identity forward, all-reduce (sum) of the gradient backward; `tp.g(t)`: all-reduce "
-        "forward, identity backward.\n\n"
+        "- `tp.f(a)`: identity forward, all-reduce (sum) of a's gradient backward; `tp.g(a)`: all-reduce "
+        "(sum) of a forward, identity backward.\n\n"
         "Return the output [tokens, h], the whole of it on every rank; GELU is `torch.nn.functional.gelu`. "
         "Your function has only `torch` and `math` as globals, and communicates only through `tp.f` and "
         "`tp.g`.\n\n"

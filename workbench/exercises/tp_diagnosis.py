@@ -53,7 +53,7 @@ def span(indices: list[int]) -> str:
     if indices and indices == list(range(indices[0], indices[-1] + 1)):
         return f"{indices[0]}–{indices[-1]}"
     head = ", ".join(str(i) for i in indices[:4])
-    return f"{len(indices)} of them ({head}{', …' if len(indices) > 4 else ''})"
+    return f"{head}, … ({len(indices)} in all)" if len(indices) > 4 else head
 
 
 def _which(label: str) -> str:
@@ -89,9 +89,9 @@ def communication_problem(sim: Simulation, fn: Any) -> str | None:
         call = waiting[r].call
         made = [len(calls) for calls in sim.calls]
         return (
-            f"deadlock: rank {r} waits at its all-reduce number {call.k + 1} ({_which(call.label)}) for ranks "
-            f"that made {made} all-reduces in all: every rank must call f and g, as many times each (an `if "
-            "tp.rank == 0:` around one leaves the other ranks waiting)."
+            f"deadlock: rank {r} waits at its all-reduce number {call.k + 1} ({_which(call.label)}) while the "
+            f"ranks made {made} all-reduces in all (rank 0, 1, …): every rank must call f and g, as many "
+            "times each (an `if tp.rank == 0:` around one leaves the other ranks waiting)."
         )
     unfinished = [r for r, f in enumerate(sim.found) if f is None]
     if unfinished:
