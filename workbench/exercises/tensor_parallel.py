@@ -275,6 +275,7 @@ EXERCISE = Exercise(
         "Return the output [tokens, h], the whole of it on every rank; GELU is `torch.nn.functional.gelu`. "
         "Your function has only `torch` and `math` as globals, and communicates only through `tp.f` and "
         "`tp.g`.\n\n"
+        f"Here tokens = {TOKENS}, h = {HIDDEN} (4h = {FFN}) and t = {RANKS}. "
         f"It runs first on t = {RANKS} simulated ranks (a missing f or g, a wrong split, a deadlock is named "
         f"before any process starts), then on {RANKS} gloo processes for {STEPS} SGD steps, traced: the "
         "output, the gradients of x, w1 and w2 (each rank's shard) and the losses must equal one process's "
