@@ -40,6 +40,13 @@ def zero1_step(flat_params, flat_grads, dp, update):
     dp.all_gather(flat_params, flat_params[mine].clone())
 
 
+def tp_mlp(x, w1, w2, tp):
+    per = w1.size(0) // tp.size  # the hidden units on each rank
+    mine = slice(tp.rank * per, (tp.rank + 1) * per)
+    hidden = torch.nn.functional.gelu(tp.f(x) @ w1[mine].t())  # column-parallel: w1's rows
+    return tp.g(hidden @ w2[:, mine].t())  # row-parallel: w2's columns, the partial sums summed
+
+
 # 1F1B, p = 4, m = 8: rank r runs p − r − 1 forwards (warm-up), then one forward and one backward in turn
 # (steady state), then the backwards left (cool-down)
 # fmt: off
@@ -62,6 +69,7 @@ ANSWERS: dict[str, Any] = {
     "ring": ring_all_reduce,
     "buckets": on_gradient,
     "zero1": zero1_step,
+    "tensor-parallel": tp_mlp,
     "pipeline": one_f_one_b,
     "checkpoint-interval": checkpoint_interval,
 }

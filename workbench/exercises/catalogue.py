@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from workbench.exercises import buckets, checkpoint_interval, pipeline, ring, zero1
+from workbench.exercises import (
+    buckets,
+    checkpoint_interval,
+    pipeline,
+    ring,
+    tensor_parallel,
+    zero1,
+)
 from workbench.exercises.exercise import Exercise
 
 EXERCISES: dict[str, Exercise] = {
@@ -11,6 +18,7 @@ EXERCISES: dict[str, Exercise] = {
         ring.EXERCISE,
         buckets.EXERCISE,
         zero1.EXERCISE,
+        tensor_parallel.EXERCISE,
         pipeline.EXERCISE,
         checkpoint_interval.EXERCISE,
     )
