@@ -245,31 +245,34 @@ def validate(solution: Any) -> tuple[str | None, str | None]:
         source = function_source(solution, exercise="on_gradient", params=("param", "dp"))
     except SolutionError as e:
         return None, str(e)
-    wrong = diagnose(simulate(solution), solution)
-    if wrong is not None:
-        return None, f"on one simulated backward, before any process started: {wrong}"
-    return source, None
+    wrong = simulated(solution)
+    return (source, None) if wrong is None else (None, wrong)
+
+
+def simulated(fn: Any) -> str | None:
+    """What one simulated backward finds wrong with the hook, said where it was found; None if nothing."""
+    wrong = diagnose(simulate(fn), fn)
+    return (
+        None if wrong is None else f"on one simulated backward, before any process started: {wrong}"
+    )
 
 
 def grade(solution: Any, out: str) -> Result:
     """Validate in this process, run beside the reference on dp = 2 real ranks, hold to one process and the
     overlap."""
-    import os
+    from workbench.config import RunConfig
+    from workbench.exercises.grading import grade_function
 
-    from workbench.exercises.ranks import failure_message
-    from workbench.launching.launcher import RunFailed
-
-    source, wrong = validate(solution)
-    if source is None:
-        return Result(exercise="buckets", passed=False, stage="validate", message=str(wrong))
-    try:
-        runs = {
-            label: run(source if label == "yours" else None, os.path.join(out, label), label)
-            for label in ("yours", "reference")
-        }
-    except RunFailed as e:
-        return Result(exercise="buckets", passed=False, stage="run", message=failure_message(e))
-    return judge(runs["yours"], runs["reference"])
+    return grade_function(
+        "buckets",
+        solution,
+        function="on_gradient",
+        params=("param", "dp"),
+        simulated=simulated,
+        config=RunConfig(dp=DP, global_batch=DP),
+        judge=judge,
+        out=out,
+    )
 
 
 def run(source: str | None, out: str, label: str) -> Any:

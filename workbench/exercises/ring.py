@@ -28,7 +28,6 @@ import torch
 
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.submission import SolutionError, function_source
 
 #: ranks and values per chunk on both the simulated and the real ranks
 RANKS, CHUNK = 4, 256
@@ -255,39 +254,27 @@ def on_rank(ctx: Any, fn: Any, settings: dict) -> dict:
 
 def grade(solution: Any, out: str) -> Result:
     """Validate on simulated ranks, run beside the reference on real ones, hold to the ring's bytes."""
-    import os
-
     from workbench.config import RunConfig
-    from workbench.exercises.ranks import failure_message, run_on_ranks
-    from workbench.launching.launcher import RunFailed
+    from workbench.exercises.grading import grade_function
 
-    try:
-        source = function_source(solution, exercise="ring_all_reduce", params=("ring", "chunks"))
-    except SolutionError as e:
-        return Result(exercise="ring", passed=False, stage="validate", message=str(e))
-    wrong = diagnose(simulate(solution), solution)
-    if wrong is not None:
-        return Result(
-            exercise="ring",
-            passed=False,
-            stage="validate",
-            message=f"on {RANKS} simulated ranks, before any process started: {wrong}",
+    def simulated(fn: Any) -> str | None:
+        wrong = diagnose(simulate(fn), fn)
+        return (
+            None
+            if wrong is None
+            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
         )
-    config = RunConfig(dp=RANKS, global_batch=RANKS)
-    try:
-        runs = {
-            label: run_on_ranks(
-                "ring",
-                config=config,
-                solution=source if label == "yours" else None,
-                settings={"label": label},
-                out=os.path.join(out, label),
-            )
-            for label in ("yours", "reference")
-        }
-    except RunFailed as e:
-        return Result(exercise="ring", passed=False, stage="run", message=failure_message(e))
-    return judge(runs["yours"], runs["reference"])
+
+    return grade_function(
+        "ring",
+        solution,
+        function="ring_all_reduce",
+        params=("ring", "chunks"),
+        simulated=simulated,
+        config=RunConfig(dp=RANKS, global_batch=RANKS),
+        judge=judge,
+        out=out,
+    )
 
 
 def judge(yours: Any, reference: Any) -> Result:

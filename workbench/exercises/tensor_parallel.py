@@ -27,14 +27,12 @@ exercises/tp_diagnosis.py.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.submission import SolutionError, function_source
 from workbench.exercises.tp_diagnosis import diagnose
 from workbench.exercises.tp_simulation import (
     FFN,
@@ -108,33 +106,26 @@ def on_rank(ctx: Any, fn: Any, settings: dict) -> dict:
 def grade(solution: Any, out: str) -> Result:
     """Validate on simulated ranks, run beside the reference on real ones, hold to one all-reduce each way."""
     from workbench.config import RunConfig
-    from workbench.exercises.ranks import failure_message, run_on_ranks
-    from workbench.launching.launcher import RunFailed
+    from workbench.exercises.grading import grade_function
 
-    name = "tensor-parallel"
-    try:
-        source = function_source(solution, exercise="tp_mlp", params=("x", "w1", "w2", "tp"))
-    except SolutionError as e:
-        return Result(exercise=name, passed=False, stage="validate", message=str(e))
-    wrong = diagnose(simulate(solution), solution)
-    if wrong is not None:
-        message = f"on {RANKS} simulated ranks, before any process started: {wrong}"
-        return Result(exercise=name, passed=False, stage="validate", message=message)
-    config = RunConfig(tp=RANKS, global_batch=1)
-    try:
-        runs = {
-            label: run_on_ranks(
-                name,
-                config=config,
-                solution=source if label == "yours" else None,
-                settings={},
-                out=os.path.join(out, label),
-            )
-            for label in ("yours", "reference")
-        }
-    except RunFailed as e:
-        return Result(exercise=name, passed=False, stage="run", message=failure_message(e))
-    return judge(runs["yours"], runs["reference"])
+    def simulated(fn: Any) -> str | None:
+        wrong = diagnose(simulate(fn), fn)
+        return (
+            None
+            if wrong is None
+            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
+        )
+
+    return grade_function(
+        "tensor-parallel",
+        solution,
+        function="tp_mlp",
+        params=("x", "w1", "w2", "tp"),
+        simulated=simulated,
+        config=RunConfig(tp=RANKS, global_batch=1),
+        judge=judge,
+        out=out,
+    )
 
 
 def all_reduces(run: Any) -> dict[str, tuple[int, int]]:

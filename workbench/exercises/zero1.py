@@ -33,7 +33,6 @@ import torch
 
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.submission import SolutionError, function_source
 from workbench.exercises.zero1_simulated import RANKS, ShardAdamW, diagnose, simulate
 from workbench.trace.bandwidth import bus_factor
 
@@ -150,42 +149,28 @@ def on_rank(ctx: Any, fn: Any, settings: dict) -> dict:
 
 # ---- the grade --------------------------------------------------------------------------------------------
 def grade(solution: Any, out: str) -> Result:
-    """Validate on simulated ranks, run beside the reference on real ones, hold to the bytes and the state."""
-    import os
-
+    """Validate on simulated ranks, run beside the reference on real ones, hold to one process and the targets."""
     from workbench.config import RunConfig
-    from workbench.exercises.ranks import failure_message, run_on_ranks
-    from workbench.launching.launcher import RunFailed
+    from workbench.exercises.grading import grade_function
 
-    try:
-        source = function_source(
-            solution, exercise="zero1_step", params=("flat_params", "flat_grads", "dp", "update")
+    def simulated(fn: Any) -> str | None:
+        wrong = diagnose(simulate(fn), fn)
+        return (
+            None
+            if wrong is None
+            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
         )
-    except SolutionError as e:
-        return Result(exercise="zero1", passed=False, stage="validate", message=str(e))
-    wrong = diagnose(simulate(solution), solution)
-    if wrong is not None:
-        return Result(
-            exercise="zero1",
-            passed=False,
-            stage="validate",
-            message=f"on {RANKS} simulated ranks, before any process started: {wrong}",
-        )
-    config = RunConfig(dp=RANKS, global_batch=RANKS)
-    try:
-        runs = {
-            label: run_on_ranks(
-                "zero1",
-                config=config,
-                solution=source if label == "yours" else None,
-                settings={"label": label},
-                out=os.path.join(out, label),
-            )
-            for label in ("yours", "reference")
-        }
-    except RunFailed as e:
-        return Result(exercise="zero1", passed=False, stage="run", message=failure_message(e))
-    return judge(runs["yours"], runs["reference"])
+
+    return grade_function(
+        "zero1",
+        solution,
+        function="zero1_step",
+        params=("flat_params", "flat_grads", "dp", "update"),
+        simulated=simulated,
+        config=RunConfig(dp=RANKS, global_batch=RANKS),
+        judge=judge,
+        out=out,
+    )
 
 
 def wire_bytes(run: Any) -> int:
