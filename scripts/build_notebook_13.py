@@ -103,8 +103,9 @@ cells.append(
     md("""
 ## Where next
 
-A schedule is data: write a table other than 1F1B (GPipe, an interleaved order you invent) and submit it to the
-`pipeline` check — it validates, trains and measures any table, and says how it compares with 1F1B.
+A schedule is data: write a table other than 1F1B — GPipe, an order you invent, another p or m — and give it to
+`ex.try_schedule(table)`: it validates it, trains it on real ranks beside 1F1B and one process, and shows its
+activations in flight and its bubble beside 1F1B's.
 """)
 )
 write(cells, "13_exercises.ipynb")

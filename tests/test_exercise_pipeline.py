@@ -185,3 +185,47 @@ def test_a_run_that_differs_from_one_process_is_caught(passed, out):
     result = judge(runs, schedule)
     assert not result.passed and result.stage == "one process"
     assert "differs from one process (loss by 0.0001" in result.message
+
+
+@pytest.mark.parametrize(
+    ("table", "shape"),
+    [
+        (
+            [[f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)] for _ in range(4)],
+            "4 rows and 4",
+        ),
+        ([["F0", "B0"], ["F0", "B0"]], "2 rows and 1"),
+        (reference_table(4, 7), "4 rows and 7"),
+    ],
+    ids=["gpipe-at-m-4", "two-ranks-one-microbatch", "1f1b-at-m-7"],
+)
+def test_the_exercise_wants_p_4_and_m_8_before_any_process_starts(tmp_path, table, shape):
+    """At m ≤ p GPipe holds what 1F1B holds and its bubble is 1F1B's: the exercise asks for the shape that
+    tells them apart, and points a schedule of another shape to try_schedule."""
+    result = wb.exercises.check("pipeline", table, out=str(tmp_path))
+    assert not result.passed and result.stage == "validate", str(result)
+    assert f"your table has {shape} microbatches" in result.message
+    assert "wb.exercises.try_schedule(table)" in result.message
+    assert not os.listdir(tmp_path), "nothing launched"
+
+
+#: rank 1 runs rank 0's order: four forwards before its first backward, one more than 1F1B's rank 1
+RANK_1_HOLDS_ONE_MORE = [ONE_F_ONE_B[0], ONE_F_ONE_B[0], ONE_F_ONE_B[2], ONE_F_ONE_B[3]]
+
+
+def test_a_rank_other_than_0_holding_more_than_1f1b_fails_the_target(passed, out):
+    result = wb.exercises.check("pipeline", RANK_1_HOLDS_ONE_MORE, out=out)
+    assert not result.passed and result.stage == "target", str(result)
+    assert "rank 1 has 4 microbatches in flight at once (counted from your table)" in result.message
+    assert "p − r = 3" in result.message
+
+
+def test_try_schedule_trains_any_valid_table_and_shows_it_beside_1f1b(passed, out):
+    result = wb.exercises.try_schedule(GPIPE, out=out)
+    assert result.passed, str(result)
+    assert (
+        "Beside 1F1B at p = 4, m = 8: activations in flight [8, 8, 8, 8] against [4, 3, 2, 1]"
+        in (result.message)
+    )
+    rows = {r.what: r for r in result.rows}
+    assert rows["activations rank 0 holds at once, microbatches"].ok is None, "shown, not held"

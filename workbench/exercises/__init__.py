@@ -15,6 +15,7 @@ answers live in `exercises/answers.py`, which the notebook never prints.
     import workbench as wb
     wb.exercises.show("ring")              # the task
     wb.exercises.check("ring", my_ring)    # a Result: shows itself in a notebook
+    wb.exercises.try_schedule(my_table)    # a pipeline schedule of your own, beside 1F1B
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ import pandas as pd
 
 from workbench.exercises.catalogue import EXERCISES
 from workbench.exercises.exercise import Exercise
+from workbench.exercises.pipeline import try_schedule
 from workbench.exercises.result import ExerciseFailed, Result, Row
 
 #: where a check's runs go unless told: <out>/<exercise>/yours and …/reference
 DEFAULT_OUT = os.path.join("traces", "exercises")
 
-__all__ = ["EXERCISES", "Exercise", "ExerciseFailed", "Result", "Row", "check", "show", "table"]
+__all__ = [
+    "EXERCISES",
+    "Exercise",
+    "ExerciseFailed",
+    "Result",
+    "Row",
+    "check",
+    "show",
+    "table",
+    "try_schedule",
+]
 
 
 def exercise(name: str) -> Exercise:

@@ -3,9 +3,10 @@ p = 4 ranks and m = 8 microbatches, written by the learner as a table of actions
 (schedules/actions.py), the shape torch.distributed.pipelining gives it.
 
 The learner's `one_f_one_b` is a list of p rows, rank r's compute actions in the order it runs them:
-"F3" is the forward of microbatch 3 through rank r's stage, "B3" its backward. Any table of 2 to 4 ranks
-and up to 16 microbatches is accepted (a new schedule as data); it is held to 1F1B's targets at its own p
-and m. Graded in three stages:
+"F3" is the forward of microbatch 3 through rank r's stage, "B3" its backward. The exercise wants p = 4 and
+m = 8 (at m ≤ p GPipe holds what 1F1B holds); `try_schedule` takes any table of 2 to 4 ranks and up to 16
+microbatches (a new schedule as data), trains it the same way and shows it beside 1F1B. Graded in three
+stages:
 
 - **before any process starts** (in this process, from the table alone): the cells are actions; each rank
   runs each microbatch's F and B once, the B after its F ("rank 3 never runs B7", "rank 1 runs F2 twice");
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
     from workbench.analysis.run import Run
     from workbench.config import RunConfig
 
-#: the ranks and microbatches a table may have (the task: 4 and 8)
+#: the ranks and microbatches a table may have (`try_schedule`), and the exercise's own
 RANKS, MICROBATCHES = range(2, 5), range(1, 17)
+TASK_P, TASK_M = 4, 8
 #: sequences per microbatch, and training steps of each run
 MICRO_BATCH, STEPS = 2, 3
 #: the one-process check (tests/test_pipeline_parallel.py, tests/test_data_parallel.py): the pipeline sums
@@ -264,13 +266,37 @@ def _launch(config: RunConfig, out: str, *, reuse: bool) -> Run:
 
 
 def grade(solution: Any, out: str) -> Result:
-    """Validate the table, train with it beside 1F1B and one process, hold it to 1F1B's memory and bubble."""
+    """The exercise: 1F1B at p = 4, m = 8 — validate the table, train with it beside 1F1B and one process,
+    hold it to 1F1B's memory and bubble."""
+    return _grade(solution, out, exercise=True)
+
+
+def try_schedule(table: Any, out: str | None = None) -> Result:
+    """A schedule of your own, as data (2–4 ranks, up to 16 microbatches): validated, trained beside 1F1B at
+    the same p and m and one process; it passes when it trains what one process trains, and its memory and
+    bubble are shown beside 1F1B's, not held."""
+    return _grade(
+        table,
+        os.path.abspath(out or os.path.join("traces", "exercises", "schedule")),
+        exercise=False,
+    )
+
+
+def _grade(solution: Any, out: str, *, exercise: bool) -> Result:
     from workbench.config import ConfigError, ModelConfig, RunConfig
     from workbench.exercises.ranks import EXERCISE_TIMEOUT_S, failure_message
     from workbench.launching.launcher import RunFailed
     from workbench.schedules.torch_csv import write_csv
 
     schedule, wrong = check_table(solution)
+    if schedule is not None and exercise and (schedule.p, schedule.m) != (TASK_P, TASK_M):
+        wrong = (
+            f"the exercise asks for p = {TASK_P} ranks and m = {TASK_M} microbatches (F0 … F7); your table "
+            f"has {schedule.p} rows and {schedule.m} microbatches (at m ≤ p GPipe and 1F1B hold the same "
+            "activations, so only m = 8 tells them apart). A schedule of your own of another shape: "
+            "wb.exercises.try_schedule(table)"
+        )
+        schedule = None
     if schedule is None:
         message = f"before any process started: {wrong}"
         return Result(exercise="pipeline", passed=False, stage="validate", message=message)
@@ -302,17 +328,20 @@ def grade(solution: Any, out: str) -> Result:
         return Result(exercise="pipeline", passed=False, stage="validate", message=str(e))
     except RunFailed as e:
         return Result(exercise="pipeline", passed=False, stage="run", message=failure_message(e))
-    return judge(runs, schedule)
+    return judge(runs, schedule, held=exercise)
 
 
-def judge(runs: dict[str, Run], schedule: Schedule) -> Result:
-    """The learner's run against one process, the measured activations and the simulated bubble."""
+def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Result:
+    """The learner's run against one process, the activations in flight (counted from the table on every
+    rank, measured on rank 0) and the simulated bubble; `held=False` (try_schedule): the last three shown
+    beside 1F1B's, not held."""
     yours, reference, single = runs["yours"], runs["reference"], runs["one process"]
     p, m = schedule.p, schedule.m
+    counted, one_f_one_b = peak_in_flight(schedule), list(range(p, 0, -1))
     mine, one = yours.metrics, single.metrics
     loss = max(abs(a - b) / abs(b) for a, b in zip(mine.loss, one.loss, strict=True))
     norm = max(abs(a - b) / abs(b) for a, b in zip(mine.grad_norm, one.grad_norm, strict=True))
-    held, peak, unit = activations_held(yours)
+    held_0, peak, unit = activations_held(yours)
     bubble, formula = simulate(schedule, t_f=T_F, t_b=T_B).bubble_fraction(), (p - 1) / (m + p - 1)
     same = loss <= LOSS_RTOL and norm <= NORM_RTOL
     rows = [
@@ -330,16 +359,22 @@ def judge(runs: dict[str, Run], schedule: Schedule) -> Result:
         ),
         Row(
             what="activations rank 0 holds at once, microbatches",
-            yours=held,
+            yours=held_0,
             target=f"≤ p = {p} (1F1B's run: {activations_held(reference)[0]:.3g})",
-            ok=held <= p + HELD_SLACK,
+            ok=held_0 <= p + HELD_SLACK if held else None,
             measured=True,
+        ),
+        Row(
+            what="activations in flight on each rank, microbatches (counted from your table)",
+            yours=counted,
+            target=f"≤ 1F1B's p − r = {one_f_one_b}",
+            ok=all(c <= t for c, t in zip(counted, one_f_one_b, strict=True)) if held else None,
         ),
         Row(
             what=f"bubble at equal stage costs (simulated, T_B = {T_B / T_F:g}·T_F)",
             yours=bubble,
             target=f"(p−1)/(m+p−1) = {formula:.4g}",
-            ok=bubble <= formula + 1e-9,
+            ok=bubble <= formula + 1e-9 if held else None,
         ),
         Row(
             what="bubble fraction on this machine (shown, not held)",
@@ -366,21 +401,44 @@ def judge(runs: dict[str, Run], schedule: Schedule) -> Result:
             False,
             "one process",
             f"your schedule's run differs from one process (loss by {loss:.2g}, gradient norm by "
-            f"{norm:.2g}, relative) although your table validated: that is the workbench's fault, not yours "
-            "(the executor ran a valid schedule wrong) — please report it",
+            f"{norm:.2g}, relative; at most {LOSS_RTOL:g} and {NORM_RTOL:g}) although your table "
+            "validated: every microbatch's F and B ran once, in an order without deadlock, so the "
+            "gradients should be one process's. Please report it with your table: the workbench's executor "
+            "is the likely cause",
         )
-    if held > p + HELD_SLACK:
+    if not held:
+        return result(
+            True,
+            "passed",
+            f"your schedule is valid and trains what one process trains (losses within {loss:.1g} "
+            f"relative). Beside 1F1B at p = {p}, m = {m}: activations in flight {counted} against "
+            f"{one_f_one_b} (rank 0 measured: {held_0:.1f}), bubble at equal costs {bubble:.3f} against "
+            f"{formula:.3f}",
+        )
+    if held_0 > p + HELD_SLACK:
         kinds = [a.kind for a in schedule.actions[0] if a.kind in ("F", "B")]
         before = kinds.index("B")
         return result(
             False,
             "target",
-            f"your schedule trains the same model as one process, but rank 0 held {held:.1f} "
+            f"your schedule trains the same model as one process, but rank 0 held {held_0:.1f} "
             f"microbatches' activations at once (measured: {peak} bytes at the peak, {unit} bytes per "
             f"microbatch on stage 0), and 1F1B holds at most p = {p}. Your rank 0 runs {before} forwards "
             f"before its first backward (counted from your table, it holds {peak_in_flight(schedule)[0]}): "
             f"1F1B's rank r runs only p − r − 1 of them, then one forward, one backward in turn, so that "
             "each backward frees a microbatch's activations before the next forward saves another.",
+        )
+    over = [r for r in range(p) if counted[r] > one_f_one_b[r]]
+    if over:
+        r = over[0]
+        return result(
+            False,
+            "target",
+            f"your schedule trains right and rank 0 holds what 1F1B holds, but rank {r} has {counted[r]} "
+            f"microbatches in flight at once (counted from your table) where 1F1B's rank r holds p − r = "
+            f"{one_f_one_b[r]}: rank {r} runs {counted[r] - 1} forwards before its first backward, 1F1B's "
+            f"p − r − 1 = {one_f_one_b[r] - 1}. Each forward beyond them keeps one more microbatch's "
+            "activations alive without shortening the step.",
         )
     if bubble > formula + 1e-9:
         tl = simulate(schedule, t_f=T_F, t_b=T_B)
@@ -389,7 +447,7 @@ def judge(runs: dict[str, Run], schedule: Schedule) -> Result:
         return result(
             False,
             "target",
-            f"your schedule trains right and holds {held:.1f} microbatches on rank 0, but at equal stage "
+            f"your schedule trains right and holds {held_0:.1f} microbatches on rank 0, but at equal stage "
             f"costs it idles {bubble:.3f} of the step against 1F1B's (p−1)/(m+p−1) = {formula:.3f}: rank "
             f"{r} waits {tl.makespan - busy[r]:g} of {tl.makespan:g} time units (T_F = 1). Keep the "
             "pipeline full: rank r runs p − r − 1 forwards before its first backward, not fewer.",
@@ -398,7 +456,8 @@ def judge(runs: dict[str, Run], schedule: Schedule) -> Result:
         True,
         "passed",
         f"your schedule trains the same model as one process (losses within {loss:.1g} relative), rank 0 "
-        f"held at most {held:.0f} microbatches' activations (measured), and at equal stage costs its "
+        f"held at most {held_0:.0f} microbatches' activations (measured), no rank holds more than 1F1B's, "
+        f"and at equal stage costs its "
         f"bubble is 1F1B's (p−1)/(m+p−1) = {formula:.3f}",
     )
 
@@ -424,8 +483,9 @@ EXERCISE = Exercise(
         "Target: rank 0 holds at most p = 4 microbatches' activations at once (measured by the memory "
         "tracker: GPipe, every F then every B, holds 8); and at equal stage costs your table's bubble "
         "(simulated) is 1F1B's (p − 1)/(m + p − 1) = 3/11. The bubble measured here is shown beside it, "
-        "not held: a tiny model's step is mostly Python. Any other schedule of 2 to 4 ranks and up to 16 "
-        "microbatches may be submitted too; it is held to 1F1B's targets at its p and m."
+        "not held: a tiny model's step is mostly Python. A schedule of your own (2 to 4 ranks, up to 16 "
+        "microbatches) goes to `wb.exercises.try_schedule(table)`: validated, trained, and shown beside "
+        "1F1B."
     ),
     stub=(
         "one_f_one_b = [\n"
