@@ -80,16 +80,19 @@ reference's. The reference answers live inside the package and are never printed
 lesson that teaches it: open that notebook first if a task is new to you.
 
 **How to work.** Read the task (`ex.show(...)`), fill in the cell below it, run the check. Run the check before
-you write anything to see what it says about an empty answer.
+you write anything to see what it says about an empty answer. Your function runs from its own text — in this
+notebook's simulated ranks and on the real ones alike — with only `torch` and `math` as its names: a helper it
+calls must be defined (or imported) inside it.
 """),
     code("""
+import math
 import os
-import torch  # your functions run here first (simulated ranks) with this notebook's names, on the ranks with torch
+import torch
 import workbench as wb
 
 ex = wb.exercises
 OUT = os.path.join("..", "traces", "nb13")
-ex.table()
+ex.table().style.hide(axis="index")  # each exercise: what you write, what it is held to
 """),
 ]
 for number, (name, function, lesson, lead) in enumerate(SECTIONS, start=1):

@@ -110,7 +110,10 @@ def test_a_deadlocking_order_is_named_before_any_process_starts(tmp_path, table,
     result = wb.exercises.check("pipeline", table, out=out)
     assert not result.passed and result.stage == "validate"
     assert "before any process started: your table deadlocks: " + words in result.message
-    assert "p − r − 1 forwards before its first backward (here 3, 2, 1, 0)" in result.message
+    assert (
+        "p − r forwards before its first backward (here 4, 3, 2, 1: p − r − 1 to fill"
+        in result.message
+    )
     assert not os.path.exists(out), "nothing launched"
 
 

@@ -79,3 +79,18 @@ def test_the_notebook_never_shows_an_answer():
         stub = EXERCISES[name].stub
         body = [line for line in answers.source(name).splitlines() if line.strip() not in stub]
         assert not any(line.strip() in text for line in body if line.strip()), name
+
+
+def test_a_reference_run_is_reused_only_from_its_own_folder_while_it_holds_it(tmp_path):
+    """The reference answer's run is launched once per folder: a check of another exercise into the same
+    folder replaces it, and the next check launches it again rather than show the other's run."""
+    first = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path / "a"))
+    again = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path / "a"))
+    assert again.reference is first.reference, "reused from its folder"
+    elsewhere = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path / "b"))
+    assert elsewhere.reference is not first.reference
+    assert elsewhere.reference.path == str(tmp_path / "b" / "reference")
+    wb.exercises.check("tensor-parallel", answers.tp_mlp, out=str(tmp_path / "a"))
+    after = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path / "a"))
+    assert after.reference is not first.reference, "the folder holds another exercise's run now"
+    assert set(after.reference.events.name) >= {"ring_step"}

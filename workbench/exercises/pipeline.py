@@ -189,8 +189,9 @@ def deadlock(orders: list[list[tuple[str, int]]]) -> str | None:
         "".join(parts)
         + f" — and rank {first} runs {last_kind}{last_mb} only after its {kind}{mb}: a cycle, no rank "
         f"can move. A rank can run B_i only once every rank after it has, and F_i once every rank before "
-        f"it has: 1F1B's rank r runs p − r − 1 forwards before its first backward (here "
-        f"{', '.join(str(p - q - 1) for q in range(p))})."
+        f"it has: 1F1B's rank r runs p − r forwards before its first backward (here "
+        f"{', '.join(str(p - q) for q in range(p))}: p − r − 1 to fill the pipeline, then one forward and "
+        "one backward in turn)."
     )
 
 
@@ -214,6 +215,15 @@ def check_table(table: Any) -> tuple[Schedule | None, str]:
     if errors:  # the replay above should have caught it: say what the validator found
         return None, "its transfers, placed, fail the schedule rule: " + "; ".join(errors[:3])
     return schedule, ""
+
+
+def forwards_before_backward(schedule: Schedule) -> list[int]:
+    """Per rank, the forwards it runs before its first backward (1F1B's rank r: p − r)."""
+    found = []
+    for acts in schedule.actions:
+        kinds = [a.kind for a in acts if a.kind in ("F", "B")]
+        found.append(kinds.index("B") if "B" in kinds else len(kinds))
+    return found
 
 
 def reference_table(p: int, m: int) -> list[list[str]]:
@@ -415,18 +425,17 @@ def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Res
             f"{one_f_one_b} (rank 0 measured: {held_0:.1f}), bubble at equal costs {bubble:.3f} against "
             f"{formula:.3f}",
         )
+    before = forwards_before_backward(schedule)
     if held_0 > p + HELD_SLACK:
-        kinds = [a.kind for a in schedule.actions[0] if a.kind in ("F", "B")]
-        before = kinds.index("B")
         return result(
             False,
             "target",
             f"your schedule trains the same model as one process, but rank 0 held {held_0:.1f} "
             f"microbatches' activations at once (measured: {peak} bytes at the peak, {unit} bytes per "
-            f"microbatch on stage 0), and 1F1B holds at most p = {p}. Your rank 0 runs {before} forwards "
-            f"before its first backward (counted from your table, it holds {peak_in_flight(schedule)[0]}): "
-            f"1F1B's rank r runs only p − r − 1 of them, then one forward, one backward in turn, so that "
-            "each backward frees a microbatch's activations before the next forward saves another.",
+            f"microbatch on stage 0), and 1F1B holds at most p = {p}. Your rank 0 runs {before[0]} "
+            f"forwards before its first backward (counted from your table, it holds {counted[0]}): 1F1B's "
+            f"rank r runs only p − r of them (here {one_f_one_b}), then one backward, one forward in turn, "
+            "so that each backward frees a microbatch's activations before the next forward saves another.",
         )
     over = [r for r in range(p) if counted[r] > one_f_one_b[r]]
     if over:
@@ -436,9 +445,9 @@ def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Res
             "target",
             f"your schedule trains right and rank 0 holds what 1F1B holds, but rank {r} has {counted[r]} "
             f"microbatches in flight at once (counted from your table) where 1F1B's rank r holds p − r = "
-            f"{one_f_one_b[r]}: rank {r} runs {counted[r] - 1} forwards before its first backward, 1F1B's "
-            f"p − r − 1 = {one_f_one_b[r] - 1}. Each forward beyond them keeps one more microbatch's "
-            "activations alive without shortening the step.",
+            f"{one_f_one_b[r]}: your ranks run {before} forwards before their first backward, 1F1B's "
+            f"{one_f_one_b}. Each forward beyond them keeps one more microbatch's activations alive "
+            "without shortening the step.",
         )
     if bubble > formula + 1e-9:
         tl = simulate(schedule, t_f=T_F, t_b=T_B)
@@ -449,8 +458,10 @@ def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Res
             "target",
             f"your schedule trains right and holds {held_0:.1f} microbatches on rank 0, but at equal stage "
             f"costs it idles {bubble:.3f} of the step against 1F1B's (p−1)/(m+p−1) = {formula:.3f}: rank "
-            f"{r} waits {tl.makespan - busy[r]:g} of {tl.makespan:g} time units (T_F = 1). Keep the "
-            "pipeline full: rank r runs p − r − 1 forwards before its first backward, not fewer.",
+            f"{r} waits {tl.makespan - busy[r]:g} of {tl.makespan:g} time units (T_F = 1). Your ranks run "
+            f"{before} forwards before their first backward; 1F1B's rank r runs p − r ({one_f_one_b}): "
+            "fewer leaves the pipeline empty while ranks wait, and a rank that waits for its backward "
+            "longer than 1F1B's order makes it stalls the ranks before it.",
         )
     return result(
         True,

@@ -13,10 +13,11 @@ from workbench.analysis.run import Run
 from workbench.config import RunConfig
 from workbench.launching.launcher import RunFailed, launch_module
 
-#: the reference runs launched in this process: (exercise, config, settings) → its Run. The reference answer is
-#: deterministic code, so a second check of the same exercise (a learner's next try, the next test) shows the
-#: run already made instead of launching it again
-_REFERENCES: dict[tuple[str, str, str], Run] = {}
+#: the reference runs launched in this process: (exercise, config, settings, folder) → its Run and when its
+#: rank 0 wrote its result. The reference answer is deterministic code, so a second check of the same exercise
+#: into the same folder (a learner's next try, the next test) shows the run already made — while the folder
+#: still holds it (nothing has written there since) — instead of launching it again
+_REFERENCES: dict[tuple[str, str, str, str], tuple[Run, float]] = {}
 
 #: a rank that waits longer than this on a collective ends the run, naming itself and the operation: an
 #: exercise is seconds of work, and a learner's deadlock should say so quickly
@@ -32,12 +33,15 @@ def run_on_ranks(
     out: str,
 ) -> Run:
     """Launch the exercise (config: its grid, on gloo; `solution`: the learner's source, None for the
-    reference — launched once per process and settings, its Run reused after) into `out` (replaced); the
+    reference — launched once per process, settings and folder, its Run reused after) into `out` (replaced); the
     loaded Run, or RunFailed naming the rank that failed."""
     config = config.replace(backend="gloo", timeout_s=EXERCISE_TIMEOUT_S, name=exercise)
-    key = (exercise, config.to_json(), json.dumps(settings, sort_keys=True))
-    if solution is None and key in _REFERENCES and os.path.isdir(_REFERENCES[key].path):
-        return _REFERENCES[key]
+    key = (exercise, config.to_json(), json.dumps(settings, sort_keys=True), os.path.abspath(out))
+    written = os.path.join(out, "exercise_rank0.json")
+    if solution is None and key in _REFERENCES and os.path.isfile(written):
+        run, when = _REFERENCES[key]
+        if os.path.getmtime(written) == when:
+            return run
     files = {"exercise.json": json.dumps({"exercise": exercise, "settings": settings})}
     if solution is not None:
         files["solution.py"] = solution
@@ -45,7 +49,7 @@ def run_on_ranks(
         config.validate(), "workbench.exercises.on_rank", files=files, out=out, force=True
     )
     if solution is None:
-        _REFERENCES[key] = run
+        _REFERENCES[key] = (run, os.path.getmtime(written))
     return run
 
 
