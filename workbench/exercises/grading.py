@@ -65,7 +65,7 @@ def grade_function(
         }
     except RunFailed as e:
         message = failure_message(e)
-        if "NameError" in message:
+        if "NameError:" in message or "NameError:" in e.traceback:
             message = f"{message}\n{GLOBALS_HINT}"
         return Result(exercise=exercise, passed=False, stage="run", message=message)
     return judge(runs["yours"], runs["reference"])
