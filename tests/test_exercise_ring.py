@@ -183,7 +183,9 @@ def rebinds_the_chunks(ring, chunks):
     n, i = ring.n, ring.rank
     for k in range(n - 1):
         j = (i - k - 1) % n
-        chunks[j] = chunks[j] + ring.exchange(chunks[(i - k) % n])  # a new tensor: the buffer keeps its own
+        chunks[j] = chunks[j] + ring.exchange(
+            chunks[(i - k) % n]
+        )  # a new tensor: the buffer keeps its own
     for k in range(n - 1):
         chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
 
