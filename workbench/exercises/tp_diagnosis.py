@@ -188,8 +188,10 @@ def output_problem(d: MLPData, ref: Found, f: Found, r: int, *, n: int) -> str:
 
 
 def units_problem(found: list[Found]) -> str | None:
-    """Where the output is right: hidden units not split evenly over the ranks (every rank computing all of
-    them, or a fixed number of ranks' worth)."""
+    """Where the output is right and w1 is whole on each rank or split by its rows: hidden units not split
+    evenly over the ranks (every rank computing all of them, or a fixed number of ranks' worth)."""
+    if any(0 < len(used(f.w1_grad, 1)) < HIDDEN for f in found):
+        return None  # w1 split by its input features, the hidden layer summed: the target tells it
     counts = [len(used(f.w1_grad, 0)) for f in found]
     n = len(found)
     if all(c == FFN for c in counts):
