@@ -156,3 +156,24 @@ def test_launching_every_bucket_after_backward_is_correct_and_misses_the_overlap
     assert "only 0 of the 5 were launched before backward's last gradient" in r.message
     rows = {x.what: x for x in r.rows}
     assert rows["losses vs one process, worst relative difference over 4 steps"].ok
+
+
+def divide_by_two(param, dp):
+    bucket = dp.bucket_of(param)
+    param.grad.div_(2)  # a fixed 2 where dp.size belongs: the real run has 2 ranks
+    bucket.ready.add(param)
+    if len(bucket.ready) == len(bucket.params):
+        dp.all_reduce(bucket)
+
+
+def test_a_fixed_divisor_fails_where_dp_size_is_another_number():
+    found = buckets.validate(divide_by_two)[1]
+    assert found == (
+        "on one simulated backward, before any process started: bucket 0's gradients reached "
+        "dp.all_reduce divided by 2; dp.size is 3 here (this check simulates 3 ranks, the real run 2): "
+        "divide by dp.size, so that the sum over the ranks is their mean whatever their number"
+    )
+    assert buckets.validate(answers.on_gradient)[1] is None
+    assert (
+        buckets.validate(forget_to_average)[1] is None
+    )  # left to the real ranks: one process names it

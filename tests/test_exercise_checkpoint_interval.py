@@ -162,3 +162,36 @@ def _found(fn, settings):
     )
     assert not isinstance(found, str), found
     return found
+
+
+def test_a_function_that_does_not_return_is_stopped_at_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(ci, "CALL_DEADLINE_S", 0.5)
+
+    def checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):
+        import time
+
+        time.sleep(3)  # stands in for a loop that does not end (and ends, for the test's sake)
+        return 1.0
+
+    result = check(checkpoint_interval, tmp_path)
+    assert result.stage == "validate"
+    assert result.message.endswith(
+        "your function did not return within 0.5 s: a loop that does not end? (it still runs in this "
+        "kernel; restart the kernel)"
+    )
+
+
+def test_a_name_error_says_what_globals_the_function_has(tmp_path):
+    def checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):
+        return young(checkpoint_s, 86_400 / (failures_per_node_day * nodes))  # noqa: F821
+
+    result = check(checkpoint_interval, tmp_path)
+    assert result.stage == "validate"
+    assert (
+        "your function raised NameError: name 'young' is not defined (line 2 of your function: "
+        in (result.message)
+    )
+    assert (
+        "your function runs with only torch and math as its globals (on the ranks too): define or import "
+        "what it uses inside it" in result.message
+    )

@@ -117,3 +117,102 @@ def test_an_exception_names_the_rank_and_the_line():
     assert not result.passed and result.stage == "validate"
     assert "rank 0 raised IndexError" in result.message
     assert "line 2 of your function: return chunks[ring.n]" in result.message
+
+
+def forgets_to_count(ring, chunks):
+    n, i = ring.n, ring.rank
+    k = 0
+    while k < n - 1:  # k += 1 forgotten: every rank exchanges without end
+        chunks[(i - k - 1) % n] += ring.exchange(chunks[(i - k) % n])
+
+
+def test_a_loop_that_does_not_end_is_stopped_at_a_few_times_the_exchanges_it_takes():
+    result = wb.exercises.check("ring", forgets_to_count)
+    assert not result.passed and result.stage == "validate"
+    assert (
+        "rank 0 made more than 2(n−1) = 6 exchanges (it was stopped at 24): a loop that does not end?"
+        in result.message
+    )
+
+
+def test_a_rank_that_neither_exchanges_nor_returns_ends_the_check_by_the_deadline(monkeypatch):
+    import threading
+    import time
+
+    from workbench.exercises import ring, simulated_ranks
+
+    monkeypatch.setattr(simulated_ranks, "DEADLINE_S", 4.0)
+    release = threading.Event()
+
+    def rank_one_spins(ring, chunks):
+        if ring.rank == 1:
+            while not release.wait(0.05):  # a loop that does not end (until the test ends it)
+                pass
+        answers.ring_all_reduce(ring, chunks)
+
+    try:
+        began = time.monotonic()
+        message = ring.diagnose(ring.simulate(rank_one_spins), rank_one_spins)
+        assert time.monotonic() - began < 8.0
+    finally:
+        release.set()
+    assert message == (
+        "rank 1 did not return within 4 s: a loop that does not end? (it still runs in this kernel; "
+        "restart the kernel)"
+    )
+
+
+def ring_of_four(ring, chunks):
+    n, i = 4, ring.rank  # a fixed 4 where ring.n belongs
+    for k in range(n - 1):
+        chunks[(i - k - 1) % n] += ring.exchange(chunks[(i - k) % n])
+    for k in range(n - 1):
+        chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
+
+
+def test_a_fixed_ring_size_passes_on_four_ranks_and_fails_on_three():
+    result = wb.exercises.check("ring", ring_of_four)
+    assert not result.passed and result.stage == "validate"
+    assert result.message.startswith(
+        "on 3 simulated ranks (it passed on 4: does it use ring.n, not a number?), before any process "
+        "started: rank 0 raised IndexError"
+    )
+
+
+def rebinds_the_chunks(ring, chunks):
+    n, i = ring.n, ring.rank
+    for k in range(n - 1):
+        j = (i - k - 1) % n
+        chunks[j] = chunks[j] + ring.exchange(
+            chunks[(i - k) % n]
+        )  # a new tensor: the buffer keeps its own
+    for k in range(n - 1):
+        chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))
+
+
+def test_chunks_replaced_instead_of_changed_in_place_are_named():
+    result = wb.exercises.check("ring", rebinds_the_chunks)
+    assert not result.passed and result.stage == "validate"
+    assert (
+        "rank 0 replaced chunks[1] with a new tensor instead of changing it in place (+=, .copy_): the "
+        "buffer is what must hold the sum" in result.message
+    )
+
+
+def helper(ring, chunks):
+    answers.ring_all_reduce(ring, chunks)
+
+
+def uses_a_helper_from_another_cell(ring, chunks):
+    helper(ring, chunks)
+
+
+def test_a_helper_from_another_cell_fails_in_this_process_as_it_would_on_the_ranks():
+    result = wb.exercises.check("ring", uses_a_helper_from_another_cell)
+    assert not result.passed and result.stage == "validate"
+    assert "rank 0 raised NameError: name 'helper' is not defined" in result.message
+    assert "(line 2 of your function: helper(ring, chunks))" in result.message
+    assert (
+        "your function runs with only torch and math as its globals (on the ranks too): define or import "
+        "what it uses inside it" in result.message
+    )

@@ -126,8 +126,67 @@ def test_any_split_of_the_hidden_units_is_correct_on_simulated_ranks():
         mine = slice(tp.rank, None, tp.size)
         return tp.g(torch.nn.functional.gelu(tp.f(x) @ w1[mine].t()) @ w2[:, mine].t())
 
-    assert diagnose(simulate(interleaved), interleaved) is None
-    assert diagnose(simulate(answers.tp_mlp), answers.tp_mlp) is None
+    for t in (2, 4):
+        assert diagnose(simulate(interleaved, t), interleaved) is None
+        assert diagnose(simulate(answers.tp_mlp, t), answers.tp_mlp) is None
+
+
+def test_f_and_g_swapped_is_named_from_the_input_g_summed(tmp_path):
+    def tp_mlp(x, w1, w2, tp):
+        per = w1.size(0) // tp.size
+        mine = slice(tp.rank * per, (tp.rank + 1) * per)
+        hidden = torch.nn.functional.gelu(tp.g(x) @ w1[mine].t())  # g where f belongs
+        return tp.f(hidden @ w2[:, mine].t())  # f where g belongs
+
+    message = before_any_process(check(tp_mlp, tmp_path), tmp_path)
+    assert "rank 0's output is the MLP of t·x = 2·x: g was applied to the input" in message
+    assert "f goes before the first linear" in message and "g after the second" in message
+    assert "tanh" not in message  # the GELU hint only where the output is the tanh GELU's
+
+
+def test_the_whole_mlp_on_every_rank_is_named_as_no_split(tmp_path):
+    def tp_mlp(x, w1, w2, tp):
+        y = torch.nn.functional.gelu(tp.f(x) @ w1.t()) @ w2.t()
+        return tp.g(y) / tp.size  # right, and every rank computed every hidden unit
+
+    message = before_any_process(check(tp_mlp, tmp_path), tmp_path)
+    assert "every rank computed all 64 hidden units (rows of w1): no split happened" in message
+    assert "each rank computes its own 4h/t = 32" in message
+
+
+def test_the_tanh_gelu_is_named_and_a_fixed_degree_fails_at_four(tmp_path):
+    def tanh_gelu(x, w1, w2, tp):
+        per = w1.size(0) // tp.size
+        mine = slice(tp.rank * per, (tp.rank + 1) * per)
+        hidden = torch.nn.functional.gelu(tp.f(x) @ w1[mine].t(), approximate="tanh")
+        return tp.g(hidden @ w2[:, mine].t())
+
+    def two_ranks(x, w1, w2, tp):
+        per = w1.size(0) // 2  # a fixed 2 where tp.size belongs
+        mine = slice(tp.rank * per, (tp.rank + 1) * per)
+        return tp.g(torch.nn.functional.gelu(tp.f(x) @ w1[mine].t()) @ w2[:, mine].t())
+
+    tanh = before_any_process(check(tanh_gelu, tmp_path), tmp_path)
+    assert "it is the MLP with GELU's tanh approximation" in tanh
+    fixed = check(two_ranks, tmp_path)
+    assert fixed.stage == "validate" and not (tmp_path / "yours").exists()
+    assert fixed.message == (
+        "on 4 simulated ranks (it passed on 2: does it use tp.size, not a number?), before any process "
+        "started: the output is right, but your 4 ranks computed [32, 32, 0, 0] hidden units (rows of w1): "
+        "each computes its own 4h/t = 64 / 4 = 16. Cut by tp.size and tp.rank, not by a fixed number of ranks."
+    )
+
+
+def test_a_loop_without_end_is_stopped_at_its_all_reduces(tmp_path):
+    def tp_mlp(x, w1, w2, tp):
+        while True:
+            x = tp.g(x)
+
+    message = before_any_process(check(tp_mlp, tmp_path), tmp_path)
+    assert (
+        "rank 0 made more than 2 all-reduces (g forward, f backward) in one forward and backward (it was "
+        "stopped at 8): a loop that does not end?" in message
+    )
 
 
 def test_summing_the_hidden_layer_is_correct_and_fails_the_target(tmp_path):

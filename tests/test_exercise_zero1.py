@@ -142,6 +142,37 @@ def test_a_deadlock_names_the_ranks_collectives(tmp_path) -> None:
     assert "rank 0: reduce_scatter;" in result.message
 
 
+def _sized_for_four(flat_params, flat_grads, dp, update):
+    n, r = 4, dp.rank  # a fixed 4 where dp.size belongs
+    per = flat_params.numel() // n
+    mine = slice(r * per, (r + 1) * per)
+    grads = torch.empty(per)
+    dp.reduce_scatter(grads, flat_grads)
+    update(flat_params[mine], grads / n)
+    dp.all_gather(flat_params, flat_params[mine].clone())
+
+
+def _reduces_without_end(flat_params, flat_grads, dp, update):
+    while True:  # the loop's way out forgotten
+        dp.all_reduce(flat_grads)
+
+
+def test_a_fixed_size_and_a_loop_without_end_are_named_before_any_process(tmp_path) -> None:
+    fixed = wb.exercises.check("zero1", _sized_for_four, out=str(tmp_path))
+    assert fixed.stage == "validate"
+    assert fixed.message.startswith(
+        "on 3 simulated ranks (it passed on 4: does it use dp.size, not a number?), before any process "
+        "started: rank 0 raised ValueError: dp.reduce_scatter(out, inp): inp has 192 values, out 48"
+    )
+    endless = wb.exercises.check("zero1", _reduces_without_end, out=str(tmp_path))
+    assert endless.stage == "validate"
+    assert (
+        "rank 0 made more than 2 collectives (a reduce-scatter, an all-gather) in one step (it was "
+        "stopped at 8): a loop that does not end?" in endless.message
+    )
+    assert not os.path.exists(tmp_path / "yours")  # no process started
+
+
 def test_a_function_with_the_wrong_arguments_is_refused_before_anything_runs(tmp_path) -> None:
     def step(flat_params, flat_grads):
         pass

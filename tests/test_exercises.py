@@ -94,3 +94,98 @@ def test_a_reference_run_is_reused_only_from_its_own_folder_while_it_holds_it(tm
     after = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path / "a"))
     assert after.reference is not first.reference, "the folder holds another exercise's run now"
     assert set(after.reference.events.name) >= {"ring_step"}
+
+
+def _from_a_cell(tmp_path, source: str, name: str):
+    """A function defined as a notebook cell defines it: its own globals (here: none but builtins)."""
+    import importlib.util
+
+    path = tmp_path / f"{name}_cell.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"{name}_cell", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+class _Launched(Exception):
+    """What the tests' stand-in for run_on_ranks raises: validation passed, a launch was asked for."""
+
+
+def test_a_function_using_torch_passes_validation_though_its_cell_never_imported_torch(
+    tmp_path, monkeypatch
+):
+    from workbench.exercises import grading
+
+    def launch(*_args, **_kw):
+        raise _Launched
+
+    monkeypatch.setattr(grading, "run_on_ranks", launch)
+    ring = _from_a_cell(
+        tmp_path,
+        "def ring_all_reduce(ring, chunks):\n"
+        "    n, i = ring.n, ring.rank\n"
+        "    for k in range(n - 1):\n"
+        "        chunks[(i - k - 1) % n] += ring.exchange(torch.clone(chunks[(i - k) % n]))\n"
+        "    for k in range(n - 1):\n"
+        "        chunks[(i - k) % n].copy_(ring.exchange(chunks[(i + 1 - k) % n]))\n",
+        "ring_all_reduce",
+    )
+    assert "torch" not in ring.__globals__  # its cell never imported torch…
+    with pytest.raises(_Launched):  # …and the check runs it as the ranks do, with torch
+        wb.exercises.check("ring", ring, out=str(tmp_path / "out"))
+
+
+def test_a_name_error_on_the_ranks_says_what_globals_the_function_has(tmp_path, monkeypatch):
+    from workbench.exercises import grading
+    from workbench.launching.launcher import RunFailed
+
+    def launch(*_args, **_kw):
+        raise RunFailed(  # as the launcher words it
+            "rank 0 failed: NameError: name 'helper' is not defined\n(run directory kept: /run)",
+            0,
+            'File "/run/solution.py", line 2, in ring_all_reduce\n    helper()\n'
+            "NameError: name 'helper' is not defined",
+            None,  # type: ignore[arg-type]
+        )
+
+    monkeypatch.setattr(grading, "run_on_ranks", launch)
+    result = wb.exercises.check("ring", answers.ring_all_reduce, out=str(tmp_path))
+    assert result.stage == "run"
+    assert result.message.startswith("rank 0 failed: NameError: name 'helper' is not defined")
+    assert result.message.endswith(
+        "your function runs with only torch and math as its globals (on the ranks too): define or import "
+        "what it uses inside it"
+    )
+
+
+def test_the_simulated_ranks_share_one_deadline(monkeypatch):
+    import threading
+    import time
+
+    from workbench.exercises import simulated_ranks
+
+    monkeypatch.setattr(simulated_ranks, "DEADLINE_S", 1.0)
+    release = threading.Event()
+    began = time.monotonic()
+    try:
+        errors = simulated_ranks.run_ranks(lambda _r: release.wait(), 4)
+    finally:
+        release.set()
+    assert time.monotonic() - began < 2.5  # one second for all four, not one each
+    assert sorted(errors) == [0, 1, 2, 3]
+    assert str(errors[2]) == (
+        "rank 2 did not return within 1 s: a loop that does not end? (it still runs in this kernel; "
+        "restart the kernel)"
+    )
+
+
+def test_a_loaded_solutions_traceback_shows_its_lines():
+    from workbench.exercises.simulated_ranks import your_lines
+    from workbench.exercises.submission import load
+
+    fn = load("def f(x):\n    y = x + 1\n    return y / 0\n\n\nSOLUTION = f\n")
+    with pytest.raises(ZeroDivisionError) as e:
+        fn(1)
+    assert your_lines(e.value, fn) == "line 3 of your function: return y / 0"

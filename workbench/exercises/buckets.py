@@ -11,9 +11,10 @@ bucket's flat buffer. Averaging over the ranks is the learner's: the optimizer w
 mean loss. Graded in three stages:
 
 - **in this process** first: one backward of the model on a `dp` that only records when each bucket was
-  launched and how full it was. A bucket reduced more than once (a launch per gradient), launched before its
-  last gradient arrived (naming the bucket and the gradients still to come), never launched, or written after
-  its launch stops it before any process starts;
+  launched and how full it was, its dp.size 3 (not the real run's 2, so that a fixed 2 fails). A bucket
+  reduced more than once (a launch per gradient), launched before its last gradient arrived (naming the
+  bucket and the gradients still to come), never launched, written after its launch, or divided by another
+  number than dp.size stops it before any process starts;
 - on **real ranks** (gloo, dp = 2): four SGD steps of the tiny GPT on half the global batch each, every
   all-reduce traced through the communicator (`all_reduce bucket k`, its bytes), beside **one process** that
   trains the same model on the whole batch: the losses and the final parameters must agree (a forgotten
@@ -35,10 +36,12 @@ from torch import nn
 from workbench.exercises.bucket_hooks import Bucket, BucketHooks
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.submission import SolutionError, function_source
+from workbench.exercises.submission import SolutionError, function_source, load
 
 #: ranks, sequences in the global batch, SGD steps and learning rate, the data's seed, a bucket's capacity
 DP, GLOBAL_BATCH, STEPS, LR, SEED = 2, 8, 4, 0.3, 0
+#: the in-process check's dp.size: another than the real run's, so that a fixed 2 in place of dp.size fails
+SIMULATED_DP = 3
 #: 32 KiB cuts the tiny GPT's 118 KiB of gradients into five buckets
 BUCKET_MB = 32 / 1024
 #: the losses and parameters of dp = 2 and of one process differ by float32 reassociation (the sum of two
@@ -68,35 +71,67 @@ def model() -> nn.Module:
 class Simulation:
     dp: BucketHooks
     error: BaseException | None
+    #: each bucket's gradients as backward makes them, before any hook (a backward with none)
+    plain: list[torch.Tensor]
 
 
 def simulate(fn: Any) -> Simulation:
-    """One backward of the model on rank 0's half of the batch, in this process, with a `dp` that records
-    each launch and reduces nothing."""
+    """One backward of the model on rank 0's half of the batch, in this process, with a `dp` of
+    SIMULATED_DP ranks that records each launch and reduces nothing; beside it, the same backward with no
+    hook (the gradients before the learner divides them)."""
+    half = tokens()[: GLOBAL_BATCH // DP]
+    bare = model()
+    plain = BucketHooks(
+        bare,
+        size=SIMULATED_DP,
+        launch=lambda _b: None,
+        clock=time.perf_counter,
+        bucket_mb=BUCKET_MB,
+    )
+    bare(half[:, :-1], half[:, 1:]).backward()
     net = model()
     dp = BucketHooks(
-        net, size=DP, launch=lambda _b: None, clock=time.perf_counter, bucket_mb=BUCKET_MB
+        net, size=SIMULATED_DP, launch=lambda _b: None, clock=time.perf_counter, bucket_mb=BUCKET_MB
     )
     dp.fn = fn
     dp.start()
-    half = tokens()[: GLOBAL_BATCH // DP]
+    error = None
     try:
         net(half[:, :-1], half[:, 1:]).backward()
     except Exception as e:  # the learner's error, kept for the message
-        return Simulation(dp=dp, error=e)
-    return Simulation(dp=dp, error=None)
+        error = e
+    return Simulation(dp=dp, error=error, plain=[b.buffer.clone() for b in plain.buckets])
+
+
+def divisor_problem(sim: Simulation) -> str | None:
+    """A bucket whose gradients reached dp.all_reduce divided by something other than dp.size (1: not divided
+    at all, is left to the real ranks, where the step against one process's names it)."""
+    size = sim.dp.size
+    for b, want in zip(sim.dp.buckets, sim.plain, strict=True):
+        launched = next(x.snapshot for x in sim.dp.launches if x.bucket == b.index)
+        ratio = float((launched * want).sum() / (want * want).sum())
+        if abs(ratio - 1) <= 1e-4 or abs(ratio * size - 1) <= 1e-4:
+            continue
+        k = 1 / ratio if ratio > 0 else 0.0
+        if k >= 1 and abs(k - round(k)) <= 1e-3 * k:
+            said = f"divided by {round(k)}"
+        else:
+            said = f"as {ratio:.3g} × backward's gradients, not 1/{size} of them"
+        return (
+            f"bucket {b.index}'s gradients reached dp.all_reduce {said}; dp.size is {size} here (this check "
+            f"simulates {size} ranks, the real run {DP}): divide by dp.size, so that the sum over the ranks is "
+            "their mean whatever their number"
+        )
+    return None
 
 
 def diagnose(sim: Simulation, fn: Any) -> str | None:
     """What is wrong with the launches of one simulated backward, in a learner's words; None when every
     bucket was launched once, full, and left alone after."""
-    from workbench.exercises.ring import your_lines
+    from workbench.exercises.simulated_ranks import raised
 
     if sim.error is not None:
-        e = sim.error
-        return (
-            f"your hook raised {type(e).__name__}: {e} ({your_lines(e, fn) or 'in the workbench'})"
-        )
+        return f"your hook raised {raised(sim.error, fn)}"
     dp = sim.dp
     replaced = dp.replaced()
     if replaced:
@@ -140,7 +175,7 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
                 "the all-reduce is in flight and sends whatever the buffer holds when the backend reads "
                 "it. Finish with a bucket (divide it by dp.size) before you launch it."
             )
-    return None
+    return divisor_problem(sim)
 
 
 def gradients(net: nn.Module) -> list[torch.Tensor]:
@@ -245,7 +280,7 @@ def validate(solution: Any) -> tuple[str | None, str | None]:
         source = function_source(solution, exercise="on_gradient", params=("param", "dp"))
     except SolutionError as e:
         return None, str(e)
-    wrong = simulated(solution)
+    wrong = simulated(load(source))  # as the ranks load it: torch and math its only globals
     return (source, None) if wrong is None else (None, wrong)
 
 
@@ -421,10 +456,10 @@ EXERCISE = Exercise(
         "```python\ndef on_gradient(param, dp):\n    bucket = dp.bucket_of(param)\n    ...\n```\n\n"
         "Rules: every bucket reduced exactly once per backward, after all its gradients have arrived, and "
         "not touched after its launch; the step must use the *mean* of the ranks' gradients. It runs first "
-        "on one backward in this process (a bucket launched twice, too early or never is named before any "
-        "process starts), then on 2 gloo ranks for 4 steps of the tiny GPT, beside one process training on "
-        "the whole batch. Target, from the trace: every bucket but the last launched before backward's "
-        "last gradient arrives — the all-reduces overlap backward."
+        "on one backward in this process, with dp.size = 3 (a bucket launched twice, too early or never is "
+        "named before any process starts), then on 2 gloo ranks for 4 steps of the tiny GPT, beside one "
+        "process training on the whole batch. Target, from the trace: every bucket but the last launched "
+        "before backward's last gradient arrives — the all-reduces overlap backward."
     ),
     stub=(
         "def on_gradient(param, dp):\n"

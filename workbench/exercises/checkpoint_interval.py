@@ -30,14 +30,15 @@ import math
 import numbers
 import os
 import statistics
-import traceback
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.exercises.checkpoint_interval_chart import interval_chart
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.submission import SolutionError, function_source, load
+from workbench.exercises.simulated_ranks import raised
+from workbench.exercises.submission import SolutionError, function_source, load, not_defined
 from workbench.predict.formulas.faults import checkpoint_overhead
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ PARAMS = ("checkpoint_s", "failures_per_node_day", "nodes")
 SECONDS_PER_DAY = 86_400.0
 #: the learner's waste may exceed the least by this fraction (see the module's docstring)
 TOLERANCE = 0.01
+#: how long the learner's function may take at one setting (it is a formula: microseconds) before the check
+#: calls it a loop that does not end
+CALL_DEADLINE_S = 3.0
 #: a checkpoint after every one of these steps; the first save also imports torch.distributed.checkpoint
 #: (0.4 s and more, once per process), so δ is the median of the others
 MEASURED_STEPS = 5
@@ -133,16 +137,18 @@ class Found:
 def evaluate(source: str, settings: tuple[Setting, ...]) -> list[Found] | str:
     """The learner's interval at each setting (their function loaded from `source`, with torch and math as its
     globals, as on the ranks of the other exercises), or what is wrong with what it returned (a message)."""
-    fn = load(source, filename=SOURCE_NAME)
+    try:
+        fn = load(source, filename=SOURCE_NAME)
+    except Exception as e:  # a default argument naming what is not there, say
+        return not_defined(e)
     found = []
     for s in settings:
         try:
-            value = fn(s.checkpoint_s, s.failures_per_node_day, s.nodes)
+            value = call_with_deadline(fn, s)
+        except NoReturn as e:
+            return f"at {s.describe()} {e}"
         except Exception as e:  # the learner's error, kept for the message
-            return (
-                f"at {s.describe()} your function raised {type(e).__name__}: {e} "
-                f"({your_lines(e, source)})"
-            )
+            return f"at {s.describe()} your function raised {raised(e, fn)}"
         number = _as_number(value)
         if number is None or not math.isfinite(number) or number <= 0:
             return (
@@ -154,15 +160,32 @@ def evaluate(source: str, settings: tuple[Setting, ...]) -> list[Found] | str:
     return found
 
 
-def your_lines(e: BaseException, source: str) -> str:
-    """Where in the learner's function (as `load` compiled it) an exception was raised."""
-    lines = source.splitlines()
-    frames = [
-        f"line {f.lineno} of your function: {lines[f.lineno - 1].strip()}"
-        for f in traceback.extract_tb(e.__traceback__)
-        if f.filename == SOURCE_NAME and f.lineno is not None and f.lineno <= len(lines)
-    ]
-    return "; ".join(frames) or "in the workbench"
+class NoReturn(Exception):
+    """The learner's function did not return within CALL_DEADLINE_S."""
+
+
+def call_with_deadline(fn: Any, s: Setting) -> Any:
+    """fn at setting `s`, on a daemon thread given CALL_DEADLINE_S: its value, what it raised, or NoReturn
+    (the thread cannot be stopped: it runs on, and the message says so)."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn(s.checkpoint_s, s.failures_per_node_day, s.nodes)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=CALL_DEADLINE_S)
+    if thread.is_alive():
+        raise NoReturn(
+            f"your function did not return within {CALL_DEADLINE_S:g} s: a loop that does not end? (it still "
+            "runs in this kernel; restart the kernel)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _as_number(value: Any) -> float | None:

@@ -1,7 +1,9 @@
 """The common path of an exercise whose answer is a function run on ranks (ring, buckets, zero1,
 tensor-parallel): the function's source taken (what the ranks run), the exercise's own check in this process
-(a simulation that names what is wrong, before any process starts), then the learner's and the reference's runs
-on real ranks, handed to the exercise's judge (one process, the target)."""
+(a simulation that names what is wrong, before any process starts) of the function loaded from that source —
+the same function, with the same globals (torch and math only), that the ranks run, so that what passes here
+does not fail there with a NameError — then the learner's and the reference's runs on real ranks, handed to
+the exercise's judge (one process, the target)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ from workbench.analysis.run import Run
 from workbench.config import RunConfig
 from workbench.exercises.ranks import failure_message, run_on_ranks
 from workbench.exercises.result import Result
-from workbench.exercises.submission import SolutionError, function_source
+from workbench.exercises.submission import (
+    GLOBALS_HINT,
+    SolutionError,
+    function_source,
+    load,
+    not_defined,
+)
 from workbench.launching.launcher import RunFailed
 
 
@@ -28,15 +36,20 @@ def grade_function(
     judge: Callable[[Run, Run], Result],
     out: str,
 ) -> Result:
-    """Validate (`function_source`, then `simulated(solution)`: what is wrong, said where it was found, or
-    None), run yours and the reference on `config`'s gloo ranks into out/yours and out/reference (each rank's
-    settings: {"label": "yours" | "reference"}), and return `judge(yours, reference)`; a failed stage's Result
+    """Validate (`function_source`, then `simulated(fn)` of the function loaded from that source as a rank
+    loads it: what is wrong, said where it was found, or None), run yours and the reference on `config`'s
+    gloo ranks into out/yours and out/reference (each rank's settings: {"label": "yours" | "reference"}),
+    and return `judge(yours, reference)`; a failed stage's Result
     otherwise."""
     try:
         source = function_source(solution, exercise=function, params=params)
     except SolutionError as e:
         return Result(exercise=exercise, passed=False, stage="validate", message=str(e))
-    wrong = simulated(solution)
+    try:
+        fn = load(source)
+    except Exception as e:  # the source as the ranks would load it: a decorator's NameError, say
+        return Result(exercise=exercise, passed=False, stage="validate", message=not_defined(e))
+    wrong = simulated(fn)
     if wrong is not None:
         return Result(exercise=exercise, passed=False, stage="validate", message=wrong)
     try:
@@ -51,5 +64,8 @@ def grade_function(
             for label in ("yours", "reference")
         }
     except RunFailed as e:
-        return Result(exercise=exercise, passed=False, stage="run", message=failure_message(e))
+        message = failure_message(e)
+        if "NameError:" in message or "NameError:" in e.traceback:
+            message = f"{message}\n{GLOBALS_HINT}"
+        return Result(exercise=exercise, passed=False, stage="run", message=message)
     return judge(runs["yours"], runs["reference"])

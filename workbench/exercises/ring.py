@@ -5,8 +5,10 @@ The learner's `ring_all_reduce(ring, chunks)` gets this rank's buffer cut into `
 into them) and `ring.exchange(t)`, which sends `t` to rank (i+1) mod n and returns what rank (i−1) mod n sent.
 Graded in three stages:
 
-- on **simulated ranks** in this process first (a thread per rank, queues for links): an exception, a deadlock
-  (the rank and exchange where it waits) or a wrong sum stops it before any process starts. Each rank's
+- on **simulated ranks** in this process first (exercises/simulated_ranks.py: a thread per rank, queues for
+  links; n = 4, then n = 3, so that a fixed 4 in place of ring.n fails): an exception, a deadlock (the rank and
+  exchange where it waits), a loop without end (more than 4 × 2(n−1) exchanges, or no return by the deadline),
+  chunks replaced instead of changed in place, or a wrong sum stops it before any process starts. Each rank's
   buffer holds 16^r·(position+1), so that every value says how many times each rank's contribution reached it:
   the diagnosis names the chunk that is missing a rank (the off-by-one) or counts one twice (an all-gather
   that adds);
@@ -19,8 +21,6 @@ Graded in three stages:
 from __future__ import annotations
 
 import queue
-import threading
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +28,22 @@ import torch
 
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
+from workbench.exercises.simulated_ranks import (
+    WAIT_S,
+    Deadlock,
+    TooMany,
+    cap,
+    raised,
+    run_ranks,
+    stopped,
+)
 
 #: ranks and values per chunk on both the simulated and the real ranks
 RANKS, CHUNK = 4, 256
+#: the simulated rings: the real run's size, and another, so that an answer that takes n for a fixed 4 fails
+SIMULATED = (RANKS, 3)
 #: each rank's contribution is a digit in this base (counts up to 15 decode exactly in float64)
 BASE = 16
-#: how long a simulated rank waits for its neighbour before the check calls it a deadlock
-WAIT_S = 2.0
 
 
 def inputs(rank: int, n: int) -> torch.Tensor:
@@ -80,6 +89,13 @@ class SimRing:
     sent: list[Sent] = field(default_factory=list)
 
     def exchange(self, t: torch.Tensor) -> torch.Tensor:
+        if len(self.sent) >= cap(2 * (self.n - 1)):
+            raise TooMany(
+                rank=self.rank,
+                expected=f"2(n−1) = {2 * (self.n - 1)}",
+                what="exchanges",
+                cap=len(self.sent),
+            )
         c = chunk_index(t, self.chunks)
         held = counts(t, c * CHUNK, self.n) if c is not None else None
         self.sent.append(
@@ -89,19 +105,15 @@ class SimRing:
         try:
             return self.inboxes[self.rank].get(timeout=WAIT_S)
         except queue.Empty:
-            raise Deadlock(self.rank, len(self.sent) - 1) from None
-
-
-class Deadlock(Exception):
-    def __init__(self, rank: int, k: int) -> None:
-        super().__init__(f"rank {rank} waits at its exchange {k}")
-        self.rank, self.k = rank, k
+            raise Deadlock(rank=self.rank, k=len(self.sent) - 1, what="exchange") from None
 
 
 @dataclass(kw_only=True)
 class Simulation:
     rings: list[SimRing]
     buffers: list[torch.Tensor]
+    #: each rank's chunks as handed to the learner: views of its buffer
+    views: list[list[torch.Tensor]]
     errors: dict[int, BaseException]
 
 
@@ -109,34 +121,19 @@ def simulate(fn: Any, n: int = RANKS) -> Simulation:
     """Run `fn` for n ranks on threads, each exchange through queues; what each rank sent and holds."""
     inboxes: list[queue.Queue] = [queue.Queue() for _ in range(n)]
     buffers = [inputs(r, n) for r in range(n)]
-    rings = [
-        SimRing(rank=r, n=n, inboxes=inboxes, chunks=list(buffers[r].chunk(n))) for r in range(n)
-    ]
-    errors: dict[int, BaseException] = {}
-
-    def rank_main(r: int) -> None:
-        try:
-            fn(rings[r], rings[r].chunks)
-        except BaseException as e:  # the learner's error, kept for the message
-            errors[r] = e
-
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=WAIT_S * (4 * n + 2))
-    return Simulation(rings=rings, buffers=buffers, errors=errors)
+    views = [list(buffers[r].chunk(n)) for r in range(n)]
+    rings = [SimRing(rank=r, n=n, inboxes=inboxes, chunks=list(views[r])) for r in range(n)]
+    errors = run_ranks(lambda r: fn(rings[r], rings[r].chunks), n)
+    return Simulation(rings=rings, buffers=buffers, views=views, errors=errors)
 
 
-def your_lines(e: BaseException, fn: Any) -> str:
-    """The lines of the learner's function in an exception's traceback."""
-    code = getattr(fn, "__code__", None)
-    frames = [
-        f"line {f.lineno - code.co_firstlineno + 1} of your function: {f.line}"
-        for f in traceback.extract_tb(e.__traceback__)
-        if code is not None and f.filename == code.co_filename
-    ]
-    return "; ".join(frames)
+def replaced(sim: Simulation) -> tuple[int, int] | None:
+    """(rank, j) of the first entry of `chunks` the learner replaced with another tensor, or None."""
+    for ring, views in zip(sim.rings, sim.views, strict=True):
+        for j, (now, view) in enumerate(zip(ring.chunks, views, strict=False)):
+            if not isinstance(now, torch.Tensor) or now.data_ptr() != view.data_ptr():
+                return ring.rank, j
+    return None
 
 
 def _ranks_in(held: list[int]) -> str:
@@ -147,12 +144,13 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
     """What is wrong with a simulated ring, in a learner's words; None when every rank holds the sum."""
     n = len(sim.rings)
     made = [len(ring.sent) for ring in sim.rings]
-    raised = {r: e for r, e in sim.errors.items() if not isinstance(e, Deadlock)}
-    if raised:
-        r, e = min(raised.items())
-        return (
-            f"rank {r} raised {type(e).__name__}: {e} ({your_lines(e, fn) or 'in the workbench'})"
-        )
+    ended = stopped(sim.errors)
+    if ended is not None:
+        return ended
+    errors = {r: e for r, e in sim.errors.items() if not isinstance(e, Deadlock)}
+    if errors:
+        r, e = min(errors.items())
+        return f"rank {r} raised {raised(e, fn)}"
     waiting = {r: e for r, e in sim.errors.items() if isinstance(e, Deadlock)}
     if waiting:
         r = min(waiting)
@@ -168,6 +166,14 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
     ]
     if all(held == [1] * n for row in found for held in row):
         return None
+    swapped = replaced(sim)
+    if swapped is not None:
+        r, j = swapped
+        return (
+            f"rank {r} replaced chunks[{j}] with a new tensor instead of changing it in place (+=, .copy_): "
+            "the buffer is what must hold the sum, and chunks are views of it — `chunks[j] = chunks[j] + x` "
+            "makes a new tensor and leaves the buffer as it was"
+        )
     for r, row in enumerate(found):
         for c, held in enumerate(row):
             if held is None:
@@ -258,12 +264,16 @@ def grade(solution: Any, out: str) -> Result:
     from workbench.exercises.grading import grade_function
 
     def simulated(fn: Any) -> str | None:
-        wrong = diagnose(simulate(fn), fn)
-        return (
-            None
-            if wrong is None
-            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
-        )
+        for n in SIMULATED:
+            wrong = diagnose(simulate(fn, n), fn)
+            if wrong is not None:
+                passed = (
+                    f" (it passed on {RANKS}: does it use ring.n, not a number?)"
+                    if n != RANKS
+                    else ""
+                )
+                return f"on {n} simulated ranks{passed}, before any process started: {wrong}"
+        return None
 
     return grade_function(
         "ring",
@@ -369,7 +379,7 @@ EXERCISE = Exercise(
         "(i+1) mod n and returns the tensor rank (i−1) mod n sent at the same exchange. When your function "
         "returns, every chunk on every rank must hold the sum over all ranks.\n\n"
         "```python\ndef ring_all_reduce(ring, chunks):\n    n, i = ring.n, ring.rank\n    ...\n```\n\n"
-        "It runs first on 4 simulated ranks (a deadlock or a wrong sum is named before any process starts), "
+        "It runs first on 4 and on 3 simulated ranks (a deadlock or a wrong sum is named before any process starts), "
         "then on 4 gloo processes, traced. Target: each rank sends at most 2(n−1)/n·S bytes of the S-byte "
         "buffer."
     ),

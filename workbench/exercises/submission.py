@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
 import math
 import textwrap
 from collections.abc import Callable
@@ -16,6 +17,11 @@ from typing import Any
 
 #: the globals a solution runs with on a rank (and in the in-process checks)
 PROVIDED = ("torch", "math")
+#: what a NameError from the learner's function means (added to its message, simulated or on a rank)
+GLOBALS_HINT = (
+    "your function runs with only torch and math as its globals (on the ranks too): define or import what "
+    "it uses inside it"
+)
 
 
 class SolutionError(ValueError):
@@ -62,9 +68,18 @@ def exercise_function(exercise: str) -> str:
 
 def load(source: str, filename: str = "<your solution>") -> Callable:
     """The function in `source` (as `function_source` wrote it), run with PROVIDED as its globals.
-    `filename` is what tracebacks name (the run's solution.py: its lines are shown)."""
+    `filename` is what tracebacks name (the run's solution.py: its lines are shown); the source is put in
+    linecache under it, so that a traceback shows the learner's lines in this process too."""
     import torch
 
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace: dict[str, Any] = {"torch": torch, "math": math, "__name__": "solution"}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["SOLUTION"]
+
+
+def not_defined(e: BaseException) -> str:
+    """What `load` raised (running the `def`: a default argument or a decorator naming what is not there), in
+    a learner's words."""
+    said = f"your function cannot be defined as the ranks define it: {type(e).__name__}: {e}"
+    return f"{said}. {GLOBALS_HINT}" if isinstance(e, NameError) else said

@@ -10,11 +10,13 @@ The learner is handed the FULL weights (leaves, nn.Linear's layout) and cuts the
 direction is the classic mistake — and `tp.f`, `tp.g`: parallel/tp_communications.py's copy_to_tp and
 reduce_from_tp, the engine's own. Graded in three stages:
 
-- on **simulated ranks** first (exercises/tp_simulation.py: t = 2 threads, the same f and g over a stand-in
-  communicator): an exception, a deadlock or mismatched collectives, and a wrong output or gradient stop it
-  before any process starts, diagnosed from what each rank computed — which rows and columns of w1 and w2 its
-  gradients show it used (a wrong split), and whether its output is its own hidden units' partial sum (the
-  missing g) or its x gradient its own units' contribution (the missing f);
+- on **simulated ranks** first (exercises/tp_simulation.py: t = 2 threads, then t = 4 so that a fixed 2 in
+  place of tp.size fails; the same f and g over a stand-in communicator): an exception, a deadlock or
+  mismatched collectives, and a wrong output or gradient stop it before any process starts, diagnosed from
+  what each rank computed — which rows and columns of w1 and w2 its gradients show it used (a wrong split,
+  or none: every rank computing every hidden unit), and whether its output is its own hidden units' partial
+  sum (the missing g), the MLP of t·x (g on the input, f and g swapped), or its x gradient its own units'
+  contribution (the missing f);
 - on **real ranks** (gloo, t = 2), 3 SGD steps traced: the output, the gradients of x, w1 and w2 (each rank's
   shard of the full weights' gradients) and the losses against one process's;
 - against the **target**, measured from the trace: one all-reduce forward (g) and one backward (f) per MLP,
@@ -39,6 +41,7 @@ from workbench.exercises.tp_simulation import (
     HIDDEN,
     RANKS,
     RTOL,
+    SIMULATED,
     TOKENS,
     TP,
     data,
@@ -109,12 +112,16 @@ def grade(solution: Any, out: str) -> Result:
     from workbench.exercises.grading import grade_function
 
     def simulated(fn: Any) -> str | None:
-        wrong = diagnose(simulate(fn), fn)
-        return (
-            None
-            if wrong is None
-            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
-        )
+        for n in SIMULATED:
+            wrong = diagnose(simulate(fn, n), fn)
+            if wrong is not None:
+                passed = (
+                    f" (it passed on {RANKS}: does it use tp.size, not a number?)"
+                    if n != RANKS
+                    else ""
+                )
+                return f"on {n} simulated ranks{passed}, before any process started: {wrong}"
+        return None
 
     return grade_function(
         "tensor-parallel",
@@ -267,8 +274,9 @@ EXERCISE = Exercise(
         "Your function has only `torch` and `math` as globals, and communicates only through `tp.f` and "
         "`tp.g`.\n\n"
         f"Here tokens = {TOKENS}, h = {HIDDEN} (4h = {FFN}) and t = {RANKS}. "
-        f"It runs first on t = {RANKS} simulated ranks (a missing f or g, a wrong split, a deadlock is named "
-        f"before any process starts), then on {RANKS} gloo processes for {STEPS} SGD steps, traced: the "
+        f"It runs first on t = {RANKS} and t = {SIMULATED[1]} simulated ranks (a missing f or g, a wrong "
+        f"split, a deadlock is named before any process starts), then on {RANKS} gloo processes for "
+        f"{STEPS} SGD steps, traced: the "
         "output, the gradients of x, w1 and w2 (each rank's shard) and the losses must equal one process's "
         f"(relative {RTOL:g}, in float64). Target, measured from the trace: one all-reduce forward and one "
         "backward per MLP, each of the [tokens, h] activation."

@@ -12,34 +12,33 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.exercises.ring import your_lines
+from workbench.exercises.simulated_ranks import Deadlock, raised, stopped
 from workbench.exercises.tp_simulation import (
     FFN,
     HIDDEN,
-    RANKS,
     TOKENS,
-    WAIT_S,
     BadOutput,
-    Deadlock,
     Found,
     Mismatch,
     MLPData,
     Simulation,
     close,
+    mlp,
     one_process,
     partial,
 )
 
-#: the hidden units on each rank, 4h/t
-PER = FFN // RANKS
 
-SPLIT_RULE = (
-    "Column-parallel (the first layer) splits w1's output features, its rows: rank j takes "
-    f"w1[j·4h/t:(j+1)·4h/t], [4h/t, h] = [{PER}, {HIDDEN}], and x·w1_jᵀ is its [tokens, 4h/t] = [{TOKENS}, {PER}] "
-    "hidden units, whole. Row-parallel (the second) splits w2's input features, its columns: rank j takes "
-    f"w2[:, j·4h/t:(j+1)·4h/t], [h, 4h/t] = [{HIDDEN}, {PER}], the same hidden units; its product is a partial "
-    "sum of the whole [tokens, h] output, which g sums."
-)
+def split_rule(n: int) -> str:
+    """How Megatron splits the MLP over n ranks, with the shapes."""
+    per = FFN // n  # the hidden units on each rank, 4h/t
+    return (
+        "Column-parallel (the first layer) splits w1's output features, its rows: rank j takes "
+        f"w1[j·4h/t:(j+1)·4h/t], [4h/t, h] = [{per}, {HIDDEN}], and x·w1_jᵀ is its [tokens, 4h/t] = "
+        f"[{TOKENS}, {per}] hidden units, whole. Row-parallel (the second) splits w2's input features, its "
+        f"columns: rank j takes w2[:, j·4h/t:(j+1)·4h/t], [h, 4h/t] = [{HIDDEN}, {per}], the same hidden "
+        "units; its product is a partial sum of the whole [tokens, h] output, which g sums."
+    )
 
 
 def used(grad: torch.Tensor | None, dim: int) -> list[int]:
@@ -64,16 +63,18 @@ def _which(label: str) -> str:
 
 def communication_problem(sim: Simulation, fn: Any) -> str | None:
     """An exception, mismatched collectives or a deadlock on the simulated ranks, in a learner's words."""
-    raised = {r: e for r, e in sim.errors.items() if not isinstance(e, (Deadlock, Mismatch))}
-    if raised:
-        r, e = min(raised.items())
+    ended = stopped(sim.errors)
+    if ended is not None:
+        return ended
+    errors = {r: e for r, e in sim.errors.items() if not isinstance(e, (Deadlock, Mismatch))}
+    if errors:
+        r, e = min(errors.items())
         if isinstance(e, BadOutput):
             return f"rank {r}: {e}"
-        where = your_lines(e, fn) or "in the workbench"
-        message = f"rank {r} raised {type(e).__name__}: {e} ({where})"
+        message = f"rank {r} raised {raised(e, fn)}"
         if "process group" in str(e):
             return f"{message}: communicate through tp.f and tp.g only (they are traced, and simulated here)"
-        return f"{message}. {SPLIT_RULE}" if "shape" in str(e) else message
+        return f"{message}. {split_rule(sim.n)}" if "shape" in str(e) else message
     mismatched = [e for e in sim.errors.values() if isinstance(e, Mismatch)]
     if mismatched:
         calls = mismatched[0].calls
@@ -86,22 +87,20 @@ def communication_problem(sim: Simulation, fn: Any) -> str | None:
     waiting = {r: e for r, e in sim.errors.items() if isinstance(e, Deadlock)}
     if waiting:
         r = min(waiting)
-        call = waiting[r].call
+        call = waiting[r].detail
         made = [len(calls) for calls in sim.calls]
         return (
             f"deadlock: rank {r} waits at its all-reduce number {call.k + 1} ({_which(call.label)}) while the "
             f"ranks made {made} all-reduces in all (rank 0, 1, …): every rank must call f and g, as many "
             "times each (an `if tp.rank == 0:` around one leaves the other ranks waiting)."
         )
-    unfinished = [r for r, f in enumerate(sim.found) if f is None]
-    if unfinished:
-        return f"rank {unfinished[0]} did not finish within {WAIT_S * 8:.0f} s"
     return None
 
 
 def split_problem(found: list[Found]) -> str | None:
     """A wrong split, read from which rows and columns of w1 and w2 each rank's gradients show it used."""
     rows1 = [used(f.w1_grad, 0) for f in found]
+    rule = split_rule(len(found))
     for r, f in enumerate(found):
         cols1, rows2, cols2 = used(f.w1_grad, 1), used(f.w2_grad, 0), used(f.w2_grad, 1)
         if not rows1[r] or not cols2:
@@ -112,19 +111,19 @@ def split_problem(found: list[Found]) -> str | None:
         if len(cols1) < HIDDEN:
             return (
                 f"rank {r} used columns {span(cols1)} of w1, its input features: that is a row-parallel "
-                f"split. {SPLIT_RULE} Split by its input features, each rank's x·w1ᵀ is a partial sum of every "
+                f"split. {rule} Split by its input features, each rank's x·w1ᵀ is a partial sum of every "
                 "hidden unit's input, and GELU of a partial sum is not a part of GELU of the sum "
                 "(gelu(a) + gelu(b) ≠ gelu(a + b))."
             )
         if len(rows2) < HIDDEN:
             return (
                 f"rank {r} used rows {span(rows2)} of w2, its output features: that is a column-parallel "
-                f"split. {SPLIT_RULE}"
+                f"split. {rule}"
             )
         if len(rows1[r]) == FFN:
             return (
                 f"rank {r} used all {FFN} rows of w1 (every hidden unit): with tensor parallelism each rank "
-                f"computes its own 4h/t = {PER}. {SPLIT_RULE}"
+                f"computes its own 4h/t = {FFN // len(found)}. {rule}"
             )
         if rows1[r] != cols2:
             return (
@@ -143,8 +142,8 @@ def split_problem(found: list[Found]) -> str | None:
     return None
 
 
-def output_problem(d: MLPData, ref: Found, f: Found, r: int) -> str:
-    """Why rank r's output differs from one process's (its split is clean)."""
+def output_problem(d: MLPData, ref: Found, f: Found, r: int, *, n: int) -> str:
+    """Why rank r of n's output differs from one process's (its split is clean)."""
     units = used(f.w1_grad, 0)
     mine, _ = partial(d, units, torch.zeros(TOKENS, HIDDEN, dtype=torch.float64))
     if close(f.y, mine):
@@ -154,9 +153,9 @@ def output_problem(d: MLPData, ref: Found, f: Found, r: int) -> str:
             "contributes to every output value; g sums the ranks' parts, so that each rank holds the whole "
             "[tokens, h] output."
         )
-    if close(f.y, RANKS * ref.y):
+    if close(f.y, n * ref.y):
         return (
-            f"rank {r}'s output is {RANKS} × one process's: it was summed over the ranks when it was already "
+            f"rank {r}'s output is {n} × one process's: it was summed over the ranks when it was already "
             "whole (g applied twice, or to an output every rank computed whole)"
         )
     if close(f.y, F.gelu(F.linear(F.linear(d.x, d.w1), d.w2))) or close(f.y, F.gelu(ref.y)):
@@ -165,11 +164,50 @@ def output_problem(d: MLPData, ref: Found, f: Found, r: int) -> str:
             "two matmuls, on each rank's own hidden units — it is elementwise, so no rank needs another's "
             "units for it — and g comes last, after the row-parallel matmul."
         )
+    summed_x = n * d.x  # what g's forward makes of x: the sum of the n ranks' (equal) x
+    if close(f.y, mlp(summed_x, d.w1[units], d.w2[:, units])) or close(
+        f.y, mlp(summed_x, d.w1, d.w2)
+    ):
+        return (
+            f"rank {r}'s output is the MLP of t·x = {n}·x: g was applied to the input — its forward "
+            f"all-reduce summed x over the {n} ranks, which all hold the same x. f goes before the first "
+            "linear (identity forward: each rank multiplies x as it is; its backward sums x's gradient), g "
+            "after the second (its forward sums the ranks' partial outputs)."
+        )
     err = float((f.y - ref.y).abs().max())
-    return (
+    message = (
         f"rank {r}'s output differs from one process's GELU(x·w1ᵀ)·w2ᵀ by up to {err:.3g} (its largest value "
-        f"is {float(ref.y.abs().max()):.3g}); GELU is torch.nn.functional.gelu, exact (not tanh)"
+        f"is {float(ref.y.abs().max()):.3g})"
     )
+    if close(f.y, F.linear(F.gelu(F.linear(d.x, d.w1), approximate="tanh"), d.w2)):
+        return (
+            f"{message}: it is the MLP with GELU's tanh approximation. GELU here is "
+            "torch.nn.functional.gelu, exact (approximate='none')"
+        )
+    return message
+
+
+def units_problem(found: list[Found]) -> str | None:
+    """Where the output is right and w1 is whole on each rank or split by its rows: hidden units not split
+    evenly over the ranks (every rank computing all of them, or a fixed number of ranks' worth)."""
+    if any(0 < len(used(f.w1_grad, 1)) < HIDDEN for f in found):
+        return None  # w1 split by its input features, the hidden layer summed: the target tells it
+    counts = [len(used(f.w1_grad, 0)) for f in found]
+    n = len(found)
+    if all(c == FFN for c in counts):
+        return (
+            f"every rank computed all {FFN} hidden units (rows of w1): no split happened — each rank ran the "
+            "whole MLP, and the output is right only because the ranks computed the same thing. With tensor "
+            f"parallelism each rank computes its own 4h/t = {FFN // n} (w1's rows, w2's columns of block "
+            f"tp.rank), and g sums their partial outputs. {split_rule(n)}"
+        )
+    if any(c != FFN // n for c in counts):
+        return (
+            f"the output is right, but your {n} ranks computed {counts} hidden units (rows of w1): each "
+            f"computes its own 4h/t = {FFN} / {n} = {FFN // n}. Cut by tp.size and tp.rank, not by a fixed "
+            "number of ranks."
+        )
+    return None
 
 
 def gradient_problem(d: MLPData, ref: Found, found: list[Found]) -> str | None:
@@ -194,9 +232,9 @@ def gradient_problem(d: MLPData, ref: Found, found: list[Found]) -> str | None:
                 "column-parallel matmul, is the identity forward and sums x's gradient over the ranks in "
                 "backward."
             )
-        if close(f.x_grad, RANKS * ref.x_grad):
+        if close(f.x_grad, len(found) * ref.x_grad):
             return (
-                f"x's gradient on rank {r} is {RANKS} × one process's: it was summed over the ranks when it "
+                f"x's gradient on rank {r} is {len(found)} × one process's: it was summed over the ranks when it "
                 "was already whole (f applied twice)"
             )
         err = float((f.x_grad - ref.x_grad).abs().max())
@@ -227,5 +265,5 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
     ref = one_process(sim.data, sim.data.w1, sim.data.w2)
     for r, f in enumerate(found):
         if not close(f.y, ref.y):
-            return split_problem(found) or output_problem(sim.data, ref, f, r)
-    return gradient_problem(sim.data, ref, found)
+            return split_problem(found) or output_problem(sim.data, ref, f, r, n=sim.n)
+    return units_problem(found) or gradient_problem(sim.data, ref, found)

@@ -1,5 +1,6 @@
 """The tensor-parallel exercise's MLP (exercises/tensor_parallel.py): its data, what one process computes, the
-`tp` handle the learner's `tp_mlp` is given, and that function run on simulated ranks — a thread per rank, f
+`tp` handle the learner's `tp_mlp` is given, and that function run on simulated ranks — a thread per rank
+(exercises/simulated_ranks.py's harness), f
 and g the real ones (parallel/tp_communications.py's copy_to_tp and reduce_from_tp) over a stand-in
 communicator whose all-reduce sums the threads' tensors. Only the transport differs from the real ranks.
 
@@ -19,16 +20,20 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
+from workbench.exercises.simulated_ranks import WAIT_S, Deadlock, TooMany, cap, run_ranks
 from workbench.parallel.tp_communications import TPContext, copy_to_tp, reduce_from_tp
 
 #: tokens, the model's width h and the tensor-parallel degree t; the MLP's hidden layer is 4h wide. Each size
 #: differs from the others (12, 16, 64, 32 = 4h/t, 8 = h/t), so a shape in an error names what it is
 TOKENS, HIDDEN, RANKS = 12, 16, 2
 FFN = 4 * HIDDEN
+#: the simulated degrees: the real run's, and another that divides 4h = 64, so that a fixed 2 in place of
+#: tp.size fails (at t = 4, 4h/t = 16 = h: a shape in an error there is less telling)
+SIMULATED = (RANKS, 4)
+#: the all-reduces an MLP takes on a rank: g's forward and f's backward
+ALL_REDUCES = 2
 #: a correct answer's largest difference from one process, relative (see the module's docstring)
 RTOL = 1e-9
-#: how long a simulated rank waits at an all-reduce for the others before the check calls it a deadlock
-WAIT_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +139,6 @@ class Call:
     shape: tuple[int, ...]
 
 
-class Deadlock(Exception):
-    def __init__(self, call: Call) -> None:
-        super().__init__(f"rank {call.rank} waits at its all-reduce {call.k} ({call.label})")
-        self.call = call
-
-
 class Mismatch(Exception):
     """The ranks met at an all-reduce with different operations or shapes (NCCL would sum garbage or hang)."""
 
@@ -171,6 +170,13 @@ class SimComm:
     def all_reduce(self, tensor: torch.Tensor, group: str = "tp", **kw: Any) -> None:
         g = self.group
         label = str(kw.get("label") or "all_reduce")
+        if len(g.calls[self.rank]) >= cap(ALL_REDUCES):
+            raise TooMany(
+                rank=self.rank,
+                expected=f"{ALL_REDUCES} all-reduces (g forward, f backward)",
+                what="in one forward and backward",
+                cap=len(g.calls[self.rank]),
+            )
         call = Call(
             rank=self.rank, k=len(g.calls[self.rank]), label=label, shape=tuple(tensor.shape)
         )
@@ -188,7 +194,9 @@ class SimComm:
         try:
             self.group.barrier.wait()
         except threading.BrokenBarrierError:
-            raise Deadlock(call) from None
+            raise Deadlock(
+                rank=call.rank, k=call.k, what=f"all-reduce ({call.label})", detail=call
+            ) from None
 
 
 @dataclass(kw_only=True)
@@ -197,6 +205,10 @@ class Simulation:
     found: list[Found | None]
     errors: dict[int, BaseException]
     calls: list[list[Call]]
+
+    @property
+    def n(self) -> int:
+        return len(self.found)
 
 
 def check_output(y: Any) -> torch.Tensor:
@@ -222,23 +234,16 @@ def simulate(fn: Any, n: int = RANKS) -> Simulation:
     d = data()
     group = SimGroup(n)
     found: list[Found | None] = [None] * n
-    errors: dict[int, BaseException] = {}
 
     def rank_main(r: int) -> None:
-        try:
-            comm = cast(Any, SimComm(group, r))
-            tp = TP(TPContext(comm=comm, rank=r, size=n))
-            x, w1, w2 = leaves(d.x, d.w1, d.w2)
-            y = check_output(fn(x, w1, w2, tp))
-            loss_of(y, d.target).backward()
-            found[r] = Found(y=y.detach(), x_grad=x.grad, w1_grad=w1.grad, w2_grad=w2.grad)
-        except BaseException as e:  # the learner's error, kept for the message
-            errors[r] = e
-            group.barrier.abort()  # the others stop waiting for this rank
+        comm = cast(Any, SimComm(group, r))
+        tp = TP(TPContext(comm=comm, rank=r, size=n))
+        x, w1, w2 = leaves(d.x, d.w1, d.w2)
+        y = check_output(fn(x, w1, w2, tp))
+        loss_of(y, d.target).backward()
+        found[r] = Found(y=y.detach(), x_grad=x.grad, w1_grad=w1.grad, w2_grad=w2.grad)
 
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=WAIT_S * 8)
+    # a rank that raised aborts the barrier: the others stop waiting for it
+    errors = run_ranks(rank_main, n, on_error=lambda _r: group.barrier.abort())
+    group.barrier.abort()  # a rank still running meets no one
     return Simulation(data=d, found=found, errors=errors, calls=group.calls)

@@ -9,8 +9,9 @@ AdamW on one shard, in place, whose moments it makes on its first call — so th
 is as big as what the learner hands it. Graded in three stages:
 
 - on **simulated ranks** in this process first (exercises/zero1_simulated.py: a thread per rank, the
-  collectives done between them): an exception, a mismatched or missing collective, and the three typical
-  slips are named before any process starts — the update given the sum of the ranks' gradients (n× one
+  collectives done between them; n = 4, then n = 3, so that a fixed 4 in place of dp.size fails): an
+  exception, a mismatched or missing collective, a loop that does not end, and the three typical slips are
+  named before any process starts — the update given the sum of the ranks' gradients (n× one
   process's: the average is missing), a rank updating a shard it does not own (its slice against the one it
   owns), and the all-gather left out (how many values each rank holds stale). The parameters are random, so
   the slice a rank updated is found from its values, whether the learner passes a view or a copy;
@@ -33,7 +34,7 @@ import torch
 
 from workbench.exercises.exercise import Exercise
 from workbench.exercises.result import Result, Row
-from workbench.exercises.zero1_simulated import RANKS, ShardAdamW, diagnose, simulate
+from workbench.exercises.zero1_simulated import RANKS, SIMULATED, ShardAdamW, diagnose, simulate
 from workbench.trace.bandwidth import bus_factor
 
 #: the real run (on RANKS ranks): steps, samples a step over all ranks, the MLP's widths
@@ -154,12 +155,16 @@ def grade(solution: Any, out: str) -> Result:
     from workbench.exercises.grading import grade_function
 
     def simulated(fn: Any) -> str | None:
-        wrong = diagnose(simulate(fn), fn)
-        return (
-            None
-            if wrong is None
-            else f"on {RANKS} simulated ranks, before any process started: {wrong}"
-        )
+        for n in SIMULATED:
+            wrong = diagnose(simulate(fn, n), fn)
+            if wrong is not None:
+                passed = (
+                    f" (it passed on {RANKS}: does it use dp.size, not a number?)"
+                    if n != RANKS
+                    else ""
+                )
+                return f"on {n} simulated ranks{passed}, before any process started: {wrong}"
+        return None
 
     return grade_function(
         "zero1",
@@ -310,7 +315,7 @@ EXERCISE = Exercise(
         "```python\ndef zero1_step(flat_params, flat_grads, dp, update):\n    n, r = dp.size, dp.rank\n"
         "    ...\n```\n\n"
         "When your function returns, every rank's `flat_params` must hold what one process's AdamW step on "
-        "the whole batch gives (its loss is the mean over the whole batch). It runs first on 4 "
+        "the whole batch gives (its loss is the mean over the whole batch). It runs first on 4 and on 3 "
         "simulated ranks (a missing average, a wrong shard, a missing all-gather are named before any process "
         "starts), then on 4 gloo processes training a small MLP for 4 steps, traced, beside one process. "
         "Targets, measured: each rank sends at most 2(n−1)/n·S bytes a step — what plain data parallelism's "

@@ -1,11 +1,13 @@
 """The ZeRO-1 exercise's simulated ranks (exercises/zero1.py grades with them before any process starts) and
 the update both the simulated and the real ranks call.
 
-`simulate(fn)` runs the learner's step once on RANKS threads, each with its `dp` (SimDP: the collectives done
-between the threads, a barrier where they meet) and its own `update` (ShardAdamW, which keeps what it was
-given); `diagnose` says in a learner's words what went wrong: an exception, collectives that differ or never
-come, the update called more than once, on a slice the rank does not own, with the sum of the gradients or
-the rank's own, and the ranks left holding stale values (no all-gather)."""
+`simulate(fn, n)` runs the learner's step once on n threads (exercises/simulated_ranks.py's harness; zero1.py
+simulates n = 4, the real run's, then n = 3: the buffer, n × PER_RANK values, divides by either), each with
+its `dp` (SimDP: the collectives done between the threads, a barrier where they meet) and its own `update`
+(ShardAdamW, which keeps what it was given); `diagnose` says in a learner's words what went wrong: an
+exception, collectives that differ or never come, a loop that does not end, the update called more than once,
+on a slice the rank does not own, with the sum of the gradients or the rank's own, and the ranks left holding
+stale values (no all-gather)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,22 @@ from typing import Any
 
 import torch
 
-from workbench.exercises.ring import your_lines
+from workbench.exercises.simulated_ranks import (
+    WAIT_S,
+    Deadlock,
+    TooMany,
+    cap,
+    raised,
+    run_ranks,
+    stopped,
+)
 
-#: ranks simulated (and run for real); values a simulated rank owns
+#: ranks run for real (and simulated); values a simulated rank owns
 RANKS, PER_RANK = 4, 64
-#: how long a simulated rank waits at a collective for the others before the check calls it a deadlock
-WAIT_S = 2.0
+#: the simulated sizes: the real run's, and another, so that a fixed 4 in place of dp.size fails
+SIMULATED = (RANKS, 3)
+#: the collectives a ZeRO-1 step takes: a reduce-scatter (or an all-reduce) and an all-gather
+COLLECTIVES = 2
 #: AdamW's learning rate
 LR = 1e-2
 
@@ -79,10 +91,6 @@ class ShardAdamW:
 
 
 # ---- simulated ranks -------------------------------------------------------------------------------------
-class Deadlock(Exception):
-    pass
-
-
 class Mismatch(Exception):
     pass
 
@@ -99,6 +107,13 @@ class SimGroup:
 
     def meet(self, rank: int, op: str, t: torch.Tensor) -> list[torch.Tensor]:
         k = len(self.made[rank])
+        if k >= cap(COLLECTIVES):
+            raise TooMany(
+                rank=rank,
+                expected=f"{COLLECTIVES} collectives (a reduce-scatter, an all-gather)",
+                what="in one step",
+                cap=k,
+            )
         self.made[rank].append(op)
         self.slots[rank] = (op, t.detach().clone())
         try:
@@ -107,7 +122,7 @@ class SimGroup:
             inputs = [slot[1] for slot in self.slots]
             self.barrier.wait()
         except threading.BrokenBarrierError:
-            raise Deadlock(f"rank {rank} waits at its collective {k} ({op})") from None
+            raise Deadlock(rank=rank, k=k, what=f"collective ({op})") from None
         if len(set(ops)) > 1:
             calls = ", ".join(f"rank {q}: {o}" for q, o in enumerate(ops))
             raise Mismatch(f"at collective {k} the ranks called different collectives ({calls})")
@@ -177,18 +192,11 @@ def simulate(fn: Any, n: int = RANKS) -> Simulation:
     )
 
     def rank_main(r: int) -> None:
-        try:
-            dp = SimDP(rank=r, size=n, group=group)
-            fn(sim.params[r], grads[r].clone(), dp, sim.updates[r])
-        except BaseException as e:  # the learner's error, kept for the message
-            sim.errors[r] = e
-            group.barrier.abort()  # the others stop waiting for this rank
+        fn(sim.params[r], grads[r].clone(), SimDP(rank=r, size=n, group=group), sim.updates[r])
 
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=WAIT_S * 8)
+    # a rank that raised aborts the barrier: the others stop waiting for it
+    sim.errors = run_ranks(rank_main, n, on_error=lambda _r: group.barrier.abort())
+    group.barrier.abort()  # a rank still running meets no one
     return sim
 
 
@@ -209,12 +217,13 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
     """What is wrong with one simulated step, in a learner's words; None when every rank holds what one
     process's AdamW step on the averaged gradient gives."""
     n, size, per = sim.n, sim.start.numel(), PER_RANK
+    ended = stopped(sim.errors)
+    if ended is not None:
+        return ended
     plain = {r: e for r, e in sim.errors.items() if not isinstance(e, Deadlock | Mismatch)}
     if plain:
         r, e = min(plain.items())
-        return (
-            f"rank {r} raised {type(e).__name__}: {e} ({your_lines(e, fn) or 'in the workbench'})"
-        )
+        return f"rank {r} raised {raised(e, fn)}"
     mismatch = [e for e in sim.errors.values() if isinstance(e, Mismatch)]
     if mismatch:
         return f"{mismatch[0]}: every rank must call the same collectives in the same order"
