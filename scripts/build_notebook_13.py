@@ -89,19 +89,49 @@ import math
 import os
 import torch
 import workbench as wb
+from workbench import viz
 
 ex = wb.exercises
 OUT = os.path.join("..", "traces", "nb13")
 ex.table().style.hide(axis="index")  # each exercise: what you write, what it is held to
 """),
 ]
+#: the ring's prediction: asked before its check, revealed from the bytes the check measures
+RING_PREDICTION = (
+    code("""
+guess = viz.predict("Before you check it: how many bytes will each rank of your ring send, all-reducing "
+                    "this 8192-byte buffer over 4 ranks?", unit=" bytes")
+guess
+"""),
+    code("""
+ring = ex.check("ring", ring_all_reduce, out=os.path.join(OUT, "ring"))
+ring
+"""),
+    code("""
+if ring.learner is not None:  # your ring reached the real ranks: its bytes, from the trace
+    guess.reveal(ring.row("bytes a rank sent").yours,
+                 "2(n−1)/n·S: n−1 chunks of S/n to reduce-scatter, n−1 to gather — 1.5 × the buffer at n = 4")
+else:
+    print("your ring stopped before the real ranks (above): fix it, run its check, then this cell")
+"""),
+)
+
+
+def plain_cell(text: str):
+    """A code cell built from a template (the exercise's name filled in): it holds no claim."""
+    return nbf.v4.new_code_cell(text)
+
+
 for number, (name, function, lesson, lead) in enumerate(SECTIONS, start=1):
     cells += [
         md(f"## {number} · {EXERCISES[name].title}\n\n{lead} (Taught in [{lesson}]({lesson}).)"),
-        code(f'ex.show("{name}")'),
+        plain_cell(f'ex.show("{name}")'),
         exercise_cell(name),
-        code(f'ex.check("{name}", {function}, out=os.path.join(OUT, "{name}"))'),
     ]
+    if name == "ring":
+        cells += RING_PREDICTION
+    else:
+        cells.append(plain_cell(f'ex.check("{name}", {function}, out=os.path.join(OUT, "{name}"))'))
 cells.append(
     md("""
 ## Where next

@@ -15,12 +15,8 @@ import pytest
 
 import workbench as wb
 from workbench.exercises import answers
-from workbench.exercises.pipeline import (
-    EXERCISE,
-    check_table,
-    judge,
-    reference_table,
-)
+from workbench.exercises.pipeline import EXERCISE, judge
+from workbench.exercises.pipeline_table import check_table, reference_table
 
 ONE_F_ONE_B = answers.ANSWERS["pipeline"]
 GPIPE = [[f"F{i}" for i in range(8)] + [f"B{i}" for i in range(8)] for _ in range(4)]

@@ -112,7 +112,7 @@ def _next_ranks_shard(flat_params, flat_grads, dp, update):
         ),
         (
             _next_ranks_shard,
-            ["rank 0 updated values [64, 128) (slice 1) but owns values [0, 64) (slice 0)"],
+            ["rank 0 updated elements [64, 128) (slice 1) but owns elements [0, 64) (slice 0)"],
         ),
     ],
     ids=["forgot-the-average", "no-all-gather", "wrong-shard"],

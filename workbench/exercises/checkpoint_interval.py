@@ -293,9 +293,15 @@ def diagnose(found: list[Found]) -> str | None:
         "young": s.young_s,
         "yours": f.yours_s,
     }
+    beyond = (
+        " (over 100 %: the first-order model δ/τ + τ/(2M) no longer holds once τ nears M — it says only that "
+        "the interval is far too long)"
+        if f.waste > 1
+        else ""
+    )
     where = (
-        f"at {s.describe()} your interval is {f.yours_s:.4g} s and loses {100 * f.waste:.3g} % of the time; "
-        f"the least, {100 * f.least:.3g} %, is at {f.best_s:.4g} s."
+        f"at {s.describe()} your interval is {f.yours_s:.4g} s and loses {100 * f.waste:.3g} % of the time"
+        f"{beyond}; the least, {100 * f.least:.3g} %, is at {f.best_s:.4g} s."
     )
     for shape, why in SHAPES:
         if _matches(found, shape):
@@ -454,8 +460,9 @@ EXERCISE = Exercise(
         "the time writing and, per failure, the work since the last checkpoint (half an interval on average).\n\n"
         "```python\ndef checkpoint_interval(checkpoint_s, failures_per_node_day, nodes):\n    ...\n```\n\n"
         f"It is checked first at five modelled settings (δ of {MODELLED_COSTS}, 128–2048 nodes, 0.005–0.1 "
-        "failures per node-day), then at the cost a real run measures here (the tiny model on two ranks, a "
-        "checkpoint after each step; its checkpoint spans give δ). Target: the time lost at your interval "
+        "failures per node-day; a wrong answer is named there), then at the cost a real run measures here "
+        "(the tiny model on two ranks, a checkpoint after each step; its checkpoint spans give δ) and three "
+        "failure rates, the rows of the result's table. Target: the time lost at your interval "
         f"(δ/τ + τ/(2M), M the job's mean time between failures; modelled) within {100 * TOLERANCE:g} % of the "
         "least, at every setting. Your function runs with `math` and `torch` as its only globals."
     ),

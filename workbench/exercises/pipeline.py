@@ -33,22 +33,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.exercises.exercise import Exercise
+from workbench.exercises.pipeline_table import check_table, forwards_before_backward, layers
 from workbench.exercises.result import Result, Row
 from workbench.schedules.actions import Schedule, peak_in_flight
-from workbench.schedules.placement import schedule_from_orders
 from workbench.schedules.simulator import simulate
-from workbench.schedules.validation import validate
 
 if TYPE_CHECKING:
     from workbench.analysis.run import Run
     from workbench.config import RunConfig
 
-#: the ranks and microbatches a table may have (`try_schedule`), and the exercise's own
-RANKS, MICROBATCHES = range(2, 5), range(1, 17)
+#: the ranks and microbatches the exercise asks for (try_schedule takes pipeline_table's RANKS, MICROBATCHES)
 TASK_P, TASK_M = 4, 8
 #: sequences per microbatch, and training steps of each run
 MICRO_BATCH, STEPS = 2, 3
@@ -62,176 +60,6 @@ LOSS_RTOL, NORM_RTOL = 1e-5, 1e-4
 HELD_SLACK = 0.5
 #: simulated stage costs: every stage alike, a backward twice a forward
 T_F, T_B = 1.0, 2.0
-
-_ACTION = re.compile(r"^([FB])(\d+)$")
-
-
-class TableError(ValueError):
-    """A table that is not a schedule: the message names the rank, the cell and what is valid."""
-
-
-def layers(p: int) -> int:
-    """The tiny model's layers for p ranks: 4, split evenly (3 for p = 3)."""
-    return p * max(1, 4 // p)
-
-
-def parse(table: Any) -> list[list[tuple[str, int]]]:
-    """Each rank's actions as (F or B, microbatch); TableError naming the first bad row or cell."""
-    if not isinstance(table, list | tuple) or not all(isinstance(r, list | tuple) for r in table):
-        raise TableError(
-            f"one_f_one_b must be a list of p lists, one per rank, of actions like 'F0', 'B0'; got "
-            f"{type(table).__name__}"
-            + ("" if not isinstance(table, list | tuple) else " holding a non-list row")
-        )
-    if len(table) not in RANKS:
-        raise TableError(
-            f"your table has {len(table)} row{'s' * (len(table) != 1)}: one per pipeline rank, "
-            f"{RANKS[0]} to {RANKS[-1]} (the task: 4)"
-        )
-    orders = []
-    for r, row in enumerate(table):
-        if not row:
-            raise TableError(f"rank {r}'s row is empty: every rank runs each microbatch's F and B")
-        orders.append([_action(r, i, cell) for i, cell in enumerate(row)])
-    m = 1 + max(mb for order in orders for _, mb in order)
-    if m not in MICROBATCHES:
-        raise TableError(
-            f"your table runs microbatch {m - 1}: this exercise trains with up to "
-            f"{MICROBATCHES[-1]} microbatches (0 … {MICROBATCHES[-1] - 1}; the task: 8)"
-        )
-    return orders
-
-
-def _action(rank: int, i: int, cell: Any) -> tuple[str, int]:
-    match = _ACTION.match(cell.strip()) if isinstance(cell, str) else None
-    if match is not None:
-        return match[1], int(match[2])
-    hint = ""
-    if isinstance(cell, str) and re.match(r"^\d+[FB]\d+$", cell.strip()):
-        hint = f" (the row is the rank: write {cell.strip().lstrip('0123456789')!r})"
-    elif isinstance(cell, str) and re.match(r"^[IW]\d+$", cell.strip()):
-        hint = " (this exercise runs whole backwards, B; zero bubble's I and W are not taken)"
-    elif isinstance(cell, str) and re.match(r"^[fb]\d+$", cell.strip()):
-        hint = f" (capitals: {cell.strip().upper()!r})"
-    raise TableError(
-        f"rank {rank}, cell {i}: {cell!r} is not an action{hint}; valid: 'F' or 'B' and a microbatch "
-        "number, e.g. 'F3' (forward of microbatch 3) or 'B0' (backward of microbatch 0)"
-    )
-
-
-def coverage_problems(orders: list[list[tuple[str, int]]]) -> list[str]:
-    """Each rank runs every microbatch's F and B once, the B after its F: what does not, in rank order."""
-    m = 1 + max(mb for order in orders for _, mb in order)
-    problems = []
-    for r, order in enumerate(orders):
-        for kind in ("F", "B"):
-            for mb in range(m):
-                n = order.count((kind, mb))
-                if n != 1:
-                    times = {0: "never runs", 2: "runs"}.get(n, "runs")
-                    count = {0: "", 2: " twice"}.get(n, f" {n} times")
-                    problems.append(f"rank {r} {times} {kind}{mb}{count}")
-        for mb in range(m):
-            if ("B", mb) in order and ("F", mb) in order:
-                if order.index(("B", mb)) < order.index(("F", mb)):
-                    problems.append(
-                        f"rank {r} runs B{mb} before F{mb}: a backward needs the activations its "
-                        "forward saved"
-                    )
-    return problems
-
-
-def _source(p: int, r: int, kind: str) -> int | None:
-    """The rank whose action of the same name this one waits for (None: the pipeline's end)."""
-    src = r - 1 if kind == "F" else r + 1
-    return src if 0 <= src < p else None
-
-
-def deadlock(orders: list[list[tuple[str, int]]]) -> str | None:
-    """Replay the table with each F waiting for the rank before's F, each B for the rank after's B (the
-    transfers as unbounded queues): None if every rank finishes, else the cycle of ranks waiting on each
-    other, named action by action."""
-    p = len(orders)
-    pos, done = [0] * p, [set[tuple[str, int]]() for _ in range(p)]
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                kind, mb = orders[r][pos[r]]
-                src = _source(p, r, kind)
-                if src is not None and (kind, mb) not in done[src]:
-                    break
-                done[r].add((kind, mb))
-                pos[r], moved = pos[r] + 1, True
-    if all(pos[r] == len(orders[r]) for r in range(p)):
-        return None
-    # each stuck rank waits for another stuck one (every action it waits for is in that rank's row, not
-    # yet run): following them from the first comes back to a rank already met, the cycle's start
-    chain: list[int] = []
-    at: int | None = min(q for q in range(p) if pos[q] < len(orders[q]))
-    while at is not None and at not in chain:
-        chain.append(at)
-        at = _source(p, at, orders[at][pos[at]][0])
-    chain = chain[chain.index(at) :] if at is not None else chain
-    words = {"F": "activation", "B": "gradient"}
-    parts = []
-    for k, q in enumerate(chain):
-        kind, mb = orders[q][pos[q]]
-        a = f"{kind}{mb}"
-        src = _source(p, q, kind)
-        head = f"rank {q}'s {a} waits" if k == 0 else f", which is waiting at {a}"
-        parts.append(f"{head} for {a}'s {words[kind]} from rank {src}")
-    first = chain[0]
-    kind, mb = orders[first][pos[first]]
-    last_kind, last_mb = orders[chain[-1]][pos[chain[-1]]]
-    return (
-        "".join(parts)
-        + f" — and rank {first} runs {last_kind}{last_mb} only after its {kind}{mb}: a cycle, no rank "
-        f"can move. A rank can run B_i only once every rank after it has, and F_i once every rank before "
-        f"it has: 1F1B's rank r runs p − r forwards before its first backward (here "
-        f"{', '.join(str(p - q) for q in range(p))}: p − r − 1 to fill the pipeline, then one forward and "
-        "one backward in turn)."
-    )
-
-
-def check_table(table: Any) -> tuple[Schedule | None, str]:
-    """The learner's table as a validated Schedule (its transfers placed), or None and what is wrong."""
-    try:
-        orders = parse(table)
-    except TableError as e:
-        return None, str(e)
-    problems = coverage_problems(orders)
-    if problems:
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        return None, "; ".join(problems[:4]) + more
-    if (stuck := deadlock(orders)) is not None:
-        return None, f"your table deadlocks: {stuck}"
-    m = 1 + max(mb for order in orders for _, mb in order)
-    p = len(orders)
-    steps = [[(kind, r, mb) for kind, mb in order] for r, order in enumerate(orders)]
-    schedule = schedule_from_orders("yours", p, m, 1, steps)
-    errors = validate(schedule)
-    if errors:  # the replay above should have caught it: say what the validator found
-        return None, "its transfers, placed, fail the schedule rule: " + "; ".join(errors[:3])
-    return schedule, ""
-
-
-def forwards_before_backward(schedule: Schedule) -> list[int]:
-    """Per rank, the forwards it runs before its first backward (1F1B's rank r: p − r)."""
-    found = []
-    for acts in schedule.actions:
-        kinds = [a.kind for a in acts if a.kind in ("F", "B")]
-        found.append(kinds.index("B") if "B" in kinds else len(kinds))
-    return found
-
-
-def reference_table(p: int, m: int) -> list[list[str]]:
-    """1F1B at p and m as a table: the workbench's generator (schedules/build.py)."""
-    from workbench.schedules.build import build_schedule
-
-    s = build_schedule("1f1b", p, m)
-    return [[f"{a.kind}{a.microbatch}" for a in acts if a.kind in ("F", "B")] for acts in s.actions]
 
 
 def activations_held(run: Run) -> tuple[float, int, int]:
@@ -341,53 +169,78 @@ def _grade(solution: Any, out: str, *, exercise: bool) -> Result:
     return judge(runs, schedule, held=exercise)
 
 
-def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Result:
-    """The learner's run against one process, the activations in flight (counted from the table on every
-    rank, measured on rank 0) and the simulated bubble; `held=False` (try_schedule): the last three shown
-    beside 1F1B's, not held."""
-    yours, reference, single = runs["yours"], runs["reference"], runs["one process"]
+@dataclass(kw_only=True)
+class Figures:
+    """What the check holds a table to: its run against one process (relative differences), the activations
+    in flight (rank 0 measured: microbatches, its peak and unit in bytes; every rank counted from the table,
+    beside 1F1B's p − r) and the bubble (simulated at equal costs, beside 1F1B's formula)."""
+
+    loss: float
+    norm: float
+    held_0: float
+    peak: int
+    unit: int
+    counted: list[int]
+    one_f_one_b: list[int]
+    bubble: float
+    formula: float
+
+
+def figures(runs: dict[str, Run], schedule: Schedule) -> Figures:
     p, m = schedule.p, schedule.m
-    counted, one_f_one_b = peak_in_flight(schedule), list(range(p, 0, -1))
-    mine, one = yours.metrics, single.metrics
-    loss = max(abs(a - b) / abs(b) for a, b in zip(mine.loss, one.loss, strict=True))
-    norm = max(abs(a - b) / abs(b) for a, b in zip(mine.grad_norm, one.grad_norm, strict=True))
-    held_0, peak, unit = activations_held(yours)
-    bubble, formula = simulate(schedule, t_f=T_F, t_b=T_B).bubble_fraction(), (p - 1) / (m + p - 1)
-    same = loss <= LOSS_RTOL and norm <= NORM_RTOL
-    rows = [
+    mine, one = runs["yours"].metrics, runs["one process"].metrics
+    held_0, peak, unit = activations_held(runs["yours"])
+    return Figures(
+        loss=max(abs(a - b) / abs(b) for a, b in zip(mine.loss, one.loss, strict=True)),
+        norm=max(abs(a - b) / abs(b) for a, b in zip(mine.grad_norm, one.grad_norm, strict=True)),
+        held_0=held_0,
+        peak=peak,
+        unit=unit,
+        counted=peak_in_flight(schedule),
+        one_f_one_b=list(range(p, 0, -1)),
+        bubble=simulate(schedule, t_f=T_F, t_b=T_B).bubble_fraction(),
+        formula=(p - 1) / (m + p - 1),
+    )
+
+
+def rows(f: Figures, runs: dict[str, Run], p: int, *, held: bool) -> list[Row]:
+    """The result's table; `held=False`: the targets shown, not held."""
+    yours, reference = runs["yours"], runs["reference"]
+    return [
         Row(
             what="loss vs one process, largest relative difference",
-            yours=loss,
+            yours=f.loss,
             target=f"≤ {LOSS_RTOL:g}",
-            ok=loss <= LOSS_RTOL,
+            ok=f.loss <= LOSS_RTOL,
         ),
         Row(
             what="gradient norm vs one process, largest relative difference",
-            yours=norm,
+            yours=f.norm,
             target=f"≤ {NORM_RTOL:g}",
-            ok=norm <= NORM_RTOL,
+            ok=f.norm <= NORM_RTOL,
         ),
         Row(
             what="activations rank 0 holds at once, microbatches",
-            yours=held_0,
+            yours=f.held_0,
             target=f"≤ p = {p} (1F1B's run: {activations_held(reference)[0]:.3g})",
-            ok=held_0 <= p + HELD_SLACK if held else None,
+            ok=f.held_0 <= p + HELD_SLACK if held else None,
             measured=True,
         ),
         Row(
             what="activations in flight on each rank, microbatches (counted from your table)",
-            yours=counted,
-            target=f"≤ 1F1B's p − r = {one_f_one_b}",
-            ok=all(c <= t for c, t in zip(counted, one_f_one_b, strict=True)) if held else None,
+            yours=f.counted,
+            target=f"≤ 1F1B's p − r = {f.one_f_one_b}",
+            ok=all(c <= t for c, t in zip(f.counted, f.one_f_one_b, strict=True)) if held else None,
         ),
         Row(
             what=f"bubble at equal stage costs (simulated, T_B = {T_B / T_F:g}·T_F)",
-            yours=bubble,
-            target=f"(p−1)/(m+p−1) = {formula:.4g}",
-            ok=bubble <= formula + 1e-9 if held else None,
+            yours=f.bubble,
+            target=f"(p−1)/(m+p−1) = {f.formula:.4g}",
+            ok=f.bubble <= f.formula + 1e-9 if held else None,
         ),
         Row(
-            what="bubble fraction on this machine (shown, not held)",
+            what="bubble fraction measured here (shown, not held: 4 ranks share 2 cores, a tiny model's "
+            "step is mostly Python)",
             yours=yours.summary["bubble_fraction"]["measured"],
             target=reference.summary["bubble_fraction"]["measured"],
             ok=None,
@@ -395,13 +248,26 @@ def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Res
         ),
     ]
 
+
+def judge(runs: dict[str, Run], schedule: Schedule, *, held: bool = True) -> Result:
+    """The learner's run against one process, the activations in flight (counted from the table on every
+    rank, measured on rank 0) and the simulated bubble; `held=False` (try_schedule): the last three shown
+    beside 1F1B's, not held."""
+    yours, reference = runs["yours"], runs["reference"]
+    p, m = schedule.p, schedule.m
+    f = figures(runs, schedule)
+    loss, norm, held_0, peak, unit = f.loss, f.norm, f.held_0, f.peak, f.unit
+    counted, one_f_one_b, bubble, formula = f.counted, f.one_f_one_b, f.bubble, f.formula
+    same = loss <= LOSS_RTOL and norm <= NORM_RTOL
+    table = rows(f, runs, p, held=held)
+
     def result(passed: bool, stage: str, message: str) -> Result:
         return Result(
             exercise="pipeline",
             passed=passed,
             stage=stage,
             message=message,
-            rows=rows,
+            rows=table,
             learner=yours,
             reference=reference,
         )

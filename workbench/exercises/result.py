@@ -74,6 +74,15 @@ class Result:
             else ""
         )
 
+    def row(self, what: str) -> Row:
+        """The row whose figure's name starts with `what` (KeyError naming those there are)."""
+        for r in self.rows:
+            if r.what.startswith(what):
+                return r
+        raise KeyError(
+            f"no row {what!r} in {self.exercise}'s result: {[r.what for r in self.rows]}"
+        )
+
     def figure(self) -> go.Figure | None:
         """The exercise's chart, else the learner's timeline beside the reference's (when both ran)."""
         if self.chart is not None:

@@ -149,11 +149,6 @@ def all_reduces(run: Any) -> dict[str, tuple[int, int]]:
     return most
 
 
-def step_ms(run: Any) -> float:
-    ev = run.events
-    return float(ev[ev.name.astype(str).str.startswith("ProfilerStep")]["dur_us"].mean()) / 1e3
-
-
 def _count(n: int) -> str:
     return f"{n} all-reduce{'' if n == 1 else 's'}"
 
@@ -199,15 +194,6 @@ def judge(yours: Any, reference: Any) -> Result:
                 measured=True,
             ),
         ]
-    rows.append(
-        Row(
-            what="step time, ms (shown, not held)",
-            yours=step_ms(yours),
-            target=step_ms(reference),
-            ok=None,
-            measured=True,
-        )
-    )
     verdict = {"rows": rows, "learner": yours, "reference": reference}
     if not correct:
         message = (

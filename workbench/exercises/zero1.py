@@ -281,7 +281,8 @@ def judge(yours: Any, reference: Any) -> Result:
             False,
             "target",
             f"your step trains what one process does, but a rank holds {state} bytes of optimizer state, "
-            f"{state / (2 * size):.2f} of the whole model's {2 * size}: ZeRO-1 keeps 1/n = {state_target} "
+            f"{state / (2 * size):.2f} of the whole model's optimizer state ({2 * size} bytes: Adam's two "
+            f"moments): ZeRO-1 keeps 1/n = {state_target} "
             "bytes a rank — give update only this rank's slice and its gradients",
         )
     return result(
@@ -289,7 +290,8 @@ def judge(yours: Any, reference: Any) -> Result:
         "passed",
         f"every rank trains what one process does on the whole batch, sending {sent} bytes a step "
         f"(2(n−1)/n·S, what plain data parallelism's all-reduce sends: ZeRO-1 costs no extra communication) and "
-        f"holding {state} bytes of optimizer state, 1/n = 1/{n} of the whole model's {2 * size}",
+        f"holding {state} bytes of optimizer state, 1/n = 1/{n} of the whole model's ({2 * size} bytes: "
+        "Adam's two moments)",
     )
 
 

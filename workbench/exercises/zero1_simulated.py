@@ -250,14 +250,14 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
         owned = (r * per, (r + 1) * per)
         if params.numel() != size and (at, at + params.numel()) != owned:
             return (
-                f"rank {r} updated values [{at}, {at + params.numel()}) (slice {at // per}) but owns values "
+                f"rank {r} updated elements [{at}, {at + params.numel()}) (slice {at // per}) but owns elements "
                 f"[{owned[0]}, {owned[1]}) (slice {r}): the reduce-scatter leaves rank r the sum of the r-th "
                 f"1/n of the buffer, n = {n} slices of {per} values in rank order — update that one"
             )
         want = average[at : at + params.numel()]
         if close(grads, n * want):
             return (
-                f"your update used the sum of the ranks' gradients, {n}× one process's (rank {r}, values "
+                f"your update used the sum of the ranks' gradients, {n}× one process's (rank {r}, elements "
                 f"[{at}, {at + params.numel()})): the reduce-scatter sums, and one process's gradient is "
                 "their mean — divide by dp.size"
             )
@@ -269,7 +269,7 @@ def diagnose(sim: Simulation, fn: Any) -> str | None:
         if not close(grads, want):
             off = float((grads - want).abs().max())
             return (
-                f"rank {r} gave update gradients for values [{at}, {at + params.numel()}) that differ from "
+                f"rank {r} gave update gradients for elements [{at}, {at + params.numel()}) that differ from "
                 f"the ranks' average there by up to {off:.3g}"
             )
     expected = sim.start.clone()
