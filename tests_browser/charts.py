@@ -154,12 +154,13 @@ def widget_labels_fit(page) -> None:
 
 def yours_beside_the_reference(page, stem: str) -> None:
     """Notebook 13's checks: each exercise that ran on ranks draws the learner's timeline beside the
-    reference's — two panels, both with bars. The first is kept as a screenshot
+    reference's — two panels, both with bars (read from plotly's full data: plotly.py sends arrays packed, which
+    `data` keeps as they came). The first is kept as a screenshot
     (traces/browser/13_exercises-side-by-side.png)."""
     found = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
         .map((g, i) => ({i, title: JSON.stringify(g.layout.title || ''),
                          panels: (g.layout.annotations || []).map(a => a.text),
-                         bars: g.data.filter(t => t.type === 'bar' && t.x && t.x.length)
+                         bars: (g._fullData || []).filter(t => t.type === 'bar' && t.x && t.x.length)
                                      .map(t => t.xaxis || 'x')}))
         .filter(g => g.title.includes("your timeline beside the reference"))""")
     assert found, "a learner's timeline beside the reference's"
