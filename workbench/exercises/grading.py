@@ -25,6 +25,23 @@ from workbench.exercises.submission import (
 from workbench.launching.launcher import RunFailed
 
 
+def at_sizes(
+    fn: Any, *, sizes: tuple[int, ...], check: Callable[[Any, int], str | None], size_name: str
+) -> str | None:
+    """`check(fn, n)` on simulated ranks at each size in turn (the real run's first): the first wrong answer,
+    said where it was found — at a later size, with the hint that a number stands where `size_name` should."""
+    for n in sizes:
+        wrong = check(fn, n)
+        if wrong is not None:
+            hint = (
+                f" (it passed on {sizes[0]}: does it use {size_name}, not a number?)"
+                if n != sizes[0]
+                else ""
+            )
+            return f"on {n} simulated ranks{hint}, before any process started: {wrong}"
+    return None
+
+
 def grade_function(
     exercise: str,
     solution: Any,

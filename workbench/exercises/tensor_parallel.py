@@ -109,19 +109,15 @@ def on_rank(ctx: Any, fn: Any, settings: dict) -> dict:
 def grade(solution: Any, out: str) -> Result:
     """Validate on simulated ranks, run beside the reference on real ones, hold to one all-reduce each way."""
     from workbench.config import RunConfig
-    from workbench.exercises.grading import grade_function
+    from workbench.exercises.grading import at_sizes, grade_function
 
     def simulated(fn: Any) -> str | None:
-        for n in SIMULATED:
-            wrong = diagnose(simulate(fn, n), fn)
-            if wrong is not None:
-                passed = (
-                    f" (it passed on {RANKS}: does it use tp.size, not a number?)"
-                    if n != RANKS
-                    else ""
-                )
-                return f"on {n} simulated ranks{passed}, before any process started: {wrong}"
-        return None
+        return at_sizes(
+            fn,
+            sizes=SIMULATED,
+            check=lambda f, n: diagnose(simulate(f, n), f),
+            size_name="tp.size",
+        )
 
     return grade_function(
         "tensor-parallel",
