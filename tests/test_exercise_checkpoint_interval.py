@@ -158,7 +158,7 @@ def test_the_task_and_the_stub():
 
 def _found(fn, settings):
     found = ci.evaluate(
-        function_source(fn, exercise="checkpoint_interval", params=ci.PARAMS), settings
+        function_source(fn, function="checkpoint_interval", params=ci.PARAMS), settings
     )
     assert not isinstance(found, str), found
     return found

@@ -37,7 +37,7 @@ def _rows(result: wb.exercises.Result) -> dict[str, wb.exercises.Row]:
 def _on_real_ranks(fn, reference_run, out: str) -> wb.exercises.Result:
     """A solution that the simulation passes, run on the real ranks and judged beside the reference's run."""
     source = function_source(
-        fn, exercise="zero1", params=("flat_params", "flat_grads", "dp", "update")
+        fn, function="zero1", params=("flat_params", "flat_grads", "dp", "update")
     )
     run = run_on_ranks(
         "zero1",

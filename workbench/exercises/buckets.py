@@ -277,7 +277,7 @@ def on_rank(ctx: Any, fn: Any, settings: dict) -> dict:
 def validate(solution: Any) -> tuple[str | None, str | None]:
     """(the solution's source, None) when it may run on ranks, else (None, what is wrong)."""
     try:
-        source = function_source(solution, exercise="on_gradient", params=("param", "dp"))
+        source = function_source(solution, function="on_gradient", params=("param", "dp"))
     except SolutionError as e:
         return None, str(e)
     wrong = simulated(load(source))  # as the ranks load it: torch and math its only globals

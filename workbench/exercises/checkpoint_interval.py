@@ -345,7 +345,7 @@ def grade(solution: Any, out: str) -> Result:
     from workbench.launching.launcher import RunFailed
 
     try:
-        source = function_source(solution, exercise="checkpoint_interval", params=PARAMS)
+        source = function_source(solution, function="checkpoint_interval", params=PARAMS)
     except SolutionError as e:
         return Result(exercise=NAME, passed=False, stage="validate", message=str(e))
     found = evaluate(source, MODELLED)

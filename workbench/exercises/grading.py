@@ -59,7 +59,7 @@ def grade_function(
     and return `judge(yours, reference)`; a failed stage's Result
     otherwise."""
     try:
-        source = function_source(solution, exercise=function, params=params)
+        source = function_source(solution, function=function, params=params)
     except SolutionError as e:
         return Result(exercise=exercise, passed=False, stage="validate", message=str(e))
     try:

@@ -82,25 +82,19 @@ def activations_held(run: Run) -> tuple[float, int, int]:
     return best
 
 
-#: runs kept for reuse: (config, folder) → the run and its summary.json's modification time
-_REUSED: dict[str, tuple[Run, float]] = {}
-
-
 def _launch(config: RunConfig, out: str, *, reuse: bool) -> Run:
     """A run of `config` into `out`; the reference and the one-process run depend on p and m only, so a
     later check in this Python process reuses them (`reuse`) while their folder holds that same run."""
+    from workbench.exercises.ranks import reused
     from workbench.launching.launcher import launch
 
-    key = json.dumps([config.to_dict(), out], sort_keys=True, default=str)
-    summary = os.path.join(out, "summary.json")
-    if reuse and key in _REUSED and os.path.isfile(summary):
-        run, written = _REUSED[key]
-        if os.path.getmtime(summary) == written:
-            return run
-    run = launch(config, out=out, progress=False, force=True)
-    if reuse:
-        _REUSED[key] = (run, os.path.getmtime(summary))
-    return run
+    def run() -> Run:
+        return launch(config, out=out, progress=False, force=True)
+
+    if not reuse:
+        return run()
+    key = json.dumps([config.to_dict(), os.path.abspath(out)], sort_keys=True, default=str)
+    return reused(key, os.path.join(out, "summary.json"), run)
 
 
 def grade(solution: Any, out: str) -> Result:

@@ -7,21 +7,32 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from workbench.analysis.run import Run
 from workbench.config import RunConfig
 from workbench.launching.launcher import RunFailed, launch_module
 
-#: the reference runs launched in this process: (exercise, config, settings, folder) → its Run and when its
-#: rank 0 wrote its result. The reference answer is deterministic code, so a second check of the same exercise
-#: into the same folder (a learner's next try, the next test) shows the run already made — while the folder
-#: still holds it (nothing has written there since) — instead of launching it again
-_REFERENCES: dict[tuple[str, str, str, str], tuple[Run, float]] = {}
+#: runs kept for reuse in this process: key → the run and when the file that marks it was written
+_REUSED: dict[str, tuple[Run, float]] = {}
 
 #: a rank that waits longer than this on a collective ends the run, naming itself and the operation: an
 #: exercise is seconds of work, and a learner's deadlock should say so quickly
 EXERCISE_TIMEOUT_S = 20.0
+
+
+def reused(key: str, marker: str, launch: Callable[[], Run]) -> Run:
+    """The run launched for `key` earlier in this process, while `marker` (a file that run wrote in its folder)
+    is unchanged — nothing has written there since —, else `launch()`, kept for next time. A reference answer,
+    a one-process run: deterministic, so a learner's next try (or the next test) shows the run already made."""
+    if key in _REUSED and os.path.isfile(marker):
+        run, written = _REUSED[key]
+        if os.path.getmtime(marker) == written:
+            return run
+    run = launch()
+    _REUSED[key] = (run, os.path.getmtime(marker))
+    return run
 
 
 def run_on_ranks(
@@ -36,21 +47,19 @@ def run_on_ranks(
     reference — launched once per process, settings and folder, its Run reused after) into `out` (replaced); the
     loaded Run, or RunFailed naming the rank that failed."""
     config = config.replace(backend="gloo", timeout_s=EXERCISE_TIMEOUT_S, name=exercise)
-    key = (exercise, config.to_json(), json.dumps(settings, sort_keys=True), os.path.abspath(out))
-    written = os.path.join(out, "exercise_rank0.json")
-    if solution is None and key in _REFERENCES and os.path.isfile(written):
-        run, when = _REFERENCES[key]
-        if os.path.getmtime(written) == when:
-            return run
     files = {"exercise.json": json.dumps({"exercise": exercise, "settings": settings})}
     if solution is not None:
         files["solution.py"] = solution
-    run = launch_module(
-        config.validate(), "workbench.exercises.on_rank", files=files, out=out, force=True
-    )
-    if solution is None:
-        _REFERENCES[key] = (run, os.path.getmtime(written))
-    return run
+
+    def launch() -> Run:
+        return launch_module(
+            config.validate(), "workbench.exercises.on_rank", files=files, out=out, force=True
+        )
+
+    if solution is not None:
+        return launch()
+    key = json.dumps([exercise, config.to_json(), settings, os.path.abspath(out)], sort_keys=True)
+    return reused(key, os.path.join(out, "exercise_rank0.json"), launch)
 
 
 def rank_results(run: Run) -> list[dict[str, Any]]:

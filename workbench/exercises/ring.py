@@ -75,7 +75,6 @@ class Sent:
     k: int
     chunk: int | None
     held: list[int] | None
-    numel: int
     #: the chunks of this rank that held every rank's values when it made this exchange
     complete: list[int]
 
@@ -111,7 +110,6 @@ class SimRing:
                 k=len(self.sent),
                 chunk=c,
                 held=held,
-                numel=t.numel(),
                 complete=complete,
             )
         )

@@ -8,9 +8,9 @@ the notebook's other names: a helper it calls must be defined inside it."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import linecache
-import math
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +28,13 @@ class SolutionError(ValueError):
     """A solution that cannot be checked as given: not a function, the wrong arguments, no source."""
 
 
-def function_source(fn: Any, *, exercise: str, params: tuple[str, ...]) -> str:
+def function_source(fn: Any, *, function: str, params: tuple[str, ...]) -> str:
     """`fn`'s source, dedented, ending with `SOLUTION = <its name>`; SolutionError (saying what the exercise
-    wants) if it is not a `def` taking `params`."""
-    wanted = f"def {exercise_function(exercise)}({', '.join(params)}): ..."
+    wants: `def function(params)`, though any name works) if it is not a `def` taking `params`."""
+    wanted = f"def {function}({', '.join(params)}): ..."
     if not callable(fn):
         raise SolutionError(
-            f"{exercise}: expected a function like `{wanted}`, got {type(fn).__name__}"
+            f"{function}: expected a function like `{wanted}`, got {type(fn).__name__}"
         )
     try:
         names = tuple(inspect.signature(fn).parameters)
@@ -42,38 +42,32 @@ def function_source(fn: Any, *, exercise: str, params: tuple[str, ...]) -> str:
         names = ()
     if len(names) != len(params):
         raise SolutionError(
-            f"{exercise}: your function takes ({', '.join(names)}); the exercise calls it with "
+            f"{function}: your function takes ({', '.join(names)}); the exercise calls it with "
             f"{len(params)} arguments: `{wanted}`"
         )
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as e:
         raise SolutionError(
-            f"{exercise}: the ranks need your function's source and it has none ({e}); define it with "
+            f"{function}: the ranks need your function's source and it has none ({e}); define it with "
             f"`def` in a cell: `{wanted}`"
         ) from e
     tree = ast.parse(source)
     defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     if len(tree.body) != 1 or not defs:
         raise SolutionError(
-            f"{exercise}: give a function defined with `def` (`{wanted}`), not a lambda"
+            f"{function}: give a function defined with `def` (`{wanted}`), not a lambda"
         )
     return f"{source}\n\nSOLUTION = {defs[0].name}\n"
-
-
-def exercise_function(exercise: str) -> str:
-    """The name the task gives the learner's function (any name works)."""
-    return exercise.replace("-", "_")
 
 
 def load(source: str, filename: str = "<your solution>") -> Callable:
     """The function in `source` (as `function_source` wrote it), run with PROVIDED as its globals.
     `filename` is what tracebacks name (the run's solution.py: its lines are shown); the source is put in
     linecache under it, so that a traceback shows the learner's lines in this process too."""
-    import torch
-
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace: dict[str, Any] = {"torch": torch, "math": math, "__name__": "solution"}
+    namespace: dict[str, Any] = {name: importlib.import_module(name) for name in PROVIDED}
+    namespace["__name__"] = "solution"
     exec(compile(source, filename, "exec"), namespace)
     return namespace["SOLUTION"]
 
